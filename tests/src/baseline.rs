@@ -1,0 +1,230 @@
+//! The regular-TCP baseline: MSRs are plain routers, and the network reroutes the MH's
+//! address to the new MSR the way Mobile IP would once the MH hears that MSR.
+//!
+//! Each MSR broadcasts an agent advertisement (beacon) into its cell every
+//! `beacon_interval`; the emulator delivers it only while the MH is in that cell. An
+//! agent listening in the MH's namespace detects movement (eager: the first beacon of an
+//! MSR it had not been hearing) and, after `registration_delay` (the registration round
+//! trip to a home agent), moves the GW's host route for the MH and the MH's default
+//! gateway entry to the new MSR. Those two route changes stand in for the Mobile-IP
+//! tunnel; the links, losses and timing are the very ones I-TCP is measured on.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{SocketAddr, UdpSocket};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::lab::{addr, reroute, Host, Lab};
+use crate::rng::derive_seed;
+use crate::sys;
+
+/// UDP port of the baseline's agent advertisements.
+pub const BEACON_PORT: u16 = 4344;
+
+#[derive(Debug, Clone)]
+pub struct MobileIpOpts {
+    pub beacon_interval: Duration,
+    /// Delay between hearing the new MSR and the reroute taking effect.
+    pub registration_delay: Duration,
+}
+
+impl Default for MobileIpOpts {
+    fn default() -> Self {
+        Self {
+            beacon_interval: Duration::from_secs(1),
+            registration_delay: Duration::ZERO,
+        }
+    }
+}
+
+/// One registration: when the MH heard the new MSR, and when routes pointed at it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Registration {
+    pub msr: usize,
+    pub heard_ns: u64,
+    pub routed_ns: u64,
+}
+
+/// Movement detection, sans-IO. Eager: switch on the first beacon of an MSR that was
+/// not being heard (a fresh arrival); an MSR heard continuously (the one being left,
+/// during an overlap) does not pull the MH back. If the current MSR's advertisements
+/// expire (`lifetime`), any MSR still heard is taken.
+#[derive(Debug, Clone)]
+pub struct Detector {
+    interval_ns: u64,
+    lifetime_ns: u64,
+    current: usize,
+    last_heard: HashMap<usize, u64>,
+}
+
+impl Detector {
+    pub fn new(current: usize, interval: Duration) -> Self {
+        let interval_ns = interval.as_nanos() as u64;
+        Self {
+            interval_ns,
+            lifetime_ns: 3 * interval_ns,
+            current,
+            last_heard: HashMap::new(),
+        }
+    }
+
+    pub fn current(&self) -> usize {
+        self.current
+    }
+
+    /// A beacon of `msr` arrived at `now`; returns the MSR to move to, if any.
+    pub fn on_beacon(&mut self, now: u64, msr: usize) -> Option<usize> {
+        let prev = self.last_heard.insert(msr, now);
+        if msr == self.current {
+            return None;
+        }
+        // Beacons come every interval; missing 1.5 of them means the MSR was out of
+        // reach, so hearing it now is an arrival.
+        let fresh = prev.is_none_or(|t| now.saturating_sub(t) > self.interval_ns * 3 / 2);
+        let current_expired = self
+            .last_heard
+            .get(&self.current)
+            .is_none_or(|&t| now.saturating_sub(t) > self.lifetime_ns);
+        if fresh || current_expired {
+            self.current = msr;
+            return Some(msr);
+        }
+        None
+    }
+}
+
+/// The running baseline agents. Dropping it stops them.
+pub struct MobileIp {
+    stop: Arc<AtomicBool>,
+    threads: Vec<JoinHandle<()>>,
+    registrations: Arc<Mutex<Vec<Registration>>>,
+}
+
+impl MobileIp {
+    pub fn start(lab: &Lab, opts: MobileIpOpts) -> io::Result<MobileIp> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let registrations = Arc::new(Mutex::new(Vec::new()));
+        let mut threads = Vec::new();
+        let listen = sys::in_netns(&lab.ns(Host::Mh), || {
+            UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], BEACON_PORT)))
+        })?;
+        listen.set_read_timeout(Some(Duration::from_millis(50)))?;
+        for k in 1..=lab.msrs() {
+            let sock = sys::in_netns(&lab.ns(Host::Msr(k)), || {
+                let s = UdpSocket::bind(SocketAddr::from((addr::CELL_GW, 0)))?;
+                s.set_broadcast(true)?;
+                Ok(s)
+            })?;
+            let interval = opts.beacon_interval;
+            // MSRs are not synchronised: each starts at its own phase of the interval.
+            let phase = Duration::from_nanos(
+                derive_seed(lab.config.seed, &format!("beacon{k}")) % interval.as_nanos() as u64,
+            );
+            let stop = stop.clone();
+            threads.push(std::thread::spawn(move || {
+                let dst = SocketAddr::from(([10, 2, 0, 255], BEACON_PORT));
+                let msg = format!("MIP-ADV msr={k}");
+                let mut next = sys::mono_ns() + phase.as_nanos() as u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let now = sys::mono_ns();
+                    if now >= next {
+                        let _ = sock.send_to(msg.as_bytes(), dst);
+                        next += interval.as_nanos() as u64;
+                    }
+                    let wait = next.saturating_sub(sys::mono_ns()).min(50_000_000);
+                    std::thread::sleep(Duration::from_nanos(wait));
+                }
+            }));
+        }
+        let (gw, mh) = (lab.ns(Host::Gw), lab.ns(Host::Mh));
+        let first = lab.config.initial_cells.first().copied().unwrap_or(1);
+        let regs = registrations.clone();
+        let stop2 = stop.clone();
+        threads.push(std::thread::spawn(move || {
+            let mut det = Detector::new(first, opts.beacon_interval);
+            let mut buf = [0u8; 256];
+            while !stop2.load(Ordering::Relaxed) {
+                let Ok(n) = listen.recv(&mut buf) else {
+                    continue;
+                };
+                let heard = sys::mono_ns();
+                let Some(msr) = std::str::from_utf8(&buf[..n])
+                    .ok()
+                    .and_then(|s| s.strip_prefix("MIP-ADV msr="))
+                    .and_then(|s| s.parse::<usize>().ok())
+                else {
+                    continue;
+                };
+                if let Some(to) = det.on_beacon(heard, msr) {
+                    std::thread::sleep(opts.registration_delay);
+                    if reroute(&gw, &mh, to).is_ok() {
+                        regs.lock().unwrap().push(Registration {
+                            msr: to,
+                            heard_ns: heard,
+                            routed_ns: sys::mono_ns(),
+                        });
+                    }
+                }
+            }
+        }));
+        Ok(MobileIp {
+            stop,
+            threads,
+            registrations,
+        })
+    }
+
+    pub fn registrations(&self) -> Vec<Registration> {
+        self.registrations.lock().unwrap().clone()
+    }
+}
+
+impl Drop for MobileIp {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn eager_switch_without_ping_pong() {
+        let mut d = Detector::new(1, Duration::from_secs(1));
+        assert_eq!(d.on_beacon(0, 1), None);
+        assert_eq!(d.on_beacon(S, 1), None);
+        // Overlap: MSR2 appears, the MH moves at once.
+        assert_eq!(d.on_beacon(S + S / 3, 2), Some(2));
+        // MSR1 is still heard during the overlap: no move back.
+        assert_eq!(d.on_beacon(2 * S, 1), None);
+        assert_eq!(d.on_beacon(2 * S + S / 3, 2), None);
+        // Later MSR1 reappears after a long silence: a real move.
+        assert_eq!(d.on_beacon(9 * S, 1), Some(1));
+        assert_eq!(d.current(), 1);
+    }
+
+    #[test]
+    fn expiry_of_current_allows_any_heard_msr() {
+        let mut d = Detector::new(1, Duration::from_secs(1));
+        d.on_beacon(0, 1);
+        d.on_beacon(S / 2, 2); // fresh arrival → move to 2
+        assert_eq!(d.current(), 2);
+        d.on_beacon(S, 1); // 1 heard continuously since 0? gap 1 s ≤ 1.5 s: no move
+        assert_eq!(d.current(), 2);
+        // MSR2 goes silent; after its lifetime, MSR1's continuous beacons win.
+        assert_eq!(d.on_beacon(2 * S, 1), None);
+        assert_eq!(d.on_beacon(3 * S, 1), None);
+        assert_eq!(d.on_beacon(4 * S, 1), Some(1));
+    }
+}

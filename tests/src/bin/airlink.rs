@@ -1,0 +1,195 @@
+//! `airlink`: the testbed's user-space link emulator.
+//!
+//! One single-threaded process holds a TAP device per emulated port (created inside the
+//! namespaces of the lab), runs the sans-IO [`itcp_testbed::emu::Emulator`] on
+//! CLOCK_MONOTONIC with a precise ppoll timer, and answers JSON-line requests on a Unix
+//! control socket. Usage:
+//!
+//! ```text
+//! airlink --config TOPOLOGY.json --control /path/to/control.sock
+//! ```
+//!
+//! It prints `ready` on stdout once every device exists and the control socket listens.
+//! Link parameters may name `"trace_file": "PATH"` (mahimahi format) instead of
+//! `trace_ms`.
+
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::process::ExitCode;
+
+use itcp_testbed::emu::{link::parse_trace, parse_mac, Emulator, Request, Topology};
+use itcp_testbed::sys;
+use serde_json::{json, Value};
+
+const USAGE: &str = "usage: airlink --config TOPOLOGY.json --control SOCKET";
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("airlink: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Replaces every `"trace_file": PATH` in a JSON tree by `"trace_ms": [...]`.
+fn load_traces(v: &mut Value) -> Result<(), String> {
+    match v {
+        Value::Object(m) => {
+            if let Some(Value::String(path)) = m.remove("trace_file") {
+                let text = std::fs::read_to_string(&path)
+                    .map_err(|e| format!("trace file {path}: {e}"))?;
+                let t = parse_trace(&text).map_err(|e| format!("trace file {path}: {e}"))?;
+                m.insert("trace_ms".into(), json!(t));
+            }
+            m.values_mut().try_for_each(load_traces)
+        }
+        Value::Array(a) => a.iter_mut().try_for_each(load_traces),
+        _ => Ok(()),
+    }
+}
+
+struct Client {
+    stream: UnixStream,
+    buf: Vec<u8>,
+}
+
+fn run() -> Result<(), String> {
+    let mut config = None;
+    let mut control = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--config" => config = args.next(),
+            "--control" => control = args.next(),
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
+        }
+    }
+    let (Some(config), Some(control)) = (config, control) else {
+        return Err(format!("--config and --control are required\n{USAGE}"));
+    };
+    // The lab owns us: if it dies, so do we (and with us every TAP device).
+    sys::die_with_parent(libc::SIGKILL);
+    sys::set_fine_timer_slack();
+
+    let text = std::fs::read_to_string(&config).map_err(|e| format!("{config}: {e}"))?;
+    let mut v: Value = serde_json::from_str(&text).map_err(|e| format!("{config}: {e}"))?;
+    load_traces(&mut v)?;
+    let topo: Topology = serde_json::from_value(v).map_err(|e| format!("{config}: {e}"))?;
+    let mut emu = Emulator::new(&topo, sys::mono_ns()).map_err(|e| format!("{config}: {e}"))?;
+
+    let mut taps: Vec<OwnedFd> = Vec::new();
+    for p in &topo.ports {
+        let mac = p.mac.as_deref().map(parse_mac).transpose()?;
+        let fd = sys::in_netns(&p.netns, || {
+            let fd = sys::open_tap(&p.ifname)?;
+            if let Some(mac) = mac {
+                sys::set_mac(&p.ifname, mac)?;
+            }
+            Ok(fd)
+        })
+        .map_err(|e| format!("port {}: {e}", p.name))?;
+        taps.push(fd);
+    }
+    let _ = std::fs::remove_file(&control);
+    let listener = UnixListener::bind(&control).map_err(|e| format!("{control}: {e}"))?;
+    listener.set_nonblocking(true).map_err(|e| e.to_string())?;
+    println!("ready");
+    std::io::stdout().flush().ok();
+
+    let mut clients: Vec<Client> = Vec::new();
+    let mut frame = vec![0u8; 65536];
+    let mut out = Vec::new();
+    let mut write_errors = 0u64;
+    loop {
+        let now = sys::mono_ns();
+        emu.advance(now, &mut out);
+        for (port, f) in out.drain(..) {
+            if sys::write_frame(taps[port].as_raw_fd(), &f).is_err() {
+                // EIO while the interface is down: the frame is lost like on a dead link.
+                write_errors += 1;
+            }
+        }
+        let timeout = emu.next_event().map(|t| t.saturating_sub(sys::mono_ns()));
+        if timeout == Some(0) {
+            continue;
+        }
+        let mut fds: Vec<i32> = taps.iter().map(|t| t.as_raw_fd()).collect();
+        fds.push(listener.as_raw_fd());
+        fds.extend(clients.iter().map(|c| c.stream.as_raw_fd()));
+        let ready = sys::poll_readable(&fds, timeout).map_err(|e| format!("ppoll: {e}"))?;
+        let mut closed = Vec::new();
+        for i in ready {
+            if i < taps.len() {
+                // Drain the device: a burst may be waiting.
+                while let Some(n) =
+                    sys::read_nb(taps[i].as_raw_fd(), &mut frame).map_err(|e| e.to_string())?
+                {
+                    emu.ingress(sys::mono_ns(), i, frame[..n].to_vec());
+                }
+            } else if i == taps.len() {
+                while let Ok((s, _)) = listener.accept() {
+                    clients.push(Client {
+                        stream: s,
+                        buf: Vec::new(),
+                    });
+                }
+            } else {
+                let c = &mut clients[i - taps.len() - 1];
+                let mut chunk = [0u8; 4096];
+                match c.stream.read(&mut chunk) {
+                    Ok(0) | Err(_) => closed.push(i - taps.len() - 1),
+                    Ok(n) => {
+                        c.buf.extend_from_slice(&chunk[..n]);
+                        while let Some(pos) = c.buf.iter().position(|&b| b == b'\n') {
+                            let line: Vec<u8> = c.buf.drain(..=pos).collect();
+                            let reply = answer(&mut emu, &line, write_errors);
+                            let mut w = serde_json::to_vec(&reply).unwrap();
+                            w.push(b'\n');
+                            if c.stream.write_all(&w).is_err() {
+                                closed.push(i - taps.len() - 1);
+                                break;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        closed.sort_unstable();
+        closed.dedup();
+        for i in closed.into_iter().rev() {
+            clients.remove(i);
+        }
+    }
+}
+
+fn answer(emu: &mut Emulator, line: &[u8], write_errors: u64) -> Value {
+    let line = String::from_utf8_lossy(line);
+    let line = line.trim();
+    if line.is_empty() {
+        return json!({"ok": false, "error": "empty request"});
+    }
+    let mut v: Value = match serde_json::from_str(line) {
+        Ok(v) => v,
+        Err(e) => return json!({"ok": false, "error": format!("request is not JSON: {e}")}),
+    };
+    if let Err(e) = load_traces(&mut v) {
+        return json!({"ok": false, "error": e});
+    }
+    let req: Request = match serde_json::from_value(v) {
+        Ok(r) => r,
+        Err(e) => return json!({"ok": false, "error": format!("bad request: {e}")}),
+    };
+    let counters = matches!(req, Request::Counters);
+    let mut reply = emu.handle(sys::mono_ns(), req);
+    if counters {
+        reply["write_errors"] = json!(write_errors);
+    }
+    reply
+}

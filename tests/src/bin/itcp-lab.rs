@@ -1,0 +1,261 @@
+//! `itcp-lab`: the testbed's command line.
+//!
+//! ```text
+//! itcp-lab demo [--seed S]                  the README's main job
+//! itcp-lab bench baseline [options]         the paper's regular-TCP columns, as a table
+//! itcp-lab up [--msrs N]                    build a lab and keep it until Ctrl-C
+//! itcp-lab ctl --control SOCKET JSON        one request to a running airlink
+//! itcp-lab cleanup [--all]                  remove labs left by killed runs
+//! ```
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use itcp_testbed::baseline::MobileIpOpts;
+use itcp_testbed::lab::{self, Host, Lab, LabConfig};
+use itcp_testbed::report::{self, Table};
+use itcp_testbed::scenario::{self, Cells, Mode, Net, Run, Traffic};
+
+const USAGE: &str = "\
+usage:
+  itcp-lab demo [--seed S]
+      Builds the emulated network (FH, GW, 2 MSRs, MH), sends a stream from the FH
+      to the MH while it moves between the cells, and prints what happened.
+  itcp-lab bench baseline [--seeds N] [--nets lan,wan] [--scale F] [--buf BYTES|auto]
+                          [--cc NAME|default] [--json FILE]
+      Regular TCP (plain routers + Mobile-IP-like rerouting) in the paper's four
+      cell configurations. Defaults: 1 seed, both nets, 4 MB (LAN) / 2 MB (WAN)
+      scaled by F=1, 16 KiB buffers, reno.
+  itcp-lab up [--msrs N] [--seed S]
+      Builds a lab (no emulated impairments) and keeps it until Ctrl-C.
+  itcp-lab ctl --control SOCKET 'JSON'
+      Sends one request to a running airlink and prints the reply.
+  itcp-lab cleanup [--all]
+      Removes namespaces of labs whose process is gone (--all: of every lab).";
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let r = match args.first().map(String::as_str) {
+        Some("demo") => demo(&args[1..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("baseline") => {
+            bench_baseline(&args[2..])
+        }
+        Some("up") => up(&args[1..]),
+        Some("ctl") => ctl(&args[1..]),
+        Some("cleanup") => {
+            let all = args.iter().any(|a| a == "--all");
+            let removed = lab::sweep(all);
+            println!("removed {} lab(s) {}", removed.len(), removed.join(" "));
+            Ok(())
+        }
+        Some("-h" | "--help") => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        _ => Err(format!("expected a command\n{USAGE}")),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("itcp-lab: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `--flag value` pairs; unknown flags are errors.
+fn flags(args: &[String], known: &[&str]) -> Result<Vec<(String, String)>, String> {
+    let mut out = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if !known.contains(&a.as_str()) {
+            return Err(format!("unknown option {a:?}\n{USAGE}"));
+        }
+        let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
+        out.push((a.clone(), v.clone()));
+    }
+    Ok(out)
+}
+
+fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
+    v.parse()
+        .map_err(|_| format!("{flag}: {v:?} is not a valid number"))
+}
+
+fn demo(args: &[String]) -> Result<(), String> {
+    let mut seed = 1;
+    for (f, v) in flags(args, &["--seed"])? {
+        if f == "--seed" {
+            seed = num(&f, &v)?;
+        }
+    }
+    println!("I-TCP testbed demo: FH ── 10 Mbit/s, 1 ms ── GW ── LAN ── MSR1/MSR2 ~~ 2 Mbit/s cells, 2 ms, 1 % loss ~~ MH");
+    println!("The FH sends 3 MiB to the MH (16 KiB buffers, reno) while the MH moves between");
+    println!("the cells every 4 s with a 1 s blackout between them.");
+    println!("Mode: regular TCP over plain routers with Mobile-IP-like rerouting (the baseline).");
+    println!("msrd (I-TCP) is not built yet: later issues replace this mode by I-TCP handoffs.\n");
+    let run = Run {
+        net: Net::lan(),
+        cells: Cells::NonOverlapped {
+            period_s: 4.0,
+            gap_s: 1.0,
+        },
+        mode: Mode::RegularTcp(MobileIpOpts::default()),
+        traffic: Traffic {
+            bytes: 3 << 20,
+            buf: Some(16 * 1024),
+            cc: Some("reno".into()),
+        },
+        seed,
+        msrs: 2,
+        timeout: Duration::from_secs(300),
+    };
+    let o = scenario::run(&run).map_err(|e| e.to_string())?;
+    print!("{}", report::describe(&o));
+    if !o.recv.ok {
+        return Err(format!(
+            "transfer failed: {}",
+            o.recv.error.clone().unwrap_or_default()
+        ));
+    }
+    Ok(())
+}
+
+fn bench_baseline(args: &[String]) -> Result<(), String> {
+    let mut seeds = 1u64;
+    let mut nets = vec![Net::lan(), Net::wan()];
+    let mut scale = 1.0f64;
+    let mut buf = Some(16 * 1024);
+    let mut cc = Some("reno".to_string());
+    let mut json_out = None;
+    for (f, v) in flags(
+        args,
+        &["--seeds", "--nets", "--scale", "--buf", "--cc", "--json"],
+    )? {
+        match f.as_str() {
+            "--seeds" => seeds = num(&f, &v)?,
+            "--scale" => scale = num(&f, &v)?,
+            "--buf" => buf = if v == "auto" { None } else { Some(num(&f, &v)?) },
+            "--cc" => cc = if v == "default" { None } else { Some(v) },
+            "--json" => json_out = Some(v),
+            "--nets" => {
+                nets = v
+                    .split(',')
+                    .map(|n| match n {
+                        "lan" => Ok(Net::lan()),
+                        "wan" => Ok(Net::wan()),
+                        _ => Err(format!("--nets: unknown network {n:?} (lan, wan)")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            _ => unreachable!(),
+        }
+    }
+    if seeds == 0 || !(scale > 0.0) {
+        return Err("--seeds and --scale must be positive".into());
+    }
+    let mut table = Table::default();
+    let mut all = Vec::new();
+    for net in &nets {
+        let mb = if net.name == "LAN" { 4.0 } else { 2.0 };
+        let bytes = (mb * 1_048_576.0 * scale) as u64;
+        for cells in Cells::paper_columns() {
+            for seed in 1..=seeds {
+                let run = Run {
+                    net: net.clone(),
+                    cells: cells.clone(),
+                    mode: Mode::RegularTcp(MobileIpOpts::default()),
+                    traffic: Traffic {
+                        bytes,
+                        buf,
+                        cc: cc.clone(),
+                    },
+                    seed,
+                    msrs: 2,
+                    timeout: Duration::from_secs(1800),
+                };
+                let o = scenario::run(&run).map_err(|e| e.to_string())?;
+                eprintln!(
+                    "{} {:<18} seed {seed}: {:7.2} KB/s  longest stall {:5.2} s  {}",
+                    net.name,
+                    cells.label(),
+                    o.kbytes_per_s(),
+                    o.recv.longest_stall_s,
+                    if o.recv.ok { "intact" } else { "FAILED" }
+                );
+                if !o.recv.ok {
+                    return Err(format!(
+                        "{} {} seed {seed}: {}",
+                        net.name,
+                        cells.label(),
+                        o.recv.error.clone().unwrap_or_default()
+                    ));
+                }
+                table.add(&net.name, &cells.label(), o.kbytes_per_s());
+                all.push(o);
+            }
+        }
+    }
+    println!(
+        "\nRegular TCP (baseline), goodput at the MH in KB/s, median [min–max] of {seeds} seed(s);"
+    );
+    println!(
+        "buffers {}, FH congestion control {}, transfer {:.2} MB (LAN) / {:.2} MB (WAN)\n",
+        buf.map_or("autotuned".into(), |b| format!("{b} B")),
+        cc.as_deref().unwrap_or("kernel default"),
+        4.0 * scale,
+        2.0 * scale
+    );
+    print!("{}", table.render(&report::PAPER_REGULAR));
+    if let Some(path) = json_out {
+        std::fs::write(&path, serde_json::to_vec_pretty(&all).unwrap())
+            .map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn up(args: &[String]) -> Result<(), String> {
+    let mut cfg = LabConfig::default();
+    for (f, v) in flags(args, &["--msrs", "--seed"])? {
+        match f.as_str() {
+            "--msrs" => cfg.msrs = num(&f, &v)?,
+            _ => cfg.seed = num(&f, &v)?,
+        }
+    }
+    let lab = Lab::new(cfg).map_err(|e| e.to_string())?;
+    println!("lab {} is up; namespaces:", lab.id);
+    for h in [Host::Fh, Host::Gw]
+        .into_iter()
+        .chain((1..=lab.msrs()).map(Host::Msr))
+        .chain([Host::Mh])
+    {
+        println!("  {:?}\t{}", h, lab.ns(h));
+    }
+    println!("emulator control: {}", lab.control_path().display());
+    println!("e.g.  ip netns exec {} bash", lab.ns(Host::Mh));
+    println!("      itcp-lab ctl --control {} '{{\"op\":\"status\"}}'", lab.control_path().display());
+    println!("Ctrl-C tears it down.");
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+fn ctl(args: &[String]) -> Result<(), String> {
+    let (Some(flag), Some(path), Some(req)) = (args.first(), args.get(1), args.get(2)) else {
+        return Err(format!("ctl needs --control SOCKET 'JSON'\n{USAGE}"));
+    };
+    if flag != "--control" {
+        return Err(format!("ctl needs --control SOCKET 'JSON'\n{USAGE}"));
+    }
+    let mut s = UnixStream::connect(path).map_err(|e| format!("{path}: {e}"))?;
+    s.write_all(format!("{}\n", req.trim()).as_bytes())
+        .map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(&s)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
+    print!("{line}");
+    Ok(())
+}

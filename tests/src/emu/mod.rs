@@ -1,0 +1,631 @@
+//! The sans-IO core of the `airlink` link emulator.
+//!
+//! An [`Emulator`] owns every emulated link of a lab: point-to-point *wires* (the WAN
+//! between FH and GW) and the *air* (one cell per MSR, and the MH). Frames come in with
+//! [`Emulator::ingress`] tagged by port, go out of [`Emulator::advance`] tagged by port,
+//! and [`Emulator::next_event`] says when to call `advance` again. Control requests (the
+//! JSON lines of the control socket) are applied by [`Emulator::handle`]. No sockets,
+//! devices or clocks in here: the `airlink` binary supplies those.
+//!
+//! Air semantics: frames from an MSR's cell port reach the MH only while the MH is in
+//! that cell. Frames from the MH go to the cell whose MAC they are addressed to (the MH
+//! picks its MSR through its neighbour entry for the shared gateway address, as it would
+//! on a real anycast gateway), broadcast frames to every cell the MH is in. Leaving a
+//! cell flushes that cell's queues in both directions.
+
+pub mod link;
+pub mod schedule;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+pub use link::{Counters, LinkDir, LinkParams, Loss};
+pub use schedule::{Crossing, Running, Schedule};
+
+use crate::rng::derive_seed;
+
+/// One TAP device the emulator creates.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PortSpec {
+    /// Unique name, e.g. `fh.wan0`.
+    pub name: String,
+    /// Network namespace (as in `ip netns`) the device is created in.
+    pub netns: String,
+    pub ifname: String,
+    /// MAC address to give the device (`02:…` locally administered). Required for cells.
+    #[serde(default)]
+    pub mac: Option<String>,
+}
+
+/// A point-to-point link between two ports. "down" is `down_from → down_to` (towards
+/// the MH: FH → GW on the WAN).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WireSpec {
+    pub name: String,
+    pub down_from: String,
+    pub down_to: String,
+    pub down: LinkParams,
+    pub up: LinkParams,
+}
+
+/// One MSR's cell: its port and the link in each direction.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CellSpec {
+    pub port: String,
+    /// MSR → MH.
+    pub down: LinkParams,
+    /// MH → MSR.
+    pub up: LinkParams,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AirSpec {
+    /// The MH's port.
+    pub mh: String,
+    /// Cells in MSR order: `cells[0]` is cell 1 (MSR1).
+    pub cells: Vec<CellSpec>,
+    /// Cells the MH is in at start (1-based).
+    #[serde(default)]
+    pub initial: Vec<usize>,
+}
+
+/// Everything `airlink` needs at start.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Topology {
+    #[serde(default)]
+    pub seed: u64,
+    pub ports: Vec<PortSpec>,
+    #[serde(default)]
+    pub wires: Vec<WireSpec>,
+    #[serde(default)]
+    pub air: Option<AirSpec>,
+}
+
+/// Which direction(s) of a link a request changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Dir {
+    Down,
+    Up,
+    Both,
+}
+
+/// A control request: one JSON object per line on the control socket.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Put the MH in exactly these cells (empty: blackout). Stops a running schedule.
+    Assoc { cells: Vec<usize> },
+    /// Replace the parameters of one direction or both of a link (`wan`, `cell1`, …).
+    Link {
+        link: String,
+        dir: Dir,
+        params: LinkParams,
+    },
+    /// Counters of every link, per direction.
+    Counters,
+    ResetCounters,
+    /// Start a handoff schedule `start_in_s` from now (replaces a running one).
+    Schedule {
+        schedule: Schedule,
+        #[serde(default)]
+        start_in_s: f64,
+    },
+    StopSchedule,
+    /// Association, association history, schedule, clock.
+    Status,
+}
+
+/// An association change, as it happened on the emulator's clock (CLOCK_MONOTONIC ns).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AssocEvent {
+    pub t_ns: u64,
+    pub cells: Vec<usize>,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Role {
+    WireFrom(usize),
+    WireTo(usize),
+    Mh,
+    Cell(usize),
+}
+
+#[derive(Debug)]
+struct Link {
+    name: String,
+    down: LinkDir,
+    up: LinkDir,
+    /// Port `down` frames are delivered to, and port `up` frames are delivered to.
+    down_to: usize,
+    up_to: usize,
+}
+
+/// The emulator state. See the module docs.
+#[derive(Debug)]
+pub struct Emulator {
+    port_names: Vec<String>,
+    roles: Vec<Role>,
+    links: Vec<Link>,
+    /// Link index of cell i (0-based), and its MAC.
+    cells: Vec<(usize, [u8; 6])>,
+    assoc: Vec<bool>,
+    schedule: Option<Running>,
+    events: Vec<AssocEvent>,
+    /// Frames from the MH addressed to no cell MAC at all.
+    pub mh_unknown_dst: u64,
+}
+
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let parts: Vec<&str> = s.split(':').collect();
+    let mut mac = [0u8; 6];
+    if parts.len() != 6 {
+        return Err(format!("bad MAC address {s:?}: want six hex bytes like 02:00:00:00:01:01"));
+    }
+    for (i, p) in parts.iter().enumerate() {
+        mac[i] = u8::from_str_radix(p, 16).map_err(|_| format!("bad MAC address {s:?}"))?;
+    }
+    Ok(mac)
+}
+
+impl Emulator {
+    pub fn new(topo: &Topology, now: u64) -> Result<Self, String> {
+        let mut port_names: Vec<String> = Vec::new();
+        for p in &topo.ports {
+            if port_names.contains(&p.name) {
+                return Err(format!("port {:?} is declared twice", p.name));
+            }
+            port_names.push(p.name.clone());
+        }
+        let port = |name: &str| {
+            port_names
+                .iter()
+                .position(|n| n == name)
+                .ok_or_else(|| format!("unknown port {name:?}"))
+        };
+        let mut roles: Vec<Option<Role>> = vec![None; port_names.len()];
+        let mut claim = |idx: usize, role: Role| {
+            if roles[idx].is_some() {
+                return Err(format!("port {:?} is used by two links", port_names[idx]));
+            }
+            roles[idx] = Some(role);
+            Ok(())
+        };
+        let mut links = Vec::new();
+        let mut cells = Vec::new();
+        let dir = |name: &str, d: &str, p: &LinkParams| -> Result<LinkDir, String> {
+            p.validate().map_err(|e| format!("link {name} {d}: {e}"))?;
+            Ok(LinkDir::new(
+                p.clone(),
+                derive_seed(topo.seed, &format!("{name}/{d}")),
+                now,
+            ))
+        };
+        for w in &topo.wires {
+            let (a, b) = (port(&w.down_from)?, port(&w.down_to)?);
+            let li = links.len();
+            claim(a, Role::WireFrom(li))?;
+            claim(b, Role::WireTo(li))?;
+            links.push(Link {
+                name: w.name.clone(),
+                down: dir(&w.name, "down", &w.down)?,
+                up: dir(&w.name, "up", &w.up)?,
+                down_to: b,
+                up_to: a,
+            });
+        }
+        let mut assoc = Vec::new();
+        if let Some(air) = &topo.air {
+            let mh = port(&air.mh)?;
+            claim(mh, Role::Mh)?;
+            for (i, c) in air.cells.iter().enumerate() {
+                let cp = port(&c.port)?;
+                claim(cp, Role::Cell(i))?;
+                let mac = topo.ports[cp]
+                    .mac
+                    .as_deref()
+                    .ok_or_else(|| format!("cell port {:?} needs a mac", c.port))
+                    .and_then(parse_mac)?;
+                let name = format!("cell{}", i + 1);
+                let li = links.len();
+                links.push(Link {
+                    down: dir(&name, "down", &c.down)?,
+                    up: dir(&name, "up", &c.up)?,
+                    name,
+                    down_to: mh,
+                    up_to: cp,
+                });
+                cells.push((li, mac));
+            }
+            assoc = vec![false; air.cells.len()];
+        }
+        let roles = roles
+            .into_iter()
+            .enumerate()
+            .map(|(i, r)| r.ok_or_else(|| format!("port {:?} belongs to no link", port_names[i])))
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut emu = Self {
+            port_names,
+            roles,
+            links,
+            cells,
+            assoc,
+            schedule: None,
+            events: Vec::new(),
+            mh_unknown_dst: 0,
+        };
+        if let Some(air) = &topo.air {
+            emu.set_assoc(now, &air.initial)?;
+        }
+        Ok(emu)
+    }
+
+    pub fn port_names(&self) -> &[String] {
+        &self.port_names
+    }
+
+    fn check_cells(&self, cells: &[usize]) -> Result<(), String> {
+        if let Some(c) = cells.iter().find(|&&c| c == 0 || c > self.cells.len()) {
+            return Err(format!(
+                "cell {c} does not exist (cells are 1..={})",
+                self.cells.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Puts the MH in exactly `cells` (1-based); flushes cells it leaves.
+    fn set_assoc(&mut self, now: u64, cells: &[usize]) -> Result<(), String> {
+        self.check_cells(cells)?;
+        for i in 0..self.assoc.len() {
+            let inside = cells.contains(&(i + 1));
+            if self.assoc[i] && !inside {
+                let l = &mut self.links[self.cells[i].0];
+                l.down.flush(now);
+                l.up.flush(now);
+            }
+            self.assoc[i] = inside;
+        }
+        self.events.push(AssocEvent {
+            t_ns: now,
+            cells: self.current_cells(),
+        });
+        Ok(())
+    }
+
+    pub fn current_cells(&self) -> Vec<usize> {
+        (0..self.assoc.len())
+            .filter(|&i| self.assoc[i])
+            .map(|i| i + 1)
+            .collect()
+    }
+
+    /// A frame arrived from `port` at `now`.
+    pub fn ingress(&mut self, now: u64, port: usize, frame: Vec<u8>) {
+        match self.roles[port] {
+            Role::WireFrom(l) => self.links[l].down.offer(now, frame),
+            Role::WireTo(l) => self.links[l].up.offer(now, frame),
+            Role::Cell(i) => {
+                let l = &mut self.links[self.cells[i].0];
+                if self.assoc[i] {
+                    l.down.offer(now, frame);
+                } else {
+                    l.down.count_no_cell(&frame);
+                }
+            }
+            Role::Mh => {
+                if frame.len() < 6 {
+                    return;
+                }
+                let group = frame[0] & 1 == 1;
+                let mut matched = false;
+                for i in 0..self.cells.len() {
+                    let (li, mac) = self.cells[i];
+                    if !group && frame[..6] != mac {
+                        continue;
+                    }
+                    matched = true;
+                    let l = &mut self.links[li];
+                    if self.assoc[i] {
+                        l.up.offer(now, frame.clone());
+                    } else {
+                        l.up.count_no_cell(&frame);
+                    }
+                }
+                if !matched {
+                    self.mh_unknown_dst += 1;
+                }
+            }
+        }
+    }
+
+    /// Moves time to `now`: applies due schedule changes and returns frames to deliver.
+    pub fn advance(&mut self, now: u64, out: &mut Vec<(usize, Vec<u8>)>) {
+        while let Some((t, cells)) = self.schedule.as_mut().and_then(|s| s.pop_due(now)) {
+            // Use the scheduled instant, not the wake-up time, so the history is exact.
+            self.set_assoc(t, &cells).expect("schedule cells were validated");
+        }
+        let mut buf = Vec::new();
+        for l in &mut self.links {
+            l.down.advance(now, &mut buf);
+            out.extend(buf.drain(..).map(|f| (l.down_to, f)));
+            l.up.advance(now, &mut buf);
+            out.extend(buf.drain(..).map(|f| (l.up_to, f)));
+        }
+    }
+
+    /// The earliest time `advance` has something to do.
+    pub fn next_event(&mut self) -> Option<u64> {
+        let sched = self.schedule.as_mut().and_then(|s| s.next_event());
+        self.links
+            .iter()
+            .flat_map(|l| [l.down.next_event(), l.up.next_event()])
+            .chain([sched])
+            .flatten()
+            .min()
+    }
+
+    fn link_mut(&mut self, name: &str) -> Result<&mut Link, String> {
+        let known: Vec<String> = self.links.iter().map(|l| l.name.clone()).collect();
+        self.links
+            .iter_mut()
+            .find(|l| l.name == name)
+            .ok_or_else(|| format!("unknown link {name:?} (links: {})", known.join(", ")))
+    }
+
+    pub fn counters(&self) -> Value {
+        let mut m = serde_json::Map::new();
+        for l in &self.links {
+            m.insert(
+                l.name.clone(),
+                json!({"down": l.down.counters, "up": l.up.counters}),
+            );
+        }
+        Value::Object(m)
+    }
+
+    /// Applies a control request and returns the reply object.
+    pub fn handle(&mut self, now: u64, req: Request) -> Value {
+        match self.apply(now, req) {
+            Ok(v) => v,
+            Err(e) => json!({"ok": false, "error": e}),
+        }
+    }
+
+    fn apply(&mut self, now: u64, req: Request) -> Result<Value, String> {
+        Ok(match req {
+            Request::Assoc { cells } => {
+                self.check_cells(&cells)?;
+                self.schedule = None;
+                self.set_assoc(now, &cells)?;
+                json!({"ok": true, "cells": self.current_cells()})
+            }
+            Request::Link { link, dir, params } => {
+                params.validate().map_err(|e| format!("link {link}: {e}"))?;
+                let l = self.link_mut(&link)?;
+                if matches!(dir, Dir::Down | Dir::Both) {
+                    l.down.set_params(params.clone());
+                }
+                if matches!(dir, Dir::Up | Dir::Both) {
+                    l.up.set_params(params);
+                }
+                json!({"ok": true})
+            }
+            Request::Counters => {
+                json!({"ok": true, "now_ns": now, "links": self.counters(),
+                       "mh_unknown_dst": self.mh_unknown_dst})
+            }
+            Request::ResetCounters => {
+                for l in &mut self.links {
+                    l.down.counters = Counters::default();
+                    l.up.counters = Counters::default();
+                }
+                self.mh_unknown_dst = 0;
+                json!({"ok": true})
+            }
+            Request::Schedule {
+                schedule,
+                start_in_s,
+            } => {
+                schedule.validate(self.cells.len())?;
+                if start_in_s < 0.0 {
+                    return Err(format!("start_in_s must be ≥ 0, got {start_in_s}"));
+                }
+                let start = now + schedule::secs_ns(start_in_s);
+                self.set_assoc(now, &schedule.initial())?;
+                self.schedule = Some(Running::new(schedule, start));
+                json!({"ok": true, "start_ns": start})
+            }
+            Request::StopSchedule => {
+                self.schedule = None;
+                json!({"ok": true})
+            }
+            Request::Status => json!({
+                "ok": true,
+                "now_ns": now,
+                "cells": self.current_cells(),
+                "events": self.events,
+                "schedule": self.schedule.as_ref().map(|s| json!({
+                    "schedule": s.schedule, "start_ns": s.start_ns})),
+                "links": self.links.iter().map(|l| json!({
+                    "name": l.name, "down": l.down.params(), "up": l.up.params(),
+                    "queued_down": l.down.queued_frames(), "queued_up": l.up.queued_frames()
+                })).collect::<Vec<_>>(),
+            }),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAC1: [u8; 6] = [2, 0, 0, 0, 1, 1];
+    const MAC2: [u8; 6] = [2, 0, 0, 0, 2, 1];
+
+    fn topo() -> Topology {
+        let port = |name: &str, mac: Option<&str>| PortSpec {
+            name: name.into(),
+            netns: "x".into(),
+            ifname: "t".into(),
+            mac: mac.map(Into::into),
+        };
+        let fast = LinkParams::default();
+        Topology {
+            seed: 1,
+            ports: vec![
+                port("fh", None),
+                port("gw", None),
+                port("msr1", Some("02:00:00:00:01:01")),
+                port("msr2", Some("02:00:00:00:02:01")),
+                port("mh", None),
+            ],
+            wires: vec![WireSpec {
+                name: "wan".into(),
+                down_from: "fh".into(),
+                down_to: "gw".into(),
+                down: fast.clone(),
+                up: fast.clone(),
+            }],
+            air: Some(AirSpec {
+                mh: "mh".into(),
+                cells: vec![
+                    CellSpec {
+                        port: "msr1".into(),
+                        down: fast.clone(),
+                        up: fast.clone(),
+                    },
+                    CellSpec {
+                        port: "msr2".into(),
+                        down: fast.clone(),
+                        up: fast,
+                    },
+                ],
+                initial: vec![1],
+            }),
+        }
+    }
+
+    fn frame_to(dst: [u8; 6]) -> Vec<u8> {
+        let mut f = dst.to_vec();
+        f.resize(100, 0);
+        f
+    }
+
+    fn step(e: &mut Emulator, now: u64) -> Vec<usize> {
+        let mut out = Vec::new();
+        e.advance(now, &mut out);
+        out.into_iter().map(|(p, _)| p).collect()
+    }
+
+    #[test]
+    fn wire_forwards_both_ways() {
+        let mut e = Emulator::new(&topo(), 0).unwrap();
+        e.ingress(0, 0, frame_to([0xff; 6]));
+        e.ingress(0, 1, frame_to([0xff; 6]));
+        let mut got = step(&mut e, 1);
+        got.sort();
+        assert_eq!(got, vec![0, 1]);
+    }
+
+    #[test]
+    fn cell_traffic_reaches_mh_only_when_associated() {
+        let mut e = Emulator::new(&topo(), 0).unwrap();
+        e.ingress(0, 2, frame_to([0xff; 6])); // beacon from MSR1: MH is in cell 1
+        e.ingress(0, 3, frame_to([0xff; 6])); // from MSR2: not in cell 2
+        assert_eq!(step(&mut e, 1), vec![4]);
+        let c = e.counters();
+        assert_eq!(c["cell2"]["down"]["drop_no_cell"], 1);
+    }
+
+    #[test]
+    fn mh_unicast_goes_to_the_addressed_cell_broadcast_to_all_joined() {
+        let mut e = Emulator::new(&topo(), 0).unwrap();
+        e.handle(0, Request::Assoc { cells: vec![1, 2] });
+        e.ingress(0, 4, frame_to(MAC2));
+        assert_eq!(step(&mut e, 1), vec![3]);
+        e.ingress(1, 4, frame_to([0xff; 6]));
+        let mut got = step(&mut e, 2);
+        got.sort();
+        assert_eq!(got, vec![2, 3]);
+        e.ingress(2, 4, frame_to([2, 9, 9, 9, 9, 9]));
+        assert!(step(&mut e, 3).is_empty());
+        assert_eq!(e.mh_unknown_dst, 1);
+        let _ = MAC1;
+    }
+
+    #[test]
+    fn leaving_a_cell_flushes_its_queues() {
+        let mut t = topo();
+        t.air.as_mut().unwrap().cells[0].down.delay_us = 10_000;
+        let mut e = Emulator::new(&t, 0).unwrap();
+        e.ingress(0, 2, frame_to([0xff; 6]));
+        e.handle(1, Request::Assoc { cells: vec![2] });
+        assert!(step(&mut e, 20_000_000).is_empty());
+        assert_eq!(e.counters()["cell1"]["down"]["drop_flush"], 1);
+    }
+
+    #[test]
+    fn schedule_drives_association() {
+        let mut e = Emulator::new(&topo(), 0).unwrap();
+        let r = e.handle(
+            0,
+            Request::Schedule {
+                schedule: Schedule {
+                    cells: vec![1, 2],
+                    period_s: 1.0,
+                    crossing: Crossing::Gap { gap_s: 0.5 },
+                    max_switches: Some(1),
+                },
+                start_in_s: 0.0,
+            },
+        );
+        assert_eq!(r["ok"], true);
+        assert_eq!(e.next_event(), Some(1_000_000_000));
+        step(&mut e, 1_200_000_000);
+        assert!(e.current_cells().is_empty());
+        step(&mut e, 1_500_000_000);
+        assert_eq!(e.current_cells(), vec![2]);
+        assert_eq!(e.next_event(), None);
+        let st = e.handle(2_000_000_000, Request::Status);
+        let ev: Vec<AssocEvent> = serde_json::from_value(st["events"].clone()).unwrap();
+        assert_eq!(
+            ev.iter().map(|e| e.t_ns).collect::<Vec<_>>(),
+            vec![0, 0, 1_000_000_000, 1_500_000_000]
+        );
+    }
+
+    #[test]
+    fn bad_requests_get_errors() {
+        let mut e = Emulator::new(&topo(), 0).unwrap();
+        let r = e.handle(0, Request::Assoc { cells: vec![3] });
+        assert_eq!(r["ok"], false);
+        assert!(r["error"].as_str().unwrap().contains("cell 3"));
+        let r = e.handle(
+            0,
+            Request::Link {
+                link: "nope".into(),
+                dir: Dir::Both,
+                params: LinkParams::default(),
+            },
+        );
+        assert!(r["error"].as_str().unwrap().contains("wan"));
+        let bad: Result<Request, _> = serde_json::from_str(r#"{"op":"assoc","cell":[1]}"#);
+        assert!(bad.is_err());
+    }
+
+    #[test]
+    fn topology_errors_are_named() {
+        let mut t = topo();
+        t.ports[2].mac = None;
+        assert!(Emulator::new(&t, 0).unwrap_err().contains("needs a mac"));
+        let mut t = topo();
+        t.wires[0].down_to = "mh".into();
+        assert!(Emulator::new(&t, 0).unwrap_err().contains("two links"));
+    }
+}

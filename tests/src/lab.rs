@@ -1,0 +1,658 @@
+//! The lab: the topology of DESIGN.md §1 built from network namespaces.
+//!
+//! ```text
+//!  FH ─wan0═══(airlink: WAN)═══wan0─ GW ─br0─┬─veth─ lan0 MSR1 cell0 ═╗
+//!                                            └─veth─ lan0 MSR2 cell0 ═╬═(airlink: air)═ air0 MH
+//! ```
+//!
+//! Every namespace name starts with `itcp-<pid>-<seq>-`, so concurrent labs never clash
+//! and a later run can tell a dead run's leftovers from a live one's. A [`Lab`] removes
+//! everything it made when dropped (also while a test panics), on SIGINT/SIGTERM/SIGHUP
+//! (a handler cleans every live lab of the process, then exits), and processes it starts
+//! die with it (PR_SET_PDEATHSIG). After a SIGKILL the next lab, or `itcp-lab cleanup`,
+//! sweeps namespaces whose owner process is gone.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Mutex, Once};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::emu::{AirSpec, CellSpec, LinkParams, PortSpec, Topology, WireSpec};
+use crate::sys;
+
+/// Prefix of every namespace a lab creates.
+pub const NS_PREFIX: &str = "itcp-";
+
+/// Addresses of the lab (IPv4; the code above the lab is family-agnostic).
+pub mod addr {
+    use std::net::Ipv4Addr;
+        pub const FH: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+    pub const GW_WAN: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+    pub const GW_LAN: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 1);
+    /// The gateway address every MSR owns on its cell interface.
+    pub const CELL_GW: Ipv4Addr = Ipv4Addr::new(10, 2, 0, 1);
+    /// The mobile host's one address.
+    pub const MH: Ipv4Addr = Ipv4Addr::new(10, 2, 0, 100);
+    /// MSR k's fixed-LAN address (k is 1-based).
+    pub fn msr_lan(k: usize) -> Ipv4Addr {
+        Ipv4Addr::new(10, 1, 0, 10 + k as u8)
+    }
+    /// MSR k's cell MAC address.
+    pub fn msr_cell_mac(k: usize) -> String {
+        format!("02:00:00:00:{k:02x}:01")
+    }
+    pub const MH_MAC: &str = "02:00:00:00:00:64";
+}
+
+/// A host of the lab.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Host {
+    Fh,
+    Gw,
+    /// MSR k, 1-based.
+    Msr(usize),
+    Mh,
+}
+
+impl Host {
+    fn suffix(self) -> String {
+        match self {
+            Host::Fh => "fh".into(),
+            Host::Gw => "gw".into(),
+            Host::Msr(k) => format!("msr{k}"),
+            Host::Mh => "mh".into(),
+        }
+    }
+}
+
+/// What to build.
+#[derive(Debug, Clone)]
+pub struct LabConfig {
+    /// Number of MSRs (cells), ≥ 1.
+    pub msrs: usize,
+    /// Seed of every random loss decision in the emulator.
+    pub seed: u64,
+    /// WAN FH→GW ("down") and GW→FH ("up").
+    pub wan_down: LinkParams,
+    pub wan_up: LinkParams,
+    /// Every cell's MSR→MH and MH→MSR links.
+    pub cell_down: LinkParams,
+    pub cell_up: LinkParams,
+    /// Cells the MH is in at start; the MH's routes point at the first.
+    pub initial_cells: Vec<usize>,
+}
+
+impl Default for LabConfig {
+    fn default() -> Self {
+        Self {
+            msrs: 2,
+            seed: 1,
+            wan_down: LinkParams::default(),
+            wan_up: LinkParams::default(),
+            cell_down: LinkParams::default(),
+            cell_up: LinkParams::default(),
+            initial_cells: vec![1],
+        }
+    }
+}
+
+/// Link parameters from rate, one-way delay and loss probability.
+pub fn link(rate_bps: u64, delay_ms: f64, loss: f64) -> LinkParams {
+    use crate::emu::Loss;
+    LinkParams {
+        rate_bps,
+        delay_us: (delay_ms * 1000.0).round() as u64,
+        loss: if loss > 0.0 {
+            Loss::Bernoulli { p: loss }
+        } else {
+            Loss::None
+        },
+        ..Default::default()
+    }
+}
+
+/// What must be removed: shared with the signal handler.
+#[derive(Debug, Clone)]
+struct Owned {
+    id: String,
+    namespaces: Vec<String>,
+    dir: PathBuf,
+}
+
+static LIVE: Mutex<Vec<Owned>> = Mutex::new(Vec::new());
+static SEQ: AtomicU32 = AtomicU32::new(0);
+static SIGNALS: Once = Once::new();
+static mut SIGNAL_PIPE: [libc::c_int; 2] = [-1, -1];
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    let b = sig as u8;
+    // SAFETY: write(2) is async-signal-safe; the pipe was set up before the handler.
+    unsafe { libc::write(SIGNAL_PIPE[1], (&b as *const u8).cast(), 1) };
+}
+
+/// On SIGINT/SIGTERM/SIGHUP: remove every live lab of this process, then exit.
+fn install_signal_cleanup() {
+    SIGNALS.call_once(|| {
+        // SAFETY: runs once, before any handler can fire; the fds live forever.
+        unsafe {
+            let mut p = [0; 2];
+            if libc::pipe2(p.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+                return;
+            }
+            SIGNAL_PIPE = p;
+        }
+        std::thread::spawn(|| {
+            let mut b = 0u8;
+            // SAFETY: reading one byte from our own pipe.
+            let fd = unsafe { SIGNAL_PIPE[0] };
+            if unsafe { libc::read(fd, (&mut b as *mut u8).cast(), 1) } == 1 {
+                let owned: Vec<Owned> = LIVE.lock().map(|v| v.clone()).unwrap_or_default();
+                for o in owned {
+                    remove(&o);
+                }
+                // SAFETY: leaving at once is the point; Drop of other objects is moot.
+                unsafe { libc::_exit(128 + b as libc::c_int) };
+            }
+        });
+        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+            // SAFETY: on_signal only calls write(2).
+            unsafe { libc::signal(sig, on_signal as *const () as libc::sighandler_t) };
+        }
+    });
+}
+
+/// Kills every process inside the namespaces, deletes them and the lab's directory.
+fn remove(o: &Owned) {
+    for ns in &o.namespaces {
+        kill_netns_pids(ns);
+    }
+    for ns in &o.namespaces {
+        let _ = Command::new("ip")
+            .args(["netns", "del", ns])
+            .stderr(Stdio::null())
+            .status();
+    }
+    let _ = std::fs::remove_dir_all(&o.dir);
+}
+
+fn kill_netns_pids(ns: &str) {
+    if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
+        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            if let Ok(pid) = pid.parse::<i32>() {
+                // SAFETY: plain kill of a process that lives in our namespace.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+    }
+}
+
+/// Namespaces made by labs, grouped by lab id (`itcp-<pid>-<seq>`).
+pub fn list_lab_namespaces() -> BTreeMap<String, Vec<String>> {
+    let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    if let Ok(rd) = std::fs::read_dir("/run/netns") {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().to_string();
+            let Some(rest) = name.strip_prefix(NS_PREFIX) else {
+                continue;
+            };
+            let parts: Vec<&str> = rest.splitn(3, '-').collect();
+            if parts.len() == 3 {
+                m.entry(format!("{NS_PREFIX}{}-{}", parts[0], parts[1]))
+                    .or_default()
+                    .push(name);
+            }
+        }
+    }
+    m
+}
+
+/// Removes namespaces of labs whose process is gone (or all labs with `all`).
+/// Returns the lab ids removed.
+pub fn sweep(all: bool) -> Vec<String> {
+    let mut removed = Vec::new();
+    for (id, namespaces) in list_lab_namespaces() {
+        let pid: i32 = id[NS_PREFIX.len()..]
+            .split('-')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(0);
+        if all || pid == 0 || !sys::pid_alive(pid) {
+            remove(&Owned {
+                id: id.clone(),
+                namespaces,
+                dir: std::env::temp_dir().join(&id),
+            });
+            removed.push(id);
+        }
+    }
+    removed
+}
+
+/// Points the GW's host route for the MH and the MH's neighbour entry for the shared
+/// gateway address at MSR `k` (namespaces given by name, so agents on other threads can
+/// call it).
+pub fn reroute(gw_ns: &str, mh_ns: &str, k: usize) -> io::Result<()> {
+    run_ip(
+        Some(gw_ns),
+        &format!("route replace {}/32 via {}\n", addr::MH, addr::msr_lan(k)),
+    )?;
+    run_ip(
+        Some(mh_ns),
+        &format!(
+            "neigh replace {} lladdr {} dev air0 nud permanent\n",
+            addr::CELL_GW,
+            addr::msr_cell_mac(k)
+        ),
+    )
+}
+
+/// A running lab. Dropping it tears everything down.
+pub struct Lab {
+    pub id: String,
+    pub config: LabConfig,
+    /// Scratch directory for configs, control sockets and logs.
+    pub dir: PathBuf,
+    airlink: Option<Child>,
+    control: PathBuf,
+    children: Vec<Child>,
+}
+
+/// Where to find the testbed's binaries: `ITCP_BIN_DIR`, else next to the running
+/// executable (or one level up, for `cargo test` binaries in `target/*/deps`).
+pub fn bin_path(name: &str) -> PathBuf {
+    if let Ok(d) = std::env::var("ITCP_BIN_DIR") {
+        return Path::new(&d).join(name);
+    }
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    for d in [dir, dir.parent().unwrap_or(dir)] {
+        let p = d.join(name);
+        if p.exists() {
+            return p;
+        }
+    }
+    dir.join(name)
+}
+
+fn run_ip(ns: Option<&str>, batch: &str) -> io::Result<()> {
+    let mut cmd = Command::new("ip");
+    if let Some(ns) = ns {
+        cmd.args(["-n", ns]);
+    }
+    let mut child = cmd
+        .args(["-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot run ip (iproute2): {e}")))?;
+    child.stdin.take().unwrap().write_all(batch.as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "ip {}: {}\ncommands:\n{batch}",
+            ns.unwrap_or(""),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+fn sysctl(ns: &str, settings: &[(&str, &str)]) -> io::Result<()> {
+    sys::in_netns(ns, || {
+        for (k, v) in settings {
+            let path = format!("/proc/sys/{}", k.replace('.', "/"));
+            std::fs::write(&path, v).map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
+        }
+        Ok(())
+    })
+}
+
+impl Lab {
+    /// Builds the lab. Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN for namespaces).
+    pub fn new(config: LabConfig) -> io::Result<Lab> {
+        if config.msrs == 0 || config.msrs > 200 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("msrs must be 1..=200, got {}", config.msrs),
+            ));
+        }
+        install_signal_cleanup();
+        sweep(false);
+        let id = format!(
+            "{NS_PREFIX}{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = std::env::temp_dir().join(&id);
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        let mut hosts = vec![Host::Fh, Host::Gw];
+        hosts.extend((1..=config.msrs).map(Host::Msr));
+        hosts.push(Host::Mh);
+        let namespaces: Vec<String> = hosts.iter().map(|h| format!("{id}-{}", h.suffix())).collect();
+        // Register before creating anything, so a signal mid-build still cleans up.
+        LIVE.lock().unwrap().push(Owned {
+            id: id.clone(),
+            namespaces: namespaces.clone(),
+            dir: dir.clone(),
+        });
+        let mut lab = Lab {
+            control: dir.join("airlink.sock"),
+            id,
+            config,
+            dir,
+            airlink: None,
+            children: Vec::new(),
+        };
+        lab.build(&namespaces)?;
+        Ok(lab)
+    }
+
+    /// Namespace name of a host.
+    pub fn ns(&self, h: Host) -> String {
+        format!("{}-{}", self.id, h.suffix())
+    }
+
+    pub fn msrs(&self) -> usize {
+        self.config.msrs
+    }
+
+    fn build(&mut self, namespaces: &[String]) -> io::Result<()> {
+        let mut b = String::new();
+        for ns in namespaces {
+            b += &format!("netns add {ns}\n");
+        }
+        run_ip(None, &b)?;
+        for ns in namespaces {
+            run_ip(Some(ns), "link set lo up\n")?;
+            // IPv6 stays off on lab links: its router/neighbour chatter would use
+            // emulated airtime and skew counters. The tests speak IPv4.
+            sysctl(
+                ns,
+                &[
+                    ("net.ipv6.conf.all.disable_ipv6", "1"),
+                    ("net.ipv6.conf.default.disable_ipv6", "1"),
+                    ("net.ipv4.conf.all.rp_filter", "0"),
+                    ("net.ipv4.conf.default.rp_filter", "0"),
+                ],
+            )?;
+        }
+        let (gw, n) = (self.ns(Host::Gw), self.config.msrs);
+        // Fixed LAN: a bridge in the GW namespace, one veth per MSR.
+        let mut b = format!(
+            "link add br0 type bridge\nlink set br0 up\naddr add {}/24 dev br0\n",
+            addr::GW_LAN
+        );
+        for k in 1..=n {
+            let msr = self.ns(Host::Msr(k));
+            b += &format!("link add m{k} type veth peer name lan0 netns {msr}\n");
+            b += &format!("link set m{k} master br0 up\n");
+        }
+        run_ip(Some(&gw), &b)?;
+        for k in 1..=n {
+            run_ip(
+                Some(&self.ns(Host::Msr(k))),
+                &format!(
+                    "addr add {}/24 dev lan0\nlink set lan0 up\n",
+                    addr::msr_lan(k)
+                ),
+            )?;
+        }
+        self.start_airlink()?;
+        // Addresses on the emulated ports, routes, forwarding.
+        run_ip(
+            Some(&self.ns(Host::Fh)),
+            &format!(
+                "addr add {}/24 dev wan0\nlink set wan0 up\nroute add default via {}\n",
+                addr::FH,
+                addr::GW_WAN
+            ),
+        )?;
+        run_ip(
+            Some(&gw),
+            &format!(
+                "addr add {}/24 dev wan0\nlink set wan0 up\n",
+                addr::GW_WAN
+            ),
+        )?;
+        sysctl(&gw, &[("net.ipv4.ip_forward", "1")])?;
+        for k in 1..=n {
+            let msr = self.ns(Host::Msr(k));
+            run_ip(
+                Some(&msr),
+                &format!(
+                    "addr add {}/24 dev cell0\nlink set cell0 up\nroute add default via {}\n",
+                    addr::CELL_GW,
+                    addr::GW_LAN
+                ),
+            )?;
+            sysctl(&msr, &[("net.ipv4.ip_forward", "1")])?;
+        }
+        run_ip(
+            Some(&self.ns(Host::Mh)),
+            &format!(
+                "addr add {}/24 dev air0\nlink set air0 up\nroute add default via {}\n",
+                addr::MH,
+                addr::CELL_GW
+            ),
+        )?;
+        let first = self.config.initial_cells.first().copied().unwrap_or(1);
+        self.route_mh_via(first)?;
+        Ok(())
+    }
+
+    fn start_airlink(&mut self) -> io::Result<()> {
+        let c = &self.config;
+        let n = c.msrs;
+        let port = |h: Host, ifname: &str, mac: Option<String>| PortSpec {
+            name: format!("{}.{ifname}", h.suffix()),
+            netns: self.ns(h),
+            ifname: ifname.into(),
+            mac,
+        };
+        let mut ports = vec![
+            port(Host::Fh, "wan0", Some("02:00:00:00:f0:01".into())),
+            port(Host::Gw, "wan0", Some("02:00:00:00:f0:02".into())),
+            port(Host::Mh, "air0", Some(addr::MH_MAC.into())),
+        ];
+        ports.extend((1..=n).map(|k| port(Host::Msr(k), "cell0", Some(addr::msr_cell_mac(k)))));
+        let topo = Topology {
+            seed: c.seed,
+            ports,
+            wires: vec![WireSpec {
+                name: "wan".into(),
+                down_from: "fh.wan0".into(),
+                down_to: "gw.wan0".into(),
+                down: c.wan_down.clone(),
+                up: c.wan_up.clone(),
+            }],
+            air: Some(AirSpec {
+                mh: "mh.air0".into(),
+                cells: (1..=n)
+                    .map(|k| CellSpec {
+                        port: format!("msr{k}.cell0"),
+                        down: c.cell_down.clone(),
+                        up: c.cell_up.clone(),
+                    })
+                    .collect(),
+                initial: c.initial_cells.clone(),
+            }),
+        };
+        let cfg = self.dir.join("airlink.json");
+        std::fs::write(&cfg, serde_json::to_vec_pretty(&topo).unwrap())?;
+        let log = File::create(self.dir.join("airlink.log"))?;
+        let mut child = Command::new(bin_path("airlink"))
+            .arg("--config")
+            .arg(&cfg)
+            .arg("--control")
+            .arg(&self.control)
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot start {}: {e}", bin_path("airlink").display()),
+                )
+            })?;
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line)?;
+        self.airlink = Some(child);
+        if line.trim() != "ready" {
+            let err = std::fs::read_to_string(self.dir.join("airlink.log")).unwrap_or_default();
+            return Err(io::Error::other(format!("airlink did not start: {}", err.trim())));
+        }
+        Ok(())
+    }
+
+    /// Points the fixed network (GW) and the MH at MSR `k`: the GW's host route for the
+    /// MH and the MH's neighbour entry for the shared gateway address. This is what a
+    /// Mobile-IP registration achieves; the I-TCP daemon does its own routing later.
+    pub fn route_mh_via(&self, k: usize) -> io::Result<()> {
+        reroute(&self.ns(Host::Gw), &self.ns(Host::Mh), k)
+    }
+
+    /// Sends one request to the emulator and returns its reply (errors as Err).
+    pub fn emu(&self, req: Value) -> io::Result<Value> {
+        let mut s = UnixStream::connect(&self.control)?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut line = serde_json::to_vec(&req).unwrap();
+        line.push(b'\n');
+        s.write_all(&line)?;
+        let mut reply = String::new();
+        BufReader::new(&s).read_line(&mut reply)?;
+        let v: Value = serde_json::from_str(&reply)
+            .map_err(|e| io::Error::other(format!("airlink reply {reply:?}: {e}")))?;
+        if v["ok"] != true {
+            return Err(io::Error::other(format!(
+                "airlink refused {req}: {}",
+                v["error"].as_str().unwrap_or("?")
+            )));
+        }
+        Ok(v)
+    }
+
+    /// Puts the MH in exactly these cells.
+    pub fn assoc(&self, cells: &[usize]) -> io::Result<()> {
+        self.emu(json!({"op": "assoc", "cells": cells})).map(|_| ())
+    }
+
+    pub fn counters(&self) -> io::Result<Value> {
+        self.emu(json!({"op": "counters"}))
+    }
+
+    /// Path of the emulator's control socket, for tools outside this process.
+    pub fn control_path(&self) -> &Path {
+        &self.control
+    }
+
+    /// A command that runs `program` inside host `h`'s namespace and dies with us.
+    pub fn command(&self, h: Host, program: impl AsRef<std::ffi::OsStr>) -> io::Result<Command> {
+        let ns = File::open(format!("/run/netns/{}", self.ns(h)))?;
+        let mut cmd = Command::new(program);
+        // SAFETY: between fork and exec we only call setns and prctl, which are
+        // async-signal-safe; `ns` stays open because the closure owns it.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+                Ok(())
+            });
+        }
+        Ok(cmd)
+    }
+
+    /// Starts a process in host `h` that the lab kills on teardown. Its stdout is piped.
+    pub fn spawn(&mut self, h: Host, program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> io::Result<usize> {
+        let child = self
+            .command(h, program)?
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        self.children.push(child);
+        Ok(self.children.len() - 1)
+    }
+
+    /// Waits for a spawned process (by index) with a deadline; kills it on timeout.
+    /// Returns (exit success, stdout, stderr).
+    pub fn wait(&mut self, idx: usize, timeout: Duration) -> io::Result<(bool, String, String)> {
+        let deadline = Instant::now() + timeout;
+        let child = &mut self.children[idx];
+        // Read pipes on threads so a chatty child cannot block on a full pipe.
+        let out = child.stdout.take().map(read_all_thread);
+        let err = child.stderr.take().map(read_all_thread);
+        let status = loop {
+            if let Some(s) = child.try_wait()? {
+                break Some(s);
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let out = out.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
+        let mut err = err.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
+        if status.is_none() {
+            err += &format!("\n(killed after {timeout:?} timeout)");
+        }
+        Ok((status.is_some_and(|s| s.success()), out, err))
+    }
+
+    /// Runs a command in host `h` to completion.
+    pub fn run(&self, h: Host, program: &str, args: &[&str]) -> io::Result<std::process::Output> {
+        self.command(h, program)?.args(args).output()
+    }
+}
+
+fn read_all_thread<R: io::Read + Send + 'static>(mut r: R) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = r.read_to_string(&mut s);
+        s
+    })
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for c in &mut self.children {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(a) = &mut self.airlink {
+            let _ = a.kill();
+            let _ = a.wait();
+        }
+        let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(pos) = live.iter().position(|o| o.id == self.id) {
+            let o = live.remove(pos);
+            drop(live);
+            remove(&o);
+        }
+    }
+}
+
+/// Default MSR count etc. are fine for most tests; this is the MH's address as a
+/// string for command lines.
+pub fn mh_addr(port: u16) -> String {
+    format!("{}:{port}", addr::MH)
+}
+
+/// Same for the FH.
+pub fn fh_addr(port: u16) -> String {
+    format!("{}:{port}", addr::FH)
+}

@@ -1,0 +1,22 @@
+//! `itcp-testbed`: the emulated mobile network every end-to-end test and benchmark of
+//! I-TCP runs on.
+//!
+//! * [`lab`] builds the topology of DESIGN.md §1 out of network namespaces and tears it
+//!   down again (also on panic, SIGINT/SIGTERM, or — via a sweep — after SIGKILL).
+//! * [`emu`] is the sans-IO core of the `airlink` link emulator: link directions with
+//!   rate, delay, drop-tail queue, seeded loss and delivery traces, and the air
+//!   (cells, association, handoff schedules). The `airlink` binary wraps it with TAP
+//!   devices and a precise timer.
+//! * [`stream`] and [`ttcp`] are the traffic tool: a seeded byte stream verified at the
+//!   receiver, with goodput, a 100 ms timeline and the longest stall.
+//! * [`scenario`] runs a transfer on a lab under a handoff schedule; [`baseline`] is the
+//!   regular-TCP (Mobile-IP-like rerouting) mode.
+pub mod baseline;
+pub mod emu;
+pub mod lab;
+pub mod report;
+pub mod rng;
+pub mod scenario;
+pub mod stream;
+pub mod sys;
+pub mod ttcp;

@@ -1,0 +1,296 @@
+//! Scenarios: one transfer on a fresh lab under a handoff schedule, with everything
+//! needed to judge it afterwards (both ttcp reports, the emulator's association history
+//! and counters, the reroutes).
+//!
+//! The network profiles and cell configurations are the paper's (seed 004 §4, issue 5):
+//! wireless cells 2 Mbit/s, 2 ms one-way, 1 % loss per direction; FH–GW 10 Mbit/s with
+//! 1 ms (LAN) or 100 ms (WAN) one-way delay; moves every 8 s.
+
+use std::io;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::baseline::{MobileIp, MobileIpOpts, Registration};
+use crate::emu::{AssocEvent, Crossing, LinkParams, Schedule};
+use crate::lab::{self, bin_path, Host, Lab, LabConfig};
+use crate::ttcp::{RecvReport, SendReport};
+
+/// Link parameters of a network.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Net {
+    pub name: String,
+    pub wan: LinkParams,
+    pub cell: LinkParams,
+}
+
+/// Bytes of drop-tail queue per link direction: 50 full-size packets, a common router
+/// default (and 300 ms at 2 Mbit/s).
+const QUEUE: u64 = 75_000;
+
+impl Net {
+    fn with_queue(mut p: LinkParams) -> LinkParams {
+        p.queue_bytes = QUEUE;
+        p
+    }
+
+    /// The paper's LAN: FH–GW 10 Mbit/s, 1 ms; cells 2 Mbit/s, 2 ms, 1 % loss.
+    pub fn lan() -> Net {
+        Net {
+            name: "LAN".into(),
+            wan: Self::with_queue(lab::link(10_000_000, 1.0, 0.0)),
+            cell: Self::with_queue(lab::link(2_000_000, 2.0, 0.01)),
+        }
+    }
+
+    /// The paper's WAN: FH–GW 10 Mbit/s, 100 ms one-way; cells as in the LAN.
+    pub fn wan() -> Net {
+        Net {
+            name: "WAN".into(),
+            wan: Self::with_queue(lab::link(10_000_000, 100.0, 0.0)),
+            ..Net::lan()
+        }
+    }
+}
+
+/// How the MH moves during a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Cells {
+    NoMoves,
+    /// Moves every `period_s` with both cells present for `overlap_s`.
+    Overlapped { period_s: f64, overlap_s: f64 },
+    /// Moves every `period_s` with `gap_s` of no cell between.
+    NonOverlapped { period_s: f64, gap_s: f64 },
+}
+
+impl Cells {
+    /// The paper's four columns: no moves; overlapped; non-overlapped 0 s; 1 s.
+    /// Overlap lasts 2 s: long enough to hear one beacon (1 s) and register.
+    pub fn paper_columns() -> [Cells; 4] {
+        [
+            Cells::NoMoves,
+            Cells::Overlapped {
+                period_s: 8.0,
+                overlap_s: 2.0,
+            },
+            Cells::NonOverlapped {
+                period_s: 8.0,
+                gap_s: 0.0,
+            },
+            Cells::NonOverlapped {
+                period_s: 8.0,
+                gap_s: 1.0,
+            },
+        ]
+    }
+
+    pub fn label(&self) -> String {
+        match self {
+            Cells::NoMoves => "no moves".into(),
+            Cells::Overlapped { .. } => "overlapped".into(),
+            Cells::NonOverlapped { gap_s, .. } => format!("non-overlapped {gap_s} s"),
+        }
+    }
+
+    pub fn schedule(&self, msrs: usize) -> Option<Schedule> {
+        let cells: Vec<usize> = (1..=msrs).collect();
+        match *self {
+            Cells::NoMoves => None,
+            Cells::Overlapped {
+                period_s,
+                overlap_s,
+            } => Some(Schedule {
+                cells,
+                period_s,
+                crossing: Crossing::Overlap { overlap_s },
+                max_switches: None,
+            }),
+            Cells::NonOverlapped { period_s, gap_s } => Some(Schedule {
+                cells,
+                period_s,
+                crossing: Crossing::Gap { gap_s },
+                max_switches: None,
+            }),
+        }
+    }
+}
+
+/// How the connection crosses the MSRs.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Mode {
+    /// Plain routers plus Mobile-IP-like rerouting (the baseline).
+    RegularTcp(#[serde(skip)] MobileIpOpts),
+}
+
+/// The traffic of a run: the FH sends `bytes` to the MH (MH listens, as `ttcp -r`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Traffic {
+    pub bytes: u64,
+    /// SO_SNDBUF/SO_RCVBUF at FH and MH (the paper's 16 KB window); None = autotuned.
+    pub buf: Option<usize>,
+    /// Congestion control at the FH (and MH); None = the kernel's default.
+    pub cc: Option<String>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub net: Net,
+    pub cells: Cells,
+    pub mode: Mode,
+    pub traffic: Traffic,
+    pub seed: u64,
+    pub msrs: usize,
+    /// Give up after this long.
+    pub timeout: Duration,
+}
+
+/// Everything a run produced.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Outcome {
+    pub net: String,
+    pub cells: Cells,
+    pub seed: u64,
+    pub recv: RecvReport,
+    pub send: Option<SendReport>,
+    /// Association changes (CLOCK_MONOTONIC ns) and reroutes.
+    pub events: Vec<AssocEvent>,
+    pub registrations: Vec<Registration>,
+    /// Fraction of the transfer's time in which the MH had a cell.
+    pub coverage: f64,
+    pub counters: Value,
+}
+
+impl Outcome {
+    /// Goodput at the MH in KB/s (1 KB = 1024 bytes, as the paper's tables).
+    pub fn kbytes_per_s(&self) -> f64 {
+        self.recv.goodput_bps / 8.0 / 1024.0
+    }
+}
+
+/// Runs one transfer on a fresh lab. Errors are setup failures; a transfer that fails
+/// verification comes back as an Outcome with `recv.ok == false`.
+pub fn run(r: &Run) -> io::Result<Outcome> {
+    let mut lab = Lab::new(LabConfig {
+        msrs: r.msrs,
+        seed: r.seed,
+        wan_down: r.net.wan.clone(),
+        wan_up: r.net.wan.clone(),
+        cell_down: r.net.cell.clone(),
+        cell_up: r.net.cell.clone(),
+        initial_cells: vec![1],
+    })?;
+    let Mode::RegularTcp(mip) = &r.mode;
+    let agent = MobileIp::start(&lab, mip.clone())?;
+    let ttcp = bin_path("ttcp");
+    let port = 5001;
+    let mut common: Vec<String> = vec![
+        "--bytes".into(),
+        r.traffic.bytes.to_string(),
+        "--seed".into(),
+        r.seed.to_string(),
+    ];
+    if let Some(b) = r.traffic.buf {
+        common.extend(["--buf".into(), b.to_string()]);
+    }
+    if let Some(cc) = &r.traffic.cc {
+        common.extend(["--cc".into(), cc.clone()]);
+    }
+    let args = |role: &str, ep: &str, addr: String| -> Vec<String> {
+        let mut a = vec![role.to_string(), ep.to_string(), addr];
+        a.extend(common.iter().cloned());
+        a
+    };
+    let recv_args = args("recv", "--listen", lab::mh_addr(port));
+    let send_args = args("send", "--connect", lab::mh_addr(port));
+    let recv = lab.spawn(Host::Mh, &ttcp, &strs(&recv_args))?;
+    let start_ns = match r.cells.schedule(r.msrs) {
+        Some(s) => {
+            let v = lab.emu(json!({"op": "schedule", "schedule": s}))?;
+            v["start_ns"].as_u64().unwrap_or(0)
+        }
+        None => crate::sys::mono_ns(),
+    };
+    let send = lab.spawn(Host::Fh, &ttcp, &strs(&send_args))?;
+    let (_, rout, rerr) = lab.wait(recv, r.timeout)?;
+    let (_, sout, _) = lab.wait(send, Duration::from_secs(10))?;
+    let status = lab.emu(json!({"op": "status"}))?;
+    let counters = lab.counters()?["links"].clone();
+    let registrations = agent.registrations();
+    drop(agent);
+    let recv: RecvReport = serde_json::from_str(rout.trim()).map_err(|e| {
+        io::Error::other(format!(
+            "receiver gave no report ({e}); stderr: {}",
+            rerr.trim()
+        ))
+    })?;
+    let send: Option<SendReport> = serde_json::from_str(sout.trim()).ok();
+    let events: Vec<AssocEvent> =
+        serde_json::from_value(status["events"].clone()).unwrap_or_default();
+    let end_ns = recv.t0_mono_ns + (recv.duration_s * 1e9) as u64;
+    let coverage = coverage(&events, start_ns.min(recv.t0_mono_ns), end_ns);
+    Ok(Outcome {
+        net: r.net.name.clone(),
+        cells: r.cells.clone(),
+        seed: r.seed,
+        recv,
+        send,
+        events,
+        registrations,
+        coverage,
+        counters,
+    })
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// Fraction of [from, to) in which the association history shows at least one cell.
+pub fn coverage(events: &[AssocEvent], from: u64, to: u64) -> f64 {
+    if to <= from {
+        return 1.0;
+    }
+    let mut covered = 0u64;
+    for (i, e) in events.iter().enumerate() {
+        let start = e.t_ns.max(from);
+        let end = events.get(i + 1).map_or(to, |n| n.t_ns).min(to);
+        if end > start && !e.cells.is_empty() {
+            covered += end - start;
+        }
+    }
+    // Before the first event the MH is in its initial cell.
+    if let Some(first) = events.first() {
+        if first.t_ns > from {
+            covered += first.t_ns.min(to) - from;
+        }
+    }
+    covered as f64 / (to - from) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn coverage_counts_gaps() {
+        let ev = |t: u64, c: &[usize]| AssocEvent {
+            t_ns: t,
+            cells: c.to_vec(),
+        };
+        let events = vec![ev(0, &[1]), ev(8, &[]), ev(9, &[2]), ev(16, &[]), ev(17, &[1])];
+        assert!((coverage(&events, 0, 20) - 0.9).abs() < 1e-9);
+        assert!((coverage(&events, 2, 12) - 0.9).abs() < 1e-9);
+        assert_eq!(coverage(&events, 9, 16), 1.0);
+    }
+
+    #[test]
+    fn paper_columns_have_schedules() {
+        let c = Cells::paper_columns();
+        assert!(c[0].schedule(2).is_none());
+        for col in &c[1..] {
+            let s = col.schedule(2).unwrap();
+            assert!(s.validate(2).is_ok());
+        }
+    }
+}
