@@ -35,7 +35,7 @@ pub const NS_PREFIX: &str = "itcp-";
 /// Addresses of the lab (IPv4; the code above the lab is family-agnostic).
 pub mod addr {
     use std::net::Ipv4Addr;
-        pub const FH: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+    pub const FH: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
     pub const GW_WAN: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
     pub const GW_LAN: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 1);
     /// The gateway address every MSR owns on its cell interface.
@@ -311,7 +311,8 @@ fn sysctl(ns: &str, settings: &[(&str, &str)]) -> io::Result<()> {
     sys::in_netns(ns, || {
         for (k, v) in settings {
             let path = format!("/proc/sys/{}", k.replace('.', "/"));
-            std::fs::write(&path, v).map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
+            std::fs::write(&path, v)
+                .map_err(|e| io::Error::new(e.kind(), format!("{path}: {e}")))?;
         }
         Ok(())
     })
@@ -339,7 +340,10 @@ impl Lab {
         let mut hosts = vec![Host::Fh, Host::Gw];
         hosts.extend((1..=config.msrs).map(Host::Msr));
         hosts.push(Host::Mh);
-        let namespaces: Vec<String> = hosts.iter().map(|h| format!("{id}-{}", h.suffix())).collect();
+        let namespaces: Vec<String> = hosts
+            .iter()
+            .map(|h| format!("{id}-{}", h.suffix()))
+            .collect();
         // Register before creating anything, so a signal mid-build still cleans up.
         LIVE.lock().unwrap().push(Owned {
             id: id.clone(),
@@ -420,10 +424,7 @@ impl Lab {
         )?;
         run_ip(
             Some(&gw),
-            &format!(
-                "addr add {}/24 dev wan0\nlink set wan0 up\n",
-                addr::GW_WAN
-            ),
+            &format!("addr add {}/24 dev wan0\nlink set wan0 up\n", addr::GW_WAN),
         )?;
         sysctl(&gw, &[("net.ipv4.ip_forward", "1")])?;
         for k in 1..=n {
@@ -510,7 +511,10 @@ impl Lab {
         self.airlink = Some(child);
         if line.trim() != "ready" {
             let err = std::fs::read_to_string(self.dir.join("airlink.log")).unwrap_or_default();
-            return Err(io::Error::other(format!("airlink did not start: {}", err.trim())));
+            return Err(io::Error::other(format!(
+                "airlink did not start: {}",
+                err.trim()
+            )));
         }
         Ok(())
     }
@@ -551,6 +555,15 @@ impl Lab {
         self.emu(json!({"op": "counters"}))
     }
 
+    /// Pids of the processes the lab started (airlink first).
+    pub fn pids(&self) -> Vec<u32> {
+        self.airlink
+            .iter()
+            .chain(self.children.iter())
+            .map(Child::id)
+            .collect()
+    }
+
     /// Path of the emulator's control socket, for tools outside this process.
     pub fn control_path(&self) -> &Path {
         &self.control
@@ -567,7 +580,13 @@ impl Lab {
                 if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
                     return Err(io::Error::last_os_error());
                 }
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0);
+                libc::prctl(
+                    libc::PR_SET_PDEATHSIG,
+                    libc::SIGKILL as libc::c_ulong,
+                    0,
+                    0,
+                    0,
+                );
                 Ok(())
             });
         }
@@ -575,7 +594,12 @@ impl Lab {
     }
 
     /// Starts a process in host `h` that the lab kills on teardown. Its stdout is piped.
-    pub fn spawn(&mut self, h: Host, program: impl AsRef<std::ffi::OsStr>, args: &[&str]) -> io::Result<usize> {
+    pub fn spawn(
+        &mut self,
+        h: Host,
+        program: impl AsRef<std::ffi::OsStr>,
+        args: &[&str],
+    ) -> io::Result<usize> {
         let child = self
             .command(h, program)?
             .args(args)
@@ -605,8 +629,12 @@ impl Lab {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        let out = out.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
-        let mut err = err.map(|h| h.join().unwrap_or_default()).unwrap_or_default();
+        let out = out
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
+        let mut err = err
+            .map(|h| h.join().unwrap_or_default())
+            .unwrap_or_default();
         if status.is_none() {
             err += &format!("\n(killed after {timeout:?} timeout)");
         }

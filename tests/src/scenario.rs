@@ -59,9 +59,15 @@ impl Net {
 pub enum Cells {
     NoMoves,
     /// Moves every `period_s` with both cells present for `overlap_s`.
-    Overlapped { period_s: f64, overlap_s: f64 },
+    Overlapped {
+        period_s: f64,
+        overlap_s: f64,
+    },
     /// Moves every `period_s` with `gap_s` of no cell between.
-    NonOverlapped { period_s: f64, gap_s: f64 },
+    NonOverlapped {
+        period_s: f64,
+        gap_s: f64,
+    },
 }
 
 impl Cells {
@@ -278,7 +284,13 @@ mod tests {
             t_ns: t,
             cells: c.to_vec(),
         };
-        let events = vec![ev(0, &[1]), ev(8, &[]), ev(9, &[2]), ev(16, &[]), ev(17, &[1])];
+        let events = vec![
+            ev(0, &[1]),
+            ev(8, &[]),
+            ev(9, &[2]),
+            ev(16, &[]),
+            ev(17, &[1]),
+        ];
         assert!((coverage(&events, 0, 20) - 0.9).abs() < 1e-9);
         assert!((coverage(&events, 2, 12) - 0.9).abs() < 1e-9);
         assert_eq!(coverage(&events, 9, 16), 1.0);

@@ -39,7 +39,10 @@ pub fn in_netns<T>(netns: &str, f: impl FnOnce() -> io::Result<T>) -> io::Result
     // SAFETY: as above. Failing to return would leave the thread in the wrong
     // namespace, which is not recoverable.
     let back = unsafe { libc::setns(home.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(back, 0, "could not return to the original network namespace");
+    assert_eq!(
+        back, 0,
+        "could not return to the original network namespace"
+    );
     r
 }
 
@@ -100,7 +103,8 @@ pub fn open_tap(ifname: &str) -> io::Result<OwnedFd> {
 /// Sets the MAC address of `ifname` in the current network namespace.
 pub fn set_mac(ifname: &str, mac: [u8; 6]) -> io::Result<()> {
     // SAFETY: plain socket creation; owned below.
-    let s = check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    let s =
+        check(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
     // SAFETY: s is a fresh fd.
     let s = unsafe { OwnedFd::from_raw_fd(s) };
     let mut addr: libc::sockaddr = unsafe { std::mem::zeroed() };

@@ -292,16 +292,7 @@ pub struct RrReport {
 // ---------------------------------------------------------------------------------
 // Clock
 
-/// `CLOCK_MONOTONIC` in nanoseconds (the clock `Instant` uses on Linux).
-pub fn mono_ns() -> u64 {
-    let mut ts: libc::timespec = unsafe { mem::zeroed() };
-    // SAFETY: valid pointer to a timespec.
-    let r = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    if r != 0 {
-        return 0;
-    }
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
+pub use crate::sys::mono_ns;
 
 // ---------------------------------------------------------------------------------
 // Sockets

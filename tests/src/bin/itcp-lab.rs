@@ -137,7 +137,13 @@ fn bench_baseline(args: &[String]) -> Result<(), String> {
         match f.as_str() {
             "--seeds" => seeds = num(&f, &v)?,
             "--scale" => scale = num(&f, &v)?,
-            "--buf" => buf = if v == "auto" { None } else { Some(num(&f, &v)?) },
+            "--buf" => {
+                buf = if v == "auto" {
+                    None
+                } else {
+                    Some(num(&f, &v)?)
+                }
+            }
             "--cc" => cc = if v == "default" { None } else { Some(v) },
             "--json" => json_out = Some(v),
             "--nets" => {
@@ -153,7 +159,7 @@ fn bench_baseline(args: &[String]) -> Result<(), String> {
             _ => unreachable!(),
         }
     }
-    if seeds == 0 || !(scale > 0.0) {
+    if seeds == 0 || scale.is_nan() || scale <= 0.0 {
         return Err("--seeds and --scale must be positive".into());
     }
     let mut table = Table::default();
@@ -235,7 +241,10 @@ fn up(args: &[String]) -> Result<(), String> {
     }
     println!("emulator control: {}", lab.control_path().display());
     println!("e.g.  ip netns exec {} bash", lab.ns(Host::Mh));
-    println!("      itcp-lab ctl --control {} '{{\"op\":\"status\"}}'", lab.control_path().display());
+    println!(
+        "      itcp-lab ctl --control {} '{{\"op\":\"status\"}}'",
+        lab.control_path().display()
+    );
     println!("Ctrl-C tears it down.");
     loop {
         std::thread::sleep(Duration::from_secs(3600));

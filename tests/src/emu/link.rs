@@ -135,8 +135,9 @@ pub fn parse_trace(text: &str) -> Result<Vec<u64>, String> {
             continue;
         }
         out.push(
-            line.parse::<u64>()
-                .map_err(|_| format!("trace line {}: {line:?} is not a millisecond count", i + 1))?,
+            line.parse::<u64>().map_err(|_| {
+                format!("trace line {}: {line:?} is not a millisecond count", i + 1)
+            })?,
         );
     }
     Ok(out)
@@ -375,8 +376,13 @@ impl LinkDir {
     pub fn next_event(&self) -> Option<u64> {
         let flight = self.in_flight.front().map(|f| f.deliver_ns);
         let opp = self.trace.as_ref().and_then(|t| {
-            (!t.waiting.is_empty())
-                .then(|| opp_time(self.params.trace_ms.as_ref().unwrap(), self.epoch_ns, t.next_opp))
+            (!t.waiting.is_empty()).then(|| {
+                opp_time(
+                    self.params.trace_ms.as_ref().unwrap(),
+                    self.epoch_ns,
+                    t.next_opp,
+                )
+            })
         });
         match (flight, opp) {
             (Some(a), Some(b)) => Some(a.min(b)),
@@ -468,7 +474,10 @@ mod tests {
         for _ in 0..3 {
             l.offer(0, frame(1500));
         }
-        assert_eq!(l.in_flight_depart(), vec![6_000_000, 12_000_000, 18_000_000]);
+        assert_eq!(
+            l.in_flight_depart(),
+            vec![6_000_000, 12_000_000, 18_000_000]
+        );
         let got = drain(&mut l, 30_000_000);
         let times: Vec<u64> = got.iter().map(|g| g.0).collect();
         assert_eq!(times, vec![16_000_000, 22_000_000, 28_000_000]);

@@ -100,7 +100,9 @@ pub enum Dir {
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
     /// Put the MH in exactly these cells (empty: blackout). Stops a running schedule.
-    Assoc { cells: Vec<usize> },
+    Assoc {
+        cells: Vec<usize>,
+    },
     /// Replace the parameters of one direction or both of a link (`wan`, `cell1`, …).
     Link {
         link: String,
@@ -165,7 +167,9 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let parts: Vec<&str> = s.split(':').collect();
     let mut mac = [0u8; 6];
     if parts.len() != 6 {
-        return Err(format!("bad MAC address {s:?}: want six hex bytes like 02:00:00:00:01:01"));
+        return Err(format!(
+            "bad MAC address {s:?}: want six hex bytes like 02:00:00:00:01:01"
+        ));
     }
     for (i, p) in parts.iter().enumerate() {
         mac[i] = u8::from_str_radix(p, 16).map_err(|_| format!("bad MAC address {s:?}"))?;
@@ -348,7 +352,8 @@ impl Emulator {
     pub fn advance(&mut self, now: u64, out: &mut Vec<(usize, Vec<u8>)>) {
         while let Some((t, cells)) = self.schedule.as_mut().and_then(|s| s.pop_due(now)) {
             // Use the scheduled instant, not the wake-up time, so the history is exact.
-            self.set_assoc(t, &cells).expect("schedule cells were validated");
+            self.set_assoc(t, &cells)
+                .expect("schedule cells were validated");
         }
         let mut buf = Vec::new();
         for l in &mut self.links {

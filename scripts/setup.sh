@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs everything the project needs on Debian 12 (run as root) and builds it.
+# Idempotent: packages already present are not fetched again.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "$(id -u)" != 0 ]; then
+  echo "setup: run as root (the testbed creates network namespaces and TAP devices)" >&2
+  exit 1
+fi
+
+# iproute2: namespaces, veth, bridge; nftables/iptables: msrd's interception (later
+# issues); iperf3, socat, haproxy: benchmark peers; tcpdump: captures in tests.
+packages=(iproute2 nftables iptables iperf3 socat haproxy tcpdump curl ca-certificates build-essential pkg-config procps kmod)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The Rust toolchain (rustup's stable), unless one is already there.
+export PATH="$HOME/.cargo/bin:$PATH"
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "setup: installing the Rust toolchain with rustup"
+  curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component clippy,rustfmt
+fi
+
+# TAP devices for the link emulator.
+[ -e /dev/net/tun ] || modprobe tun || { echo "setup: /dev/net/tun is missing and the tun module cannot be loaded" >&2; exit 1; }
+
+cargo build --release --workspace --bins --quiet
