@@ -1,5 +1,28 @@
-//! `itcp-proxy`: the `msrd` daemon (split connections, relay engine, wireless-side
-//! tuning, interception rules, beacons) and the `itcpctl` operator CLI.
+//! `itcp-proxy`: `msrd`, the I-TCP mobility support router daemon, and `itcpctl`.
 //!
-//! Not built yet: issue 3 (relay) and issue 4 (handoff) fill this crate. Until then it
-//! deliberately exports nothing, so nothing can be mistaken for a working daemon.
+//! An MH's TCP interaction with a fixed host (FH) becomes two connections with the MSR
+//! in the middle: the fixed side impersonates the MH (transparent sockets), the
+//! wireless side is tuned for the wireless link. Modules, each with one job:
+//!
+//! * [`daemon`] — listeners, the request protocol (docs/protocol.md), transparent
+//!   interception, drain on SIGTERM;
+//! * [`relay`] / [`splice`] — moving bytes between the two halves, zero-copy;
+//! * [`fixed`] — sockets that impersonate the MH; [`listeners`] — passive opens;
+//! * [`intercept`] — msrd's nftables table and policy route;
+//! * [`admission`] — MH prefixes, connection limits, accept rate;
+//! * [`sessions`] / [`control`] — the session table, statistics and the operator socket;
+//! * [`sockopt`], [`cells`], [`logging`] — socket options, per-cell tuning, logs.
+//!
+//! Handoff between MSRs is not built yet (issue 4).
+pub mod admission;
+pub mod cells;
+pub mod control;
+pub mod daemon;
+pub mod fixed;
+pub mod intercept;
+pub mod listeners;
+pub mod logging;
+pub mod relay;
+pub mod sessions;
+pub mod sockopt;
+pub mod splice;

@@ -610,6 +610,74 @@ impl Lab {
         Ok(self.children.len() - 1)
     }
 
+    /// Starts a long-running process in host `h` with stdout and stderr going to
+    /// `<lab dir>/<log>` (daemons: a pipe nobody reads would block them).
+    pub fn spawn_logged(&mut self, h: Host, program: impl AsRef<std::ffi::OsStr>, args: &[&str], log: &str) -> io::Result<usize> {
+        let f = File::create(self.dir.join(log))?;
+        let child = self
+            .command(h, program)?
+            .args(args)
+            .stdout(f.try_clone()?)
+            .stderr(f)
+            .spawn()?;
+        self.children.push(child);
+        Ok(self.children.len() - 1)
+    }
+
+    /// Starts msrd on MSR `k` with the given config text (written to
+    /// `<lab dir>/msr<k>.toml`) and waits until its control socket answers.
+    /// The config's control socket must be [`Lab::msrd_control`]`(k)`.
+    pub fn start_msrd(&mut self, k: usize, config: &str) -> io::Result<usize> {
+        let cfg = self.dir.join(format!("msr{k}.toml"));
+        std::fs::write(&cfg, config)?;
+        let cfg = cfg.display().to_string();
+        let idx = self.spawn_logged(Host::Msr(k), bin_path("msrd"), &["--config", &cfg], &format!("msrd{k}.log"))?;
+        let sock = self.msrd_control(k);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while UnixStream::connect(&sock).is_err() {
+            if let Some(st) = self.children[idx].try_wait()? {
+                let log = std::fs::read_to_string(self.dir.join(format!("msrd{k}.log"))).unwrap_or_default();
+                return Err(io::Error::other(format!("msrd on MSR{k} exited ({st}):\n{log}")));
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::other(format!("msrd on MSR{k} did not come up in 10 s")));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(idx)
+    }
+
+    /// Control socket path of MSR `k`'s msrd.
+    pub fn msrd_control(&self, k: usize) -> PathBuf {
+        self.dir.join(format!("msrd{k}.sock"))
+    }
+
+    /// A minimal msrd config for MSR `k` of this lab; `extra` is appended verbatim
+    /// (more sections, e.g. `[wireless]`).
+    pub fn msrd_config(&self, k: usize, extra: &str) -> String {
+        format!(
+            "[msr]\nid = \"msr{k}\"\ngateway = [\"{}\"]\ncontrol_socket = \"{}\"\nlog_level = \"debug\"\n\n[access]\nmh_prefixes = [\"10.2.0.0/24\"]\n\n{extra}",
+            addr::CELL_GW,
+            self.msrd_control(k).display()
+        )
+    }
+
+    /// Sends one request to MSR `k`'s msrd control socket.
+    pub fn msrd(&self, k: usize, req: Value) -> io::Result<Value> {
+        let mut s = UnixStream::connect(self.msrd_control(k))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        s.write_all(format!("{req}\n").as_bytes())?;
+        let mut reply = String::new();
+        BufReader::new(&s).read_line(&mut reply)?;
+        serde_json::from_str(&reply).map_err(|e| io::Error::other(format!("msrd reply {reply:?}: {e}")))
+    }
+
+    /// Sends SIGTERM to a spawned process (by index).
+    pub fn terminate(&self, idx: usize) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.children[idx].id() as i32, libc::SIGTERM) };
+    }
+
     /// Waits for a spawned process (by index) with a deadline; kills it on timeout.
     /// Returns (exit success, stdout, stderr).
     pub fn wait(&mut self, idx: usize, timeout: Duration) -> io::Result<(bool, String, String)> {

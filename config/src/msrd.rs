@@ -1,0 +1,785 @@
+//! The `msrd` schema: [`MsrdConfig`] and its sections.
+
+use std::collections::HashSet;
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::{ConfigError, ConfigErrorKind};
+use crate::load::{de_helpers, read, Source};
+use crate::prefix::IpPrefix;
+
+/// Default SOCKS port of the MSR gateway (`msr.socks_port`), also what an MH assumes
+/// when it discovers the gateway without a port.
+pub const DEFAULT_SOCKS_PORT: u16 = 1080;
+
+/// The whole `msrd` configuration. Build it with [`MsrdConfig::load`] or
+/// [`MsrdConfig::from_str`], which also validate it; the bare `Deserialize` impl only
+/// checks the shape.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MsrdConfig {
+    /// `[msr]`: identity, gateway address, control socket, logging.
+    #[serde(default)]
+    pub msr: MsrSection,
+    /// `[access]`: who may use this MSR, and how much.
+    #[serde(default)]
+    pub access: AccessSection,
+    /// `[relay]`: the relay engine.
+    #[serde(default)]
+    pub relay: RelaySection,
+    /// `[wireless]`: TCP tuning of the wireless side (MH ⇄ MSR).
+    #[serde(default)]
+    pub wireless: TcpTuning,
+    /// `[fixed]`: TCP tuning of the fixed side (MSR ⇄ FH).
+    #[serde(default)]
+    pub fixed: TcpTuning,
+    /// `[[cell]]`: per-interface overrides of `[wireless]`.
+    #[serde(default, rename = "cell")]
+    pub cells: Vec<CellSection>,
+    /// `[transparent]`: interception of unmodified MH apps.
+    #[serde(default)]
+    pub transparent: TransparentSection,
+    /// `[interception]`: msrd's nftables table, fwmark and routing table.
+    #[serde(default)]
+    pub interception: InterceptionSection,
+}
+
+/// `[msr]`: who this MSR is and where it listens.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MsrSection {
+    /// Name in logs and handoff records (default: the hostname).
+    #[serde(default = "default_id")]
+    pub id: String,
+    /// The cell gateway address(es) every MSR shares; SOCKS listens here (required).
+    #[serde(default, deserialize_with = "de_helpers::ip_addrs")]
+    pub gateway: Vec<IpAddr>,
+    /// SOCKS5 port on the gateway address (1080).
+    #[serde(default = "default_socks_port", deserialize_with = "de_helpers::port")]
+    pub socks_port: u16,
+    /// Unix socket for `itcpctl` (`/run/msrd/control.sock`).
+    #[serde(default = "default_control_socket")]
+    pub control_socket: PathBuf,
+    /// Log verbosity (`info`).
+    #[serde(default)]
+    pub log_level: LogLevel,
+    /// Log line format (`text`).
+    #[serde(default)]
+    pub log_format: LogFormat,
+}
+
+impl Default for MsrSection {
+    fn default() -> Self {
+        MsrSection {
+            id: default_id(),
+            gateway: Vec::new(),
+            socks_port: DEFAULT_SOCKS_PORT,
+            control_socket: default_control_socket(),
+            log_level: LogLevel::default(),
+            log_format: LogFormat::default(),
+        }
+    }
+}
+
+impl MsrSection {
+    /// The SOCKS listen addresses: every gateway address at `socks_port`.
+    pub fn socks_addrs(&self) -> Vec<SocketAddr> {
+        self.gateway
+            .iter()
+            .map(|&ip| SocketAddr::new(ip, self.socks_port))
+            .collect()
+    }
+}
+
+fn default_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "msr".to_owned())
+}
+
+fn default_socks_port() -> u16 {
+    DEFAULT_SOCKS_PORT
+}
+
+fn default_control_socket() -> PathBuf {
+    PathBuf::from("/run/msrd/control.sock")
+}
+
+/// Log verbosity, from least to most verbose.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    /// Errors only.
+    Error,
+    /// Errors and warnings.
+    Warn,
+    /// Normal operation (default).
+    #[default]
+    Info,
+    /// Per-connection detail.
+    Debug,
+    /// Everything.
+    Trace,
+}
+
+impl LogLevel {
+    /// The config spelling (`"info"`), also what `tracing` filters accept.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+impl fmt::Display for LogLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Log line format.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines (default).
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+impl LogFormat {
+    /// The config spelling (`"text"` or `"json"`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogFormat::Text => "text",
+            LogFormat::Json => "json",
+        }
+    }
+}
+
+impl fmt::Display for LogFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `[access]`: which MHs may use this MSR and the admission limits.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AccessSection {
+    /// Only MHs with an address in one of these prefixes may use this MSR (required,
+    /// non-empty: an MSR must not be an open relay).
+    #[serde(default)]
+    pub mh_prefixes: Vec<IpPrefix>,
+    /// Relayed connections overall (100000).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: u32,
+    /// Relayed connections per MH address (4096).
+    #[serde(default = "default_max_connections_per_mh")]
+    pub max_connections_per_mh: u32,
+    /// New connections per second, token bucket rate (5000).
+    #[serde(default = "default_accept_rate")]
+    pub accept_rate: u32,
+    /// Token bucket depth (10000).
+    #[serde(default = "default_accept_burst")]
+    pub accept_burst: u32,
+}
+
+impl Default for AccessSection {
+    fn default() -> Self {
+        AccessSection {
+            mh_prefixes: Vec::new(),
+            max_connections: default_max_connections(),
+            max_connections_per_mh: default_max_connections_per_mh(),
+            accept_rate: default_accept_rate(),
+            accept_burst: default_accept_burst(),
+        }
+    }
+}
+
+impl AccessSection {
+    /// Whether `mh` is in one of the configured MH prefixes.
+    pub fn allows(&self, mh: IpAddr) -> bool {
+        self.mh_prefixes.iter().any(|p| p.contains(mh))
+    }
+}
+
+fn default_max_connections() -> u32 {
+    100_000
+}
+fn default_max_connections_per_mh() -> u32 {
+    4096
+}
+fn default_accept_rate() -> u32 {
+    5000
+}
+fn default_accept_burst() -> u32 {
+    10_000
+}
+
+/// `[relay]`: how bytes are moved between the two halves.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RelaySection {
+    /// Zero-copy `splice(2)` relay (true); false copies through user space.
+    #[serde(default = "default_true")]
+    pub splice: bool,
+    /// Bytes per splice pipe, 4096..=67108864 (1048576).
+    #[serde(default = "default_pipe_size")]
+    pub pipe_size: usize,
+    /// User-space copy buffer when splice is off, 1024..=67108864 (65536).
+    #[serde(default = "default_buffer_size")]
+    pub buffer_size: usize,
+    /// Fixed-side connect timeout in milliseconds (10000).
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// On SIGTERM, how long connections may finish, in milliseconds (30000).
+    #[serde(default = "default_drain_timeout_ms")]
+    pub drain_timeout_ms: u64,
+}
+
+impl Default for RelaySection {
+    fn default() -> Self {
+        RelaySection {
+            splice: true,
+            pipe_size: default_pipe_size(),
+            buffer_size: default_buffer_size(),
+            connect_timeout_ms: default_connect_timeout_ms(),
+            drain_timeout_ms: default_drain_timeout_ms(),
+        }
+    }
+}
+
+impl RelaySection {
+    /// `connect_timeout_ms` as a `Duration`.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    /// `drain_timeout_ms` as a `Duration`.
+    pub fn drain_timeout(&self) -> Duration {
+        Duration::from_millis(self.drain_timeout_ms)
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_pipe_size() -> usize {
+    1 << 20
+}
+fn default_buffer_size() -> usize {
+    64 << 10
+}
+fn default_connect_timeout_ms() -> u64 {
+    10_000
+}
+fn default_drain_timeout_ms() -> u64 {
+    30_000
+}
+
+/// TCP tuning of one side of the relay (`[wireless]`, `[fixed]`, or a `[[cell]]`).
+/// Every field is optional: unset means "leave the kernel default".
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TcpTuning {
+    /// TCP_CONGESTION algorithm name (`cubic`, `bbr`, `reno`, ...).
+    pub congestion_control: Option<String>,
+    /// SO_SNDBUF in bytes (0 = autotune).
+    pub send_buffer: Option<u32>,
+    /// SO_RCVBUF in bytes (0 = autotune).
+    pub recv_buffer: Option<u32>,
+    /// TCP_WINDOW_CLAMP in bytes (0 = none).
+    pub window_clamp: Option<u32>,
+    /// TCP_NOTSENT_LOWAT in bytes.
+    pub notsent_lowat: Option<u32>,
+    /// TCP_NODELAY.
+    pub nodelay: Option<bool>,
+    /// SO_KEEPALIVE + TCP_KEEPIDLE in seconds (unset = no keepalive).
+    pub keepalive_idle_s: Option<u32>,
+    /// TCP_KEEPINTVL in seconds (needs `keepalive_idle_s`).
+    pub keepalive_interval_s: Option<u32>,
+    /// TCP_KEEPCNT (needs `keepalive_idle_s`).
+    pub keepalive_count: Option<u32>,
+    /// TCP_USER_TIMEOUT in milliseconds.
+    pub user_timeout_ms: Option<u32>,
+}
+
+impl TcpTuning {
+    /// Every key set in `self` wins; the rest come from `base`.
+    pub fn merged_over(&self, base: &TcpTuning) -> TcpTuning {
+        TcpTuning {
+            congestion_control: self
+                .congestion_control
+                .clone()
+                .or_else(|| base.congestion_control.clone()),
+            send_buffer: self.send_buffer.or(base.send_buffer),
+            recv_buffer: self.recv_buffer.or(base.recv_buffer),
+            window_clamp: self.window_clamp.or(base.window_clamp),
+            notsent_lowat: self.notsent_lowat.or(base.notsent_lowat),
+            nodelay: self.nodelay.or(base.nodelay),
+            keepalive_idle_s: self.keepalive_idle_s.or(base.keepalive_idle_s),
+            keepalive_interval_s: self.keepalive_interval_s.or(base.keepalive_interval_s),
+            keepalive_count: self.keepalive_count.or(base.keepalive_count),
+            user_timeout_ms: self.user_timeout_ms.or(base.user_timeout_ms),
+        }
+    }
+
+    /// True when no key is set.
+    pub fn is_empty(&self) -> bool {
+        *self == TcpTuning::default()
+    }
+}
+
+/// `[[cell]]`: overrides of `[wireless]` for connections arriving on one interface.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(from = "RawCell")]
+pub struct CellSection {
+    /// The cell's network interface name (required).
+    pub interface: String,
+    /// The `[wireless]` keys this cell overrides.
+    pub tuning: TcpTuning,
+}
+
+/// The on-disk shape of a `[[cell]]`: `interface` plus the [`TcpTuning`] keys written
+/// out, because serde's `flatten` cannot be combined with `deny_unknown_fields`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCell {
+    interface: String,
+    congestion_control: Option<String>,
+    send_buffer: Option<u32>,
+    recv_buffer: Option<u32>,
+    window_clamp: Option<u32>,
+    notsent_lowat: Option<u32>,
+    nodelay: Option<bool>,
+    keepalive_idle_s: Option<u32>,
+    keepalive_interval_s: Option<u32>,
+    keepalive_count: Option<u32>,
+    user_timeout_ms: Option<u32>,
+}
+
+impl From<RawCell> for CellSection {
+    fn from(c: RawCell) -> CellSection {
+        CellSection {
+            interface: c.interface,
+            tuning: TcpTuning {
+                congestion_control: c.congestion_control,
+                send_buffer: c.send_buffer,
+                recv_buffer: c.recv_buffer,
+                window_clamp: c.window_clamp,
+                notsent_lowat: c.notsent_lowat,
+                nodelay: c.nodelay,
+                keepalive_idle_s: c.keepalive_idle_s,
+                keepalive_interval_s: c.keepalive_interval_s,
+                keepalive_count: c.keepalive_count,
+                user_timeout_ms: c.user_timeout_ms,
+            },
+        }
+    }
+}
+
+/// `[transparent]`: interception of unmodified MH apps with nftables TPROXY.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TransparentSection {
+    /// Intercept MH connections (false).
+    #[serde(default)]
+    pub enabled: bool,
+    /// TCP destination ports to intercept (required, non-empty, when enabled).
+    #[serde(default, deserialize_with = "de_helpers::ports")]
+    pub ports: Vec<u16>,
+    /// Local TPROXY listener port (1081).
+    #[serde(default = "default_listen_port", deserialize_with = "de_helpers::port")]
+    pub listen_port: u16,
+}
+
+impl Default for TransparentSection {
+    fn default() -> Self {
+        TransparentSection {
+            enabled: false,
+            ports: Vec::new(),
+            listen_port: default_listen_port(),
+        }
+    }
+}
+
+fn default_listen_port() -> u16 {
+    1081
+}
+
+/// `[interception]`: the kernel objects msrd owns for transparent sockets.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InterceptionSection {
+    /// msrd's own nftables table, `inet` family (`itcp_msrd`).
+    #[serde(default = "default_nft_table")]
+    pub nft_table: String,
+    /// Packet mark for transparent sockets, non-zero (0x4954).
+    #[serde(default = "default_fwmark")]
+    pub fwmark: u32,
+    /// Policy routing table for marked packets (4954); not 253, 254 or 255.
+    #[serde(default = "default_route_table")]
+    pub route_table: u32,
+}
+
+impl Default for InterceptionSection {
+    fn default() -> Self {
+        InterceptionSection {
+            nft_table: default_nft_table(),
+            fwmark: default_fwmark(),
+            route_table: default_route_table(),
+        }
+    }
+}
+
+fn default_nft_table() -> String {
+    "itcp_msrd".to_owned()
+}
+fn default_fwmark() -> u32 {
+    0x4954
+}
+fn default_route_table() -> u32 {
+    4954
+}
+
+impl MsrdConfig {
+    /// Reads and validates the config file at `path`; errors name the file as given.
+    pub fn load(path: impl AsRef<Path>) -> Result<MsrdConfig, ConfigError> {
+        let (origin, text) = read(path.as_ref())?;
+        MsrdConfig::from_str(&text, &origin)
+    }
+
+    /// Parses and validates config text; `origin` names it in errors (a file name).
+    pub fn from_str(text: &str, origin: &str) -> Result<MsrdConfig, ConfigError> {
+        let (config, source) = Source::parse::<MsrdConfig>(origin, text)?;
+        config.validate(&source)?;
+        Ok(config)
+    }
+
+    /// The wireless-side tuning for a connection that arrived on `interface`: that
+    /// cell's `[[cell]]` keys over `[wireless]` (just `[wireless]` for other or unknown
+    /// interfaces).
+    pub fn wireless_tuning_for(&self, interface: Option<&str>) -> TcpTuning {
+        match interface.and_then(|i| self.cell(i)) {
+            Some(cell) => cell.tuning.merged_over(&self.wireless),
+            None => self.wireless.clone(),
+        }
+    }
+
+    /// The `[[cell]]` for `interface`, if configured.
+    pub fn cell(&self, interface: &str) -> Option<&CellSection> {
+        self.cells.iter().find(|c| c.interface == interface)
+    }
+
+    fn validate(&self, src: &Source<'_>) -> Result<(), ConfigError> {
+        self.validate_msr(src)?;
+        self.validate_access(src)?;
+        self.validate_relay(src)?;
+        validate_tuning(
+            src,
+            "wireless",
+            &self.wireless,
+            self.wireless.keepalive_idle_s,
+        )?;
+        validate_tuning(src, "fixed", &self.fixed, self.fixed.keepalive_idle_s)?;
+        let mut seen = HashSet::new();
+        for (i, cell) in self.cells.iter().enumerate() {
+            let path = format!("cell[{i}]");
+            check_ifname(src, &format!("{path}.interface"), &cell.interface)?;
+            if !seen.insert(cell.interface.as_str()) {
+                return Err(src.invalid(
+                    &format!("{path}.interface"),
+                    format!(
+                        "interface {:?} already has a [[cell]] above",
+                        cell.interface
+                    ),
+                ));
+            }
+            let idle = cell
+                .tuning
+                .keepalive_idle_s
+                .or(self.wireless.keepalive_idle_s);
+            validate_tuning(src, &path, &cell.tuning, idle)?;
+        }
+        self.validate_transparent(src)?;
+        self.validate_interception(src)
+    }
+
+    fn validate_msr(&self, src: &Source<'_>) -> Result<(), ConfigError> {
+        let m = &self.msr;
+        if m.id.is_empty()
+            || m.id.chars().count() > 64
+            || m.id.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(src.invalid(
+                "msr.id",
+                format!(
+                    "{:?} is not a usable MSR name (1..=64 characters, no spaces)",
+                    m.id
+                ),
+            ));
+        }
+        if m.gateway.is_empty() {
+            return Err(src.error(
+                ConfigErrorKind::MissingKey,
+                "msr.gateway",
+                "missing or empty: list the cell gateway address(es) this MSR owns, e.g. gateway = [\"10.2.0.1\"]",
+            ));
+        }
+        let mut seen = HashSet::new();
+        for (i, g) in m.gateway.iter().enumerate() {
+            let path = format!("msr.gateway[{i}]");
+            if g.is_unspecified() || g.is_multicast() {
+                return Err(src.invalid(&path, format!("{g} cannot be a gateway address (use the cell interface's own unicast address)")));
+            }
+            if !seen.insert(g) {
+                return Err(src.invalid(&path, format!("{g} is listed twice")));
+            }
+        }
+        if m.control_socket.as_os_str().is_empty() {
+            return Err(src.invalid("msr.control_socket", "must not be empty"));
+        }
+        // sun_path holds 108 bytes including the terminating NUL.
+        if m.control_socket.as_os_str().len() > 107 {
+            return Err(src.invalid(
+                "msr.control_socket",
+                "path is too long for a Unix socket (at most 107 bytes)",
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_access(&self, src: &Source<'_>) -> Result<(), ConfigError> {
+        let a = &self.access;
+        if a.mh_prefixes.is_empty() {
+            return Err(src.error(
+                ConfigErrorKind::MissingKey,
+                "access.mh_prefixes",
+                "missing or empty: list the prefixes of the MHs this MSR serves, e.g. mh_prefixes = [\"10.2.0.0/24\"] \
+                 (without them the MSR would be an open relay)",
+            ));
+        }
+        let mut seen = HashSet::new();
+        for (i, p) in a.mh_prefixes.iter().enumerate() {
+            let path = format!("access.mh_prefixes[{i}]");
+            if p.prefix_len() == 0 {
+                return Err(src.invalid(
+                    &path,
+                    format!("{p} matches every address and would make this MSR an open relay; list the cells' MH prefixes"),
+                ));
+            }
+            if !seen.insert(p) {
+                return Err(src.invalid(&path, format!("{p} is listed twice")));
+            }
+        }
+        at_least(
+            src,
+            "access.max_connections",
+            u64::from(a.max_connections),
+            1,
+        )?;
+        at_least(
+            src,
+            "access.max_connections_per_mh",
+            u64::from(a.max_connections_per_mh),
+            1,
+        )?;
+        if a.max_connections_per_mh > a.max_connections {
+            return Err(src.invalid(
+                "access.max_connections_per_mh",
+                format!(
+                    "{} is more than access.max_connections ({})",
+                    a.max_connections_per_mh, a.max_connections
+                ),
+            ));
+        }
+        at_least(src, "access.accept_rate", u64::from(a.accept_rate), 1)?;
+        at_least(src, "access.accept_burst", u64::from(a.accept_burst), 1)
+    }
+
+    fn validate_relay(&self, src: &Source<'_>) -> Result<(), ConfigError> {
+        let r = &self.relay;
+        in_range(src, "relay.pipe_size", r.pipe_size as u64, 4096, 64 << 20)?;
+        in_range(
+            src,
+            "relay.buffer_size",
+            r.buffer_size as u64,
+            1024,
+            64 << 20,
+        )?;
+        at_least(src, "relay.connect_timeout_ms", r.connect_timeout_ms, 1)
+    }
+
+    fn validate_transparent(&self, src: &Source<'_>) -> Result<(), ConfigError> {
+        let t = &self.transparent;
+        if t.enabled && t.ports.is_empty() {
+            return Err(src.error(
+                ConfigErrorKind::MissingKey,
+                "transparent.ports",
+                "missing or empty while transparent.enabled = true: list the TCP ports to intercept, e.g. ports = [80, 443]",
+            ));
+        }
+        let mut seen = HashSet::new();
+        for (i, p) in t.ports.iter().enumerate() {
+            if !seen.insert(p) {
+                return Err(src.invalid(
+                    &format!("transparent.ports[{i}]"),
+                    format!("port {p} is listed twice"),
+                ));
+            }
+        }
+        if t.enabled && t.listen_port == self.msr.socks_port {
+            return Err(src.invalid(
+                "transparent.listen_port",
+                format!(
+                    "{} is also msr.socks_port; the TPROXY listener needs its own port",
+                    t.listen_port
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn validate_interception(&self, src: &Source<'_>) -> Result<(), ConfigError> {
+        let i = &self.interception;
+        if i.nft_table.is_empty()
+            || i.nft_table.len() > 255
+            || !i
+                .nft_table
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            return Err(src.invalid(
+                "interception.nft_table",
+                format!(
+                    "{:?} is not a usable nftables table name (1..=255 of A-Z a-z 0-9 _)",
+                    i.nft_table
+                ),
+            ));
+        }
+        if i.fwmark == 0 {
+            return Err(src.invalid("interception.fwmark", "must not be 0 (0 means \"no mark\")"));
+        }
+        match i.route_table {
+            0 => Err(src.invalid("interception.route_table", "must not be 0 (0 means \"unspecified\")")),
+            253..=255 => Err(src.invalid(
+                "interception.route_table",
+                format!(
+                    "{} is reserved by the kernel (253 default, 254 main, 255 local); pick another table",
+                    i.route_table
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+fn at_least(src: &Source<'_>, path: &str, v: u64, min: u64) -> Result<(), ConfigError> {
+    if v < min {
+        return Err(src.invalid(path, format!("{v} is too small (must be at least {min})")));
+    }
+    Ok(())
+}
+
+fn in_range(src: &Source<'_>, path: &str, v: u64, min: u64, max: u64) -> Result<(), ConfigError> {
+    if !(min..=max).contains(&v) {
+        return Err(src.invalid(path, format!("{v} is out of range (must be {min}..={max})")));
+    }
+    Ok(())
+}
+
+/// Checks one tuning block at `section`; `idle` is the keepalive idle time in effect for
+/// it (a cell inherits `[wireless]`'s).
+fn validate_tuning(
+    src: &Source<'_>,
+    section: &str,
+    t: &TcpTuning,
+    idle: Option<u32>,
+) -> Result<(), ConfigError> {
+    let key = |k: &str| format!("{section}.{k}");
+    if let Some(cc) = &t.congestion_control {
+        if cc.is_empty()
+            || cc.len() > 15
+            || !cc
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        {
+            return Err(src.invalid(
+                &key("congestion_control"),
+                format!(
+                    "{cc:?} is not a congestion control name (1..=15 of a-z 0-9 _, e.g. \"cubic\")"
+                ),
+            ));
+        }
+    }
+    // These are C ints in setsockopt.
+    let int_max = i32::MAX as u64;
+    for (k, v) in [
+        ("send_buffer", t.send_buffer),
+        ("recv_buffer", t.recv_buffer),
+        ("window_clamp", t.window_clamp),
+        ("notsent_lowat", t.notsent_lowat),
+        ("user_timeout_ms", t.user_timeout_ms),
+    ] {
+        if let Some(v) = v {
+            in_range(src, &key(k), u64::from(v), 0, int_max)?;
+        }
+    }
+    // The kernel's MAX_TCP_KEEPIDLE, MAX_TCP_KEEPINTVL and MAX_TCP_KEEPCNT.
+    for (k, v, max) in [
+        ("keepalive_idle_s", t.keepalive_idle_s, 32767),
+        ("keepalive_interval_s", t.keepalive_interval_s, 32767),
+        ("keepalive_count", t.keepalive_count, 127),
+    ] {
+        if let Some(v) = v {
+            in_range(src, &key(k), u64::from(v), 1, max)?;
+        }
+    }
+    if idle.is_none() {
+        for (k, v) in [
+            ("keepalive_interval_s", t.keepalive_interval_s),
+            ("keepalive_count", t.keepalive_count),
+        ] {
+            if v.is_some() {
+                return Err(src.invalid(
+                    &key(k),
+                    "has no effect without keepalive_idle_s, which turns keepalive on; set that too",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Linux interface name rules (`dev_valid_name`): 1..=15 bytes, not `.` or `..`, no
+/// `/`, `:` or whitespace.
+fn check_ifname(src: &Source<'_>, path: &str, name: &str) -> Result<(), ConfigError> {
+    if name.is_empty()
+        || name.len() > 15
+        || name == "."
+        || name == ".."
+        || name
+            .chars()
+            .any(|c| c == '/' || c == ':' || c.is_whitespace())
+    {
+        return Err(src.invalid(
+            path,
+            format!(
+                "{name:?} is not a valid interface name (1..=15 bytes, no '/', ':' or whitespace)"
+            ),
+        ));
+    }
+    Ok(())
+}

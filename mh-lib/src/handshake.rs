@@ -1,0 +1,393 @@
+//! The client side of one request connection as a sans-IO state machine, driven by the
+//! blocking and the async flavours alike.
+//!
+//! Sequence: greeting offering `[0x80, 0x00]` → method choice → (if `0x80`: token →
+//! token status) → request → reply. Each step says what to write and exactly how many
+//! bytes to read next, so the driver never reads past the reply into relayed data.
+
+use std::io;
+use std::net::SocketAddr;
+
+use crate::socks::{self, Addr, Command, Method, Reply, Token};
+
+/// The methods the MH offers, in order of preference.
+pub(crate) const OFFERED_METHODS: [Method; 2] = [Method::ITCP_SESSION, Method::NO_AUTH];
+
+/// What the driver does next.
+#[derive(Debug)]
+pub(crate) enum Step {
+    /// Write `write` (may be empty), then read exactly `read` bytes and pass them to
+    /// [`Handshake::input`].
+    Io { write: Vec<u8>, read: usize },
+    /// Handshake finished: the reply's BND address. The connection now relays.
+    Done(Addr),
+}
+
+/// Which part of the exchange is in progress (selects the timeout, names the phase in
+/// errors).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Waiting for the method choice or token status.
+    Negotiation,
+    /// Waiting for the reply to the request.
+    Reply,
+}
+
+#[derive(Debug)]
+enum State {
+    MethodChoice,
+    TokenStatus,
+    Reply(Vec<u8>),
+    Done,
+}
+
+/// Client handshake for one request.
+#[derive(Debug)]
+pub(crate) struct Handshake {
+    gateway: SocketAddr,
+    token: Token,
+    command: Command,
+    addr: Addr,
+    state: State,
+}
+
+impl Handshake {
+    pub(crate) fn new(gateway: SocketAddr, token: Token, command: Command, addr: Addr) -> Self {
+        Handshake {
+            gateway,
+            token,
+            command,
+            addr,
+            state: State::MethodChoice,
+        }
+    }
+
+    /// The first step: send the greeting, read the method choice.
+    pub(crate) fn start(&mut self) -> io::Result<Step> {
+        // Fail before any I/O on an unencodable target (e.g. a 300-byte domain name).
+        self.request_bytes()?;
+        let mut write = Vec::with_capacity(4);
+        socks::encode_greeting(&mut write, &OFFERED_METHODS);
+        self.state = State::MethodChoice;
+        Ok(Step::Io { write, read: 2 })
+    }
+
+    pub(crate) fn phase(&self) -> Phase {
+        match self.state {
+            State::MethodChoice | State::TokenStatus => Phase::Negotiation,
+            State::Reply(_) | State::Done => Phase::Reply,
+        }
+    }
+
+    /// Whether the MSR's reply has been received (so a failure came from the reply code,
+    /// not from the gateway connection or the negotiation).
+    pub(crate) fn got_reply(&self) -> bool {
+        matches!(self.state, State::Done)
+    }
+
+    /// Feeds the bytes the previous step asked for.
+    pub(crate) fn input(&mut self, bytes: &[u8]) -> io::Result<Step> {
+        match &mut self.state {
+            State::MethodChoice => {
+                let (method, _) = socks::parse_method_choice(bytes)
+                    .map_err(|e| self.malformed(e))?
+                    .ok_or_else(|| self.internal())?;
+                match method {
+                    Method::ITCP_SESSION => {
+                        let mut write = Vec::with_capacity(17);
+                        socks::encode_token(&mut write, &self.token);
+                        self.state = State::TokenStatus;
+                        Ok(Step::Io { write, read: 2 })
+                    }
+                    Method::NO_AUTH => self.send_request(),
+                    Method::NONE_ACCEPTABLE => Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!(
+                            "I-TCP gateway {} accepts neither of the offered methods \
+                             (I-TCP session 0x80, no authentication 0x00)",
+                            self.gateway
+                        ),
+                    )),
+                    Method(other) => Err(io::Error::new(
+                        io::ErrorKind::InvalidData,
+                        format!(
+                            "I-TCP gateway {} chose method 0x{other:02x}, which was not offered",
+                            self.gateway
+                        ),
+                    )),
+                }
+            }
+            State::TokenStatus => {
+                let (status, _) = socks::parse_token_status(bytes)
+                    .map_err(|e| self.malformed(e))?
+                    .ok_or_else(|| self.internal())?;
+                if status != socks::TOKEN_STATUS_OK {
+                    return Err(io::Error::new(
+                        io::ErrorKind::PermissionDenied,
+                        format!(
+                            "I-TCP gateway {} rejected the session token (status 0x{status:02x})",
+                            self.gateway
+                        ),
+                    ));
+                }
+                self.send_request()
+            }
+            State::Reply(buf) => {
+                buf.extend_from_slice(bytes);
+                let total = socks::frame_len(buf).map_err(|e| malformed(self.gateway, e))?;
+                let need = match total {
+                    None => buf.len() + 1,
+                    Some(total) => total,
+                };
+                if need > buf.len() {
+                    // Checks version, code and reserved byte early.
+                    socks::parse_reply(buf).map_err(|e| malformed(self.gateway, e))?;
+                    return Ok(Step::Io {
+                        write: Vec::new(),
+                        read: need - buf.len(),
+                    });
+                }
+                let (resp, _) = socks::parse_reply(buf)
+                    .map_err(|e| malformed(self.gateway, e))?
+                    .ok_or_else(|| internal(self.gateway))?;
+                self.state = State::Done;
+                if resp.reply == Reply::Succeeded {
+                    Ok(Step::Done(resp.addr))
+                } else {
+                    Err(self.failure(resp.reply))
+                }
+            }
+            State::Done => Err(self.internal()),
+        }
+    }
+
+    fn request_bytes(&self) -> io::Result<Vec<u8>> {
+        let mut write = Vec::with_capacity(3 + self.addr.encoded_len());
+        socks::encode_request(&mut write, self.command, &self.addr).map_err(|e| {
+            io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("cannot ask the I-TCP gateway for {}: {e}", self.addr),
+            )
+        })?;
+        Ok(write)
+    }
+
+    fn send_request(&mut self) -> io::Result<Step> {
+        let write = self.request_bytes()?;
+        self.state = State::Reply(Vec::with_capacity(22));
+        // VER REP RSV ATYP: enough to learn the frame length.
+        Ok(Step::Io { write, read: 4 })
+    }
+
+    /// The error for a non-zero reply code.
+    fn failure(&self, reply: Reply) -> io::Error {
+        let what = match self.command {
+            Command::Connect => format!("could not connect to {}", self.addr),
+            Command::Listen | Command::Bind => {
+                format!("could not listen on port {}", self.addr.port())
+            }
+            Command::Accept => format!("could not accept on port {}", self.addr.port()),
+        };
+        io::Error::new(
+            reply.to_io_error_kind(),
+            format!("I-TCP gateway {} {what}: {reply}", self.gateway),
+        )
+    }
+
+    fn malformed(&self, e: socks::ProtoError) -> io::Error {
+        malformed(self.gateway, e)
+    }
+
+    fn internal(&self) -> io::Error {
+        internal(self.gateway)
+    }
+
+    /// Maps an I/O error of the driver during the current phase to a message naming the
+    /// gateway and the phase.
+    pub(crate) fn io_error(&self, e: io::Error, timeout: Option<std::time::Duration>) -> io::Error {
+        let phase = match self.state {
+            State::MethodChoice => "method negotiation",
+            State::TokenStatus => "token exchange",
+            State::Reply(_) | State::Done => match self.command {
+                Command::Accept => "accept request",
+                Command::Connect => "connect request",
+                Command::Listen => "listen request",
+                Command::Bind => "bind request",
+            },
+        };
+        match e.kind() {
+            io::ErrorKind::UnexpectedEof => io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!(
+                    "I-TCP gateway {} closed the connection during the {phase}",
+                    self.gateway
+                ),
+            ),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+                io::ErrorKind::TimedOut,
+                match timeout {
+                    Some(t) => format!(
+                        "I-TCP gateway {} did not answer the {phase} within {t:?}",
+                        self.gateway
+                    ),
+                    None => format!("I-TCP gateway {}: {phase}: {e}", self.gateway),
+                },
+            ),
+            kind => io::Error::new(
+                kind,
+                format!("I-TCP gateway {}: {phase}: {e}", self.gateway),
+            ),
+        }
+    }
+}
+
+fn malformed(gateway: SocketAddr, e: socks::ProtoError) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("I-TCP gateway {gateway} sent a malformed answer: {e}"),
+    )
+}
+
+fn internal(gateway: SocketAddr) -> io::Error {
+    io::Error::other(format!(
+        "I-TCP handshake with {gateway}: internal error (step fed too few bytes)"
+    ))
+}
+
+/// The error for a failed TCP connect to the gateway.
+pub(crate) fn gateway_connect_error(
+    gateway: SocketAddr,
+    e: io::Error,
+    timeout: std::time::Duration,
+) -> io::Error {
+    match e.kind() {
+        io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!("cannot reach I-TCP gateway {gateway}: no answer within {timeout:?}"),
+        ),
+        kind => io::Error::new(kind, format!("cannot reach I-TCP gateway {gateway}: {e}")),
+    }
+}
+
+/// ADDR for LISTEN/ACCEPT: all-zero of the gateway's family, with `port`.
+pub(crate) fn any_addr_for(gateway: SocketAddr, port: u16) -> Addr {
+    Addr::unspecified(gateway.is_ipv6(), port)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn gw() -> SocketAddr {
+        "10.2.0.1:1080".parse().unwrap()
+    }
+
+    fn io_step(step: Step) -> (Vec<u8>, usize) {
+        match step {
+            Step::Io { write, read } => (write, read),
+            Step::Done(a) => panic!("unexpected Done({a})"),
+        }
+    }
+
+    #[test]
+    fn full_exchange_with_token() {
+        let token = Token([0xAB; 16]);
+        let target = Addr::Ip("10.0.0.1:80".parse().unwrap());
+        let mut hs = Handshake::new(gw(), token, Command::Connect, target);
+        let (w, r) = io_step(hs.start().unwrap());
+        assert_eq!(w, [5, 2, 0x80, 0]);
+        assert_eq!(r, 2);
+        assert_eq!(hs.phase(), Phase::Negotiation);
+        let (w, r) = io_step(hs.input(&[5, 0x80]).unwrap());
+        assert_eq!(w[0], 1);
+        assert_eq!(&w[1..], &[0xAB; 16]);
+        assert_eq!(r, 2);
+        let (w, r) = io_step(hs.input(&[1, 0]).unwrap());
+        assert_eq!(w, [5, 1, 0, 1, 10, 0, 0, 1, 0, 80]);
+        assert_eq!(r, 4);
+        assert_eq!(hs.phase(), Phase::Reply);
+        let (w, r) = io_step(hs.input(&[5, 0, 0, 1]).unwrap());
+        assert!(w.is_empty());
+        assert_eq!(r, 6);
+        match hs.input(&[10, 1, 0, 2, 0x9c, 0x40]).unwrap() {
+            Step::Done(a) => assert_eq!(a, Addr::Ip("10.1.0.2:40000".parse().unwrap())),
+            s => panic!("{s:?}"),
+        }
+    }
+
+    #[test]
+    fn no_auth_skips_token_and_domain_reply() {
+        let mut hs = Handshake::new(
+            gw(),
+            Token([0; 16]),
+            Command::Connect,
+            Addr::Domain("fh".into(), 80),
+        );
+        hs.start().unwrap();
+        let (w, r) = io_step(hs.input(&[5, 0]).unwrap());
+        assert_eq!(w, [5, 1, 0, 3, 2, b'f', b'h', 0, 80]);
+        assert_eq!(r, 4);
+        let (_, r) = io_step(hs.input(&[5, 0, 0, 3]).unwrap());
+        assert_eq!(r, 1);
+        let (_, r) = io_step(hs.input(&[2]).unwrap());
+        assert_eq!(r, 4);
+        assert!(matches!(hs.input(b"fh\x00\x50").unwrap(), Step::Done(_)));
+    }
+
+    #[test]
+    fn failures() {
+        let target = Addr::Ip("10.0.0.1:9".parse().unwrap());
+        let mut hs = Handshake::new(gw(), Token([0; 16]), Command::Connect, target.clone());
+        hs.start().unwrap();
+        hs.input(&[5, 0]).unwrap();
+        hs.input(&[5, 5, 0, 1]).unwrap();
+        let e = hs.input(&[0, 0, 0, 0, 0, 0]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+        assert_eq!(
+            e.to_string(),
+            "I-TCP gateway 10.2.0.1:1080 could not connect to 10.0.0.1:9: connection refused"
+        );
+
+        let mut hs = Handshake::new(gw(), Token([0; 16]), Command::Connect, target.clone());
+        hs.start().unwrap();
+        let e = hs.input(&[5, 0xFF]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+
+        let mut hs = Handshake::new(gw(), Token([0; 16]), Command::Connect, target.clone());
+        hs.start().unwrap();
+        hs.input(&[5, 0x80]).unwrap();
+        let e = hs.input(&[1, 1]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
+        assert!(e.to_string().contains("rejected the session token"), "{e}");
+
+        let mut hs = Handshake::new(gw(), Token([0; 16]), Command::Connect, target);
+        hs.start().unwrap();
+        let e = hs.input(&[4, 0]).unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(
+            e.to_string()
+                .contains("method choice version 4, expected 5"),
+            "{e}"
+        );
+
+        let mut hs = Handshake::new(
+            gw(),
+            Token([0; 16]),
+            Command::Accept,
+            any_addr_for(gw(), 80),
+        );
+        hs.start().unwrap();
+        hs.input(&[5, 0]).unwrap();
+        // Early error on a bad reply header.
+        let e = hs.input(&[5, 0, 1, 1]).unwrap_err();
+        assert!(e.to_string().contains("reserved byte is 0x01"), "{e}");
+
+        let mut hs = Handshake::new(
+            gw(),
+            Token([0; 16]),
+            Command::Connect,
+            Addr::Domain("x".repeat(300), 80),
+        );
+        assert_eq!(hs.start().unwrap_err().kind(), io::ErrorKind::InvalidInput);
+    }
+}

@@ -1,0 +1,176 @@
+//! Who may open connections through this MSR, and how many: MH prefixes (the MSR must
+//! never be an open relay), connection limits overall and per MH, and an accept-rate
+//! token bucket. Pure logic; the daemon holds it behind a mutex.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use itcp_config::IpPrefix;
+
+/// Why a connection was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    NotAnMh,
+    TooManyConnections,
+    TooManyForMh,
+    RateLimited,
+}
+
+impl Refusal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::NotAnMh => "source is outside the configured MH prefixes",
+            Refusal::TooManyConnections => "max_connections reached",
+            Refusal::TooManyForMh => "max_connections_per_mh reached",
+            Refusal::RateLimited => "accept rate limit",
+        }
+    }
+}
+
+/// Tokens refill at `rate` per second up to `burst`.
+#[derive(Debug, Clone)]
+pub struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    tokens: f64,
+    last_ns: u64,
+}
+
+impl TokenBucket {
+    pub fn new(rate: f64, burst: f64, now_ns: u64) -> Self {
+        Self {
+            rate,
+            burst,
+            tokens: burst,
+            last_ns: now_ns,
+        }
+    }
+
+    pub fn take(&mut self, now_ns: u64) -> bool {
+        let dt = now_ns.saturating_sub(self.last_ns) as f64 / 1e9;
+        self.last_ns = now_ns.max(self.last_ns);
+        self.tokens = (self.tokens + dt * self.rate).min(self.burst);
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// Admission state of the daemon.
+#[derive(Debug)]
+pub struct Admission {
+    prefixes: Vec<IpPrefix>,
+    max_total: usize,
+    max_per_mh: usize,
+    total: usize,
+    per_mh: HashMap<IpAddr, usize>,
+    bucket: TokenBucket,
+}
+
+impl Admission {
+    pub fn new(prefixes: Vec<IpPrefix>, max_total: usize, max_per_mh: usize, rate: f64, burst: f64, now_ns: u64) -> Self {
+        Self {
+            prefixes,
+            max_total,
+            max_per_mh,
+            total: 0,
+            per_mh: HashMap::new(),
+            bucket: TokenBucket::new(rate, burst, now_ns),
+        }
+    }
+
+    /// Is `ip` one of our MHs?
+    pub fn is_mh(&self, ip: IpAddr) -> bool {
+        let ip = canonical(ip);
+        self.prefixes.iter().any(|p| p.contains(ip))
+    }
+
+    /// Admits one new connection of MH `ip`, counting it until [`Admission::release`].
+    pub fn admit(&mut self, ip: IpAddr, now_ns: u64) -> Result<(), Refusal> {
+        let ip = canonical(ip);
+        if !self.is_mh(ip) {
+            return Err(Refusal::NotAnMh);
+        }
+        if self.total >= self.max_total {
+            return Err(Refusal::TooManyConnections);
+        }
+        if self.per_mh.get(&ip).copied().unwrap_or(0) >= self.max_per_mh {
+            return Err(Refusal::TooManyForMh);
+        }
+        if !self.bucket.take(now_ns) {
+            return Err(Refusal::RateLimited);
+        }
+        self.total += 1;
+        *self.per_mh.entry(ip).or_default() += 1;
+        Ok(())
+    }
+
+    pub fn release(&mut self, ip: IpAddr) {
+        let ip = canonical(ip);
+        self.total = self.total.saturating_sub(1);
+        if let Some(n) = self.per_mh.get_mut(&ip) {
+            *n -= 1;
+            if *n == 0 {
+                self.per_mh.remove(&ip);
+            }
+        }
+    }
+
+    pub fn active(&self) -> usize {
+        self.total
+    }
+}
+
+/// IPv4-mapped IPv6 addresses (from dual-stack sockets) count as their IPv4 address.
+pub fn canonical(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    fn adm() -> Admission {
+        Admission::new(vec!["10.2.0.0/24".parse().unwrap()], 3, 2, 10.0, 5.0, 0)
+    }
+
+    #[test]
+    fn prefixes_guard_the_door() {
+        let mut a = adm();
+        assert_eq!(a.admit("10.3.0.1".parse().unwrap(), 0), Err(Refusal::NotAnMh));
+        assert!(a.admit("10.2.0.7".parse().unwrap(), 0).is_ok());
+        assert!(a.is_mh("::ffff:10.2.0.9".parse().unwrap()));
+    }
+
+    #[test]
+    fn limits_per_mh_and_total() {
+        let mut a = adm();
+        let (m1, m2): (IpAddr, IpAddr) = ("10.2.0.1".parse().unwrap(), "10.2.0.2".parse().unwrap());
+        a.admit(m1, 0).unwrap();
+        a.admit(m1, 0).unwrap();
+        assert_eq!(a.admit(m1, 0), Err(Refusal::TooManyForMh));
+        a.admit(m2, 0).unwrap();
+        assert_eq!(a.admit(m2, 0), Err(Refusal::TooManyConnections));
+        a.release(m1);
+        assert!(a.admit(m2, 0).is_ok());
+        assert_eq!(a.active(), 3);
+    }
+
+    #[test]
+    fn token_bucket_limits_rate() {
+        let mut b = TokenBucket::new(10.0, 5.0, 0);
+        assert_eq!((0..10).filter(|_| b.take(0)).count(), 5);
+        assert!(!b.take(S / 20)); // half a token after 50 ms
+        assert!(b.take(S / 10));
+        // Long idle refills only up to the burst.
+        assert_eq!((0..10).filter(|_| b.take(100 * S)).count(), 5);
+    }
+}

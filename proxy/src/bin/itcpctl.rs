@@ -1,0 +1,97 @@
+//! `itcpctl`: the operator's view of a running msrd.
+//!
+//! ```text
+//! itcpctl [--socket PATH | --config FILE] sessions [--json]
+//! itcpctl [--socket PATH | --config FILE] stats [--json]
+//! itcpctl [--socket PATH | --config FILE] metrics
+//! ```
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::process::ExitCode;
+
+use serde_json::{json, Value};
+
+const USAGE: &str = "usage: itcpctl [--socket PATH | --config MSRD.toml] (sessions [--json] | stats [--json] | metrics)
+  --socket PATH   msrd's control socket (default /run/msrd/control.sock)
+  --config FILE   take the control socket from msrd's config file";
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("itcpctl: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn request(path: &str, req: Value) -> Result<Value, String> {
+    let mut s = UnixStream::connect(path).map_err(|e| format!("cannot reach msrd at {path}: {e} (is msrd running? try --socket or --config)"))?;
+    s.write_all(format!("{req}\n").as_bytes()).map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    BufReader::new(&s).read_line(&mut line).map_err(|e| e.to_string())?;
+    let v: Value = serde_json::from_str(&line).map_err(|e| format!("bad reply from msrd: {e}"))?;
+    if v["ok"] != true {
+        return Err(v["error"].as_str().unwrap_or("msrd refused the request").to_string());
+    }
+    Ok(v)
+}
+
+fn run() -> Result<(), String> {
+    let mut socket = "/run/msrd/control.sock".to_string();
+    let mut cmd = None;
+    let mut as_json = false;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--socket" => socket = args.next().ok_or("--socket needs a path")?,
+            "--config" => {
+                let f = args.next().ok_or("--config needs a file")?;
+                let cfg = itcp_config::MsrdConfig::load(&f).map_err(|e| e.to_string())?;
+                socket = cfg.msr.control_socket.display().to_string();
+            }
+            "--json" => as_json = true,
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Ok(());
+            }
+            "sessions" | "stats" | "metrics" if cmd.is_none() => cmd = Some(a),
+            _ => return Err(format!("unexpected argument {a:?}\n{USAGE}")),
+        }
+    }
+    let cmd = cmd.ok_or(format!("which command?\n{USAGE}"))?;
+    let v = request(&socket, json!({"op": cmd}))?;
+    match cmd.as_str() {
+        "metrics" => print!("{}", v["text"].as_str().unwrap_or("")),
+        _ if as_json => println!("{}", serde_json::to_string_pretty(&v).unwrap()),
+        "stats" => {
+            println!("msr {}: {} active connections", v["msr"].as_str().unwrap_or("?"), v["active"]);
+            if let Some(m) = v["stats"].as_object() {
+                for (k, n) in m {
+                    println!("  {k:<22} {n}");
+                }
+            }
+        }
+        _ => {
+            let rows = v["sessions"].as_array().cloned().unwrap_or_default();
+            println!("msr {}: {} session(s)", v["msr"].as_str().unwrap_or("?"), rows.len());
+            if !rows.is_empty() {
+                println!("{:>6}  {:<11}  {:<22}  {:<22}  {:>8}  {:>12}  {:>12}", "id", "kind", "mh", "fh", "age s", "bytes up", "bytes down");
+            }
+            for r in rows {
+                println!(
+                    "{:>6}  {:<11}  {:<22}  {:<22}  {:>8.1}  {:>12}  {:>12}",
+                    r["id"],
+                    r["kind"].as_str().unwrap_or(""),
+                    r["mh"].as_str().unwrap_or(""),
+                    r["fh"].as_str().unwrap_or(""),
+                    r["age_s"].as_f64().unwrap_or(0.0),
+                    r["bytes_up"],
+                    r["bytes_down"]
+                );
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,574 @@
+//! msrd's runtime: listeners, the request protocol (docs/protocol.md), transparent
+//! interception, admission, the session table, and graceful drain on SIGTERM.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use itcp_config::{MsrdConfig, TcpTuning};
+use itcp_mh::socks::{self, Addr, Command, Method, ProtoError, Reply, Token};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::admission::{Admission, Refusal};
+use crate::cells::CellMap;
+use crate::intercept::{Rules, Transparent};
+use crate::listeners::{Listeners, Lookup};
+use crate::relay::{self, End, RelayOpts};
+use crate::sessions::{Kind, Session, Sessions};
+use crate::sockopt;
+
+/// How long a client may take for the whole request handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Largest handshake message we buffer (a request with a 255-byte domain is 262).
+const MAX_HANDSHAKE: usize = 1024;
+
+/// Shared state of the daemon.
+pub struct Daemon {
+    pub cfg: MsrdConfig,
+    pub sessions: Arc<Sessions>,
+    pub listeners: Listeners,
+    admission: Mutex<Admission>,
+    cells: CellMap,
+    relay_opts: RelayOpts,
+    /// Flips to true when draining: accept loops stop.
+    draining: watch::Sender<bool>,
+}
+
+/// A connection counted by admission until dropped.
+struct Admitted<'a> {
+    d: &'a Daemon,
+    ip: IpAddr,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        self.d.admission.lock().unwrap().release(self.ip);
+    }
+}
+
+fn now_ns() -> u64 {
+    use std::sync::OnceLock;
+    static T0: OnceLock<Instant> = OnceLock::new();
+    T0.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+impl Daemon {
+    pub fn new(cfg: MsrdConfig) -> Arc<Daemon> {
+        let a = &cfg.access;
+        let admission = Admission::new(
+            a.mh_prefixes.clone(),
+            a.max_connections as usize,
+            a.max_connections_per_mh as usize,
+            a.accept_rate as f64,
+            a.accept_burst as f64,
+            now_ns(),
+        );
+        let relay_opts = RelayOpts {
+            splice: cfg.relay.splice,
+            pipe_size: cfg.relay.pipe_size,
+            buffer_size: cfg.relay.buffer_size,
+        };
+        let cells = CellMap::read(cfg.cells.iter().map(|c| c.interface.as_str()));
+        Arc::new(Daemon {
+            admission: Mutex::new(admission),
+            sessions: Arc::new(Sessions::default()),
+            listeners: Listeners::default(),
+            cells,
+            relay_opts,
+            draining: watch::channel(false).0,
+            cfg,
+        })
+    }
+
+    fn admit(&self, ip: IpAddr) -> Result<Admitted<'_>, Refusal> {
+        let r = self.admission.lock().unwrap().admit(ip, now_ns());
+        if let Err(why) = r {
+            let st = &self.sessions.stats;
+            let c = match why {
+                Refusal::NotAnMh => &st.refused_not_mh,
+                Refusal::RateLimited => &st.refused_rate,
+                _ => &st.refused_limit,
+            };
+            c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Err(why);
+        }
+        Ok(Admitted { d: self, ip })
+    }
+
+    fn wireless_tuning(&self, mh: IpAddr) -> TcpTuning {
+        self.cfg.wireless_tuning_for(self.cells.interface_for(mh))
+    }
+
+    /// Relays one admitted connection and records it in the session table and the log.
+    async fn run_session(&self, kind: Kind, wireless: TcpStream, fixed: TcpStream, mh: SocketAddr, fh: SocketAddr) {
+        let wl = wireless.local_addr().unwrap_or(mh);
+        let s: Arc<Session> = self.sessions.open(kind, mh, fh, wl);
+        info!(id = s.id, kind = ?kind, %mh, %fh, "connection open");
+        let t0 = Instant::now();
+        let end = relay::relay(wireless, fixed, &self.relay_opts, &s.counters).await;
+        if end != End::Closed {
+            self.sessions
+                .stats
+                .aborted
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.sessions.close(&s);
+        info!(
+            id = s.id,
+            end = ?end,
+            bytes_up = s.counters.up.load(std::sync::atomic::Ordering::Relaxed),
+            bytes_down = s.counters.down.load(std::sync::atomic::Ordering::Relaxed),
+            secs = t0.elapsed().as_secs_f64(),
+            "connection closed"
+        );
+    }
+}
+
+/// Handshake failures: what to log; the reply (if any) has been sent.
+#[derive(Debug)]
+enum Failed {
+    Io(io::Error),
+    Proto(ProtoError),
+    Closed,
+    TooLong,
+}
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Failed::Io(e) => write!(f, "{e}"),
+            Failed::Proto(e) => write!(f, "malformed request: {e}"),
+            Failed::Closed => f.write_str("client closed during the handshake"),
+            Failed::TooLong => f.write_str("handshake message too long"),
+        }
+    }
+}
+
+/// Reads until `parse` yields a message; returns it, leaving surplus bytes in `buf`.
+async fn read_msg<T>(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    parse: fn(&[u8]) -> Result<Option<(T, usize)>, ProtoError>,
+) -> Result<T, Failed> {
+    loop {
+        if let Some((m, n)) = parse(buf).map_err(Failed::Proto)? {
+            buf.drain(..n);
+            return Ok(m);
+        }
+        if buf.len() >= MAX_HANDSHAKE {
+            return Err(Failed::TooLong);
+        }
+        let mut chunk = [0u8; 512];
+        let n = s.read(&mut chunk).await.map_err(Failed::Io)?;
+        if n == 0 {
+            return Err(Failed::Closed);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+async fn send_reply(s: &mut TcpStream, reply: Reply, addr: &Addr) -> io::Result<()> {
+    let mut out = Vec::with_capacity(22);
+    socks::encode_reply(&mut out, reply, addr).map_err(io::Error::from)?;
+    s.write_all(&out).await
+}
+
+fn unspecified_like(peer: SocketAddr) -> Addr {
+    Addr::unspecified(peer.is_ipv6(), 0)
+}
+
+/// Serves one connection on the request port.
+async fn serve_request(d: Arc<Daemon>, mut s: TcpStream, peer: SocketAddr) {
+    let mut buf = Vec::new();
+    let hs = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut s, &mut buf)).await;
+    let (req, token) = match hs {
+        Err(_) => {
+            debug!(%peer, "request handshake timed out");
+            return;
+        }
+        Ok(Err(e)) => {
+            if let Failed::Proto(p) = &e {
+                d.sessions
+                    .stats
+                    .malformed_requests
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let _ = send_reply(&mut s, p.reply(), &unspecified_like(peer)).await;
+                warn!(%peer, error = %e, "request rejected");
+            } else {
+                debug!(%peer, error = %e, "request handshake failed");
+            }
+            return;
+        }
+        Ok(Ok(r)) => r,
+    };
+    let _ = token; // Kept with the MH's connections by the handoff (issue 4).
+    let r = match req.command {
+        Command::Connect => do_connect(&d, s, peer, req.addr, buf).await,
+        Command::Listen => do_listen(&d, s, peer, req.addr).await,
+        Command::Accept => do_accept(&d, s, peer, req.addr).await,
+        Command::Bind => do_bind(&d, s, peer, req.addr).await,
+    };
+    if let Err(e) = r {
+        debug!(%peer, error = %e, "request ended with an error");
+    }
+}
+
+/// Method negotiation, optional token, request.
+async fn handshake(s: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(socks::Request, Option<Token>), Failed> {
+    let offered = read_msg(s, buf, socks::parse_greeting).await?;
+    let method = Method::select(&offered);
+    let mut out = Vec::new();
+    socks::encode_method_choice(&mut out, method);
+    s.write_all(&out).await.map_err(Failed::Io)?;
+    if method == Method::NONE_ACCEPTABLE {
+        return Err(Failed::Closed);
+    }
+    let mut token = None;
+    if method == Method::ITCP_SESSION {
+        token = Some(read_msg(s, buf, socks::parse_token).await?);
+        out.clear();
+        socks::encode_token_status(&mut out, socks::TOKEN_STATUS_OK);
+        s.write_all(&out).await.map_err(Failed::Io)?;
+    }
+    let req = read_msg(s, buf, socks::parse_request).await?;
+    Ok((req, token))
+}
+
+/// Refuses with NotAllowed if the admission says no.
+async fn refuse(d: &Daemon, s: &mut TcpStream, peer: SocketAddr, why: Refusal) -> io::Result<()> {
+    warn!(%peer, reason = why.as_str(), "request refused");
+    let _ = d;
+    send_reply(s, Reply::NotAllowed, &unspecified_like(peer)).await
+}
+
+async fn resolve(a: &Addr) -> io::Result<SocketAddr> {
+    match a {
+        Addr::Ip(sa) => Ok(*sa),
+        Addr::Domain(name, port) => tokio::net::lookup_host((name.as_str(), *port))
+            .await?
+            .next()
+            .ok_or_else(|| io::Error::new(io::ErrorKind::HostUnreachable, format!("{name} has no address"))),
+    }
+}
+
+async fn do_connect(d: &Daemon, mut s: TcpStream, peer: SocketAddr, target: Addr, early: Vec<u8>) -> io::Result<()> {
+    let _adm = match d.admit(peer.ip()) {
+        Ok(a) => a,
+        Err(why) => return refuse(d, &mut s, peer, why).await,
+    };
+    sockopt::apply_post_connect(s.as_raw_fd(), &d.wireless_tuning(peer.ip()))?;
+    let fh = match resolve(&target).await {
+        Ok(a) => a,
+        Err(e) => {
+            send_reply(&mut s, Reply::from_io_error(&e), &unspecified_like(peer)).await?;
+            return Err(e);
+        }
+    };
+    let fixed = match crate::fixed::connect_as(peer, fh, &d.cfg.fixed, d.cfg.relay.connect_timeout()).await {
+        Ok(f) => f,
+        Err(e) => {
+            d.sessions
+                .stats
+                .connections_failed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let reply = Reply::from_io_error(&e);
+            info!(mh = %peer, %fh, error = %e, reply = reply.description(), "connect failed");
+            send_reply(&mut s, reply, &unspecified_like(peer)).await?;
+            return Ok(());
+        }
+    };
+    let bound = fixed.local_addr()?;
+    send_reply(&mut s, Reply::Succeeded, &Addr::Ip(bound)).await?;
+    // Bytes the client sent right behind its request belong to the stream.
+    if !early.is_empty() {
+        let mut f = fixed;
+        f.write_all(&early).await?;
+        d.run_session(Kind::Connect, s, f, bound, fh).await;
+    } else {
+        d.run_session(Kind::Connect, s, fixed, bound, fh).await;
+    }
+    Ok(())
+}
+
+/// The MH address:port a LISTEN/ACCEPT/BIND refers to: always the requester's own IP.
+fn mh_listen_addr(peer: SocketAddr, a: &Addr) -> Result<SocketAddr, Reply> {
+    match a {
+        Addr::Ip(sa) if sa.ip().is_unspecified() || sa.ip() == peer.ip() => Ok(SocketAddr::new(peer.ip(), sa.port())),
+        Addr::Ip(_) => Err(Reply::NotAllowed),
+        Addr::Domain(..) => Err(Reply::AddressTypeNotSupported),
+    }
+}
+
+/// Waits until the client closes (or errors) its end of `s`.
+async fn closed_by_client(s: &TcpStream) {
+    let mut b = [0u8; 64];
+    loop {
+        match s.peek(&mut b).await {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {
+                // Nothing is expected here; consume it so peek does not spin.
+                let _ = s.try_read(&mut b);
+            }
+        }
+    }
+}
+
+async fn do_listen(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> io::Result<()> {
+    if !d.admission.lock().unwrap().is_mh(peer.ip()) {
+        return refuse(d, &mut s, peer, Refusal::NotAnMh).await;
+    }
+    let addr = match mh_listen_addr(peer, &a) {
+        Ok(x) => x,
+        Err(r) => return send_reply(&mut s, r, &unspecified_like(peer)).await,
+    };
+    let l = match d.listeners.listen(addr, &d.cfg.fixed) {
+        Ok(l) => l,
+        Err(e) => {
+            info!(mh = %peer, %addr, error = %e, "listen failed");
+            return send_reply(&mut s, Reply::from_io_error(&e), &unspecified_like(peer)).await;
+        }
+    };
+    info!(mh = %peer, addr = %l.addr, "listening for the MH");
+    send_reply(&mut s, Reply::Succeeded, &Addr::Ip(l.addr)).await?;
+    let mut drain = d.draining.subscribe();
+    tokio::select! {
+        _ = closed_by_client(&s) => {}
+        _ = drain.wait_for(|&x| x) => {}
+    }
+    d.listeners.remove(l.addr);
+    info!(mh = %peer, addr = %l.addr, "listener closed");
+    Ok(())
+}
+
+async fn do_accept(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> io::Result<()> {
+    let _adm = match d.admit(peer.ip()) {
+        Ok(x) => x,
+        Err(why) => return refuse(d, &mut s, peer, why).await,
+    };
+    let addr = match mh_listen_addr(peer, &a) {
+        Ok(x) => x,
+        Err(r) => return send_reply(&mut s, r, &unspecified_like(peer)).await,
+    };
+    let l = match d.listeners.get(peer.ip(), addr) {
+        Ok(l) => l,
+        Err(Lookup::NoSuchListener) => return send_reply(&mut s, Reply::NoSuchListener, &unspecified_like(peer)).await,
+        Err(Lookup::NotOwner) => return send_reply(&mut s, Reply::NotAllowed, &unspecified_like(peer)).await,
+    };
+    let next = tokio::select! {
+        c = l.next() => c,
+        _ = closed_by_client(&s) => return Ok(()),
+    };
+    let Some((fixed, fh)) = next else {
+        // The listener closed while we waited.
+        return send_reply(&mut s, Reply::NoSuchListener, &unspecified_like(peer)).await;
+    };
+    sockopt::apply_post_connect(fixed.as_raw_fd(), &d.cfg.fixed)?;
+    sockopt::apply_post_connect(s.as_raw_fd(), &d.wireless_tuning(peer.ip()))?;
+    send_reply(&mut s, Reply::Succeeded, &Addr::Ip(fh)).await?;
+    d.run_session(Kind::Accept, s, fixed, l.addr, fh).await;
+    Ok(())
+}
+
+async fn do_bind(d: &Daemon, mut s: TcpStream, peer: SocketAddr, expected: Addr) -> io::Result<()> {
+    let _adm = match d.admit(peer.ip()) {
+        Ok(x) => x,
+        Err(why) => return refuse(d, &mut s, peer, why).await,
+    };
+    // RFC 1928 BIND: DST is the expected peer; we listen on the MH's address at DST.PORT
+    // (0: any port). Connections from other hosts than an expected one are dropped.
+    let want_port = expected.port();
+    let expected_ip = expected.socket_addr().map(|a| a.ip()).filter(|ip| !ip.is_unspecified());
+    let l = match d.listeners.listen(SocketAddr::new(peer.ip(), want_port), &d.cfg.fixed) {
+        Ok(l) => l,
+        Err(e) => return send_reply(&mut s, Reply::from_io_error(&e), &unspecified_like(peer)).await,
+    };
+    send_reply(&mut s, Reply::Succeeded, &Addr::Ip(l.addr)).await?;
+    let got = loop {
+        let c = tokio::select! {
+            c = l.next() => c,
+            _ = closed_by_client(&s) => None,
+        };
+        match c {
+            Some((f, fh)) if expected_ip.is_none_or(|ip| ip == fh.ip()) => break Some((f, fh)),
+            Some(_) => continue,
+            None => break None,
+        }
+    };
+    d.listeners.remove(l.addr);
+    let Some((fixed, fh)) = got else { return Ok(()) };
+    sockopt::apply_post_connect(fixed.as_raw_fd(), &d.cfg.fixed)?;
+    send_reply(&mut s, Reply::Succeeded, &Addr::Ip(fh)).await?;
+    d.run_session(Kind::Bind, s, fixed, l.addr, fh).await;
+    Ok(())
+}
+
+/// Serves one intercepted connection: `s` impersonates the FH towards the MH.
+async fn serve_transparent(d: Arc<Daemon>, s: TcpStream, mh: SocketAddr) {
+    let fh = match s.local_addr() {
+        Ok(a) => a,
+        Err(_) => return,
+    };
+    let _adm = match d.admit(mh.ip()) {
+        Ok(a) => a,
+        Err(why) => {
+            warn!(%mh, %fh, reason = why.as_str(), "intercepted connection refused");
+            sockopt::abort_on_close(s.as_raw_fd());
+            return;
+        }
+    };
+    let _ = sockopt::apply_post_connect(s.as_raw_fd(), &d.wireless_tuning(mh.ip()));
+    match crate::fixed::connect_as(mh, fh, &d.cfg.fixed, d.cfg.relay.connect_timeout()).await {
+        Ok(fixed) => {
+            let bound = fixed.local_addr().unwrap_or(mh);
+            d.run_session(Kind::Transparent, s, fixed, bound, fh).await;
+        }
+        Err(e) => {
+            // The MH's handshake already completed with us: a reset is how it learns.
+            info!(%mh, %fh, error = %e, "intercepted connection: fixed side failed");
+            d.sessions
+                .stats
+                .connections_failed
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            sockopt::abort_on_close(s.as_raw_fd());
+        }
+    }
+}
+
+fn listen_socket(addr: SocketAddr, tuning: &TcpTuning, transparent: bool) -> io::Result<TcpListener> {
+    let s = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    let fd = s.as_raw_fd();
+    sockopt::set_reuseaddr(fd)?;
+    if transparent {
+        sockopt::set_transparent(fd, addr.is_ipv6())?;
+    }
+    // Accepted sockets inherit buffers (and with them the window scale).
+    sockopt::apply_pre_connect(fd, tuning)?;
+    s.bind(addr)?;
+    s.listen(4096)
+}
+
+async fn accept_loop(d: Arc<Daemon>, l: TcpListener, transparent: bool) {
+    let mut drain = d.draining.subscribe();
+    loop {
+        let r = tokio::select! {
+            r = l.accept() => r,
+            _ = drain.wait_for(|&x| x) => return,
+        };
+        match r {
+            Ok((s, peer)) => {
+                let d = d.clone();
+                if transparent {
+                    tokio::spawn(serve_transparent(d, s, peer));
+                } else {
+                    tokio::spawn(serve_request(d, s, peer));
+                }
+            }
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Runs msrd until SIGTERM/SIGINT, then drains.
+pub fn run(cfg: MsrdConfig) -> io::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(run_async(cfg))
+}
+
+fn rules_of(cfg: &MsrdConfig) -> Rules {
+    let i = &cfg.interception;
+    Rules {
+        table: i.nft_table.clone(),
+        fwmark: i.fwmark,
+        route_table: i.route_table,
+        transparent: cfg.transparent.enabled.then(|| Transparent {
+            mh_prefixes: cfg.access.mh_prefixes.clone(),
+            ports: cfg.transparent.ports.clone(),
+            listen_port: cfg.transparent.listen_port,
+        }),
+    }
+}
+
+async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
+    let nofile = sockopt::raise_nofile_limit();
+    let d = Daemon::new(cfg);
+    let cfg = &d.cfg;
+    let rules = rules_of(cfg);
+    rules
+        .install()
+        .map_err(|e| io::Error::new(e.kind(), format!("installing interception rules: {e}")))?;
+    // From here on the rules must come off again whatever happens.
+    struct Uninstall(Rules);
+    impl Drop for Uninstall {
+        fn drop(&mut self) {
+            self.0.remove();
+        }
+    }
+    let _uninstall = Uninstall(rules);
+
+    let mut tasks = Vec::new();
+    for addr in cfg.msr.socks_addrs() {
+        let l = listen_socket(addr, &cfg.wireless, false).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot listen on {addr} ([msr] gateway, socks_port): {e}; is the gateway address configured on the cell interface?"),
+            )
+        })?;
+        info!(%addr, "request listener up");
+        tasks.push(tokio::spawn(accept_loop(d.clone(), l, false)));
+    }
+    if cfg.transparent.enabled {
+        let port = cfg.transparent.listen_port;
+        let mut addrs = vec![SocketAddr::from(([0, 0, 0, 0], port))];
+        if cfg.access.mh_prefixes.iter().any(|p| p.is_ipv6()) {
+            addrs.push(SocketAddr::from(([0u16; 8], port)));
+        }
+        for addr in addrs {
+            let l = listen_socket(addr, &cfg.wireless, true)
+                .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr} ([transparent] listen_port): {e}")))?;
+            info!(%addr, ports = ?cfg.transparent.ports, "transparent interception up");
+            tasks.push(tokio::spawn(accept_loop(d.clone(), l, true)));
+        }
+    }
+    let control = tokio::spawn({
+        let (path, id, s) = (cfg.msr.control_socket.clone(), cfg.msr.id.clone(), d.sessions.clone());
+        async move {
+            if let Err(e) = crate::control::serve(&path, id, s).await {
+                warn!(path = %path.display(), error = %e, "control socket failed");
+            }
+        }
+    });
+    info!(id = %cfg.msr.id, nofile, "msrd ready");
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: draining"),
+        _ = int.recv() => info!("SIGINT: draining"),
+    }
+    let _ = d.draining.send(true);
+    for t in tasks {
+        let _ = t.await;
+    }
+    let deadline = Instant::now() + cfg.relay.drain_timeout();
+    while !d.sessions.is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let left = d.sessions.len();
+    if left > 0 {
+        warn!(left, "drain timeout: closing remaining connections");
+    } else {
+        info!("drained");
+    }
+    control.abort();
+    let _ = std::fs::remove_file(&cfg.msr.control_socket);
+    Ok(())
+}

@@ -1,0 +1,170 @@
+//! Socket options msrd sets: transparency (IP_TRANSPARENT), the per-side TCP tuning of
+//! the config, and the close behaviours (half-close, abort with RST).
+
+use std::io;
+use std::mem::size_of;
+use std::os::fd::RawFd;
+
+use itcp_config::TcpTuning;
+
+fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T, what: &str) -> io::Result<()> {
+    // SAFETY: value points to a live T and its size is passed along.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (value as *const T).cast(),
+            size_of::<T>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("{what}: {e}")));
+    }
+    Ok(())
+}
+
+fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: i64, what: &str) -> io::Result<()> {
+    let v = libc::c_int::try_from(v)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{what}: {v} is too large")))?;
+    setsockopt(fd, level, name, &v, what)
+}
+
+/// Lets the socket bind to, and accept traffic for, addresses that are not local: the
+/// MH's address on the fixed side, the FH's on the transparent wireless side.
+pub fn set_transparent(fd: RawFd, ipv6: bool) -> io::Result<()> {
+    if ipv6 {
+        set_int(fd, libc::SOL_IPV6, libc::IPV6_TRANSPARENT, 1, "IPV6_TRANSPARENT")
+    } else {
+        set_int(fd, libc::SOL_IP, libc::IP_TRANSPARENT, 1, "IP_TRANSPARENT")
+    }
+}
+
+pub fn set_reuseaddr(fd: RawFd) -> io::Result<()> {
+    set_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1, "SO_REUSEADDR")
+}
+
+/// Binds the socket to one interface (a cell).
+pub fn bind_to_device(fd: RawFd, ifname: &str) -> io::Result<()> {
+    // SAFETY: the name bytes are valid for their length.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_BINDTODEVICE,
+            ifname.as_ptr().cast(),
+            ifname.len() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("SO_BINDTODEVICE {ifname}: {e}")));
+    }
+    Ok(())
+}
+
+/// Options that must be in place before the handshake (buffers decide the window scale).
+pub fn apply_pre_connect(fd: RawFd, t: &TcpTuning) -> io::Result<()> {
+    if let Some(b) = t.send_buffer.filter(|&b| b > 0) {
+        set_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, b as i64, "SO_SNDBUF")?;
+    }
+    if let Some(b) = t.recv_buffer.filter(|&b| b > 0) {
+        set_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, b as i64, "SO_RCVBUF")?;
+    }
+    if let Some(cc) = &t.congestion_control {
+        set_congestion(fd, cc)?;
+    }
+    apply_post_connect(fd, t)
+}
+
+/// Options that may be set on an established socket.
+pub fn apply_post_connect(fd: RawFd, t: &TcpTuning) -> io::Result<()> {
+    if let Some(cc) = &t.congestion_control {
+        set_congestion(fd, cc)?;
+    }
+    if let Some(c) = t.window_clamp.filter(|&c| c > 0) {
+        set_int(fd, libc::IPPROTO_TCP, libc::TCP_WINDOW_CLAMP, c as i64, "TCP_WINDOW_CLAMP")?;
+    }
+    if let Some(l) = t.notsent_lowat {
+        set_int(fd, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, l as i64, "TCP_NOTSENT_LOWAT")?;
+    }
+    if let Some(n) = t.nodelay {
+        set_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, n as i64, "TCP_NODELAY")?;
+    }
+    if let Some(idle) = t.keepalive_idle_s {
+        set_int(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1, "SO_KEEPALIVE")?;
+        set_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, idle as i64, "TCP_KEEPIDLE")?;
+        if let Some(i) = t.keepalive_interval_s {
+            set_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, i as i64, "TCP_KEEPINTVL")?;
+        }
+        if let Some(c) = t.keepalive_count {
+            set_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, c as i64, "TCP_KEEPCNT")?;
+        }
+    }
+    if let Some(u) = t.user_timeout_ms {
+        set_int(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, u as i64, "TCP_USER_TIMEOUT")?;
+    }
+    Ok(())
+}
+
+pub fn set_congestion(fd: RawFd, name: &str) -> io::Result<()> {
+    // SAFETY: the name bytes are valid for their length.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            name.as_ptr().cast(),
+            name.len() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(
+            e.kind(),
+            format!("TCP_CONGESTION {name:?}: {e} (see net.ipv4.tcp_allowed_congestion_control)"),
+        ));
+    }
+    Ok(())
+}
+
+/// Sends FIN: no more data from us, the other direction stays open.
+pub fn shutdown_write(fd: RawFd) -> io::Result<()> {
+    // SAFETY: plain shutdown on an open socket.
+    if unsafe { libc::shutdown(fd, libc::SHUT_WR) } != 0 {
+        let e = io::Error::last_os_error();
+        // Already gone: nothing left to shut.
+        if e.raw_os_error() == Some(libc::ENOTCONN) {
+            return Ok(());
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+/// Makes the next close send RST instead of FIN (SO_LINGER with zero timeout).
+pub fn abort_on_close(fd: RawFd) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    let _ = setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, &l, "SO_LINGER");
+}
+
+/// Raises the open-file limit to its hard maximum: every relayed connection holds two
+/// sockets and, while data flows, two pipes (four fds).
+pub fn raise_nofile_limit() -> u64 {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: r is a valid out-pointer; setrlimit reads it.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+        r.rlim_cur = r.rlim_max;
+        libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+    }
+    r.rlim_cur
+}
