@@ -71,7 +71,14 @@ pub struct Admission {
 }
 
 impl Admission {
-    pub fn new(prefixes: Vec<IpPrefix>, max_total: usize, max_per_mh: usize, rate: f64, burst: f64, now_ns: u64) -> Self {
+    pub fn new(
+        prefixes: Vec<IpPrefix>,
+        max_total: usize,
+        max_per_mh: usize,
+        rate: f64,
+        burst: f64,
+        now_ns: u64,
+    ) -> Self {
         Self {
             prefixes,
             max_total,
@@ -145,7 +152,10 @@ mod tests {
     #[test]
     fn prefixes_guard_the_door() {
         let mut a = adm();
-        assert_eq!(a.admit("10.3.0.1".parse().unwrap(), 0), Err(Refusal::NotAnMh));
+        assert_eq!(
+            a.admit("10.3.0.1".parse().unwrap(), 0),
+            Err(Refusal::NotAnMh)
+        );
         assert!(a.admit("10.2.0.7".parse().unwrap(), 0).is_ok());
         assert!(a.is_mh("::ffff:10.2.0.9".parse().unwrap()));
     }

@@ -54,7 +54,11 @@ impl CellMap {
                         let m = &*(ifa.ifa_netmask as *const libc::sockaddr_in6);
                         (
                             IpAddr::V6(Ipv6Addr::from(a.sin6_addr.s6_addr)),
-                            m.sin6_addr.s6_addr.iter().map(|b| b.count_ones()).sum::<u32>() as u8,
+                            m.sin6_addr
+                                .s6_addr
+                                .iter()
+                                .map(|b| b.count_ones())
+                                .sum::<u32>() as u8,
                         )
                     }
                     _ => continue,
@@ -83,11 +87,19 @@ impl CellMap {
 fn network(addr: IpAddr, len: u8) -> Option<IpPrefix> {
     let masked = match addr {
         IpAddr::V4(a) => {
-            let m = if len == 0 { 0 } else { u32::MAX << (32 - len as u32) };
+            let m = if len == 0 {
+                0
+            } else {
+                u32::MAX << (32 - len as u32)
+            };
             IpAddr::V4(Ipv4Addr::from(u32::from(a) & m))
         }
         IpAddr::V6(a) => {
-            let m = if len == 0 { 0 } else { u128::MAX << (128 - len as u32) };
+            let m = if len == 0 {
+                0
+            } else {
+                u128::MAX << (128 - len as u32)
+            };
             IpAddr::V6(Ipv6Addr::from(u128::from(a) & m))
         }
     };
@@ -103,6 +115,11 @@ mod tests {
         let m = CellMap::read(["lo"].into_iter());
         assert_eq!(m.interface_for("127.0.0.5".parse().unwrap()), Some("lo"));
         assert_eq!(m.interface_for("10.9.9.9".parse().unwrap()), None);
-        assert_eq!(network("10.2.0.7".parse().unwrap(), 24).unwrap().to_string(), "10.2.0.0/24");
+        assert_eq!(
+            network("10.2.0.7".parse().unwrap(), 24)
+                .unwrap()
+                .to_string(),
+            "10.2.0.0/24"
+        );
     }
 }

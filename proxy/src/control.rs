@@ -20,9 +20,13 @@ pub fn answer(sessions: &Sessions, id: &str, line: &str) -> Value {
     };
     match req["op"].as_str() {
         Some("sessions") => json!({"ok": true, "msr": id, "sessions": sessions.list()}),
-        Some("stats") => json!({"ok": true, "msr": id, "active": sessions.len(), "stats": &sessions.stats}),
+        Some("stats") => {
+            json!({"ok": true, "msr": id, "active": sessions.len(), "stats": &sessions.stats})
+        }
         Some("metrics") => json!({"ok": true, "text": sessions.metrics()}),
-        Some(op) => json!({"ok": false, "error": format!("unknown op {op:?} (sessions, stats, metrics)")}),
+        Some(op) => {
+            json!({"ok": false, "error": format!("unknown op {op:?} (sessions, stats, metrics)")})
+        }
         None => json!({"ok": false, "error": "request needs an \"op\" string"}),
     }
 }
@@ -68,6 +72,8 @@ mod tests {
             .unwrap()
             .contains("msrd_connections_active 0"));
         assert!(answer(&s, "m", "{nope").to_string().contains("not JSON"));
-        assert!(answer(&s, "m", r#"{"op":"dance"}"#).to_string().contains("unknown op"));
+        assert!(answer(&s, "m", r#"{"op":"dance"}"#)
+            .to_string()
+            .contains("unknown op"));
     }
 }

@@ -105,7 +105,14 @@ impl Daemon {
     }
 
     /// Relays one admitted connection and records it in the session table and the log.
-    async fn run_session(&self, kind: Kind, wireless: TcpStream, fixed: TcpStream, mh: SocketAddr, fh: SocketAddr) {
+    async fn run_session(
+        &self,
+        kind: Kind,
+        wireless: TcpStream,
+        fixed: TcpStream,
+        mh: SocketAddr,
+        fh: SocketAddr,
+    ) {
         let wl = wireless.local_addr().unwrap_or(mh);
         let s: Arc<Session> = self.sessions.open(kind, mh, fh, wl);
         info!(id = s.id, kind = ?kind, %mh, %fh, "connection open");
@@ -149,12 +156,11 @@ impl std::fmt::Display for Failed {
     }
 }
 
+/// A codec parser: a message and the bytes it took, or `None` for "need more".
+type Parser<T> = fn(&[u8]) -> Result<Option<(T, usize)>, ProtoError>;
+
 /// Reads until `parse` yields a message; returns it, leaving surplus bytes in `buf`.
-async fn read_msg<T>(
-    s: &mut TcpStream,
-    buf: &mut Vec<u8>,
-    parse: fn(&[u8]) -> Result<Option<(T, usize)>, ProtoError>,
-) -> Result<T, Failed> {
+async fn read_msg<T>(s: &mut TcpStream, buf: &mut Vec<u8>, parse: Parser<T>) -> Result<T, Failed> {
     loop {
         if let Some((m, n)) = parse(buf).map_err(Failed::Proto)? {
             buf.drain(..n);
@@ -219,7 +225,10 @@ async fn serve_request(d: Arc<Daemon>, mut s: TcpStream, peer: SocketAddr) {
 }
 
 /// Method negotiation, optional token, request.
-async fn handshake(s: &mut TcpStream, buf: &mut Vec<u8>) -> Result<(socks::Request, Option<Token>), Failed> {
+async fn handshake(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+) -> Result<(socks::Request, Option<Token>), Failed> {
     let offered = read_msg(s, buf, socks::parse_greeting).await?;
     let method = Method::select(&offered);
     let mut out = Vec::new();
@@ -252,11 +261,22 @@ async fn resolve(a: &Addr) -> io::Result<SocketAddr> {
         Addr::Domain(name, port) => tokio::net::lookup_host((name.as_str(), *port))
             .await?
             .next()
-            .ok_or_else(|| io::Error::new(io::ErrorKind::HostUnreachable, format!("{name} has no address"))),
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::HostUnreachable,
+                    format!("{name} has no address"),
+                )
+            }),
     }
 }
 
-async fn do_connect(d: &Daemon, mut s: TcpStream, peer: SocketAddr, target: Addr, early: Vec<u8>) -> io::Result<()> {
+async fn do_connect(
+    d: &Daemon,
+    mut s: TcpStream,
+    peer: SocketAddr,
+    target: Addr,
+    early: Vec<u8>,
+) -> io::Result<()> {
     let _adm = match d.admit(peer.ip()) {
         Ok(a) => a,
         Err(why) => return refuse(d, &mut s, peer, why).await,
@@ -269,19 +289,21 @@ async fn do_connect(d: &Daemon, mut s: TcpStream, peer: SocketAddr, target: Addr
             return Err(e);
         }
     };
-    let fixed = match crate::fixed::connect_as(peer, fh, &d.cfg.fixed, d.cfg.relay.connect_timeout()).await {
-        Ok(f) => f,
-        Err(e) => {
-            d.sessions
-                .stats
-                .connections_failed
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let reply = Reply::from_io_error(&e);
-            info!(mh = %peer, %fh, error = %e, reply = reply.description(), "connect failed");
-            send_reply(&mut s, reply, &unspecified_like(peer)).await?;
-            return Ok(());
-        }
-    };
+    let fixed =
+        match crate::fixed::connect_as(peer, fh, &d.cfg.fixed, d.cfg.relay.connect_timeout()).await
+        {
+            Ok(f) => f,
+            Err(e) => {
+                d.sessions
+                    .stats
+                    .connections_failed
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let reply = Reply::from_io_error(&e);
+                info!(mh = %peer, %fh, error = %e, reply = reply.description(), "connect failed");
+                send_reply(&mut s, reply, &unspecified_like(peer)).await?;
+                return Ok(());
+            }
+        };
     let bound = fixed.local_addr()?;
     send_reply(&mut s, Reply::Succeeded, &Addr::Ip(bound)).await?;
     // Bytes the client sent right behind its request belong to the stream.
@@ -298,7 +320,9 @@ async fn do_connect(d: &Daemon, mut s: TcpStream, peer: SocketAddr, target: Addr
 /// The MH address:port a LISTEN/ACCEPT/BIND refers to: always the requester's own IP.
 fn mh_listen_addr(peer: SocketAddr, a: &Addr) -> Result<SocketAddr, Reply> {
     match a {
-        Addr::Ip(sa) if sa.ip().is_unspecified() || sa.ip() == peer.ip() => Ok(SocketAddr::new(peer.ip(), sa.port())),
+        Addr::Ip(sa) if sa.ip().is_unspecified() || sa.ip() == peer.ip() => {
+            Ok(SocketAddr::new(peer.ip(), sa.port()))
+        }
         Addr::Ip(_) => Err(Reply::NotAllowed),
         Addr::Domain(..) => Err(Reply::AddressTypeNotSupported),
     }
@@ -356,8 +380,12 @@ async fn do_accept(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> i
     };
     let l = match d.listeners.get(peer.ip(), addr) {
         Ok(l) => l,
-        Err(Lookup::NoSuchListener) => return send_reply(&mut s, Reply::NoSuchListener, &unspecified_like(peer)).await,
-        Err(Lookup::NotOwner) => return send_reply(&mut s, Reply::NotAllowed, &unspecified_like(peer)).await,
+        Err(Lookup::NoSuchListener) => {
+            return send_reply(&mut s, Reply::NoSuchListener, &unspecified_like(peer)).await
+        }
+        Err(Lookup::NotOwner) => {
+            return send_reply(&mut s, Reply::NotAllowed, &unspecified_like(peer)).await
+        }
     };
     let next = tokio::select! {
         c = l.next() => c,
@@ -382,10 +410,18 @@ async fn do_bind(d: &Daemon, mut s: TcpStream, peer: SocketAddr, expected: Addr)
     // RFC 1928 BIND: DST is the expected peer; we listen on the MH's address at DST.PORT
     // (0: any port). Connections from other hosts than an expected one are dropped.
     let want_port = expected.port();
-    let expected_ip = expected.socket_addr().map(|a| a.ip()).filter(|ip| !ip.is_unspecified());
-    let l = match d.listeners.listen(SocketAddr::new(peer.ip(), want_port), &d.cfg.fixed) {
+    let expected_ip = expected
+        .socket_addr()
+        .map(|a| a.ip())
+        .filter(|ip| !ip.is_unspecified());
+    let l = match d
+        .listeners
+        .listen(SocketAddr::new(peer.ip(), want_port), &d.cfg.fixed)
+    {
         Ok(l) => l,
-        Err(e) => return send_reply(&mut s, Reply::from_io_error(&e), &unspecified_like(peer)).await,
+        Err(e) => {
+            return send_reply(&mut s, Reply::from_io_error(&e), &unspecified_like(peer)).await
+        }
     };
     send_reply(&mut s, Reply::Succeeded, &Addr::Ip(l.addr)).await?;
     let got = loop {
@@ -400,7 +436,9 @@ async fn do_bind(d: &Daemon, mut s: TcpStream, peer: SocketAddr, expected: Addr)
         }
     };
     d.listeners.remove(l.addr);
-    let Some((fixed, fh)) = got else { return Ok(()) };
+    let Some((fixed, fh)) = got else {
+        return Ok(());
+    };
     sockopt::apply_post_connect(fixed.as_raw_fd(), &d.cfg.fixed)?;
     send_reply(&mut s, Reply::Succeeded, &Addr::Ip(fh)).await?;
     d.run_session(Kind::Bind, s, fixed, l.addr, fh).await;
@@ -439,8 +477,16 @@ async fn serve_transparent(d: Arc<Daemon>, s: TcpStream, mh: SocketAddr) {
     }
 }
 
-fn listen_socket(addr: SocketAddr, tuning: &TcpTuning, transparent: bool) -> io::Result<TcpListener> {
-    let s = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+fn listen_socket(
+    addr: SocketAddr,
+    tuning: &TcpTuning,
+    transparent: bool,
+) -> io::Result<TcpListener> {
+    let s = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
     let fd = s.as_raw_fd();
     sockopt::set_reuseaddr(fd)?;
     if transparent {
@@ -479,7 +525,9 @@ async fn accept_loop(d: Arc<Daemon>, l: TcpListener, transparent: bool) {
 
 /// Runs msrd until SIGTERM/SIGINT, then drains.
 pub fn run(cfg: MsrdConfig) -> io::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(run_async(cfg))
 }
 
@@ -532,14 +580,22 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
             addrs.push(SocketAddr::from(([0u16; 8], port)));
         }
         for addr in addrs {
-            let l = listen_socket(addr, &cfg.wireless, true)
-                .map_err(|e| io::Error::new(e.kind(), format!("cannot listen on {addr} ([transparent] listen_port): {e}")))?;
+            let l = listen_socket(addr, &cfg.wireless, true).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on {addr} ([transparent] listen_port): {e}"),
+                )
+            })?;
             info!(%addr, ports = ?cfg.transparent.ports, "transparent interception up");
             tasks.push(tokio::spawn(accept_loop(d.clone(), l, true)));
         }
     }
     let control = tokio::spawn({
-        let (path, id, s) = (cfg.msr.control_socket.clone(), cfg.msr.id.clone(), d.sessions.clone());
+        let (path, id, s) = (
+            cfg.msr.control_socket.clone(),
+            cfg.msr.id.clone(),
+            d.sessions.clone(),
+        );
         async move {
             if let Err(e) = crate::control::serve(&path, id, s).await {
                 warn!(path = %path.display(), error = %e, "control socket failed");

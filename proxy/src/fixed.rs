@@ -28,7 +28,12 @@ fn transparent_socket(addr: SocketAddr, tuning: &TcpTuning) -> io::Result<TcpSoc
 /// Opens a connection to `fh` from `mh` (the MH's address and, if free, port).
 /// Errors keep their OS error kind, so the caller can map them to reply codes;
 /// a timeout becomes `ErrorKind::TimedOut`.
-pub async fn connect_as(mh: SocketAddr, fh: SocketAddr, tuning: &TcpTuning, timeout: Duration) -> io::Result<TcpStream> {
+pub async fn connect_as(
+    mh: SocketAddr,
+    fh: SocketAddr,
+    tuning: &TcpTuning,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
     let s = transparent_socket(mh, tuning)?;
     if s.bind(mh).is_err() {
         // The MH's port is taken here (e.g. an old connection in TIME_WAIT): let the
@@ -42,10 +47,20 @@ pub async fn connect_as(mh: SocketAddr, fh: SocketAddr, tuning: &TcpTuning, time
     finish_connect(s, fh, tuning, timeout).await
 }
 
-async fn finish_connect(s: TcpSocket, fh: SocketAddr, tuning: &TcpTuning, timeout: Duration) -> io::Result<TcpStream> {
+async fn finish_connect(
+    s: TcpSocket,
+    fh: SocketAddr,
+    tuning: &TcpTuning,
+    timeout: Duration,
+) -> io::Result<TcpStream> {
     let stream = tokio::time::timeout(timeout, s.connect(fh))
         .await
-        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, format!("connect to {fh} timed out after {timeout:?}")))??;
+        .map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("connect to {fh} timed out after {timeout:?}"),
+            )
+        })??;
     sockopt::apply_post_connect(stream.as_raw_fd(), tuning)?;
     Ok(stream)
 }

@@ -46,7 +46,7 @@ impl Rules {
         let t = &self.table;
         let mark = format!("{:#x}", self.fwmark);
         let mut s = format!(
-            "add table inet {t}\ndelete table inet {t}\ntable inet {t} {{\n  chain prerouting {{\n    type filter hook prerouting priority mangle; policy accept;\n    meta l4proto tcp socket transparent 1 meta mark set {mark} accept\n"
+            "add table inet {t}\ndelete table inet {t}\ntable inet {t} {{\n  chain prerouting {{\n    type filter hook prerouting priority mangle; policy accept;\n    meta l4proto {{ tcp, icmp, ipv6-icmp }} socket transparent 1 meta mark set {mark} accept\n"
         );
         if let Some(tp) = &self.transparent {
             let v4: Vec<&IpPrefix> = tp.mh_prefixes.iter().filter(|p| p.is_ipv4()).collect();
@@ -130,7 +130,12 @@ fn run(prog: &str, args: &[&str], stdin: &str) -> io::Result<()> {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot run {prog}: {e} (is it installed?)")))?;
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot run {prog}: {e} (is it installed?)"),
+            )
+        })?;
     child.stdin.take().unwrap().write_all(stdin.as_bytes())?;
     let out = child.wait_with_output()?;
     if !out.status.success() {
@@ -153,7 +158,10 @@ mod tests {
             fwmark: 0x4954,
             route_table: 4954,
             transparent: tp.then(|| Transparent {
-                mh_prefixes: vec!["10.2.0.0/24".parse().unwrap(), "2001:db8::/64".parse().unwrap()],
+                mh_prefixes: vec![
+                    "10.2.0.0/24".parse().unwrap(),
+                    "2001:db8::/64".parse().unwrap(),
+                ],
                 ports: vec![80, 443],
                 listen_port: 1081,
             }),
@@ -164,14 +172,17 @@ mod tests {
     fn explicit_mode_marks_transparent_sockets_only() {
         let s = rules(false).nft_script();
         assert!(s.starts_with("add table inet itcp_msrd\ndelete table inet itcp_msrd\n"));
-        assert!(s.contains("socket transparent 1 meta mark set 0x4954 accept"));
+        assert!(s.contains("meta l4proto { tcp, icmp, ipv6-icmp } socket transparent 1 meta mark set 0x4954 accept"));
         assert!(!s.contains("tproxy"));
     }
 
     #[test]
     fn transparent_mode_diverts_syns_per_family() {
         let s = rules(true).nft_script();
-        assert!(s.contains("ip saddr { 10.2.0.0/24 } tcp dport { 80, 443 }"), "{s}");
+        assert!(
+            s.contains("ip saddr { 10.2.0.0/24 } tcp dport { 80, 443 }"),
+            "{s}"
+        );
         assert!(s.contains("tproxy ip to :1081"));
         assert!(s.contains("ip6 saddr { 2001:db8::/64 }"));
         assert!(s.contains("tproxy ip6 to :1081"));

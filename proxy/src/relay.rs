@@ -52,7 +52,12 @@ enum Failure {
 }
 
 /// One direction: src → dst until end of stream, then shut dst's write side.
-async fn pump(src: &TcpStream, dst: &TcpStream, opts: &RelayOpts, count: &AtomicU64) -> Result<(), Failure> {
+async fn pump(
+    src: &TcpStream,
+    dst: &TcpStream,
+    opts: &RelayOpts,
+    count: &AtomicU64,
+) -> Result<(), Failure> {
     if opts.splice {
         pump_splice(src, dst, opts, count).await?;
     } else {
@@ -61,7 +66,12 @@ async fn pump(src: &TcpStream, dst: &TcpStream, opts: &RelayOpts, count: &Atomic
     sockopt::shutdown_write(dst.as_raw_fd()).map_err(Failure::Dst)
 }
 
-async fn pump_splice(src: &TcpStream, dst: &TcpStream, opts: &RelayOpts, count: &AtomicU64) -> Result<(), Failure> {
+async fn pump_splice(
+    src: &TcpStream,
+    dst: &TcpStream,
+    opts: &RelayOpts,
+    count: &AtomicU64,
+) -> Result<(), Failure> {
     // The pipe is made on first data, so idle connections hold no pipe.
     let mut pipe: Option<Pipe> = None;
     let mut in_pipe = 0usize;
@@ -119,7 +129,12 @@ async fn pump_splice(src: &TcpStream, dst: &TcpStream, opts: &RelayOpts, count: 
     }
 }
 
-async fn pump_copy(src: &TcpStream, dst: &TcpStream, opts: &RelayOpts, count: &AtomicU64) -> Result<(), Failure> {
+async fn pump_copy(
+    src: &TcpStream,
+    dst: &TcpStream,
+    opts: &RelayOpts,
+    count: &AtomicU64,
+) -> Result<(), Failure> {
     let mut buf = vec![0u8; opts.buffer_size];
     loop {
         src.readable().await.map_err(Failure::Src)?;
@@ -146,7 +161,12 @@ async fn pump_copy(src: &TcpStream, dst: &TcpStream, opts: &RelayOpts, count: &A
 
 /// Relays until both directions have ended or one side aborts. Consumes the sockets:
 /// on return they are closed (FIN already sent for a clean end, RST for an abort).
-pub async fn relay(wireless: TcpStream, fixed: TcpStream, opts: &RelayOpts, counters: &Counters) -> End {
+pub async fn relay(
+    wireless: TcpStream,
+    fixed: TcpStream,
+    opts: &RelayOpts,
+    counters: &Counters,
+) -> End {
     let up = pump(&wireless, &fixed, opts, &counters.up);
     let down = pump(&fixed, &wireless, opts, &counters.down);
     tokio::pin!(up, down);
@@ -166,8 +186,12 @@ pub async fn relay(wireless: TcpStream, fixed: TcpStream, opts: &RelayOpts, coun
                 }
             }
             // Reading the wireless side or writing to it failed.
-            (Err(Failure::Src(_)), true) | (Err(Failure::Dst(_)), false) => break End::WirelessAborted,
-            (Err(Failure::Src(_)), false) | (Err(Failure::Dst(_)), true) => break End::FixedAborted,
+            (Err(Failure::Src(_)), true) | (Err(Failure::Dst(_)), false) => {
+                break End::WirelessAborted
+            }
+            (Err(Failure::Src(_)), false) | (Err(Failure::Dst(_)), true) => {
+                break End::FixedAborted
+            }
         }
     };
     match end {

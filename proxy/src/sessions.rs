@@ -74,7 +74,13 @@ pub struct Sessions {
 }
 
 impl Sessions {
-    pub fn open(&self, kind: Kind, mh: SocketAddr, fh: SocketAddr, wireless_local: SocketAddr) -> Arc<Session> {
+    pub fn open(
+        &self,
+        kind: Kind,
+        mh: SocketAddr,
+        fh: SocketAddr,
+        wireless_local: SocketAddr,
+    ) -> Arc<Session> {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let s = Arc::new(Session {
             id,
@@ -144,18 +150,69 @@ impl Sessions {
         let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
         let mut out = String::new();
         let mut m = |name: &str, kind: &str, help: &str, v: u64| {
-            out += &format!("# HELP msrd_{name} {help}\n# TYPE msrd_{name} {kind}\nmsrd_{name} {v}\n");
+            out +=
+                &format!("# HELP msrd_{name} {help}\n# TYPE msrd_{name} {kind}\nmsrd_{name} {v}\n");
         };
-        m("connections_active", "gauge", "Relayed connections now open.", self.len() as u64);
-        m("connections_total", "counter", "Relayed connections opened.", g(&st.connections_total));
-        m("connections_failed_total", "counter", "Requests whose fixed side could not be opened.", g(&st.connections_failed));
-        m("refused_not_mh_total", "counter", "Requests from outside the MH prefixes.", g(&st.refused_not_mh));
-        m("refused_limit_total", "counter", "Requests refused by connection limits.", g(&st.refused_limit));
-        m("refused_rate_total", "counter", "Requests refused by the accept-rate limit.", g(&st.refused_rate));
-        m("malformed_requests_total", "counter", "Requests that broke the protocol.", g(&st.malformed_requests));
-        m("aborted_total", "counter", "Relays ended by a reset on either side.", g(&st.aborted));
-        m("bytes_up_total", "counter", "Bytes relayed MH to FH.", g(&st.bytes_up) + live.0);
-        m("bytes_down_total", "counter", "Bytes relayed FH to MH.", g(&st.bytes_down) + live.1);
+        m(
+            "connections_active",
+            "gauge",
+            "Relayed connections now open.",
+            self.len() as u64,
+        );
+        m(
+            "connections_total",
+            "counter",
+            "Relayed connections opened.",
+            g(&st.connections_total),
+        );
+        m(
+            "connections_failed_total",
+            "counter",
+            "Requests whose fixed side could not be opened.",
+            g(&st.connections_failed),
+        );
+        m(
+            "refused_not_mh_total",
+            "counter",
+            "Requests from outside the MH prefixes.",
+            g(&st.refused_not_mh),
+        );
+        m(
+            "refused_limit_total",
+            "counter",
+            "Requests refused by connection limits.",
+            g(&st.refused_limit),
+        );
+        m(
+            "refused_rate_total",
+            "counter",
+            "Requests refused by the accept-rate limit.",
+            g(&st.refused_rate),
+        );
+        m(
+            "malformed_requests_total",
+            "counter",
+            "Requests that broke the protocol.",
+            g(&st.malformed_requests),
+        );
+        m(
+            "aborted_total",
+            "counter",
+            "Relays ended by a reset on either side.",
+            g(&st.aborted),
+        );
+        m(
+            "bytes_up_total",
+            "counter",
+            "Bytes relayed MH to FH.",
+            g(&st.bytes_up) + live.0,
+        );
+        m(
+            "bytes_down_total",
+            "counter",
+            "Bytes relayed FH to MH.",
+            g(&st.bytes_down) + live.1,
+        );
         out
     }
 }

@@ -7,7 +7,13 @@ use std::os::fd::RawFd;
 
 use itcp_config::TcpTuning;
 
-fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T, what: &str) -> io::Result<()> {
+fn setsockopt<T>(
+    fd: RawFd,
+    level: libc::c_int,
+    name: libc::c_int,
+    value: &T,
+    what: &str,
+) -> io::Result<()> {
     // SAFETY: value points to a live T and its size is passed along.
     let r = unsafe {
         libc::setsockopt(
@@ -26,8 +32,12 @@ fn setsockopt<T>(fd: RawFd, level: libc::c_int, name: libc::c_int, value: &T, wh
 }
 
 fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: i64, what: &str) -> io::Result<()> {
-    let v = libc::c_int::try_from(v)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, format!("{what}: {v} is too large")))?;
+    let v = libc::c_int::try_from(v).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what}: {v} is too large"),
+        )
+    })?;
     setsockopt(fd, level, name, &v, what)
 }
 
@@ -35,7 +45,13 @@ fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: i64, what: &str)
 /// MH's address on the fixed side, the FH's on the transparent wireless side.
 pub fn set_transparent(fd: RawFd, ipv6: bool) -> io::Result<()> {
     if ipv6 {
-        set_int(fd, libc::SOL_IPV6, libc::IPV6_TRANSPARENT, 1, "IPV6_TRANSPARENT")
+        set_int(
+            fd,
+            libc::SOL_IPV6,
+            libc::IPV6_TRANSPARENT,
+            1,
+            "IPV6_TRANSPARENT",
+        )
     } else {
         set_int(fd, libc::SOL_IP, libc::IP_TRANSPARENT, 1, "IP_TRANSPARENT")
     }
@@ -59,7 +75,10 @@ pub fn bind_to_device(fd: RawFd, ifname: &str) -> io::Result<()> {
     };
     if r != 0 {
         let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("SO_BINDTODEVICE {ifname}: {e}")));
+        return Err(io::Error::new(
+            e.kind(),
+            format!("SO_BINDTODEVICE {ifname}: {e}"),
+        ));
     }
     Ok(())
 }
@@ -84,26 +103,68 @@ pub fn apply_post_connect(fd: RawFd, t: &TcpTuning) -> io::Result<()> {
         set_congestion(fd, cc)?;
     }
     if let Some(c) = t.window_clamp.filter(|&c| c > 0) {
-        set_int(fd, libc::IPPROTO_TCP, libc::TCP_WINDOW_CLAMP, c as i64, "TCP_WINDOW_CLAMP")?;
+        set_int(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_WINDOW_CLAMP,
+            c as i64,
+            "TCP_WINDOW_CLAMP",
+        )?;
     }
     if let Some(l) = t.notsent_lowat {
-        set_int(fd, libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, l as i64, "TCP_NOTSENT_LOWAT")?;
+        set_int(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_NOTSENT_LOWAT,
+            l as i64,
+            "TCP_NOTSENT_LOWAT",
+        )?;
     }
     if let Some(n) = t.nodelay {
-        set_int(fd, libc::IPPROTO_TCP, libc::TCP_NODELAY, n as i64, "TCP_NODELAY")?;
+        set_int(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            n as i64,
+            "TCP_NODELAY",
+        )?;
     }
     if let Some(idle) = t.keepalive_idle_s {
         set_int(fd, libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1, "SO_KEEPALIVE")?;
-        set_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, idle as i64, "TCP_KEEPIDLE")?;
+        set_int(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_KEEPIDLE,
+            idle as i64,
+            "TCP_KEEPIDLE",
+        )?;
         if let Some(i) = t.keepalive_interval_s {
-            set_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, i as i64, "TCP_KEEPINTVL")?;
+            set_int(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_KEEPINTVL,
+                i as i64,
+                "TCP_KEEPINTVL",
+            )?;
         }
         if let Some(c) = t.keepalive_count {
-            set_int(fd, libc::IPPROTO_TCP, libc::TCP_KEEPCNT, c as i64, "TCP_KEEPCNT")?;
+            set_int(
+                fd,
+                libc::IPPROTO_TCP,
+                libc::TCP_KEEPCNT,
+                c as i64,
+                "TCP_KEEPCNT",
+            )?;
         }
     }
     if let Some(u) = t.user_timeout_ms {
-        set_int(fd, libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, u as i64, "TCP_USER_TIMEOUT")?;
+        set_int(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_USER_TIMEOUT,
+            u as i64,
+            "TCP_USER_TIMEOUT",
+        )?;
     }
     Ok(())
 }

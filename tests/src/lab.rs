@@ -612,7 +612,13 @@ impl Lab {
 
     /// Starts a long-running process in host `h` with stdout and stderr going to
     /// `<lab dir>/<log>` (daemons: a pipe nobody reads would block them).
-    pub fn spawn_logged(&mut self, h: Host, program: impl AsRef<std::ffi::OsStr>, args: &[&str], log: &str) -> io::Result<usize> {
+    pub fn spawn_logged(
+        &mut self,
+        h: Host,
+        program: impl AsRef<std::ffi::OsStr>,
+        args: &[&str],
+        log: &str,
+    ) -> io::Result<usize> {
         let f = File::create(self.dir.join(log))?;
         let child = self
             .command(h, program)?
@@ -631,16 +637,26 @@ impl Lab {
         let cfg = self.dir.join(format!("msr{k}.toml"));
         std::fs::write(&cfg, config)?;
         let cfg = cfg.display().to_string();
-        let idx = self.spawn_logged(Host::Msr(k), bin_path("msrd"), &["--config", &cfg], &format!("msrd{k}.log"))?;
+        let idx = self.spawn_logged(
+            Host::Msr(k),
+            bin_path("msrd"),
+            &["--config", &cfg],
+            &format!("msrd{k}.log"),
+        )?;
         let sock = self.msrd_control(k);
         let deadline = Instant::now() + Duration::from_secs(10);
         while UnixStream::connect(&sock).is_err() {
             if let Some(st) = self.children[idx].try_wait()? {
-                let log = std::fs::read_to_string(self.dir.join(format!("msrd{k}.log"))).unwrap_or_default();
-                return Err(io::Error::other(format!("msrd on MSR{k} exited ({st}):\n{log}")));
+                let log = std::fs::read_to_string(self.dir.join(format!("msrd{k}.log")))
+                    .unwrap_or_default();
+                return Err(io::Error::other(format!(
+                    "msrd on MSR{k} exited ({st}):\n{log}"
+                )));
             }
             if Instant::now() > deadline {
-                return Err(io::Error::other(format!("msrd on MSR{k} did not come up in 10 s")));
+                return Err(io::Error::other(format!(
+                    "msrd on MSR{k} did not come up in 10 s"
+                )));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -669,7 +685,8 @@ impl Lab {
         s.write_all(format!("{req}\n").as_bytes())?;
         let mut reply = String::new();
         BufReader::new(&s).read_line(&mut reply)?;
-        serde_json::from_str(&reply).map_err(|e| io::Error::other(format!("msrd reply {reply:?}: {e}")))
+        serde_json::from_str(&reply)
+            .map_err(|e| io::Error::other(format!("msrd reply {reply:?}: {e}")))
     }
 
     /// Sends SIGTERM to a spawned process (by index).

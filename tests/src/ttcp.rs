@@ -74,6 +74,10 @@ pub struct Opts {
     pub corrupt_at: Option<u64>,
     /// Receiver: verify the stream (default true); false only counts bytes.
     pub verify: bool,
+    /// Open the connection as an I-TCP connection through the MSR (mh-lib): connect
+    /// asks the gateway to connect, listen asks it to listen on the MH's address
+    /// (only the port of the listen address is used).
+    pub itcp: bool,
 }
 
 impl Opts {
@@ -90,6 +94,7 @@ impl Opts {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             corrupt_at: None,
             verify: true,
+            itcp: false,
         }
     }
 
@@ -571,6 +576,9 @@ pub fn accept(l: &TcpListener, so: &SockOpts) -> io::Result<TcpStream> {
 /// bound address (useful with port 0) before a listener waits for its peer.
 pub fn establish(opts: &Opts, on_listening: impl FnOnce(SocketAddr)) -> io::Result<TcpStream> {
     let so = opts.sock_opts();
+    if opts.itcp {
+        return establish_itcp(opts, &so, on_listening);
+    }
     match opts.endpoint {
         Endpoint::Connect(a) => connect(a, &so, secs(opts.connect_timeout)),
         Endpoint::Listen(a) => {
@@ -579,6 +587,48 @@ pub fn establish(opts: &Opts, on_listening: impl FnOnce(SocketAddr)) -> io::Resu
             accept(&l, &so)
         }
     }
+}
+
+/// The I-TCP flavour of [`establish`]: through the MSR with mh-lib. Socket options
+/// are applied once the wireless-side connection is up (mh-lib makes the socket).
+fn establish_itcp(
+    opts: &Opts,
+    so: &SockOpts,
+    on_listening: impl FnOnce(SocketAddr),
+) -> io::Result<TcpStream> {
+    let mh = itcp_mh::MhOptions::new();
+    let s = match opts.endpoint {
+        Endpoint::Connect(a) => {
+            // The FH may not listen yet: retry refusals as a plain connect does.
+            let deadline = Instant::now() + secs(opts.connect_timeout);
+            loop {
+                match itcp_mh::ItcpStream::connect_with(&mh, a) {
+                    Ok(s) => break s.into_inner(),
+                    Err(e)
+                        if e.kind() == ErrorKind::ConnectionRefused
+                            && Instant::now() + CONNECT_RETRY < deadline =>
+                    {
+                        thread::sleep(CONNECT_RETRY)
+                    }
+                    Err(e) => return Err(ctx(e, format!("I-TCP connect to {a}"))),
+                }
+            }
+        }
+        Endpoint::Listen(a) => {
+            let l = itcp_mh::ItcpListener::bind_with(&mh, a.port())
+                .map_err(|e| ctx(e, format!("I-TCP listen on port {}", a.port())))?;
+            on_listening(l.local_addr()?);
+            l.accept()
+                .map_err(|e| ctx(e, "I-TCP accept"))?
+                .0
+                .into_inner()
+        }
+    };
+    apply_sock_opts(s.as_raw_fd(), so)?;
+    if so.nodelay {
+        s.set_nodelay(true)?;
+    }
+    Ok(s)
 }
 
 fn secs(s: f64) -> Duration {

@@ -27,13 +27,21 @@ fn main() -> ExitCode {
 }
 
 fn request(path: &str, req: Value) -> Result<Value, String> {
-    let mut s = UnixStream::connect(path).map_err(|e| format!("cannot reach msrd at {path}: {e} (is msrd running? try --socket or --config)"))?;
-    s.write_all(format!("{req}\n").as_bytes()).map_err(|e| e.to_string())?;
+    let mut s = UnixStream::connect(path).map_err(|e| {
+        format!("cannot reach msrd at {path}: {e} (is msrd running? try --socket or --config)")
+    })?;
+    s.write_all(format!("{req}\n").as_bytes())
+        .map_err(|e| e.to_string())?;
     let mut line = String::new();
-    BufReader::new(&s).read_line(&mut line).map_err(|e| e.to_string())?;
+    BufReader::new(&s)
+        .read_line(&mut line)
+        .map_err(|e| e.to_string())?;
     let v: Value = serde_json::from_str(&line).map_err(|e| format!("bad reply from msrd: {e}"))?;
     if v["ok"] != true {
-        return Err(v["error"].as_str().unwrap_or("msrd refused the request").to_string());
+        return Err(v["error"]
+            .as_str()
+            .unwrap_or("msrd refused the request")
+            .to_string());
     }
     Ok(v)
 }
@@ -66,7 +74,11 @@ fn run() -> Result<(), String> {
         "metrics" => print!("{}", v["text"].as_str().unwrap_or("")),
         _ if as_json => println!("{}", serde_json::to_string_pretty(&v).unwrap()),
         "stats" => {
-            println!("msr {}: {} active connections", v["msr"].as_str().unwrap_or("?"), v["active"]);
+            println!(
+                "msr {}: {} active connections",
+                v["msr"].as_str().unwrap_or("?"),
+                v["active"]
+            );
             if let Some(m) = v["stats"].as_object() {
                 for (k, n) in m {
                     println!("  {k:<22} {n}");
@@ -75,9 +87,16 @@ fn run() -> Result<(), String> {
         }
         _ => {
             let rows = v["sessions"].as_array().cloned().unwrap_or_default();
-            println!("msr {}: {} session(s)", v["msr"].as_str().unwrap_or("?"), rows.len());
+            println!(
+                "msr {}: {} session(s)",
+                v["msr"].as_str().unwrap_or("?"),
+                rows.len()
+            );
             if !rows.is_empty() {
-                println!("{:>6}  {:<11}  {:<22}  {:<22}  {:>8}  {:>12}  {:>12}", "id", "kind", "mh", "fh", "age s", "bytes up", "bytes down");
+                println!(
+                    "{:>6}  {:<11}  {:<22}  {:<22}  {:>8}  {:>12}  {:>12}",
+                    "id", "kind", "mh", "fh", "age s", "bytes up", "bytes down"
+                );
             }
             for r in rows {
                 println!(

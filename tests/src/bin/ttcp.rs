@@ -11,10 +11,10 @@ const USAGE: &str = "\
 usage:
   ttcp send (--connect ADDR:PORT | --listen ADDR:PORT) (--bytes N | --duration SECS)
             [--seed S] [--buf BYTES] [--cc NAME] [--nodelay] [--chunk BYTES]
-            [--connect-timeout SECS] [--corrupt-at OFFSET] [--json FILE]
+            [--connect-timeout SECS] [--corrupt-at OFFSET] [--itcp] [--json FILE]
   ttcp recv (--connect ADDR:PORT | --listen ADDR:PORT) [--bytes N] [--seed S]
             [--buf BYTES] [--cc NAME] [--nodelay] [--chunk BYTES] [--no-verify]
-            [--connect-timeout SECS] [--json FILE]
+            [--connect-timeout SECS] [--itcp] [--json FILE]
   ttcp echo --listen ADDR:PORT [--once] [--buf BYTES] [--cc NAME]
   ttcp rr   --connect ADDR:PORT [--count N] [--size BYTES] [--interval-ms MS]
             [--seed S] [--connect-timeout SECS] [--json FILE]
@@ -22,6 +22,8 @@ usage:
 Sizes take binary suffixes K, M, G, T (16K = 16384). send/recv/rr print one JSON
 report line on stdout (and write it to --json FILE). A listener prints
 'ttcp: listening on ADDR:PORT' on stderr once bound (port 0 picks a free one).
+--itcp opens the connection through the MH's I-TCP gateway (mh-lib; gateway from
+ITCP_GATEWAY or the default route).
 Exit status: 0 ok, 1 transfer failed, 2 usage error.";
 
 struct UsageError(String);
@@ -211,6 +213,10 @@ fn send_recv(a: &mut Args) -> Res<ExitCode> {
             "--chunk" => o.chunk = parse_positive(flag, a.value(flag, inline)?)?,
             "--connect-timeout" => o.connect_timeout = parse_secs(flag, a.value(flag, inline)?)?,
             "--json" => json = Some(a.value(flag, inline)?.to_string()),
+            "--itcp" => {
+                no_value(flag, inline)?;
+                o.itcp = true
+            }
             "--duration" if send => {
                 let v = a.value(flag, inline)?;
                 let d = parse_secs(flag, v)?;
