@@ -1,0 +1,494 @@
+//! End-to-end tests of msrd's split connections on the lab: real namespaces, real
+//! nftables TPROXY and transparent sockets, real msrd and ttcp processes, and mh-lib
+//! driven from threads inside the MH's namespace. Needs root.
+
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::process::Command;
+use std::time::Duration;
+
+use itcp_mh::{ItcpListener, ItcpStream, MhOptions, Token};
+use itcp_testbed::lab::{addr, bin_path, Host, Lab, LabConfig};
+use itcp_testbed::sys::in_netns;
+use itcp_testbed::ttcp::{RecvReport, SendReport};
+use serde_json::json;
+
+/// A lab (no emulated impairments) with msrd running on MSR1.
+fn lab_with_msrd(extra: &str) -> Lab {
+    let mut lab = Lab::new(LabConfig::default()).unwrap();
+    let cfg = lab.msrd_config(1, extra);
+    lab.start_msrd(1, &cfg).unwrap();
+    lab
+}
+
+fn mh_opts() -> MhOptions {
+    MhOptions::new()
+        .gateway(SocketAddr::from((addr::CELL_GW, 1080)))
+        .token(Token([7; 16]))
+        .connect_timeout(Duration::from_secs(5))
+}
+
+fn fh(port: u16) -> SocketAddr {
+    SocketAddr::from((addr::FH, port))
+}
+
+/// Runs `f` on a thread inside host `h`'s namespace.
+fn on<T: Send + 'static>(
+    lab: &Lab,
+    h: Host,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> std::thread::JoinHandle<T> {
+    let ns = lab.ns(h);
+    std::thread::spawn(move || in_netns(&ns, || Ok(f())).unwrap())
+}
+
+/// ttcp sender in `from`, receiver in `to`; returns both reports.
+fn ttcp_pair(
+    lab: &mut Lab,
+    send: (Host, &[&str]),
+    recv: (Host, &[&str]),
+    bytes: &str,
+) -> (SendReport, RecvReport) {
+    let ttcp = bin_path("ttcp");
+    let mut sa = vec!["send", "--bytes", bytes];
+    sa.extend_from_slice(send.1);
+    let mut ra = vec!["recv", "--bytes", bytes];
+    ra.extend_from_slice(recv.1);
+    // Listener first; the connecting side retries anyway.
+    let (s_idx, r_idx) = if sa.contains(&"--listen") {
+        let s = lab.spawn(send.0, &ttcp, &sa).unwrap();
+        (s, lab.spawn(recv.0, &ttcp, &ra).unwrap())
+    } else {
+        let r = lab.spawn(recv.0, &ttcp, &ra).unwrap();
+        (lab.spawn(send.0, &ttcp, &sa).unwrap(), r)
+    };
+    let (_, rout, rerr) = lab.wait(r_idx, Duration::from_secs(60)).unwrap();
+    let (_, sout, serr) = lab.wait(s_idx, Duration::from_secs(60)).unwrap();
+    let r: RecvReport =
+        serde_json::from_str(rout.trim()).unwrap_or_else(|e| panic!("recv: {e}: {rerr}"));
+    let s: SendReport =
+        serde_json::from_str(sout.trim()).unwrap_or_else(|e| panic!("send: {e}: {serr}"));
+    (s, r)
+}
+
+fn port_of(a: &str) -> u16 {
+    a.parse::<SocketAddr>().unwrap().port()
+}
+
+#[test]
+fn explicit_mode_bulk_both_ways_fh_sees_the_mh() {
+    let mut lab = lab_with_msrd("");
+    // FH → MH: the MH opens the I-TCP connection, the FH sends.
+    let (s, r) = ttcp_pair(
+        &mut lab,
+        (Host::Fh, &["--listen", "10.0.0.1:5001"]),
+        (Host::Mh, &["--connect", "10.0.0.1:5001", "--itcp"]),
+        "20M",
+    );
+    assert!(r.ok && s.ok, "{:?} {:?}", r.error, s.error);
+    let seen: SocketAddr = s.peer.parse().unwrap();
+    assert_eq!(
+        seen.ip(),
+        std::net::IpAddr::V4(addr::MH),
+        "FH must see the MH's address"
+    );
+    assert_eq!(
+        seen.port(),
+        port_of(&r.local),
+        "FH must see the MH's own port"
+    );
+    // MH → FH.
+    let (s, r) = ttcp_pair(
+        &mut lab,
+        (Host::Mh, &["--connect", "10.0.0.1:5002", "--itcp"]),
+        (Host::Fh, &["--listen", "10.0.0.1:5002"]),
+        "20M",
+    );
+    assert!(r.ok && s.ok, "{:?} {:?}", r.error, s.error);
+    let seen: SocketAddr = r.peer.parse().unwrap();
+    assert_eq!(seen, SocketAddr::new(addr::MH.into(), port_of(&s.local)));
+}
+
+#[test]
+fn transparent_mode_bulk_both_ways_for_unmodified_apps() {
+    let mut lab = lab_with_msrd("[transparent]\nenabled = true\nports = [5001, 5002]\n");
+    let (s, r) = ttcp_pair(
+        &mut lab,
+        (Host::Fh, &["--listen", "10.0.0.1:5001"]),
+        (Host::Mh, &["--connect", "10.0.0.1:5001"]),
+        "20M",
+    );
+    assert!(r.ok && s.ok, "{:?} {:?}", r.error, s.error);
+    assert_eq!(s.peer, r.local, "FH sees exactly the MH's socket address");
+    let (s, r) = ttcp_pair(
+        &mut lab,
+        (Host::Mh, &["--connect", "10.0.0.1:5002"]),
+        (Host::Fh, &["--listen", "10.0.0.1:5002"]),
+        "20M",
+    );
+    assert!(r.ok && s.ok, "{:?} {:?}", r.error, s.error);
+    assert_eq!(r.peer, s.local);
+    // It really went through msrd, as a transparent session.
+    let st = lab.msrd(1, json!({"op": "stats"})).unwrap();
+    assert_eq!(st["stats"]["connections_total"], 2, "{st}");
+    assert!(st["stats"]["bytes_up"].as_u64().unwrap() >= 20 << 20);
+}
+
+#[test]
+fn passive_open_accepts_several_connections_on_one_listen() {
+    let lab = lab_with_msrd("");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mh = on(&lab, Host::Mh, move || {
+        let l = ItcpListener::bind_with(&mh_opts(), 6000).unwrap();
+        tx.send(l.local_addr().unwrap()).unwrap();
+        let mut peers = Vec::new();
+        for _ in 0..3 {
+            let (mut s, peer) = l.accept().unwrap();
+            let mut msg = String::new();
+            s.read_to_string(&mut msg).unwrap();
+            s.write_all(format!("ack {msg}").as_bytes()).unwrap();
+            peers.push(peer);
+        }
+        peers
+    });
+    let bound = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(bound, SocketAddr::from((addr::MH, 6000)));
+    let fh_side = on(&lab, Host::Fh, move || {
+        let mut locals = Vec::new();
+        for i in 0..3 {
+            let mut s = TcpStream::connect(bound).unwrap();
+            s.write_all(format!("hello {i}").as_bytes()).unwrap();
+            s.shutdown(Shutdown::Write).unwrap();
+            let mut back = String::new();
+            s.read_to_string(&mut back).unwrap();
+            assert_eq!(back, format!("ack hello {i}"));
+            locals.push(s.local_addr().unwrap());
+        }
+        locals
+    });
+    let locals = fh_side.join().unwrap();
+    let peers = mh.join().unwrap();
+    assert_eq!(peers, locals, "the MH learns each FH peer address");
+}
+
+#[test]
+fn curl_socks5_fetches_from_the_fh() {
+    let lab = lab_with_msrd("");
+    let server = on(&lab, Host::Fh, || {
+        let l = TcpListener::bind("10.0.0.1:8080").unwrap();
+        let (mut s, peer) = l.accept().unwrap();
+        let mut req = [0u8; 1024];
+        let _ = s.read(&mut req).unwrap();
+        s.write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 17\r\n\r\nhello from the FH")
+            .unwrap();
+        peer
+    });
+    let out = lab
+        .run(
+            Host::Mh,
+            "curl",
+            &[
+                "-sS",
+                "--max-time",
+                "10",
+                "--socks5",
+                "10.2.0.1:1080",
+                "http://10.0.0.1:8080/",
+            ],
+        )
+        .expect("curl must be installed (scripts/setup.sh)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hello from the FH");
+    assert_eq!(server.join().unwrap().ip(), std::net::IpAddr::V4(addr::MH));
+}
+
+#[test]
+fn half_close_keeps_the_other_direction_flowing() {
+    let lab = lab_with_msrd("");
+    let server = on(&lab, Host::Fh, || {
+        let l = TcpListener::bind("10.0.0.1:7001").unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).unwrap(); // ends with the MH's FIN
+                                          // The FH→MH direction still works after the MH half-closed.
+        for _ in 0..100 {
+            s.write_all(&[b'x'; 1000]).unwrap();
+        }
+        s.write_all(format!("got {} bytes", got.len()).as_bytes())
+            .unwrap();
+    });
+    let reply = on(&lab, Host::Mh, || {
+        let mut s = ItcpStream::connect_with(&mh_opts(), fh(7001)).unwrap();
+        s.write_all(&vec![1u8; 100_000]).unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+        let mut back = Vec::new();
+        s.read_to_end(&mut back).unwrap();
+        back
+    })
+    .join()
+    .unwrap();
+    server.join().unwrap();
+    assert_eq!(reply.len(), 100_000 + "got 100000 bytes".len());
+    assert!(reply.ends_with(b"got 100000 bytes"));
+}
+
+fn abort(s: &TcpStream) {
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: setting SO_LINGER on an open socket.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        )
+    };
+}
+
+#[test]
+fn a_reset_on_one_side_becomes_a_reset_on_the_other() {
+    let lab = lab_with_msrd("");
+    // FH aborts → the MH sees a reset.
+    let server = on(&lab, Host::Fh, || {
+        let l = TcpListener::bind("10.0.0.1:7002").unwrap();
+        let (s, _) = l.accept().unwrap();
+        std::thread::sleep(Duration::from_millis(200));
+        abort(&s);
+        drop(s);
+        // Then the other way round: the MH aborts, the FH sees a reset.
+        let (mut s, _) = l.accept().unwrap();
+        let mut buf = [0u8; 16];
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.read(&mut buf).map(|_| ()).unwrap_err().kind()
+    });
+    let mh_saw = on(&lab, Host::Mh, || {
+        let mut s = ItcpStream::connect_with(&mh_opts(), fh(7002)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        let mut buf = [0u8; 16];
+        let first = s.read(&mut buf).map(|_| ()).unwrap_err().kind();
+        let s2 = ItcpStream::connect_with(&mh_opts(), fh(7002))
+            .unwrap()
+            .into_inner();
+        std::thread::sleep(Duration::from_millis(200));
+        abort(&s2);
+        drop(s2);
+        first
+    })
+    .join()
+    .unwrap();
+    assert_eq!(mh_saw, ErrorKind::ConnectionReset);
+    assert_eq!(server.join().unwrap(), ErrorKind::ConnectionReset);
+}
+
+#[test]
+fn refused_and_unreachable_become_the_right_errors() {
+    let lab = lab_with_msrd("");
+    let kinds = on(&lab, Host::Mh, || {
+        let refused = ItcpStream::connect_with(&mh_opts(), fh(9)).unwrap_err();
+        // Nothing routes 10.9.9.9: the GW answers with ICMP unreachable.
+        let unreachable =
+            ItcpStream::connect_with(&mh_opts(), SocketAddr::from(([10, 9, 9, 9], 80)))
+                .unwrap_err();
+        (refused, unreachable)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(kinds.0.kind(), ErrorKind::ConnectionRefused, "{}", kinds.0);
+    assert!(kinds.0.to_string().contains("10.0.0.1:9"), "{}", kinds.0);
+    assert!(
+        matches!(
+            kinds.1.kind(),
+            ErrorKind::NetworkUnreachable | ErrorKind::HostUnreachable
+        ),
+        "{:?}: {}",
+        kinds.1.kind(),
+        kinds.1
+    );
+}
+
+#[test]
+fn an_mh_outside_the_prefixes_is_refused() {
+    let mut lab = Lab::new(LabConfig::default()).unwrap();
+    let cfg = lab
+        .msrd_config(1, "")
+        .replace("10.2.0.0/24", "10.2.0.200/32");
+    lab.start_msrd(1, &cfg).unwrap();
+    let e = on(&lab, Host::Mh, || {
+        ItcpStream::connect_with(&mh_opts(), fh(5001)).unwrap_err()
+    })
+    .join()
+    .unwrap();
+    assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
+    let st = lab.msrd(1, json!({"op": "stats"})).unwrap();
+    assert_eq!(st["stats"]["refused_not_mh"], 1);
+}
+
+#[test]
+fn malformed_requests_get_an_error_reply_and_others_are_still_served() {
+    let lab = lab_with_msrd("");
+    let server = on(&lab, Host::Fh, || {
+        let l = TcpListener::bind("10.0.0.1:7003").unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        s.write_all(b"still here").unwrap();
+    });
+    let replies = on(&lab, Host::Mh, || {
+        let gw = SocketAddr::from((addr::CELL_GW, 1080));
+        let exchange = |bytes: &[u8]| {
+            let mut s = TcpStream::connect(gw).unwrap();
+            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            s.write_all(bytes).unwrap();
+            let mut r = Vec::new();
+            let _ = s.read_to_end(&mut r);
+            r
+        };
+        let http = exchange(b"GET / HTTP/1.0\r\n\r\n");
+        // Greeting, then a request with a non-zero reserved byte.
+        let reserved = exchange(&[5, 1, 0, 5, 1, 7, 1, 10, 0, 0, 1, 0, 80]);
+        // Unknown command 0x09.
+        let unknown = exchange(&[5, 1, 0, 5, 9, 0, 1, 10, 0, 0, 1, 0, 80]);
+        // Someone well-behaved right after.
+        let mut ok = ItcpStream::connect_with(&mh_opts(), fh(7003)).unwrap();
+        let mut got = String::new();
+        ok.read_to_string(&mut got).unwrap();
+        (http, reserved, unknown, got)
+    })
+    .join()
+    .unwrap();
+    server.join().unwrap();
+    assert_eq!(
+        &replies.0[..2],
+        &[5, 1],
+        "general failure for a non-SOCKS greeting"
+    );
+    assert_eq!(
+        &replies.1[2..4],
+        &[5, 1],
+        "general failure after method choice 05 00"
+    );
+    assert_eq!(&replies.2[2..4], &[5, 7], "command not supported");
+    assert_eq!(replies.3, "still here");
+    let st = lab.msrd(1, json!({"op": "stats"})).unwrap();
+    assert_eq!(st["stats"]["malformed_requests"], 3);
+}
+
+#[test]
+fn itcpctl_shows_live_sessions_and_sigterm_drains() {
+    let mut lab = Lab::new(LabConfig::default()).unwrap();
+    let cfg = lab.msrd_config(1, "");
+    let msrd = lab.start_msrd(1, &cfg).unwrap();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let server = on(&lab, Host::Fh, move || {
+        let l = TcpListener::bind("10.0.0.1:7004").unwrap();
+        let (mut s, peer) = l.accept().unwrap();
+        go_rx.recv().unwrap();
+        s.write_all(b"after SIGTERM").unwrap();
+        peer
+    });
+    let (conn_tx, conn_rx) = std::sync::mpsc::channel();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let client = on(&lab, Host::Mh, move || {
+        let mut s = ItcpStream::connect_with(&mh_opts(), fh(7004)).unwrap();
+        conn_tx.send(s.local_addr().unwrap()).unwrap();
+        done_rx.recv().unwrap();
+        let mut got = String::new();
+        s.read_to_string(&mut got).unwrap();
+        got
+    });
+    let _mh_local = conn_rx.recv().unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let out = lab
+        .run(
+            Host::Msr(1),
+            bin_path("itcpctl").to_str().unwrap(),
+            &[
+                "--socket",
+                lab.msrd_control(1).to_str().unwrap(),
+                "sessions",
+            ],
+        )
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("1 session(s)") && text.contains("connect") && text.contains("10.0.0.1:7004"),
+        "{text}"
+    );
+    // SIGTERM: no new connections, but the open one keeps working until it ends.
+    lab.terminate(msrd);
+    std::thread::sleep(Duration::from_millis(300));
+    go_tx.send(()).unwrap();
+    done_tx.send(()).unwrap();
+    assert_eq!(client.join().unwrap(), "after SIGTERM");
+    server.join().unwrap();
+    let mut lab = lab;
+    let (ok, _, _) = lab.wait(msrd, Duration::from_secs(10)).unwrap();
+    assert!(ok, "msrd must exit cleanly after draining");
+    // Its interception rules are gone with it.
+    let nft = lab.run(Host::Msr(1), "nft", &["list", "tables"]).unwrap();
+    assert!(!String::from_utf8_lossy(&nft.stdout).contains("itcp_msrd"));
+}
+
+#[test]
+fn example_configs_pass_check_config_and_broken_ones_name_the_key() {
+    let examples = concat!(env!("CARGO_MANIFEST_DIR"), "/../config/examples");
+    let mut n = 0;
+    for e in std::fs::read_dir(examples).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "toml")
+            && !p.file_name().unwrap().to_string_lossy().starts_with("mh")
+        {
+            let out = Command::new(bin_path("msrd"))
+                .arg("--check-config")
+                .arg(&p)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}: {}",
+                p.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            n += 1;
+        }
+    }
+    assert!(n >= 2, "expected msrd examples in {examples}");
+    let dir = std::env::temp_dir().join(format!("itcp-badcfg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (text, key) in [
+        (
+            "[access]\nmh_prefixes = [\"10.2.0.0/24\"]\nmax_conections = 5\n",
+            "max_conections",
+        ),
+        ("[access]\nmh_prefixes = [\"10.2.0.0/33\"]\n", "mh_prefixes"),
+        ("[msr]\ngateway = [\"10.2.0.1\"]\n", "mh_prefixes"),
+        (
+            "[access]\nmh_prefixes = [\"10.2.0.0/24\"]\n[relay]\npipe_size = \"big\"\n",
+            "pipe_size",
+        ),
+    ] {
+        let f = dir.join("bad.toml");
+        std::fs::write(&f, text).unwrap();
+        let out = Command::new(bin_path("msrd"))
+            .arg("--check-config")
+            .arg(&f)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(err.contains(key) && err.contains("bad.toml"), "{err}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
