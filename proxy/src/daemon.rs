@@ -549,29 +549,23 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
     let nofile = sockopt::raise_nofile_limit();
     let d = Daemon::new(cfg);
     let cfg = &d.cfg;
-    let rules = rules_of(cfg);
-    rules
-        .install()
-        .map_err(|e| io::Error::new(e.kind(), format!("installing interception rules: {e}")))?;
-    // From here on the rules must come off again whatever happens.
-    struct Uninstall(Rules);
-    impl Drop for Uninstall {
-        fn drop(&mut self) {
-            self.0.remove();
-        }
-    }
-    let _uninstall = Uninstall(rules);
-
-    let mut tasks = Vec::new();
+    let mut bound = Vec::new();
     for addr in cfg.msr.socks_addrs() {
         let l = listen_socket(addr, &cfg.wireless, false).map_err(|e| {
+            let hint = match e.kind() {
+                io::ErrorKind::AddrNotAvailable => {
+                    "; is the gateway address configured on the cell interface?"
+                }
+                io::ErrorKind::AddrInUse => "; is another msrd running?",
+                _ => "",
+            };
             io::Error::new(
                 e.kind(),
-                format!("cannot listen on {addr} ([msr] gateway, socks_port): {e}; is the gateway address configured on the cell interface?"),
+                format!("cannot listen on {addr} ([msr] gateway, socks_port): {e}{hint}"),
             )
         })?;
         info!(%addr, "request listener up");
-        tasks.push(tokio::spawn(accept_loop(d.clone(), l, false)));
+        bound.push((l, false));
     }
     if cfg.transparent.enabled {
         let port = cfg.transparent.listen_port;
@@ -587,9 +581,28 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
                 )
             })?;
             info!(%addr, ports = ?cfg.transparent.ports, "transparent interception up");
-            tasks.push(tokio::spawn(accept_loop(d.clone(), l, true)));
+            bound.push((l, true));
         }
     }
+    // Rules only once every listener is ours: a second msrd that cannot bind must not
+    // replace (and on exit remove) the first one's rules.
+    let rules = rules_of(cfg);
+    rules
+        .install()
+        .map_err(|e| io::Error::new(e.kind(), format!("installing interception rules: {e}")))?;
+    // From here on the rules must come off again whatever happens.
+    struct Uninstall(Rules);
+    impl Drop for Uninstall {
+        fn drop(&mut self) {
+            self.0.remove();
+        }
+    }
+    let _uninstall = Uninstall(rules);
+
+    let tasks: Vec<_> = bound
+        .into_iter()
+        .map(|(l, transparent)| tokio::spawn(accept_loop(d.clone(), l, transparent)))
+        .collect();
     let control = tokio::spawn({
         let (path, id, s) = (
             cfg.msr.control_socket.clone(),

@@ -81,29 +81,23 @@ async fn pump_splice(
         if eof && in_pipe == 0 {
             return Ok(());
         }
-        // Fill the pipe while there is room.
+        let mut read_blocked = eof;
         if !eof {
             if pipe.is_none() {
                 src.readable().await.map_err(Failure::Src)?;
                 pipe = Some(Pipe::new(opts.pipe_size).map_err(Failure::Src)?);
             }
             let p = pipe.as_ref().unwrap();
-            if in_pipe < p.size {
-                let w = p.write.as_raw_fd();
-                match src.try_io(Interest::READABLE, || splice(sfd, w, p.size - in_pipe)) {
-                    Ok(0) => eof = true,
-                    Ok(n) => in_pipe += n,
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        if in_pipe == 0 {
-                            src.readable().await.map_err(Failure::Src)?;
-                            continue;
-                        }
-                    }
-                    Err(e) => return Err(Failure::Src(e)),
-                }
+            let w = p.write.as_raw_fd();
+            // EAGAIN here means "no data" or "pipe full": a pipe holds at most 16..256
+            // buffers, so it can be full long before `p.size` bytes.
+            match src.try_io(Interest::READABLE, || splice(sfd, w, p.size)) {
+                Ok(0) => eof = true,
+                Ok(n) => in_pipe += n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => read_blocked = true,
+                Err(e) => return Err(Failure::Src(e)),
             }
         }
-        // Drain the pipe into the destination.
         if in_pipe > 0 {
             let r: RawFd = pipe.as_ref().unwrap().read.as_raw_fd();
             match dst.try_io(Interest::WRITABLE, || splice(r, dfd, in_pipe)) {
@@ -111,20 +105,15 @@ async fn pump_splice(
                     in_pipe -= n;
                     count.fetch_add(n as u64, Ordering::Relaxed);
                 }
+                // Data is waiting for the destination: only its readiness matters (the
+                // source may stay "readable" forever once its FIN is in).
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let full = in_pipe >= pipe.as_ref().unwrap().size;
-                    if full || eof {
-                        dst.writable().await.map_err(Failure::Dst)?;
-                    } else {
-                        // Room in the pipe: wake for whichever side is ready first.
-                        tokio::select! {
-                            r = dst.writable() => r.map_err(Failure::Dst)?,
-                            r = src.readable() => r.map_err(Failure::Src)?,
-                        }
-                    }
+                    dst.writable().await.map_err(Failure::Dst)?
                 }
                 Err(e) => return Err(Failure::Dst(e)),
             }
+        } else if read_blocked {
+            src.readable().await.map_err(Failure::Src)?;
         }
     }
 }
@@ -200,4 +189,105 @@ pub async fn relay(
         End::Closed => {}
     }
     end
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    async fn pair() -> (TcpStream, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let c = TcpStream::connect(l.local_addr().unwrap()).await.unwrap();
+        let (s, _) = l.accept().await.unwrap();
+        (c, s)
+    }
+
+    /// Many small segments fill the pipe's buffer slots long before its byte size, and
+    /// the source's FIN leaves it readable forever: the relay must still drain to a slow
+    /// destination and finish (this once spun at 100 % CPU without progress).
+    async fn slow_reader_small_segments(splice: bool) {
+        let (mut app_src, relay_src) = pair().await;
+        let (relay_dst, mut app_dst) = pair().await;
+        // A small destination: its send buffer fills and stays full.
+        let small = itcp_config::TcpTuning {
+            send_buffer: Some(16384),
+            recv_buffer: Some(16384),
+            ..Default::default()
+        };
+        crate::sockopt::apply_pre_connect(relay_dst.as_raw_fd(), &small).unwrap();
+        crate::sockopt::apply_pre_connect(app_dst.as_raw_fd(), &small).unwrap();
+        let opts = RelayOpts {
+            splice,
+            pipe_size: 1 << 20,
+            buffer_size: 65536,
+        };
+        let counters = Counters::default();
+        let writer = tokio::spawn(async move {
+            app_src.set_nodelay(true).unwrap();
+            for i in 0..6000u32 {
+                app_src.write_all(&[(i % 251) as u8; 700]).await.unwrap();
+            }
+            app_src.shutdown().await.unwrap();
+            let mut rest = Vec::new();
+            app_src.read_to_end(&mut rest).await.unwrap();
+        });
+        let reader = tokio::spawn(async move {
+            let mut got = 0usize;
+            let mut buf = [0u8; 8192];
+            loop {
+                tokio::time::sleep(Duration::from_micros(300)).await;
+                match app_dst.read(&mut buf).await.unwrap() {
+                    0 => break,
+                    n => got += n,
+                }
+            }
+            app_dst.shutdown().await.unwrap();
+            got
+        });
+        let t0 = Instant::now();
+        let end = tokio::time::timeout(
+            Duration::from_secs(20),
+            relay(relay_src, relay_dst, &opts, &counters),
+        )
+        .await
+        .expect("relay stalled");
+        assert_eq!(end, End::Closed);
+        assert_eq!(reader.await.unwrap(), 6000 * 700);
+        writer.await.unwrap();
+        assert_eq!(counters.up.load(Ordering::Relaxed), 6000 * 700);
+        assert!(t0.elapsed() < Duration::from_secs(20));
+    }
+
+    #[tokio::test]
+    async fn splice_relay_drains_slow_destination_after_fin() {
+        slow_reader_small_segments(true).await;
+    }
+
+    #[tokio::test]
+    async fn copy_relay_drains_slow_destination_after_fin() {
+        slow_reader_small_segments(false).await;
+    }
+
+    #[tokio::test]
+    async fn reset_propagates() {
+        let (app_src, relay_src) = pair().await;
+        let (relay_dst, mut app_dst) = pair().await;
+        let opts = RelayOpts {
+            splice: true,
+            pipe_size: 1 << 16,
+            buffer_size: 4096,
+        };
+        let counters = Counters::default();
+        let std_src = app_src.into_std().unwrap();
+        crate::sockopt::abort_on_close(std_src.as_raw_fd());
+        drop(std_src);
+        let end = relay(relay_src, relay_dst, &opts, &counters).await;
+        assert_eq!(end, End::WirelessAborted);
+        let mut b = [0u8; 8];
+        let e = app_dst.read(&mut b).await.unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+    }
 }

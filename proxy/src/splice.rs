@@ -81,7 +81,8 @@ mod tests {
         let mut buf = [0u8; 12];
         d.read_exact(&mut buf).unwrap();
         assert_eq!(&buf, b"hello splice");
-        // Nothing more to read: non-blocking splice says so instead of waiting.
+        // Nothing more to read: a non-blocking socket says so instead of waiting.
+        b.set_nonblocking(true).unwrap();
         let e = splice(b.as_raw_fd(), p.write.as_raw_fd(), p.size).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::WouldBlock);
     }

@@ -127,6 +127,19 @@ impl Cells {
 pub enum Mode {
     /// Plain routers plus Mobile-IP-like rerouting (the baseline).
     RegularTcp(#[serde(skip)] MobileIpOpts),
+    /// I-TCP: msrd on every MSR; the MH listens through mh-lib and the FH connects to
+    /// the MH's address, as with regular TCP. `msrd_extra` is appended to each msrd
+    /// config (e.g. a `[wireless]` section).
+    Itcp { msrd_extra: String },
+}
+
+impl Mode {
+    pub fn label(&self) -> &'static str {
+        match self {
+            Mode::RegularTcp(_) => "regular TCP",
+            Mode::Itcp { .. } => "I-TCP",
+        }
+    }
 }
 
 /// The traffic of a run: the FH sends `bytes` to the MH (MH listens, as `ttcp -r`).
@@ -186,8 +199,24 @@ pub fn run(r: &Run) -> io::Result<Outcome> {
         cell_up: r.net.cell.clone(),
         initial_cells: vec![1],
     })?;
-    let Mode::RegularTcp(mip) = &r.mode;
-    let agent = MobileIp::start(&lab, mip.clone())?;
+    let mut agent = None;
+    let mut itcp = false;
+    match &r.mode {
+        Mode::RegularTcp(mip) => agent = Some(MobileIp::start(&lab, mip.clone())?),
+        Mode::Itcp { msrd_extra } => {
+            if r.cells != Cells::NoMoves {
+                return Err(io::Error::new(
+                    io::ErrorKind::Unsupported,
+                    "I-TCP with moves needs the MSR handoff, which is not built yet (issue 4)",
+                ));
+            }
+            for k in 1..=r.msrs {
+                let cfg = lab.msrd_config(k, msrd_extra);
+                lab.start_msrd(k, &cfg)?;
+            }
+            itcp = true;
+        }
+    }
     let ttcp = bin_path("ttcp");
     let port = 5001;
     let mut common: Vec<String> = vec![
@@ -207,7 +236,10 @@ pub fn run(r: &Run) -> io::Result<Outcome> {
         a.extend(common.iter().cloned());
         a
     };
-    let recv_args = args("recv", "--listen", lab::mh_addr(port));
+    let mut recv_args = args("recv", "--listen", lab::mh_addr(port));
+    if itcp {
+        recv_args.push("--itcp".into());
+    }
     let send_args = args("send", "--connect", lab::mh_addr(port));
     let recv = lab.spawn(Host::Mh, &ttcp, &strs(&recv_args))?;
     let start_ns = match r.cells.schedule(r.msrs) {
@@ -222,7 +254,10 @@ pub fn run(r: &Run) -> io::Result<Outcome> {
     let (_, sout, _) = lab.wait(send, Duration::from_secs(10))?;
     let status = lab.emu(json!({"op": "status"}))?;
     let counters = lab.counters()?["links"].clone();
-    let registrations = agent.registrations();
+    let registrations = agent
+        .as_ref()
+        .map(MobileIp::registrations)
+        .unwrap_or_default();
     drop(agent);
     let recv: RecvReport = serde_json::from_str(rout.trim()).map_err(|e| {
         io::Error::other(format!(

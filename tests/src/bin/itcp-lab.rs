@@ -28,6 +28,10 @@ usage:
       Regular TCP (plain routers + Mobile-IP-like rerouting) in the paper's four
       cell configurations. Defaults: 1 seed, both nets, 4 MB (LAN) / 2 MB (WAN)
       scaled by F=1, 16 KiB buffers, reno.
+  itcp-lab bench nomoves [--seeds N] [--nets lan,wan] [--scale F] [--wireless 'TOML']
+      The paper's no-moves column: regular TCP vs I-TCP (msrd on the MSRs) with the
+      paper's parameters. --wireless is appended to msrd's config, e.g.
+      '[wireless]\ncongestion_control = \"cubic\"'.
   itcp-lab up [--msrs N] [--seed S]
       Builds a lab (no emulated impairments) and keeps it until Ctrl-C.
   itcp-lab ctl --control SOCKET 'JSON'
@@ -41,6 +45,9 @@ fn main() -> ExitCode {
         Some("demo") => demo(&args[1..]),
         Some("bench") if args.get(1).map(String::as_str) == Some("baseline") => {
             bench_baseline(&args[2..])
+        }
+        Some("bench") if args.get(1).map(String::as_str) == Some("nomoves") => {
+            bench_nomoves(&args[2..])
         }
         Some("up") => up(&args[1..]),
         Some("ctl") => ctl(&args[1..]),
@@ -218,6 +225,104 @@ fn bench_baseline(args: &[String]) -> Result<(), String> {
     if let Some(path) = json_out {
         std::fs::write(&path, serde_json::to_vec_pretty(&all).unwrap())
             .map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn parse_nets(v: &str) -> Result<Vec<Net>, String> {
+    v.split(',')
+        .map(|n| match n {
+            "lan" => Ok(Net::lan()),
+            "wan" => Ok(Net::wan()),
+            _ => Err(format!("--nets: unknown network {n:?} (lan, wan)")),
+        })
+        .collect()
+}
+
+fn bench_nomoves(args: &[String]) -> Result<(), String> {
+    let mut seeds = 1u64;
+    let mut nets = vec![Net::lan(), Net::wan()];
+    let mut scale = 1.0f64;
+    let mut wireless = String::new();
+    for (f, v) in flags(args, &["--seeds", "--nets", "--scale", "--wireless"])? {
+        match f.as_str() {
+            "--seeds" => seeds = num(&f, &v)?,
+            "--scale" => scale = num(&f, &v)?,
+            "--nets" => nets = parse_nets(&v)?,
+            _ => wireless = v,
+        }
+    }
+    if seeds == 0 || scale.is_nan() || scale <= 0.0 {
+        return Err("--seeds and --scale must be positive".into());
+    }
+    let modes = [
+        Mode::RegularTcp(MobileIpOpts::default()),
+        Mode::Itcp {
+            msrd_extra: wireless.clone(),
+        },
+    ];
+    println!("No moves, goodput at the MH in KB/s: median [min–max] of {seeds} seed(s); 16 KiB buffers, reno at the FH");
+    if !wireless.is_empty() {
+        println!("msrd extra config: {}", wireless.replace('\n', "; "));
+    }
+    println!("\n| network | regular TCP | I-TCP | I-TCP / regular | paper regular | paper I-TCP | paper ratio |");
+    println!("|---|---|---|---|---|---|---|");
+    for net in &nets {
+        let mb = if net.name == "LAN" { 4.0 } else { 2.0 };
+        let bytes = (mb * 1_048_576.0 * scale) as u64;
+        let mut res: Vec<Vec<f64>> = vec![Vec::new(), Vec::new()];
+        for seed in 1..=seeds {
+            for (i, mode) in modes.iter().enumerate() {
+                let o = scenario::run(&Run {
+                    net: net.clone(),
+                    cells: Cells::NoMoves,
+                    mode: mode.clone(),
+                    traffic: Traffic {
+                        bytes,
+                        buf: Some(16 * 1024),
+                        cc: Some("reno".into()),
+                    },
+                    seed,
+                    msrs: 2,
+                    timeout: Duration::from_secs(1800),
+                })
+                .map_err(|e| e.to_string())?;
+                eprintln!(
+                    "{} {:<12} seed {seed}: {:7.2} KB/s  {}",
+                    net.name,
+                    mode.label(),
+                    o.kbytes_per_s(),
+                    if o.recv.ok { "intact" } else { "FAILED" }
+                );
+                if !o.recv.ok {
+                    return Err(format!(
+                        "{} {} seed {seed}: {}",
+                        net.name,
+                        mode.label(),
+                        o.recv.error.unwrap_or_default()
+                    ));
+                }
+                res[i].push(o.kbytes_per_s());
+            }
+        }
+        let cell = |v: &[f64]| {
+            let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            format!("{:.2} [{lo:.2}–{hi:.2}]", report::median(v))
+        };
+        let (pr, pi) = if net.name == "LAN" {
+            (report::PAPER_REGULAR.lan[0], report::PAPER_ITCP.lan[0])
+        } else {
+            (report::PAPER_REGULAR.wan[0], report::PAPER_ITCP.wan[0])
+        };
+        println!(
+            "| {} | {} | {} | {:.2} | {pr:.2} | {pi:.2} | {:.2} |",
+            net.name,
+            cell(&res[0]),
+            cell(&res[1]),
+            report::median(&res[1]) / report::median(&res[0]),
+            pi / pr
+        );
     }
     Ok(())
 }
