@@ -213,16 +213,30 @@ pub fn abort_on_close(fd: RawFd) {
     let _ = setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, &l, "SO_LINGER");
 }
 
-/// Raises the open-file limit to its hard maximum: every relayed connection holds two
-/// sockets and, while data flows, two pipes (four fds).
+/// Raises the open-file limit as far as allowed: every relayed connection holds two
+/// sockets and, while data flows, two pipes (six fds). Root may lift the hard limit up
+/// to `fs.nr_open`; others get their hard limit.
 pub fn raise_nofile_limit() -> u64 {
+    let nr_open: u64 = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
     let mut r = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
-    // SAFETY: r is a valid out-pointer; setrlimit reads it.
+    // SAFETY: r is a valid in/out pointer for getrlimit/setrlimit.
     unsafe {
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+        if nr_open > r.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: nr_open,
+                rlim_max: nr_open,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                return nr_open;
+            }
+        }
         r.rlim_cur = r.rlim_max;
         libc::setrlimit(libc::RLIMIT_NOFILE, &r);
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);

@@ -89,6 +89,9 @@ pub struct LabConfig {
     pub cell_up: LinkParams,
     /// Cells the MH is in at start; the MH's routes point at the first.
     pub initial_cells: Vec<usize>,
+    /// Plain veth pairs instead of emulated links (FH–GW and MSR1–MH; needs one MSR):
+    /// for relay benchmarks at full kernel speed. Such a lab has no emulator.
+    pub veth: bool,
 }
 
 impl Default for LabConfig {
@@ -101,6 +104,7 @@ impl Default for LabConfig {
             cell_down: LinkParams::default(),
             cell_up: LinkParams::default(),
             initial_cells: vec![1],
+            veth: false,
         }
     }
 }
@@ -321,6 +325,12 @@ fn sysctl(ns: &str, settings: &[(&str, &str)]) -> io::Result<()> {
 impl Lab {
     /// Builds the lab. Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN for namespaces).
     pub fn new(config: LabConfig) -> io::Result<Lab> {
+        if config.veth && config.msrs != 1 {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "a veth lab has exactly one MSR (a veth pair is point to point)",
+            ));
+        }
         if config.msrs == 0 || config.msrs > 200 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -412,7 +422,23 @@ impl Lab {
                 ),
             )?;
         }
-        self.start_airlink()?;
+        if self.config.veth {
+            run_ip(
+                None,
+                &format!(
+                    "link add wan0 netns {fh} address 02:00:00:00:f0:01 type veth peer name wan0 netns {gw} address 02:00:00:00:f0:02\n\
+                     link add cell0 netns {msr} address {cm} type veth peer name air0 netns {mh} address {mm}\n",
+                    fh = self.ns(Host::Fh),
+                    gw = self.ns(Host::Gw),
+                    msr = self.ns(Host::Msr(1)),
+                    mh = self.ns(Host::Mh),
+                    cm = addr::msr_cell_mac(1),
+                    mm = addr::MH_MAC,
+                ),
+            )?;
+        } else {
+            self.start_airlink()?;
+        }
         // Addresses on the emulated ports, routes, forwarding.
         run_ip(
             Some(&self.ns(Host::Fh)),
@@ -528,6 +554,9 @@ impl Lab {
 
     /// Sends one request to the emulator and returns its reply (errors as Err).
     pub fn emu(&self, req: Value) -> io::Result<Value> {
+        if self.config.veth {
+            return Err(io::Error::new(io::ErrorKind::Unsupported, "this lab has veth links and no emulator"));
+        }
         let mut s = UnixStream::connect(&self.control)?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
         let mut line = serde_json::to_vec(&req).unwrap();
@@ -562,6 +591,11 @@ impl Lab {
             .chain(self.children.iter())
             .map(Child::id)
             .collect()
+    }
+
+    /// Pid of a spawned process (by index).
+    pub fn pid(&self, idx: usize) -> u32 {
+        self.children[idx].id()
     }
 
     /// Path of the emulator's control socket, for tools outside this process.

@@ -12,6 +12,7 @@
 //! * [`scenario`] runs a transfer on a lab under a handoff schedule; [`baseline`] is the
 //!   regular-TCP (Mobile-IP-like rerouting) mode.
 pub mod baseline;
+pub mod bench;
 pub mod emu;
 pub mod lab;
 pub mod report;

@@ -198,6 +198,7 @@ pub fn run(r: &Run) -> io::Result<Outcome> {
         cell_down: r.net.cell.clone(),
         cell_up: r.net.cell.clone(),
         initial_cells: vec![1],
+        veth: false,
     })?;
     let mut agent = None;
     let mut itcp = false;

@@ -208,3 +208,28 @@ pub fn pid_alive(pid: i32) -> bool {
     let r = unsafe { libc::kill(pid, 0) };
     r == 0 || io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
+
+/// Lifts the open-file limit to `fs.nr_open` (root) or the hard limit: benchmarks hold
+/// tens of thousands of sockets.
+pub fn raise_nofile_limit() {
+    let nr_open: libc::rlim_t = std::fs::read_to_string("/proc/sys/fs/nr_open")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0);
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: r is a valid in/out pointer.
+    unsafe {
+        libc::getrlimit(libc::RLIMIT_NOFILE, &mut r);
+        let want = libc::rlimit {
+            rlim_cur: nr_open.max(r.rlim_max),
+            rlim_max: nr_open.max(r.rlim_max),
+        };
+        if libc::setrlimit(libc::RLIMIT_NOFILE, &want) != 0 {
+            r.rlim_cur = r.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &r);
+        }
+    }
+}

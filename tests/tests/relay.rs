@@ -492,3 +492,24 @@ fn example_configs_pass_check_config_and_broken_ones_name_the_key() {
     }
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The benchmark commands must keep working; their figures are not judged here.
+#[test]
+fn bench_commands_run_smoke() {
+    let out = Command::new(bin_path("itcp-lab"))
+        .args(["bench", "conns", "--count", "200", "--bytes", "4096"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("200/200 connections established, 200 intact"), "{text}");
+    let out = Command::new(bin_path("itcp-lab"))
+        .args(["bench", "relay", "--seconds", "1", "--rounds", "1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for peer in ["direct", "msrd", "HAProxy", "socat"] {
+        assert!(text.contains(peer), "{text}");
+    }
+}

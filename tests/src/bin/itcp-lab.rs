@@ -32,6 +32,13 @@ usage:
       The paper's no-moves column: regular TCP vs I-TCP (msrd on the MSRs) with the
       paper's parameters. --wireless is appended to msrd's config, e.g.
       '[wireless]\ncongestion_control = \"cubic\"'.
+  itcp-lab bench relay [--seconds S] [--rounds N] [--json FILE]
+      Relay engine on an un-emulated veth path FH → MSR → MH: msrd vs HAProxy with
+      splice vs socat vs direct kernel forwarding (iperf3 bulk, ttcp rr latency).
+  itcp-lab bench conns [--count N] [--bytes B]
+      N concurrent I-TCP connections (default 10000) through msrd, all held open,
+      then B bytes (default 16384) echoed and verified on each; msrd's RSS and
+      connection setup rate.
   itcp-lab up [--msrs N] [--seed S]
       Builds a lab (no emulated impairments) and keeps it until Ctrl-C.
   itcp-lab ctl --control SOCKET 'JSON'
@@ -46,6 +53,8 @@ fn main() -> ExitCode {
         Some("bench") if args.get(1).map(String::as_str) == Some("baseline") => {
             bench_baseline(&args[2..])
         }
+        Some("bench") if args.get(1).map(String::as_str) == Some("relay") => bench_relay(&args[2..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("conns") => bench_conns(&args[2..]),
         Some("bench") if args.get(1).map(String::as_str) == Some("nomoves") => {
             bench_nomoves(&args[2..])
         }
@@ -225,6 +234,53 @@ fn bench_baseline(args: &[String]) -> Result<(), String> {
     if let Some(path) = json_out {
         std::fs::write(&path, serde_json::to_vec_pretty(&all).unwrap())
             .map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn bench_relay(args: &[String]) -> Result<(), String> {
+    let (mut seconds, mut rounds, mut json_out) = (5u64, 3usize, None);
+    for (f, v) in flags(args, &["--seconds", "--rounds", "--json"])? {
+        match f.as_str() {
+            "--seconds" => seconds = num(&f, &v)?,
+            "--rounds" => rounds = num(&f, &v)?,
+            _ => json_out = Some(v),
+        }
+    }
+    if seconds == 0 || rounds == 0 {
+        return Err("--seconds and --rounds must be positive".into());
+    }
+    let b = itcp_testbed::bench::relay(seconds, rounds, |l| eprintln!("{l}")).map_err(|e| e.to_string())?;
+    println!("{}", b.render());
+    if let Some(path) = json_out {
+        std::fs::write(&path, serde_json::to_vec_pretty(&b).unwrap()).map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn bench_conns(args: &[String]) -> Result<(), String> {
+    let (mut count, mut bytes) = (10_000usize, 16_384usize);
+    for (f, v) in flags(args, &["--count", "--bytes"])? {
+        match f.as_str() {
+            "--count" => count = num(&f, &v)?,
+            _ => bytes = num(&f, &v)?,
+        }
+    }
+    let b = itcp_testbed::bench::conns(count, bytes, |l| eprintln!("{l}")).map_err(|e| e.to_string())?;
+    println!("{}", serde_json::to_string_pretty(&b).unwrap());
+    println!(
+        "{}/{} connections established, {} intact; setup {:.0} conn/s; msrd RSS {} KiB idle, {} KiB with {} open ({:.1} MiB)",
+        b.established,
+        b.count,
+        b.intact,
+        b.setup_per_s,
+        b.msrd_rss_kib_idle,
+        b.msrd_rss_kib_peak,
+        b.sessions_at_peak,
+        b.msrd_rss_kib_peak as f64 / 1024.0
+    );
+    if b.intact != b.count {
+        return Err(format!("{} of {} connections did not complete intact", b.count - b.intact, b.count));
     }
     Ok(())
 }

@@ -1,0 +1,383 @@
+//! Relay benchmarks on an un-emulated veth path FH → GW → MSR1 → MH: msrd against
+//! HAProxy (splice), socat and direct kernel forwarding, measured in the same run and
+//! reported as medians and ratios (the machine is shared and noisy).
+//!
+//! Every peer terminates TCP on MSR1 except "direct", where MSR1 only forwards. msrd
+//! runs in transparent mode for the benchmark ports, so unmodified iperf3 and ttcp
+//! clients go through its relay engine.
+
+use std::io;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::lab::{bin_path, Host, Lab, LabConfig};
+use crate::report::median;
+use crate::ttcp::RrReport;
+
+/// A way from the MH to the FH's services.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Peer {
+    Direct,
+    Msrd,
+    Haproxy,
+    Socat,
+}
+
+impl Peer {
+    pub const ALL: [Peer; 4] = [Peer::Direct, Peer::Msrd, Peer::Haproxy, Peer::Socat];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Peer::Direct => "direct (kernel forwarding)",
+            Peer::Msrd => "msrd",
+            Peer::Haproxy => "HAProxy (splice)",
+            Peer::Socat => "socat",
+        }
+    }
+
+    /// (host, port) the MH connects to for the FH's iperf3 (5201) or echo (7) service.
+    fn target(self, service: u16) -> (&'static str, u16) {
+        match (self, service) {
+            // Different FH ports: msrd intercepts 5201 and 7.
+            (Peer::Direct, 5201) => ("10.0.0.1", 5202),
+            (Peer::Direct, _) => ("10.0.0.1", 8),
+            (Peer::Msrd, s) => ("10.0.0.1", s),
+            (Peer::Haproxy, s) => ("10.2.0.1", 10000 + s),
+            (Peer::Socat, s) => ("10.2.0.1", 20000 + s),
+        }
+    }
+}
+
+/// Results of `bench relay`.
+#[derive(Debug, Serialize)]
+pub struct RelayBench {
+    pub seconds: u64,
+    pub rounds: usize,
+    /// Gbit/s per peer per round, FH → MH.
+    pub gbps: Vec<(Peer, Vec<f64>)>,
+    /// Request/response round trips per peer: (p50 µs, p99 µs) medians over rounds.
+    pub rr: Vec<(Peer, Vec<(f64, f64)>)>,
+}
+
+const HAPROXY_CFG: &str = "\
+global
+    maxconn 20000
+defaults
+    mode tcp
+    timeout connect 5s
+    timeout client 60s
+    timeout server 60s
+    option splice-request
+    option splice-response
+listen iperf
+    bind 10.2.0.1:15201
+    server fh 10.0.0.1:5201
+listen echo
+    bind 10.2.0.1:10007
+    server fh 10.0.0.1:7
+";
+
+fn need(prog: &str) -> io::Result<()> {
+    let ok = std::process::Command::new("sh")
+        .args(["-c", &format!("command -v {prog}")])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if ok {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("{prog} is not installed (scripts/setup.sh installs it)"),
+        ))
+    }
+}
+
+/// Builds the veth lab with every peer running.
+fn setup() -> io::Result<Lab> {
+    for p in ["iperf3", "haproxy", "socat"] {
+        need(p)?;
+    }
+    let mut lab = Lab::new(LabConfig {
+        msrs: 1,
+        veth: true,
+        ..LabConfig::default()
+    })?;
+    let cfg = lab.msrd_config(1, "[transparent]\nenabled = true\nports = [5201, 7]\n")
+        .replace("log_level = \"debug\"", "log_level = \"warn\"");
+    lab.start_msrd(1, &cfg)?;
+    let hcfg = lab.dir.join("haproxy.cfg");
+    std::fs::write(&hcfg, HAPROXY_CFG)?;
+    lab.spawn_logged(Host::Msr(1), "haproxy", &["-db", "-f", hcfg.to_str().unwrap()], "haproxy.log")?;
+    for (port, to) in [(25201, 5201), (20007, 7)] {
+        lab.spawn_logged(
+            Host::Msr(1),
+            "socat",
+            &[
+                &format!("TCP-LISTEN:{port},bind=10.2.0.1,fork,reuseaddr"),
+                &format!("TCP:10.0.0.1:{to}"),
+            ],
+            &format!("socat{port}.log"),
+        )?;
+    }
+    for port in ["5201", "5202"] {
+        lab.spawn_logged(Host::Fh, "iperf3", &["-s", "-B", "10.0.0.1", "-p", port], &format!("iperf3-{port}.log"))?;
+    }
+    let ttcp = bin_path("ttcp");
+    for port in ["7", "8"] {
+        lab.spawn_logged(Host::Fh, &ttcp, &["echo", "--listen", &format!("10.0.0.1:{port}")], &format!("echo{port}.log"))?;
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    Ok(lab)
+}
+
+/// One iperf3 download (FH → MH) through `peer`, in Gbit/s.
+fn iperf(lab: &mut Lab, peer: Peer, seconds: u64) -> io::Result<f64> {
+    let (host, port) = peer.target(5201);
+    let idx = lab.spawn(
+        Host::Mh,
+        "iperf3",
+        &["-c", host, "-p", &port.to_string(), "-t", &seconds.to_string(), "-R", "-J"],
+    )?;
+    let (ok, out, err) = lab.wait(idx, Duration::from_secs(seconds + 30))?;
+    let v: Value = serde_json::from_str(&out)
+        .map_err(|e| io::Error::other(format!("iperf3 via {}: {e}: {err}", peer.name())))?;
+    if !ok || v.get("error").is_some() {
+        return Err(io::Error::other(format!("iperf3 via {} failed: {}", peer.name(), v["error"])));
+    }
+    Ok(v["end"]["sum_received"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9)
+}
+
+/// Small-message round trips through `peer`: (p50, p99) in µs.
+fn rr(lab: &mut Lab, peer: Peer, count: u64) -> io::Result<(f64, f64)> {
+    let (host, port) = peer.target(7);
+    let idx = lab.spawn(
+        Host::Mh,
+        bin_path("ttcp"),
+        &["rr", "--connect", &format!("{host}:{port}"), "--count", &count.to_string(), "--size", "64"],
+    )?;
+    let (ok, out, err) = lab.wait(idx, Duration::from_secs(60))?;
+    let r: RrReport = serde_json::from_str(out.trim())
+        .map_err(|e| io::Error::other(format!("ttcp rr via {}: {e}: {err}", peer.name())))?;
+    if !ok || !r.ok {
+        return Err(io::Error::other(format!("ttcp rr via {}: {:?}", peer.name(), r.error)));
+    }
+    Ok((r.p50_us, r.p99_us))
+}
+
+/// Runs the relay benchmark: `rounds` rounds, each measuring every peer once (in a
+/// rotated order, so no peer always runs first or last).
+pub fn relay(seconds: u64, rounds: usize, progress: impl Fn(&str)) -> io::Result<RelayBench> {
+    let mut lab = setup()?;
+    let mut gbps: Vec<(Peer, Vec<f64>)> = Peer::ALL.iter().map(|&p| (p, Vec::new())).collect();
+    let mut lat: Vec<(Peer, Vec<(f64, f64)>)> = Peer::ALL.iter().map(|&p| (p, Vec::new())).collect();
+    for round in 0..rounds {
+        for i in 0..Peer::ALL.len() {
+            let k = (i + round) % Peer::ALL.len();
+            let peer = Peer::ALL[k];
+            let g = iperf(&mut lab, peer, seconds)?;
+            progress(&format!("round {} {:<28} {g:6.2} Gbit/s", round + 1, peer.name()));
+            gbps[k].1.push(g);
+            let l = rr(&mut lab, peer, 2000)?;
+            progress(&format!("round {} {:<28} rr p50 {:.1} µs p99 {:.1} µs", round + 1, peer.name(), l.0, l.1));
+            lat[k].1.push(l);
+        }
+    }
+    Ok(RelayBench {
+        seconds,
+        rounds,
+        gbps,
+        rr: lat,
+    })
+}
+
+impl RelayBench {
+    /// Markdown table with medians and ratios.
+    pub fn render(&self) -> String {
+        let med = |p: Peer| median(&self.gbps.iter().find(|g| g.0 == p).unwrap().1);
+        let (hap, direct) = (med(Peer::Haproxy), med(Peer::Direct));
+        let mut s = format!(
+            "Bulk FH → MH (iperf3 -R, {} s), median of {} round(s); latency: 64-byte request/response, 2000 per round\n\n\
+             | peer | Gbit/s median [min–max] | vs HAProxy-splice | vs direct | rr p50 µs | rr p99 µs |\n|---|---|---|---|---|---|\n",
+            self.seconds, self.rounds
+        );
+        for (p, v) in &self.gbps {
+            let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
+            let hi = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let l = &self.rr.iter().find(|r| r.0 == *p).unwrap().1;
+            let p50 = median(&l.iter().map(|x| x.0).collect::<Vec<_>>());
+            let p99 = median(&l.iter().map(|x| x.1).collect::<Vec<_>>());
+            s += &format!(
+                "| {} | {:.2} [{lo:.2}–{hi:.2}] | {:.2}× | {:.2}× | {p50:.1} | {p99:.1} |\n",
+                p.name(),
+                median(v),
+                median(v) / hap,
+                median(v) / direct
+            );
+        }
+        s
+    }
+}
+
+/// Results of `bench conns`.
+#[derive(Debug, Serialize)]
+pub struct ConnsBench {
+    pub count: usize,
+    pub bytes_per_conn: usize,
+    pub established: usize,
+    pub intact: usize,
+    /// Seconds to open all connections (at most 256 handshakes in flight).
+    pub setup_s: f64,
+    pub setup_per_s: f64,
+    /// msrd sessions while all were open.
+    pub sessions_at_peak: u64,
+    pub msrd_rss_kib_idle: u64,
+    pub msrd_rss_kib_peak: u64,
+    pub msrd_rss_kib_after: u64,
+    pub msrd_fds_at_peak: usize,
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn fd_count(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+}
+
+/// Byte `i` of connection `c`'s payload: distinct per connection, so crossed streams
+/// would be caught.
+fn payload(c: usize, len: usize) -> Vec<u8> {
+    (0..len).map(|i| (c.wrapping_mul(31) ^ i.wrapping_mul(7)) as u8).collect()
+}
+
+/// Opens `count` I-TCP connections from the MH through msrd to an echo server on the
+/// FH, holds them all open, then has each send `bytes` and verify the echo.
+pub fn conns(count: usize, bytes: usize, progress: impl Fn(&str)) -> io::Result<ConnsBench> {
+    use std::sync::mpsc;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    crate::sys::raise_nofile_limit();
+    let mut lab = Lab::new(LabConfig {
+        msrs: 1,
+        veth: true,
+        ..LabConfig::default()
+    })?;
+    let cfg = lab
+        .msrd_config(1, "")
+        .replace("log_level = \"debug\"", "log_level = \"warn\"");
+    let idx = lab.start_msrd(1, &cfg)?;
+    let pid = lab.pid(idx);
+    let rss_idle = rss_kib(pid);
+
+    // FH: an echo server for any number of connections.
+    let fh_ns = lab.ns(Host::Fh);
+    let listener = crate::sys::in_netns(&fh_ns, || std::net::TcpListener::bind("10.0.0.1:9000"))?;
+    listener.set_nonblocking(true)?;
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async move {
+            let l = tokio::net::TcpListener::from_std(listener).unwrap();
+            while let Ok((mut s, _)) = l.accept().await {
+                tokio::spawn(async move {
+                    let (mut r, mut w) = s.split();
+                    let _ = tokio::io::copy(&mut r, &mut w).await;
+                    let _ = w.shutdown().await;
+                });
+            }
+        });
+    });
+
+    // MH: a client thread in the MH's namespace (sockets it makes stay there).
+    let (to_main, from_mh) = mpsc::channel::<(usize, f64)>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let mh_ns = lab.ns(Host::Mh);
+    let client = std::thread::spawn(move || -> io::Result<usize> {
+        crate::sys::in_netns(&mh_ns, || {
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            rt.block_on(async move {
+                let opts = itcp_mh::MhOptions::new()
+                    .gateway(std::net::SocketAddr::from(([10, 2, 0, 1], 1080)))
+                    .token(itcp_mh::Token([9; 16]));
+                let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(256));
+                let t0 = std::time::Instant::now();
+                let mut tasks = Vec::with_capacity(count);
+                for _ in 0..count {
+                    let (opts, sem) = (opts.clone(), sem.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let _p = sem.acquire().await.unwrap();
+                        itcp_mh::nonblocking::ItcpStream::connect_with(&opts, std::net::SocketAddr::from(([10, 0, 0, 1], 9000))).await
+                    }));
+                }
+                let mut streams = Vec::with_capacity(count);
+                for t in tasks {
+                    if let Ok(Ok(s)) = t.await {
+                        streams.push(s);
+                    }
+                }
+                let _ = to_main.send((streams.len(), t0.elapsed().as_secs_f64()));
+                let _ = go_rx.recv();
+                let mut tasks = Vec::with_capacity(streams.len());
+                for (c, s) in streams.into_iter().enumerate() {
+                    tasks.push(tokio::spawn(async move {
+                        let mut s = s.into_inner();
+                        let data = payload(c, bytes);
+                        let (mut r, mut w) = s.split();
+                        let send = async {
+                            w.write_all(&data).await?;
+                            w.shutdown().await
+                        };
+                        let mut back = Vec::with_capacity(bytes);
+                        let recv = r.read_to_end(&mut back);
+                        let (a, b) = tokio::join!(send, recv);
+                        Ok::<bool, io::Error>(a.is_ok() && b.is_ok() && back == data)
+                    }));
+                }
+                let mut intact = 0;
+                for t in tasks {
+                    if let Ok(Ok(true)) = t.await {
+                        intact += 1;
+                    }
+                }
+                Ok(intact)
+            })
+        })
+    });
+    let (established, setup_s) = from_mh
+        .recv_timeout(Duration::from_secs(600))
+        .map_err(|_| io::Error::other("the MH never finished opening connections"))?;
+    progress(&format!("{established}/{count} connections open in {setup_s:.2} s"));
+    std::thread::sleep(Duration::from_millis(500));
+    let rss_peak = rss_kib(pid);
+    let fds = fd_count(pid);
+    let stats = lab.msrd(1, serde_json::json!({"op": "stats"}))?;
+    let sessions = stats["active"].as_u64().unwrap_or(0);
+    progress(&format!("msrd: {sessions} sessions, RSS {rss_peak} KiB, {fds} fds"));
+    let _ = go_tx.send(());
+    let intact = client
+        .join()
+        .map_err(|_| io::Error::other("client thread panicked"))??;
+    std::thread::sleep(Duration::from_millis(500));
+    Ok(ConnsBench {
+        count,
+        bytes_per_conn: bytes,
+        established,
+        intact,
+        setup_s,
+        setup_per_s: established as f64 / setup_s,
+        sessions_at_peak: sessions,
+        msrd_rss_kib_idle: rss_idle,
+        msrd_rss_kib_peak: rss_peak,
+        msrd_rss_kib_after: rss_kib(pid),
+        msrd_fds_at_peak: fds,
+    })
+}
