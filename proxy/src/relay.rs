@@ -58,34 +58,37 @@ async fn pump(
     opts: &RelayOpts,
     count: &AtomicU64,
 ) -> Result<(), Failure> {
-    if opts.splice {
-        pump_splice(src, dst, opts, count).await?;
-    } else {
+    if !opts.splice || !pump_splice(src, dst, opts, count).await? {
         pump_copy(src, dst, opts, count).await?;
     }
     sockopt::shutdown_write(dst.as_raw_fd()).map_err(Failure::Dst)
 }
 
+/// Splices src → pipe → dst. Returns Ok(false) if no pipe could be had (fd limit):
+/// the caller then copies through user space instead.
 async fn pump_splice(
     src: &TcpStream,
     dst: &TcpStream,
     opts: &RelayOpts,
     count: &AtomicU64,
-) -> Result<(), Failure> {
-    // The pipe is made on first data, so idle connections hold no pipe.
+) -> Result<bool, Failure> {
+    // A pipe is held only while bytes are in flight through it: idle connections hold
+    // none (two fds per connection instead of six), busy ones reuse pooled pipes.
     let mut pipe: Option<Pipe> = None;
     let mut in_pipe = 0usize;
     let mut eof = false;
     let (sfd, dfd) = (src.as_raw_fd(), dst.as_raw_fd());
-    loop {
+    let result = loop {
         if eof && in_pipe == 0 {
-            return Ok(());
+            break Ok(true);
         }
         let mut read_blocked = eof;
         if !eof {
             if pipe.is_none() {
-                src.readable().await.map_err(Failure::Src)?;
-                pipe = Some(Pipe::new(opts.pipe_size).map_err(Failure::Src)?);
+                match PIPES.take(opts.pipe_size) {
+                    Ok(p) => pipe = Some(p),
+                    Err(_) => break Ok(false),
+                }
             }
             let p = pipe.as_ref().unwrap();
             let w = p.write.as_raw_fd();
@@ -95,7 +98,7 @@ async fn pump_splice(
                 Ok(0) => eof = true,
                 Ok(n) => in_pipe += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => read_blocked = true,
-                Err(e) => return Err(Failure::Src(e)),
+                Err(e) => break Err(Failure::Src(e)),
             }
         }
         if in_pipe > 0 {
@@ -108,12 +111,56 @@ async fn pump_splice(
                 // Data is waiting for the destination: only its readiness matters (the
                 // source may stay "readable" forever once its FIN is in).
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    dst.writable().await.map_err(Failure::Dst)?
+                    if let Err(e) = dst.writable().await {
+                        break Err(Failure::Dst(e));
+                    }
                 }
-                Err(e) => return Err(Failure::Dst(e)),
+                Err(e) => break Err(Failure::Dst(e)),
             }
         } else if read_blocked {
-            src.readable().await.map_err(Failure::Src)?;
+            // Empty pipe, nothing to read: give the pipe back while idle.
+            if let Some(p) = pipe.take() {
+                PIPES.give(p);
+            }
+            if let Err(e) = src.readable().await {
+                break Err(Failure::Src(e));
+            }
+        }
+    };
+    // A pipe with bytes left in it (an aborted relay) is not reusable.
+    if let Some(p) = pipe {
+        if in_pipe == 0 {
+            PIPES.give(p);
+        }
+    }
+    result
+}
+
+/// Empty pipes kept for reuse, so busy connections do not create and destroy pipes
+/// for every burst.
+struct PipePool {
+    pipes: std::sync::Mutex<Vec<Pipe>>,
+}
+
+/// Pipes kept at most (each an fd pair; their buffers are freed when empty).
+const POOLED_PIPES: usize = 256;
+
+static PIPES: PipePool = PipePool {
+    pipes: std::sync::Mutex::new(Vec::new()),
+};
+
+impl PipePool {
+    fn take(&self, size: usize) -> io::Result<Pipe> {
+        if let Some(p) = self.pipes.lock().unwrap().pop() {
+            return Ok(p);
+        }
+        Pipe::new(size)
+    }
+
+    fn give(&self, p: Pipe) {
+        let mut v = self.pipes.lock().unwrap();
+        if v.len() < POOLED_PIPES {
+            v.push(p);
         }
     }
 }

@@ -63,7 +63,7 @@ pub struct RelayBench {
 
 const HAPROXY_CFG: &str = "\
 global
-    maxconn 20000
+    maxconn 4000
 defaults
     mode tcp
     timeout connect 5s
@@ -100,17 +100,24 @@ fn setup() -> io::Result<Lab> {
     for p in ["iperf3", "haproxy", "socat"] {
         need(p)?;
     }
+    crate::sys::raise_nofile_limit();
     let mut lab = Lab::new(LabConfig {
         msrs: 1,
         veth: true,
         ..LabConfig::default()
     })?;
-    let cfg = lab.msrd_config(1, "[transparent]\nenabled = true\nports = [5201, 7]\n")
+    let cfg = lab
+        .msrd_config(1, "[transparent]\nenabled = true\nports = [5201, 7]\n")
         .replace("log_level = \"debug\"", "log_level = \"warn\"");
     lab.start_msrd(1, &cfg)?;
     let hcfg = lab.dir.join("haproxy.cfg");
     std::fs::write(&hcfg, HAPROXY_CFG)?;
-    lab.spawn_logged(Host::Msr(1), "haproxy", &["-db", "-f", hcfg.to_str().unwrap()], "haproxy.log")?;
+    lab.spawn_logged(
+        Host::Msr(1),
+        "haproxy",
+        &["-db", "-f", hcfg.to_str().unwrap()],
+        "haproxy.log",
+    )?;
     for (port, to) in [(25201, 5201), (20007, 7)] {
         lab.spawn_logged(
             Host::Msr(1),
@@ -123,11 +130,21 @@ fn setup() -> io::Result<Lab> {
         )?;
     }
     for port in ["5201", "5202"] {
-        lab.spawn_logged(Host::Fh, "iperf3", &["-s", "-B", "10.0.0.1", "-p", port], &format!("iperf3-{port}.log"))?;
+        lab.spawn_logged(
+            Host::Fh,
+            "iperf3",
+            &["-s", "-B", "10.0.0.1", "-p", port],
+            &format!("iperf3-{port}.log"),
+        )?;
     }
     let ttcp = bin_path("ttcp");
     for port in ["7", "8"] {
-        lab.spawn_logged(Host::Fh, &ttcp, &["echo", "--listen", &format!("10.0.0.1:{port}")], &format!("echo{port}.log"))?;
+        lab.spawn_logged(
+            Host::Fh,
+            &ttcp,
+            &["echo", "--listen", &format!("10.0.0.1:{port}")],
+            &format!("echo{port}.log"),
+        )?;
     }
     std::thread::sleep(Duration::from_millis(500));
     Ok(lab)
@@ -139,15 +156,31 @@ fn iperf(lab: &mut Lab, peer: Peer, seconds: u64) -> io::Result<f64> {
     let idx = lab.spawn(
         Host::Mh,
         "iperf3",
-        &["-c", host, "-p", &port.to_string(), "-t", &seconds.to_string(), "-R", "-J"],
+        &[
+            "-c",
+            host,
+            "-p",
+            &port.to_string(),
+            "-t",
+            &seconds.to_string(),
+            "-R",
+            "-J",
+        ],
     )?;
     let (ok, out, err) = lab.wait(idx, Duration::from_secs(seconds + 30))?;
     let v: Value = serde_json::from_str(&out)
         .map_err(|e| io::Error::other(format!("iperf3 via {}: {e}: {err}", peer.name())))?;
     if !ok || v.get("error").is_some() {
-        return Err(io::Error::other(format!("iperf3 via {} failed: {}", peer.name(), v["error"])));
+        return Err(io::Error::other(format!(
+            "iperf3 via {} failed: {}",
+            peer.name(),
+            v["error"]
+        )));
     }
-    Ok(v["end"]["sum_received"]["bits_per_second"].as_f64().unwrap_or(0.0) / 1e9)
+    Ok(v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap_or(0.0)
+        / 1e9)
 }
 
 /// Small-message round trips through `peer`: (p50, p99) in µs.
@@ -156,13 +189,25 @@ fn rr(lab: &mut Lab, peer: Peer, count: u64) -> io::Result<(f64, f64)> {
     let idx = lab.spawn(
         Host::Mh,
         bin_path("ttcp"),
-        &["rr", "--connect", &format!("{host}:{port}"), "--count", &count.to_string(), "--size", "64"],
+        &[
+            "rr",
+            "--connect",
+            &format!("{host}:{port}"),
+            "--count",
+            &count.to_string(),
+            "--size",
+            "64",
+        ],
     )?;
     let (ok, out, err) = lab.wait(idx, Duration::from_secs(60))?;
     let r: RrReport = serde_json::from_str(out.trim())
         .map_err(|e| io::Error::other(format!("ttcp rr via {}: {e}: {err}", peer.name())))?;
     if !ok || !r.ok {
-        return Err(io::Error::other(format!("ttcp rr via {}: {:?}", peer.name(), r.error)));
+        return Err(io::Error::other(format!(
+            "ttcp rr via {}: {:?}",
+            peer.name(),
+            r.error
+        )));
     }
     Ok((r.p50_us, r.p99_us))
 }
@@ -172,16 +217,27 @@ fn rr(lab: &mut Lab, peer: Peer, count: u64) -> io::Result<(f64, f64)> {
 pub fn relay(seconds: u64, rounds: usize, progress: impl Fn(&str)) -> io::Result<RelayBench> {
     let mut lab = setup()?;
     let mut gbps: Vec<(Peer, Vec<f64>)> = Peer::ALL.iter().map(|&p| (p, Vec::new())).collect();
-    let mut lat: Vec<(Peer, Vec<(f64, f64)>)> = Peer::ALL.iter().map(|&p| (p, Vec::new())).collect();
+    let mut lat: Vec<(Peer, Vec<(f64, f64)>)> =
+        Peer::ALL.iter().map(|&p| (p, Vec::new())).collect();
     for round in 0..rounds {
         for i in 0..Peer::ALL.len() {
             let k = (i + round) % Peer::ALL.len();
             let peer = Peer::ALL[k];
             let g = iperf(&mut lab, peer, seconds)?;
-            progress(&format!("round {} {:<28} {g:6.2} Gbit/s", round + 1, peer.name()));
+            progress(&format!(
+                "round {} {:<28} {g:6.2} Gbit/s",
+                round + 1,
+                peer.name()
+            ));
             gbps[k].1.push(g);
             let l = rr(&mut lab, peer, 2000)?;
-            progress(&format!("round {} {:<28} rr p50 {:.1} µs p99 {:.1} µs", round + 1, peer.name(), l.0, l.1));
+            progress(&format!(
+                "round {} {:<28} rr p50 {:.1} µs p99 {:.1} µs",
+                round + 1,
+                peer.name(),
+                l.0,
+                l.1
+            ));
             lat[k].1.push(l);
         }
     }
@@ -251,13 +307,17 @@ fn rss_kib(pid: u32) -> u64 {
 }
 
 fn fd_count(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.count()).unwrap_or(0)
+    std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| d.count())
+        .unwrap_or(0)
 }
 
 /// Byte `i` of connection `c`'s payload: distinct per connection, so crossed streams
 /// would be caught.
 fn payload(c: usize, len: usize) -> Vec<u8> {
-    (0..len).map(|i| (c.wrapping_mul(31) ^ i.wrapping_mul(7)) as u8).collect()
+    (0..len)
+        .map(|i| (c.wrapping_mul(31) ^ i.wrapping_mul(7)) as u8)
+        .collect()
 }
 
 /// Opens `count` I-TCP connections from the MH through msrd to an echo server on the
@@ -272,38 +332,52 @@ pub fn conns(count: usize, bytes: usize, progress: impl Fn(&str)) -> io::Result<
         veth: true,
         ..LabConfig::default()
     })?;
+    // One MH opens them all: lift the per-MH limit (default 4096) above the count.
     let cfg = lab
         .msrd_config(1, "")
-        .replace("log_level = \"debug\"", "log_level = \"warn\"");
+        .replace("log_level = \"debug\"", "log_level = \"warn\"")
+        .replace(
+            "mh_prefixes = [\"10.2.0.0/24\"]",
+            &format!(
+                "mh_prefixes = [\"10.2.0.0/24\"]\nmax_connections_per_mh = {}",
+                count.max(1)
+            ),
+        );
     let idx = lab.start_msrd(1, &cfg)?;
     let pid = lab.pid(idx);
     let rss_idle = rss_kib(pid);
 
-    // FH: an echo server for any number of connections.
-    let fh_ns = lab.ns(Host::Fh);
-    let listener = crate::sys::in_netns(&fh_ns, || std::net::TcpListener::bind("10.0.0.1:9000"))?;
-    listener.set_nonblocking(true)?;
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        rt.block_on(async move {
-            let l = tokio::net::TcpListener::from_std(listener).unwrap();
-            while let Ok((mut s, _)) = l.accept().await {
-                tokio::spawn(async move {
-                    let (mut r, mut w) = s.split();
-                    let _ = tokio::io::copy(&mut r, &mut w).await;
-                    let _ = w.shutdown().await;
-                });
-            }
-        });
-    });
+    // FH: an echo server for any number of connections, in its own process (each
+    // process has its own fd limit, and this machine caps it).
+    lab.spawn_logged(
+        Host::Fh,
+        bin_path("itcp-lab"),
+        &["echo", "--listen", "10.0.0.1:9000"],
+        "echo.log",
+    )?;
+    let probe_ns = lab.ns(Host::Fh);
+    let mut up = false;
+    for _ in 0..100 {
+        if crate::sys::in_netns(&probe_ns, || std::net::TcpStream::connect("10.0.0.1:9000")).is_ok()
+        {
+            up = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if !up {
+        return Err(io::Error::other("the FH echo server did not come up"));
+    }
 
     // MH: a client thread in the MH's namespace (sockets it makes stay there).
-    let (to_main, from_mh) = mpsc::channel::<(usize, f64)>();
+    let (to_main, from_mh) = mpsc::channel::<(usize, f64, Option<String>)>();
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let mh_ns = lab.ns(Host::Mh);
     let client = std::thread::spawn(move || -> io::Result<usize> {
         crate::sys::in_netns(&mh_ns, || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
             rt.block_on(async move {
                 let opts = itcp_mh::MhOptions::new()
                     .gateway(std::net::SocketAddr::from(([10, 2, 0, 1], 1080)))
@@ -315,16 +389,23 @@ pub fn conns(count: usize, bytes: usize, progress: impl Fn(&str)) -> io::Result<
                     let (opts, sem) = (opts.clone(), sem.clone());
                     tasks.push(tokio::spawn(async move {
                         let _p = sem.acquire().await.unwrap();
-                        itcp_mh::nonblocking::ItcpStream::connect_with(&opts, std::net::SocketAddr::from(([10, 0, 0, 1], 9000))).await
+                        itcp_mh::nonblocking::ItcpStream::connect_with(
+                            &opts,
+                            std::net::SocketAddr::from(([10, 0, 0, 1], 9000)),
+                        )
+                        .await
                     }));
                 }
                 let mut streams = Vec::with_capacity(count);
+                let mut first_error = None;
                 for t in tasks {
-                    if let Ok(Ok(s)) = t.await {
-                        streams.push(s);
+                    match t.await {
+                        Ok(Ok(s)) => streams.push(s),
+                        Ok(Err(e)) => first_error = first_error.or(Some(e.to_string())),
+                        Err(e) => first_error = first_error.or(Some(e.to_string())),
                     }
                 }
-                let _ = to_main.send((streams.len(), t0.elapsed().as_secs_f64()));
+                let _ = to_main.send((streams.len(), t0.elapsed().as_secs_f64(), first_error));
                 let _ = go_rx.recv();
                 let mut tasks = Vec::with_capacity(streams.len());
                 for (c, s) in streams.into_iter().enumerate() {
@@ -339,29 +420,51 @@ pub fn conns(count: usize, bytes: usize, progress: impl Fn(&str)) -> io::Result<
                         let mut back = Vec::with_capacity(bytes);
                         let recv = r.read_to_end(&mut back);
                         let (a, b) = tokio::join!(send, recv);
-                        Ok::<bool, io::Error>(a.is_ok() && b.is_ok() && back == data)
+                        a?;
+                        b?;
+                        if back != data {
+                            return Err(io::Error::other(format!(
+                                "echo differs: {} of {} bytes back",
+                                back.len(),
+                                data.len()
+                            )));
+                        }
+                        Ok::<bool, io::Error>(true)
                     }));
                 }
                 let mut intact = 0;
+                let mut first_error = None;
                 for t in tasks {
-                    if let Ok(Ok(true)) = t.await {
-                        intact += 1;
+                    match t.await {
+                        Ok(Ok(true)) => intact += 1,
+                        Ok(Err(e)) => first_error = first_error.or(Some(e.to_string())),
+                        _ => {}
                     }
+                }
+                if let Some(e) = first_error {
+                    eprintln!("first transfer error: {e}");
                 }
                 Ok(intact)
             })
         })
     });
-    let (established, setup_s) = from_mh
+    let (established, setup_s, first_error) = from_mh
         .recv_timeout(Duration::from_secs(600))
         .map_err(|_| io::Error::other("the MH never finished opening connections"))?;
-    progress(&format!("{established}/{count} connections open in {setup_s:.2} s"));
+    progress(&format!(
+        "{established}/{count} connections open in {setup_s:.2} s"
+    ));
+    if let Some(e) = first_error {
+        progress(&format!("first connect error: {e}"));
+    }
     std::thread::sleep(Duration::from_millis(500));
     let rss_peak = rss_kib(pid);
     let fds = fd_count(pid);
     let stats = lab.msrd(1, serde_json::json!({"op": "stats"}))?;
     let sessions = stats["active"].as_u64().unwrap_or(0);
-    progress(&format!("msrd: {sessions} sessions, RSS {rss_peak} KiB, {fds} fds"));
+    progress(&format!(
+        "msrd: {sessions} sessions, RSS {rss_peak} KiB, {fds} fds"
+    ));
     let _ = go_tx.send(());
     let intact = client
         .join()
@@ -379,5 +482,148 @@ pub fn conns(count: usize, bytes: usize, progress: impl Fn(&str)) -> io::Result<
         msrd_rss_kib_peak: rss_peak,
         msrd_rss_kib_after: rss_kib(pid),
         msrd_fds_at_peak: fds,
+    })
+}
+
+/// A tokio echo server for load benchmarks (`itcp-lab echo`): echoes every connection
+/// until EOF, then closes it. Runs until killed.
+pub fn echo_server(listen: std::net::SocketAddr) -> io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    crate::sys::raise_nofile_limit();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        let std_l = std::net::TcpListener::bind(listen)?;
+        // std listens with a backlog of 128: far too short for thousands of connects.
+        // SAFETY: listen(2) again on a listening socket only changes its backlog.
+        unsafe { libc::listen(std::os::fd::AsRawFd::as_raw_fd(&std_l), 8192) };
+        std_l.set_nonblocking(true)?;
+        let l = tokio::net::TcpListener::from_std(std_l)?;
+        loop {
+            match l.accept().await {
+                Ok((mut s, _)) => {
+                    tokio::spawn(async move {
+                        let (mut r, mut w) = s.split();
+                        let _ = tokio::io::copy(&mut r, &mut w).await;
+                        let _ = w.shutdown().await;
+                    });
+                }
+                // Out of fds: wait for connections to finish rather than give up.
+                Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+            }
+        }
+    })
+}
+
+/// Results of `bench churn`.
+#[derive(Debug, Serialize)]
+pub struct ChurnBench {
+    pub total: usize,
+    pub concurrency: usize,
+    pub intact: usize,
+    pub seconds: f64,
+    pub per_s: f64,
+    pub msrd_fds_before: usize,
+    pub msrd_fds_after: usize,
+    pub msrd_rss_kib_before: u64,
+    pub msrd_rss_kib_after: u64,
+    pub sessions_after: u64,
+}
+
+/// `total` short I-TCP connections (each echoes 1 KiB and closes), `concurrency` at a
+/// time; afterwards msrd must hold as many fds as before and no session.
+pub fn churn(total: usize, concurrency: usize, progress: impl Fn(&str)) -> io::Result<ChurnBench> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    crate::sys::raise_nofile_limit();
+    let mut lab = Lab::new(LabConfig {
+        msrs: 1,
+        veth: true,
+        ..LabConfig::default()
+    })?;
+    let cfg = lab
+        .msrd_config(1, "")
+        .replace("log_level = \"debug\"", "log_level = \"warn\"")
+        .replace(
+            "mh_prefixes = [\"10.2.0.0/24\"]",
+            "mh_prefixes = [\"10.2.0.0/24\"]\naccept_rate = 1000000\naccept_burst = 1000000",
+        );
+    // The MH closes first, so its ports sit in TIME_WAIT for 60 s: without reuse and a
+    // wide port range, one client host runs out of ports at ~470 connections/s. msrd's
+    // fixed side reuses the MH's port towards the same FH, so it needs reuse too.
+    for h in [Host::Mh, Host::Msr(1)] {
+        lab.sysctl(
+            h,
+            &[
+                ("net.ipv4.tcp_tw_reuse", "1"),
+                ("net.ipv4.ip_local_port_range", "1024 65535"),
+            ],
+        )?;
+    }
+    let idx = lab.start_msrd(1, &cfg)?;
+    let pid = lab.pid(idx);
+    lab.spawn_logged(
+        Host::Fh,
+        bin_path("itcp-lab"),
+        &["echo", "--listen", "10.0.0.1:9000"],
+        "echo.log",
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let (fds_before, rss_before) = (fd_count(pid), rss_kib(pid));
+    let mh_ns = lab.ns(Host::Mh);
+    let t0 = std::time::Instant::now();
+    let intact = crate::sys::in_netns(&mh_ns, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        rt.block_on(async move {
+            let opts = itcp_mh::MhOptions::new()
+                .gateway(std::net::SocketAddr::from(([10, 2, 0, 1], 1080)))
+                .token(itcp_mh::Token([9; 16]));
+            let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(concurrency));
+            let mut tasks = Vec::with_capacity(total);
+            for c in 0..total {
+                let (opts, sem) = (opts.clone(), sem.clone());
+                tasks.push(tokio::spawn(async move {
+                    let _p = sem.acquire().await.unwrap();
+                    let s = itcp_mh::nonblocking::ItcpStream::connect_with(
+                        &opts,
+                        std::net::SocketAddr::from(([10, 0, 0, 1], 9000)),
+                    )
+                    .await?;
+                    let mut s = s.into_inner();
+                    let data = payload(c, 1024);
+                    s.write_all(&data).await?;
+                    s.shutdown().await?;
+                    let mut back = Vec::new();
+                    s.read_to_end(&mut back).await?;
+                    Ok::<bool, io::Error>(back == data)
+                }));
+            }
+            let mut ok = 0;
+            for t in tasks {
+                if let Ok(Ok(true)) = t.await {
+                    ok += 1;
+                }
+            }
+            Ok::<usize, io::Error>(ok)
+        })
+    })?;
+    let seconds = t0.elapsed().as_secs_f64();
+    progress(&format!("{intact}/{total} intact in {seconds:.1} s"));
+    // Let msrd finish closing the last ones.
+    std::thread::sleep(Duration::from_millis(500));
+    let stats = lab.msrd(1, serde_json::json!({"op": "stats"}))?;
+    Ok(ChurnBench {
+        total,
+        concurrency,
+        intact,
+        seconds,
+        per_s: total as f64 / seconds,
+        msrd_fds_before: fds_before,
+        msrd_fds_after: fd_count(pid),
+        msrd_rss_kib_before: rss_before,
+        msrd_rss_kib_after: rss_kib(pid),
+        sessions_after: stats["active"].as_u64().unwrap_or(u64::MAX),
     })
 }

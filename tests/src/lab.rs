@@ -555,7 +555,10 @@ impl Lab {
     /// Sends one request to the emulator and returns its reply (errors as Err).
     pub fn emu(&self, req: Value) -> io::Result<Value> {
         if self.config.veth {
-            return Err(io::Error::new(io::ErrorKind::Unsupported, "this lab has veth links and no emulator"));
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "this lab has veth links and no emulator",
+            ));
         }
         let mut s = UnixStream::connect(&self.control)?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
@@ -591,6 +594,11 @@ impl Lab {
             .chain(self.children.iter())
             .map(Child::id)
             .collect()
+    }
+
+    /// Sets sysctls (dotted names, e.g. `net.ipv4.tcp_tw_reuse`) in host `h`'s namespace.
+    pub fn sysctl(&self, h: Host, settings: &[(&str, &str)]) -> io::Result<()> {
+        sysctl(&self.ns(h), settings)
     }
 
     /// Pid of a spawned process (by index).

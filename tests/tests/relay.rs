@@ -501,14 +501,39 @@ fn bench_commands_run_smoke() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(text.contains("200/200 connections established, 200 intact"), "{text}");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("200/200 connections established, 200 intact"),
+        "{text}"
+    );
+    let out = Command::new(bin_path("itcp-lab"))
+        .args(["bench", "churn", "--total", "3000", "--concurrency", "200"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains("3000/3000 intact") && text.contains("0 sessions left"),
+        "{text}"
+    );
     let out = Command::new(bin_path("itcp-lab"))
         .args(["bench", "relay", "--seconds", "1", "--rounds", "1"])
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for peer in ["direct", "msrd", "HAProxy", "socat"] {
         assert!(text.contains(peer), "{text}");
     }

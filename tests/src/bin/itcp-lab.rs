@@ -39,8 +39,13 @@ usage:
       N concurrent I-TCP connections (default 10000) through msrd, all held open,
       then B bytes (default 16384) echoed and verified on each; msrd's RSS and
       connection setup rate.
+  itcp-lab bench churn [--total N] [--concurrency C]
+      N short I-TCP connections (default 100000), C at a time (default 500); msrd
+      must end with the fds and sessions it started with (no leaks).
   itcp-lab up [--msrs N] [--seed S]
       Builds a lab (no emulated impairments) and keeps it until Ctrl-C.
+  itcp-lab echo --listen ADDR:PORT
+      A tokio echo server for load benchmarks (used by bench conns).
   itcp-lab ctl --control SOCKET 'JSON'
       Sends one request to a running airlink and prints the reply.
   itcp-lab cleanup [--all]
@@ -53,12 +58,26 @@ fn main() -> ExitCode {
         Some("bench") if args.get(1).map(String::as_str) == Some("baseline") => {
             bench_baseline(&args[2..])
         }
-        Some("bench") if args.get(1).map(String::as_str) == Some("relay") => bench_relay(&args[2..]),
-        Some("bench") if args.get(1).map(String::as_str) == Some("conns") => bench_conns(&args[2..]),
+        Some("bench") if args.get(1).map(String::as_str) == Some("relay") => {
+            bench_relay(&args[2..])
+        }
+        Some("bench") if args.get(1).map(String::as_str) == Some("conns") => {
+            bench_conns(&args[2..])
+        }
+        Some("bench") if args.get(1).map(String::as_str) == Some("churn") => {
+            bench_churn(&args[2..])
+        }
         Some("bench") if args.get(1).map(String::as_str) == Some("nomoves") => {
             bench_nomoves(&args[2..])
         }
         Some("up") => up(&args[1..]),
+        Some("echo") => match args.get(1..3) {
+            Some([f, a]) if f == "--listen" => a
+                .parse()
+                .map_err(|_| format!("--listen: {a:?} is not ADDR:PORT"))
+                .and_then(|a| itcp_testbed::bench::echo_server(a).map_err(|e| e.to_string())),
+            _ => Err(format!("echo needs --listen ADDR:PORT\n{USAGE}")),
+        },
         Some("ctl") => ctl(&args[1..]),
         Some("cleanup") => {
             let all = args.iter().any(|a| a == "--all");
@@ -250,10 +269,12 @@ fn bench_relay(args: &[String]) -> Result<(), String> {
     if seconds == 0 || rounds == 0 {
         return Err("--seconds and --rounds must be positive".into());
     }
-    let b = itcp_testbed::bench::relay(seconds, rounds, |l| eprintln!("{l}")).map_err(|e| e.to_string())?;
+    let b = itcp_testbed::bench::relay(seconds, rounds, |l| eprintln!("{l}"))
+        .map_err(|e| e.to_string())?;
     println!("{}", b.render());
     if let Some(path) = json_out {
-        std::fs::write(&path, serde_json::to_vec_pretty(&b).unwrap()).map_err(|e| format!("{path}: {e}"))?;
+        std::fs::write(&path, serde_json::to_vec_pretty(&b).unwrap())
+            .map_err(|e| format!("{path}: {e}"))?;
     }
     Ok(())
 }
@@ -266,7 +287,8 @@ fn bench_conns(args: &[String]) -> Result<(), String> {
             _ => bytes = num(&f, &v)?,
         }
     }
-    let b = itcp_testbed::bench::conns(count, bytes, |l| eprintln!("{l}")).map_err(|e| e.to_string())?;
+    let b = itcp_testbed::bench::conns(count, bytes, |l| eprintln!("{l}"))
+        .map_err(|e| e.to_string())?;
     println!("{}", serde_json::to_string_pretty(&b).unwrap());
     println!(
         "{}/{} connections established, {} intact; setup {:.0} conn/s; msrd RSS {} KiB idle, {} KiB with {} open ({:.1} MiB)",
@@ -280,7 +302,33 @@ fn bench_conns(args: &[String]) -> Result<(), String> {
         b.msrd_rss_kib_peak as f64 / 1024.0
     );
     if b.intact != b.count {
-        return Err(format!("{} of {} connections did not complete intact", b.count - b.intact, b.count));
+        return Err(format!(
+            "{} of {} connections did not complete intact",
+            b.count - b.intact,
+            b.count
+        ));
+    }
+    Ok(())
+}
+
+fn bench_churn(args: &[String]) -> Result<(), String> {
+    let (mut total, mut conc) = (100_000usize, 500usize);
+    for (f, v) in flags(args, &["--total", "--concurrency"])? {
+        match f.as_str() {
+            "--total" => total = num(&f, &v)?,
+            _ => conc = num(&f, &v)?,
+        }
+    }
+    let b = itcp_testbed::bench::churn(total, conc.max(1), |l| eprintln!("{l}"))
+        .map_err(|e| e.to_string())?;
+    println!("{}", serde_json::to_string_pretty(&b).unwrap());
+    println!(
+        "{}/{} intact, {:.0} conn/s; msrd fds {} before, {} after; RSS {} KiB before, {} KiB after; {} sessions left",
+        b.intact, b.total, b.per_s, b.msrd_fds_before, b.msrd_fds_after, b.msrd_rss_kib_before, b.msrd_rss_kib_after, b.sessions_after
+    );
+    // msrd keeps up to 256 empty pipes pooled for reuse (512 fds); more would be a leak.
+    if b.intact != b.total || b.msrd_fds_after > b.msrd_fds_before + 512 || b.sessions_after != 0 {
+        return Err("connections failed or msrd leaked fds/sessions".into());
     }
     Ok(())
 }
