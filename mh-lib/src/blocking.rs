@@ -26,7 +26,8 @@ pub struct ItcpStream {
 
 impl ItcpStream {
     /// Opens an I-TCP connection to `addr` through the gateway found by
-    /// `MhOptions::default()` (`ITCP_GATEWAY` or the default route).
+    /// `MhOptions::from_env()` (the file named by `ITCP_MH_CONFIG`, else `ITCP_GATEWAY`
+    /// or the default route).
     ///
     /// Like [`TcpStream::connect`], `addr` is resolved here (`"host:port"`,
     /// `("host", port)`, a `SocketAddr`, …) and each resulting address is tried in
@@ -38,7 +39,7 @@ impl ItcpStream {
     /// timed out → `TimedOut`, …, see `docs/protocol.md`) and a message naming the
     /// gateway and the target.
     pub fn connect<A: ToSocketAddrs>(addr: A) -> io::Result<ItcpStream> {
-        Self::connect_with(&MhOptions::default(), addr)
+        Self::connect_with(&MhOptions::from_env()?, addr)
     }
 
     /// [`connect`](Self::connect) with explicit options.
@@ -241,7 +242,7 @@ pub struct ItcpListener {
 }
 
 impl ItcpListener {
-    /// Asks the MSR (gateway from `MhOptions::default()`) to listen on this MH's
+    /// Asks the MSR (gateway from `MhOptions::from_env()`) to listen on this MH's
     /// address, port `port` (0: the MSR picks one; see
     /// [`local_addr`](Self::local_addr)).
     ///
@@ -249,7 +250,7 @@ impl ItcpListener {
     /// serve this MH or the listener belongs to someone else, gateway errors as for
     /// [`ItcpStream::connect`].
     pub fn bind(port: u16) -> io::Result<ItcpListener> {
-        Self::bind_with(&MhOptions::default(), port)
+        Self::bind_with(&MhOptions::from_env()?, port)
     }
 
     /// [`bind`](Self::bind) with explicit options.

@@ -34,10 +34,10 @@ pub struct ItcpStream {
 
 impl ItcpStream {
     /// Opens an I-TCP connection to `addr` through the gateway found by
-    /// `MhOptions::default()`. `addr` is resolved here and each address tried in turn,
+    /// `MhOptions::from_env()`. `addr` is resolved here and each address tried in turn,
     /// as in [`crate::ItcpStream::connect`].
     pub async fn connect<A: ToSocketAddrs>(addr: A) -> io::Result<ItcpStream> {
-        Self::connect_with(&MhOptions::default(), addr).await
+        Self::connect_with(&MhOptions::from_env()?, addr).await
     }
 
     /// [`connect`](Self::connect) with explicit options.
@@ -205,7 +205,7 @@ pub struct ItcpListener {
 impl ItcpListener {
     /// Asks the MSR to listen on this MH's address, port `port` (0: the MSR picks).
     pub async fn bind(port: u16) -> io::Result<ItcpListener> {
-        Self::bind_with(&MhOptions::default(), port).await
+        Self::bind_with(&MhOptions::from_env()?, port).await
     }
 
     /// [`bind`](Self::bind) with explicit options.

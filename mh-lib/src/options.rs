@@ -106,6 +106,34 @@ impl MhOptions {
         self
     }
 
+    /// Options from an MH config file (`[mh]` section; see `config/examples/mh.toml`):
+    /// its gateway (if set), token file and connect timeout.
+    pub fn from_config(cfg: &itcp_config::MhConfig) -> Self {
+        let mut o = MhOptions::new()
+            .token_file(cfg.mh.token_file.clone())
+            .connect_timeout(cfg.mh.connect_timeout());
+        if let Some(gw) = cfg.mh.gateway {
+            o = o.gateway(gw);
+        }
+        o
+    }
+
+    /// Loads an MH config file; errors name the file and the key.
+    pub fn load(path: impl AsRef<std::path::Path>) -> io::Result<Self> {
+        itcp_config::MhConfig::load(path)
+            .map(|c| MhOptions::from_config(&c))
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))
+    }
+
+    /// `ITCP_MH_CONFIG` names a config file: options from it; otherwise the defaults
+    /// (environment and default route), as [`MhOptions::new`].
+    pub fn from_env() -> io::Result<Self> {
+        match std::env::var_os("ITCP_MH_CONFIG") {
+            Some(p) if !p.is_empty() => MhOptions::load(p),
+            _ => Ok(MhOptions::new()),
+        }
+    }
+
     /// The configured gateway connect timeout.
     pub fn get_connect_timeout(&self) -> Duration {
         self.connect_timeout

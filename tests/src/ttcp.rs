@@ -596,7 +596,7 @@ fn establish_itcp(
     so: &SockOpts,
     on_listening: impl FnOnce(SocketAddr),
 ) -> io::Result<TcpStream> {
-    let mh = itcp_mh::MhOptions::new();
+    let mh = itcp_mh::MhOptions::from_env()?;
     let s = match opts.endpoint {
         Endpoint::Connect(a) => {
             // The FH may not listen yet: retry refusals as a plain connect does.

@@ -33,6 +33,11 @@ fn fh(port: u16) -> SocketAddr {
     SocketAddr::from((addr::FH, port))
 }
 
+/// A listener on the FH, bound before anyone connects (no start-up race).
+fn fh_listen(lab: &Lab, port: u16) -> TcpListener {
+    in_netns(&lab.ns(Host::Fh), || TcpListener::bind(fh(port))).unwrap()
+}
+
 /// Runs `f` on a thread inside host `h`'s namespace.
 fn on<T: Send + 'static>(
     lab: &Lab,
@@ -175,8 +180,8 @@ fn passive_open_accepts_several_connections_on_one_listen() {
 #[test]
 fn curl_socks5_fetches_from_the_fh() {
     let lab = lab_with_msrd("");
-    let server = on(&lab, Host::Fh, || {
-        let l = TcpListener::bind("10.0.0.1:8080").unwrap();
+    let l = fh_listen(&lab, 8080);
+    let server = on(&lab, Host::Fh, move || {
         let (mut s, peer) = l.accept().unwrap();
         let mut req = [0u8; 1024];
         let _ = s.read(&mut req).unwrap();
@@ -210,8 +215,8 @@ fn curl_socks5_fetches_from_the_fh() {
 #[test]
 fn half_close_keeps_the_other_direction_flowing() {
     let lab = lab_with_msrd("");
-    let server = on(&lab, Host::Fh, || {
-        let l = TcpListener::bind("10.0.0.1:7001").unwrap();
+    let l = fh_listen(&lab, 7001);
+    let server = on(&lab, Host::Fh, move || {
         let (mut s, _) = l.accept().unwrap();
         let mut got = Vec::new();
         s.read_to_end(&mut got).unwrap(); // ends with the MH's FIN
@@ -258,8 +263,8 @@ fn abort(s: &TcpStream) {
 fn a_reset_on_one_side_becomes_a_reset_on_the_other() {
     let lab = lab_with_msrd("");
     // FH aborts → the MH sees a reset.
-    let server = on(&lab, Host::Fh, || {
-        let l = TcpListener::bind("10.0.0.1:7002").unwrap();
+    let l = fh_listen(&lab, 7002);
+    let server = on(&lab, Host::Fh, move || {
         let (s, _) = l.accept().unwrap();
         std::thread::sleep(Duration::from_millis(200));
         abort(&s);
@@ -335,8 +340,8 @@ fn an_mh_outside_the_prefixes_is_refused() {
 #[test]
 fn malformed_requests_get_an_error_reply_and_others_are_still_served() {
     let lab = lab_with_msrd("");
-    let server = on(&lab, Host::Fh, || {
-        let l = TcpListener::bind("10.0.0.1:7003").unwrap();
+    let l = fh_listen(&lab, 7003);
+    let server = on(&lab, Host::Fh, move || {
         let (mut s, _) = l.accept().unwrap();
         s.write_all(b"still here").unwrap();
     });
@@ -386,8 +391,8 @@ fn itcpctl_shows_live_sessions_and_sigterm_drains() {
     let cfg = lab.msrd_config(1, "");
     let msrd = lab.start_msrd(1, &cfg).unwrap();
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let l = fh_listen(&lab, 7004);
     let server = on(&lab, Host::Fh, move || {
-        let l = TcpListener::bind("10.0.0.1:7004").unwrap();
         let (mut s, peer) = l.accept().unwrap();
         go_rx.recv().unwrap();
         s.write_all(b"after SIGTERM").unwrap();
@@ -537,4 +542,48 @@ fn bench_commands_run_smoke() {
     for peer in ["direct", "msrd", "HAProxy", "socat"] {
         assert!(text.contains(peer), "{text}");
     }
+}
+
+#[test]
+fn socks_bind_gets_one_connection_with_two_replies() {
+    let lab = lab_with_msrd("");
+    let (tx, rx) = std::sync::mpsc::channel::<u16>();
+    let mh = on(&lab, Host::Mh, move || {
+        let mut s = TcpStream::connect(SocketAddr::from((addr::CELL_GW, 1080))).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s.write_all(&[5, 1, 0]).unwrap();
+        let mut choice = [0u8; 2];
+        s.read_exact(&mut choice).unwrap();
+        assert_eq!(choice, [5, 0]);
+        // BIND, any expected peer, any port.
+        s.write_all(&[5, 2, 0, 1, 0, 0, 0, 0, 0, 0]).unwrap();
+        let mut first = [0u8; 10];
+        s.read_exact(&mut first).unwrap();
+        assert_eq!(&first[..2], &[5, 0]);
+        assert_eq!(
+            &first[4..8],
+            &addr::MH.octets(),
+            "listening on the MH's own address"
+        );
+        tx.send(u16::from_be_bytes([first[8], first[9]])).unwrap();
+        let mut second = [0u8; 10];
+        s.read_exact(&mut second).unwrap();
+        assert_eq!(&second[..2], &[5, 0]);
+        assert_eq!(
+            &second[4..8],
+            &addr::FH.octets(),
+            "the second reply names the peer"
+        );
+        let mut data = String::new();
+        s.read_to_string(&mut data).unwrap();
+        data
+    });
+    let port = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    on(&lab, Host::Fh, move || {
+        let mut s = TcpStream::connect(SocketAddr::from((addr::MH, port))).unwrap();
+        s.write_all(b"bound and delivered").unwrap();
+    })
+    .join()
+    .unwrap();
+    assert_eq!(mh.join().unwrap(), "bound and delivered");
 }
