@@ -75,6 +75,7 @@
 
 mod blocking;
 mod handshake;
+pub mod mobility;
 #[cfg(feature = "tokio")]
 pub mod nonblocking;
 pub mod options;

@@ -3,13 +3,13 @@
 //!
 //! Each MSR broadcasts an agent advertisement (beacon) into its cell every
 //! `beacon_interval`; the emulator delivers it only while the MH is in that cell. An
-//! agent listening in the MH's namespace detects movement (eager: the first beacon of an
-//! MSR it had not been hearing) and, after `registration_delay` (the registration round
+//! agent listening in the MH's namespace detects movement with mh-lib's detector (eager:
+//! the first beacon of an MSR it had not been hearing) and, after `registration_delay`
+//! (the registration round
 //! trip to a home agent), moves the GW's host route for the MH and the MH's default
 //! gateway entry to the new MSR. Those two route changes stand in for the Mobile-IP
 //! tunnel; the links, losses and timing are the very ones I-TCP is measured on.
 
-use std::collections::HashMap;
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,6 +22,7 @@ use serde::{Deserialize, Serialize};
 use crate::lab::{addr, reroute, Host, Lab};
 use crate::rng::derive_seed;
 use crate::sys;
+use itcp_mh::mobility::{Beacon, Decision, Detector, Policy};
 
 /// UDP port of the baseline's agent advertisements.
 pub const BEACON_PORT: u16 = 4344;
@@ -48,54 +49,6 @@ pub struct Registration {
     pub msr: usize,
     pub heard_ns: u64,
     pub routed_ns: u64,
-}
-
-/// Movement detection, sans-IO. Eager: switch on the first beacon of an MSR that was
-/// not being heard (a fresh arrival); an MSR heard continuously (the one being left,
-/// during an overlap) does not pull the MH back. If the current MSR's advertisements
-/// expire (`lifetime`), any MSR still heard is taken.
-#[derive(Debug, Clone)]
-pub struct Detector {
-    interval_ns: u64,
-    lifetime_ns: u64,
-    current: usize,
-    last_heard: HashMap<usize, u64>,
-}
-
-impl Detector {
-    pub fn new(current: usize, interval: Duration) -> Self {
-        let interval_ns = interval.as_nanos() as u64;
-        Self {
-            interval_ns,
-            lifetime_ns: 3 * interval_ns,
-            current,
-            last_heard: HashMap::new(),
-        }
-    }
-
-    pub fn current(&self) -> usize {
-        self.current
-    }
-
-    /// A beacon of `msr` arrived at `now`; returns the MSR to move to, if any.
-    pub fn on_beacon(&mut self, now: u64, msr: usize) -> Option<usize> {
-        let prev = self.last_heard.insert(msr, now);
-        if msr == self.current {
-            return None;
-        }
-        // Beacons come every interval; missing 1.5 of them means the MSR was out of
-        // reach, so hearing it now is an arrival.
-        let fresh = prev.is_none_or(|t| now.saturating_sub(t) > self.interval_ns * 3 / 2);
-        let current_expired = self
-            .last_heard
-            .get(&self.current)
-            .is_none_or(|&t| now.saturating_sub(t) > self.lifetime_ns);
-        if fresh || current_expired {
-            self.current = msr;
-            return Some(msr);
-        }
-        None
-    }
 }
 
 /// The running baseline agents. Dropping it stops them.
@@ -146,7 +99,10 @@ impl MobileIp {
         let regs = registrations.clone();
         let stop2 = stop.clone();
         threads.push(std::thread::spawn(move || {
-            let mut det = Detector::new(first, opts.beacon_interval);
+            // The same movement detection as the I-TCP agent (mh-lib), eager, with no
+            // hysteresis: a Mobile-IP MH registers as soon as it hears a new agent.
+            let mut det = Detector::new(Policy::Eager, opts.beacon_interval, Duration::ZERO);
+            let lifetime_ms = 3 * opts.beacon_interval.as_millis() as u64;
             let mut buf = [0u8; 256];
             while !stop2.load(Ordering::Relaxed) {
                 let Ok(n) = listen.recv(&mut buf) else {
@@ -160,7 +116,18 @@ impl MobileIp {
                 else {
                     continue;
                 };
-                if let Some(to) = det.on_beacon(heard, msr) {
+                let beacon = Beacon {
+                    msr: msr.to_string(),
+                    mac: addr::msr_cell_mac(msr),
+                    lifetime_ms,
+                    seq: 0,
+                };
+                if let Some(Decision::Move { from, to }) = det.on_beacon(heard, &beacon) {
+                    let to: usize = to.parse().expect("MSR numbers");
+                    // The first beacon only attaches to the MSR the routes already use.
+                    if from.is_none() && to == first {
+                        continue;
+                    }
                     std::thread::sleep(opts.registration_delay);
                     if reroute(&gw, &mh, to).is_ok() {
                         regs.lock().unwrap().push(Registration {
@@ -190,41 +157,5 @@ impl Drop for MobileIp {
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const S: u64 = 1_000_000_000;
-
-    #[test]
-    fn eager_switch_without_ping_pong() {
-        let mut d = Detector::new(1, Duration::from_secs(1));
-        assert_eq!(d.on_beacon(0, 1), None);
-        assert_eq!(d.on_beacon(S, 1), None);
-        // Overlap: MSR2 appears, the MH moves at once.
-        assert_eq!(d.on_beacon(S + S / 3, 2), Some(2));
-        // MSR1 is still heard during the overlap: no move back.
-        assert_eq!(d.on_beacon(2 * S, 1), None);
-        assert_eq!(d.on_beacon(2 * S + S / 3, 2), None);
-        // Later MSR1 reappears after a long silence: a real move.
-        assert_eq!(d.on_beacon(9 * S, 1), Some(1));
-        assert_eq!(d.current(), 1);
-    }
-
-    #[test]
-    fn expiry_of_current_allows_any_heard_msr() {
-        let mut d = Detector::new(1, Duration::from_secs(1));
-        d.on_beacon(0, 1);
-        d.on_beacon(S / 2, 2); // fresh arrival → move to 2
-        assert_eq!(d.current(), 2);
-        d.on_beacon(S, 1); // 1 heard continuously since 0? gap 1 s ≤ 1.5 s: no move
-        assert_eq!(d.current(), 2);
-        // MSR2 goes silent; after its lifetime, MSR1's continuous beacons win.
-        assert_eq!(d.on_beacon(2 * S, 1), None);
-        assert_eq!(d.on_beacon(3 * S, 1), None);
-        assert_eq!(d.on_beacon(4 * S, 1), Some(1));
     }
 }
