@@ -48,8 +48,8 @@ mod prefix;
 pub use error::{ConfigError, ConfigErrorKind};
 pub use mh::{parse_gateway, MhConfig, MhSection, MobilityPolicy, MobilitySection};
 pub use msrd::{
-    AccessSection, CellSection, InterceptionSection, LogFormat, LogLevel, MsrSection, MsrdConfig,
-    RelaySection, TcpTuning, TransparentSection, DEFAULT_SOCKS_PORT,
+    AccessSection, BeaconSection, CellSection, InterceptionSection, LogFormat, LogLevel,
+    MsrSection, MsrdConfig, RelaySection, TcpTuning, TransparentSection, DEFAULT_SOCKS_PORT,
 };
 pub use prefix::{IpPrefix, ParsePrefixError};
 

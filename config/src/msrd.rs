@@ -46,6 +46,53 @@ pub struct MsrdConfig {
     /// `[interception]`: msrd's nftables table, fwmark and routing table.
     #[serde(default)]
     pub interception: InterceptionSection,
+    /// `[beacon]`: the MSR's advertisements on its cells.
+    #[serde(default)]
+    pub beacon: BeaconSection,
+}
+
+/// `[beacon]`: advertisements every MSR broadcasts on its cells, from which MHs learn
+/// which MSR serves them (and move when they hear a new one).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BeaconSection {
+    /// Send beacons (true).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Interval between beacons in ms (1000, as in the paper).
+    #[serde(default = "default_beacon_interval")]
+    pub interval_ms: u64,
+    /// How long one beacon stays valid at the MH, in ms (3000); ≥ interval_ms.
+    #[serde(default = "default_beacon_lifetime")]
+    pub lifetime_ms: u64,
+    /// UDP port beacons are broadcast to (4345).
+    #[serde(default = "default_beacon_port", deserialize_with = "de_helpers::port")]
+    pub port: u16,
+    /// Cell interfaces to advertise on (default: every `[[cell]]` interface).
+    #[serde(default)]
+    pub interfaces: Vec<String>,
+}
+
+impl Default for BeaconSection {
+    fn default() -> Self {
+        BeaconSection {
+            enabled: true,
+            interval_ms: default_beacon_interval(),
+            lifetime_ms: default_beacon_lifetime(),
+            port: default_beacon_port(),
+            interfaces: Vec::new(),
+        }
+    }
+}
+
+fn default_beacon_interval() -> u64 {
+    1000
+}
+fn default_beacon_lifetime() -> u64 {
+    3000
+}
+fn default_beacon_port() -> u16 {
+    4345
 }
 
 /// `[msr]`: who this MSR is and where it listens.
@@ -514,7 +561,35 @@ impl MsrdConfig {
             validate_tuning(src, &path, &cell.tuning, idle)?;
         }
         self.validate_transparent(src)?;
-        self.validate_interception(src)
+        self.validate_interception(src)?;
+        self.validate_beacon(src)
+    }
+
+    fn validate_beacon(&self, src: &Source<'_>) -> Result<(), ConfigError> {
+        let b = &self.beacon;
+        in_range(src, "beacon.interval_ms", b.interval_ms, 10, 600_000)?;
+        if b.lifetime_ms < b.interval_ms {
+            return Err(src.invalid(
+                "beacon.lifetime_ms",
+                format!(
+                    "{} is shorter than beacon.interval_ms ({}): advertisements would expire between beacons",
+                    b.lifetime_ms, b.interval_ms
+                ),
+            ));
+        }
+        for (i, ifname) in b.interfaces.iter().enumerate() {
+            check_ifname(src, &format!("beacon.interfaces[{i}]"), ifname)?;
+        }
+        Ok(())
+    }
+
+    /// The interfaces beacons go out on: `[beacon] interfaces`, else every `[[cell]]`.
+    pub fn beacon_interfaces(&self) -> Vec<String> {
+        if self.beacon.interfaces.is_empty() {
+            self.cells.iter().map(|c| c.interface.clone()).collect()
+        } else {
+            self.beacon.interfaces.clone()
+        }
     }
 
     fn validate_msr(&self, src: &Source<'_>) -> Result<(), ConfigError> {

@@ -516,3 +516,36 @@ fn every_example_loads() {
     }
     assert!(loaded >= 3, "only {loaded} examples in {}", dir.display());
 }
+
+#[test]
+fn beacon_section_defaults_and_errors() {
+    let base = "[msr]\ngateway = [\"10.2.0.1\"]\n[access]\nmh_prefixes = [\"10.2.0.0/24\"]\n";
+    let c = MsrdConfig::from_str(
+        &format!("{base}[[cell]]\ninterface = \"cell0\"\n"),
+        "msrd.toml",
+    )
+    .unwrap();
+    assert!(c.beacon.enabled);
+    assert_eq!(
+        (c.beacon.interval_ms, c.beacon.lifetime_ms, c.beacon.port),
+        (1000, 3000, 4345)
+    );
+    assert_eq!(c.beacon_interfaces(), vec!["cell0".to_string()]);
+    let e = MsrdConfig::from_str(
+        &format!("{base}[beacon]\ninterval_ms = 2000\nlifetime_ms = 1000\n"),
+        "msrd.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("msrd.toml") && e.contains("beacon.lifetime_ms"),
+        "{e}"
+    );
+    let e = MsrdConfig::from_str(
+        &format!("{base}[beacon]\nintervall_ms = 2000\n"),
+        "msrd.toml",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("intervall_ms"), "{e}");
+}

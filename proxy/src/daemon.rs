@@ -615,6 +615,14 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
             }
         }
     });
+    let beacons = cfg.beacon.enabled.then(|| {
+        tokio::spawn(crate::beacon::run(
+            cfg.beacon.clone(),
+            cfg.msr.id.clone(),
+            cfg.beacon_interfaces(),
+            d.draining.subscribe(),
+        ))
+    });
     info!(id = %cfg.msr.id, nofile, "msrd ready");
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
@@ -638,6 +646,9 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
         info!("drained");
     }
     control.abort();
+    if let Some(b) = beacons {
+        b.abort();
+    }
     let _ = std::fs::remove_file(&cfg.msr.control_socket);
     Ok(())
 }

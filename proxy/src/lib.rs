@@ -11,10 +11,12 @@
 //! * [`intercept`] — msrd's nftables table and policy route;
 //! * [`admission`] — MH prefixes, connection limits, accept rate;
 //! * [`sessions`] / [`control`] — the session table, statistics and the operator socket;
+//! * [`beacon`] — advertisements on the cells;
 //! * [`sockopt`], [`cells`], [`logging`] — socket options, per-cell tuning, logs.
 //!
 //! Handoff between MSRs is not built yet (issue 4).
 pub mod admission;
+pub mod beacon;
 pub mod cells;
 pub mod control;
 pub mod daemon;

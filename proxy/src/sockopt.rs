@@ -243,3 +243,56 @@ pub fn raise_nofile_limit() -> u64 {
     }
     r.rlim_cur
 }
+
+/// The MAC address of an interface, asked of the kernel through a socket (so it is the
+/// interface of the caller's network namespace, whatever /sys shows).
+pub fn interface_mac(ifname: &str) -> io::Result<String> {
+    #[repr(C)]
+    struct IfReq {
+        name: [libc::c_char; libc::IFNAMSIZ],
+        addr: libc::sockaddr,
+        _pad: [u8; 8],
+    }
+    if ifname.is_empty() || ifname.len() >= libc::IFNAMSIZ {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("bad interface name {ifname:?}"),
+        ));
+    }
+    // SAFETY: all-zero is a valid ifreq.
+    let mut req: IfReq = unsafe { std::mem::zeroed() };
+    for (d, b) in req.name.iter_mut().zip(ifname.bytes()) {
+        *d = b as libc::c_char;
+    }
+    // SAFETY: a plain datagram socket, closed below.
+    let s = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if s < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: SIOCGIFHWADDR fills an ifreq, which IfReq lays out.
+    let r = unsafe { libc::ioctl(s, libc::SIOCGIFHWADDR, &mut req) };
+    let err = io::Error::last_os_error();
+    // SAFETY: s is ours.
+    unsafe { libc::close(s) };
+    if r != 0 {
+        return Err(io::Error::new(
+            err.kind(),
+            format!("interface {ifname}: {err}"),
+        ));
+    }
+    let m: Vec<String> = req.addr.sa_data[..6]
+        .iter()
+        .map(|b| format!("{:02x}", *b as u8))
+        .collect();
+    Ok(m.join(":"))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn loopback_mac_and_unknown_interface() {
+        assert_eq!(super::interface_mac("lo").unwrap(), "00:00:00:00:00:00");
+        let e = super::interface_mac("nosuchif0").unwrap_err();
+        assert!(e.to_string().contains("nosuchif0"), "{e}");
+    }
+}

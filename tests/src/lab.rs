@@ -714,7 +714,7 @@ impl Lab {
     /// (more sections, e.g. `[wireless]`).
     pub fn msrd_config(&self, k: usize, extra: &str) -> String {
         format!(
-            "[msr]\nid = \"msr{k}\"\ngateway = [\"{}\"]\ncontrol_socket = \"{}\"\nlog_level = \"debug\"\n\n[access]\nmh_prefixes = [\"10.2.0.0/24\"]\n\n{extra}",
+            "[msr]\nid = \"msr{k}\"\ngateway = [\"{}\"]\ncontrol_socket = \"{}\"\nlog_level = \"debug\"\n\n[access]\nmh_prefixes = [\"10.2.0.0/24\"]\n\n[[cell]]\ninterface = \"cell0\"\n\n{extra}",
             addr::CELL_GW,
             self.msrd_control(k).display()
         )
