@@ -1,4 +1,28 @@
-//! `itcp-handoff`: socket images (TCP_REPAIR capture/restore), the MSR⇄MSR handoff
-//! protocol, flow holds and handoff log records.
+//! `itcp-handoff`: moving live TCP connections between MSRs.
 //!
-//! Not built yet: issue 4 fills this crate. It deliberately exports nothing until then.
+//! Built so far: **socket images** ([`image`]) — capture a connected TCP socket's
+//! complete state with TCP_REPAIR, carry it as a versioned, serde-serializable image
+//! (or a compact binary encoding), restore it on another host without the peer's
+//! cooperation, restart it, and delete the original without FIN or RST. See
+//! DESIGN.md §4 and the [`image`] module documentation for the restore order and the
+//! sequence-number rules.
+//!
+//! The rest of issue 4 (the MSR⇄MSR handoff protocol, flow holds, handoff log records)
+//! builds on these images.
+//!
+//! Raw syscalls live in [`repair`] (safe wrappers with `// SAFETY:` notes) and the one
+//! forged packet (the peer's FIN, replayed to a restored half-closed socket) in
+//! [`packet`]; everything else is safe code.
+
+pub mod image;
+pub mod log;
+pub mod machine;
+pub mod packet;
+pub mod repair;
+pub mod wire;
+
+pub use image::{
+    capture, delete, restart, restore, unfreeze, DeleteError, ImageError, Keepalive, RecvImage,
+    RestoreOptions, SendFin, SendImage, SockOpts, SocketImage, TcpOptionsImage, TcpState,
+    UnackedRestore, WindowImage, WindowScale,
+};

@@ -1,0 +1,267 @@
+//! The handoff log: one JSON line per handoff, successful or not, written by each MSR
+//! involved, and read back by `itcpctl handoffs` for an operator.
+
+use std::fmt::Write as _;
+use std::fs::OpenOptions;
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+/// Which side of the handoff wrote the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// The MSR the MH left.
+    Old,
+    /// The MSR the MH moved to.
+    New,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// Every connection moved.
+    Moved,
+    /// The handoff failed before the old MSR let go: it keeps serving.
+    RolledBack,
+    /// Some connections could not be moved (see `failed`).
+    Partial,
+    /// Refused: bad proof, unknown peer, forged or replayed message.
+    Rejected,
+}
+
+/// One connection in a handoff.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConnEntry {
+    pub id: u64,
+    pub kind: String,
+    pub mh: SocketAddr,
+    pub fh: SocketAddr,
+    /// Bytes queued at freeze time (both sockets, both directions).
+    pub queued_bytes: u64,
+}
+
+/// Milliseconds since the UNIX epoch of each phase this MSR saw (paper §5.4).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Phases {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub greeting: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mh_in: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub freeze: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub images_sent: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restored: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acknowledged: Option<u64>,
+}
+
+impl Phases {
+    fn first_last(&self) -> Option<(u64, u64)> {
+        let all = [
+            self.greeting,
+            self.mh_in,
+            self.freeze,
+            self.images_sent,
+            self.restored,
+            self.resumed,
+            self.acknowledged,
+        ];
+        let v: Vec<u64> = all.into_iter().flatten().collect();
+        Some((*v.iter().min()?, *v.iter().max()?))
+    }
+}
+
+/// One handoff as one MSR saw it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Record {
+    pub handoff_id: u64,
+    /// Who wrote this record.
+    pub msr: String,
+    pub role: Role,
+    pub mh: IpAddr,
+    pub old_msr: String,
+    pub new_msr: String,
+    pub outcome: Outcome,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    pub connections: Vec<ConnEntry>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failed: Vec<(u64, String)>,
+    pub phases: Phases,
+}
+
+impl Record {
+    /// From the first to the last phase seen, in ms.
+    pub fn duration_ms(&self) -> Option<u64> {
+        self.phases.first_last().map(|(a, b)| b - a)
+    }
+
+    pub fn ok(&self) -> bool {
+        self.outcome == Outcome::Moved
+    }
+}
+
+/// Appends one record as a JSON line (the file is created if needed).
+pub fn append(path: &Path, r: &Record) -> io::Result<()> {
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    let mut line = serde_json::to_vec(r).map_err(io::Error::other)?;
+    line.push(b'\n');
+    // One write per record: concurrent appenders never interleave within a line.
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)?
+        .write_all(&line)
+}
+
+/// What `itcpctl handoffs` shows.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    pub mh: Option<IpAddr>,
+    pub failed_only: bool,
+}
+
+impl Filter {
+    pub fn matches(&self, r: &Record) -> bool {
+        self.mh.is_none_or(|m| m == r.mh) && (!self.failed_only || !r.ok())
+    }
+}
+
+/// Reads the log; lines that are not records are reported with their line number
+/// instead of aborting the whole read.
+pub fn read(path: &Path, f: &Filter) -> io::Result<(Vec<Record>, Vec<String>)> {
+    let file = std::fs::File::open(path)
+        .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", path.display())))?;
+    let (mut out, mut bad) = (Vec::new(), Vec::new());
+    for (i, line) in BufReader::new(file).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str::<Record>(&line) {
+            Ok(r) if f.matches(&r) => out.push(r),
+            Ok(_) => {}
+            Err(e) => bad.push(format!("{}:{}: {e}", path.display(), i + 1)),
+        }
+    }
+    Ok((out, bad))
+}
+
+/// A table for people.
+pub fn render(records: &[Record]) -> String {
+    let mut s = format!(
+        "{:>8}  {:<4}  {:<15}  {:<8} → {:<8}  {:<11}  {:>5}  {:>9}  {}\n",
+        "id", "role", "mh", "old", "new", "outcome", "conns", "duration", "reason"
+    );
+    for r in records {
+        let _ = writeln!(
+            s,
+            "{:>8}  {:<4}  {:<15}  {:<8} → {:<8}  {:<11}  {:>5}  {:>9}  {}",
+            r.handoff_id,
+            match r.role {
+                Role::Old => "old",
+                Role::New => "new",
+            },
+            r.mh.to_string(),
+            r.old_msr,
+            r.new_msr,
+            format!("{:?}", r.outcome).to_lowercase(),
+            r.connections.len(),
+            r.duration_ms().map_or("-".into(), |d| format!("{d} ms")),
+            r.reason.as_deref().unwrap_or("")
+        );
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(id: u64, mh: &str, outcome: Outcome) -> Record {
+        Record {
+            handoff_id: id,
+            msr: "msr2".into(),
+            role: Role::New,
+            mh: mh.parse().unwrap(),
+            old_msr: "msr1".into(),
+            new_msr: "msr2".into(),
+            outcome,
+            reason: (outcome != Outcome::Moved).then(|| "old MSR did not answer".into()),
+            connections: vec![ConnEntry {
+                id: 1,
+                kind: "connect".into(),
+                mh: "10.2.0.100:40000".parse().unwrap(),
+                fh: "10.0.0.1:80".parse().unwrap(),
+                queued_bytes: 1234,
+            }],
+            failed: vec![],
+            phases: Phases {
+                greeting: Some(1000),
+                restored: Some(1012),
+                acknowledged: Some(1015),
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn append_read_filter_render() {
+        let dir = std::env::temp_dir().join(format!("ith-log-{}", std::process::id()));
+        let path = dir.join("handoffs.jsonl");
+        let _ = std::fs::remove_file(&path);
+        append(&path, &rec(1, "10.2.0.100", Outcome::Moved)).unwrap();
+        append(&path, &rec(2, "10.2.0.101", Outcome::RolledBack)).unwrap();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap()
+            .write_all(b"not json\n")
+            .unwrap();
+        let (all, bad) = read(&path, &Filter::default()).unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(bad.len(), 1);
+        assert!(
+            bad[0].ends_with(":3: expected ident at line 1 column 2"),
+            "{}",
+            bad[0]
+        );
+        let (failed, _) = read(
+            &path,
+            &Filter {
+                mh: None,
+                failed_only: true,
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            failed.iter().map(|r| r.handoff_id).collect::<Vec<_>>(),
+            vec![2]
+        );
+        let (one, _) = read(
+            &path,
+            &Filter {
+                mh: Some("10.2.0.100".parse().unwrap()),
+                failed_only: false,
+            },
+        )
+        .unwrap();
+        assert_eq!(one.len(), 1);
+        assert_eq!(one[0].duration_ms(), Some(15));
+        let t = render(&all);
+        assert!(
+            t.contains("rolledback") && t.contains("15 ms") && t.contains("old MSR did not answer"),
+            "{t}"
+        );
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

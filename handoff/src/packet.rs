@@ -1,0 +1,195 @@
+//! The one packet a restore has to forge: the peer's FIN, replayed to the restored
+//! socket.
+//!
+//! TCP_REPAIR can put bytes in a receive queue but cannot mark it "FIN received". A
+//! connection whose peer had already closed its direction (CLOSE_WAIT, LAST_ACK,
+//! CLOSING) is therefore restored one sequence number short, and this FIN — addressed
+//! from the peer to the restored socket through a raw socket, so it arrives over the
+//! loopback path — moves it to CLOSE_WAIT exactly as the original FIN did. The real
+//! peer never sees it; it only sees (at most) a duplicate ACK of a FIN it already knows
+//! was acknowledged.
+//!
+//! Pure code: builds bytes, checksums included, so it is unit-tested without sockets.
+
+use std::net::{IpAddr, SocketAddr};
+
+/// A FIN|ACK segment from `src` (the peer) to `dst` (the restored socket).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FinSegment {
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+    /// Sequence number of the FIN: the restored socket's `rcv_nxt`.
+    pub seq: u32,
+    /// Acknowledgement: the restored socket's `snd_una` (acknowledges nothing new).
+    pub ack: u32,
+    /// Window field, already scaled down by the peer's window scale.
+    pub window: u16,
+    /// TSval and TSecr, when the connection uses timestamps.
+    pub timestamps: Option<(u32, u32)>,
+}
+
+const TCP_FIN: u8 = 0x01;
+const TCP_ACK: u8 = 0x10;
+
+/// One's-complement sum of 16-bit big-endian words (odd tail padded with zero).
+fn sum16(mut acc: u32, bytes: &[u8]) -> u32 {
+    let mut chunks = bytes.chunks_exact(2);
+    for c in &mut chunks {
+        acc += u32::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    if let [last] = chunks.remainder() {
+        acc += u32::from(*last) << 8;
+    }
+    acc
+}
+
+fn fold(mut acc: u32) -> u16 {
+    while acc > 0xffff {
+        acc = (acc & 0xffff) + (acc >> 16);
+    }
+    !(acc as u16)
+}
+
+/// The Internet checksum of `bytes`.
+pub fn checksum(bytes: &[u8]) -> u16 {
+    fold(sum16(0, bytes))
+}
+
+impl FinSegment {
+    /// The TCP header (with options), checksum filled in.
+    fn tcp_header(&self) -> Vec<u8> {
+        let opt_len = if self.timestamps.is_some() { 12 } else { 0 };
+        let hlen = 20 + opt_len;
+        let mut t = Vec::with_capacity(hlen);
+        t.extend_from_slice(&self.src.port().to_be_bytes());
+        t.extend_from_slice(&self.dst.port().to_be_bytes());
+        t.extend_from_slice(&self.seq.to_be_bytes());
+        t.extend_from_slice(&self.ack.to_be_bytes());
+        t.push(((hlen / 4) as u8) << 4);
+        t.push(TCP_FIN | TCP_ACK);
+        t.extend_from_slice(&self.window.to_be_bytes());
+        t.extend_from_slice(&[0, 0]); // checksum
+        t.extend_from_slice(&[0, 0]); // urgent pointer
+        if let Some((tsval, tsecr)) = self.timestamps {
+            t.extend_from_slice(&[1, 1, 8, 10]); // NOP NOP TS len=10
+            t.extend_from_slice(&tsval.to_be_bytes());
+            t.extend_from_slice(&tsecr.to_be_bytes());
+        }
+        let len = t.len() as u32;
+        let mut acc = match (self.src.ip(), self.dst.ip()) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                let acc = sum16(0, &s.octets());
+                let acc = sum16(acc, &d.octets());
+                acc + 6 + len
+            }
+            (s, d) => {
+                let acc = sum16(0, &v6_octets(s));
+                let acc = sum16(acc, &v6_octets(d));
+                acc + (len >> 16) + (len & 0xffff) + 6
+            }
+        };
+        acc = sum16(acc, &t);
+        let c = fold(acc);
+        t[16..18].copy_from_slice(&c.to_be_bytes());
+        t
+    }
+
+    /// The whole IP packet (IPv4 if both addresses are IPv4, IPv6 otherwise).
+    pub fn to_ip_packet(&self) -> Vec<u8> {
+        let tcp = self.tcp_header();
+        match (self.src.ip(), self.dst.ip()) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                let total = 20 + tcp.len();
+                let mut p = Vec::with_capacity(total);
+                p.push(0x45);
+                p.push(0);
+                p.extend_from_slice(&(total as u16).to_be_bytes());
+                p.extend_from_slice(&[0, 0]); // id
+                p.extend_from_slice(&0x4000u16.to_be_bytes()); // DF
+                p.push(64); // ttl
+                p.push(6); // TCP
+                p.extend_from_slice(&[0, 0]); // checksum
+                p.extend_from_slice(&s.octets());
+                p.extend_from_slice(&d.octets());
+                let c = checksum(&p);
+                p[10..12].copy_from_slice(&c.to_be_bytes());
+                p.extend_from_slice(&tcp);
+                p
+            }
+            (s, d) => {
+                let mut p = Vec::with_capacity(40 + tcp.len());
+                p.extend_from_slice(&0x6000_0000u32.to_be_bytes());
+                p.extend_from_slice(&(tcp.len() as u16).to_be_bytes());
+                p.push(6); // next header: TCP
+                p.push(64); // hop limit
+                p.extend_from_slice(&v6_octets(s));
+                p.extend_from_slice(&v6_octets(d));
+                p.extend_from_slice(&tcp);
+                p
+            }
+        }
+    }
+}
+
+/// IPv6 octets of an address, IPv4 ones mapped (`::ffff:a.b.c.d`).
+fn v6_octets(a: IpAddr) -> [u8; 16] {
+    match a {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(src: &str, dst: &str, ts: bool) -> FinSegment {
+        FinSegment {
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            seq: 0x0102_0304,
+            ack: 0xa0b0_c0d0,
+            window: 512,
+            timestamps: ts.then_some((7, 9)),
+        }
+    }
+
+    #[test]
+    fn ipv4_packet_checksums_verify() {
+        let p = seg("10.77.0.1:5000", "10.77.0.2:7000", true).to_ip_packet();
+        assert_eq!(p.len(), 20 + 32);
+        assert_eq!(checksum(&p[..20]), 0, "IP header checksum");
+        // TCP checksum over pseudo-header + segment must fold to zero.
+        let mut pseudo = Vec::new();
+        pseudo.extend_from_slice(&p[12..20]);
+        pseudo.extend_from_slice(&[0, 6, 0, 32]);
+        pseudo.extend_from_slice(&p[20..]);
+        assert_eq!(checksum(&pseudo), 0, "TCP checksum");
+        assert_eq!(p[20 + 13], 0x11, "FIN|ACK");
+        assert_eq!(p[20 + 12] >> 4, 8, "data offset with timestamp option");
+        assert_eq!(&p[24..28], &0x0102_0304u32.to_be_bytes());
+    }
+
+    #[test]
+    fn ipv6_packet_checksums_verify() {
+        let p = seg("[fd77::1]:5000", "[fd77::2]:7000", false).to_ip_packet();
+        assert_eq!(p.len(), 40 + 20);
+        assert_eq!(p[0] >> 4, 6);
+        let mut pseudo = Vec::new();
+        pseudo.extend_from_slice(&p[8..40]);
+        pseudo.extend_from_slice(&[0, 0, 0, 20, 0, 0, 0, 6]);
+        pseudo.extend_from_slice(&p[40..]);
+        assert_eq!(checksum(&pseudo), 0, "TCP checksum");
+        assert_eq!(p[40 + 12] >> 4, 5);
+    }
+
+    #[test]
+    fn checksum_of_known_header() {
+        // RFC 1071 style example: a classic IPv4 header whose checksum is 0xb861.
+        let h = [
+            0x45, 0x00, 0x00, 0x73, 0x00, 0x00, 0x40, 0x00, 0x40, 0x11, 0x00, 0x00, 0xc0, 0xa8,
+            0x00, 0x01, 0xc0, 0xa8, 0x00, 0xc7,
+        ];
+        assert_eq!(checksum(&h), 0xb861);
+    }
+}

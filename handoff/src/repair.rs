@@ -1,0 +1,707 @@
+//! Raw syscalls behind socket images: TCP_REPAIR and its queue, sequence, window and
+//! option controls, the socket options an image carries, socket addresses, and the raw
+//! socket that replays a peer's FIN.
+//!
+//! Every function here is a thin, safe wrapper around one or two syscalls. The rules of
+//! *when* each may be called (the restore order, what repair mode allows) live in
+//! [`crate::image`]; this module only gets the pointers and lengths right.
+//!
+//! Kernel facts these wrappers rely on (Linux `net/ipv4/tcp.c`):
+//! * `TCP_REPAIR` needs CAP_NET_ADMIN and is refused on listening sockets.
+//! * `TCP_QUEUE_SEQ` reads `write_seq` (send queue) or `rcv_nxt` (receive queue) of the
+//!   queue chosen with `TCP_REPAIR_QUEUE`, and may only be *set* while the socket is
+//!   still closed (before the repair-mode `connect`).
+//! * `recv(MSG_PEEK)` in repair mode reads the chosen queue, including the send queue
+//!   (sent-but-unacked and unsent bytes, in order).
+//! * `send` in repair mode appends to the chosen queue: to the receive queue as if the
+//!   bytes had arrived, to the send queue as if they had been sent (no packet leaves).
+//! * `getsockopt(TCP_MAXSEG)` in repair mode returns the peer's MSS (`mss_clamp`).
+
+use std::ffi::CString;
+use std::io;
+use std::mem::{size_of, zeroed, MaybeUninit};
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use libc::{c_int, c_void, socklen_t};
+
+// uapi/linux/tcp.h values that the libc crate does not carry.
+const TCP_REPAIR_ON: c_int = 1;
+const TCP_REPAIR_OFF: c_int = 0;
+const TCP_REPAIR_OFF_NO_WP: c_int = -1;
+const TCP_NO_QUEUE: c_int = 0;
+const TCP_RECV_QUEUE: c_int = 1;
+const TCP_SEND_QUEUE: c_int = 2;
+/// TCP option kinds, as `TCP_REPAIR_OPTIONS` codes.
+const TCPOPT_MAXSEG: u32 = 2;
+const TCPOPT_WINDOW: u32 = 3;
+const TCPOPT_SACK_PERM: u32 = 4;
+const TCPOPT_TIMESTAMP: u32 = 8;
+/// `SIOCINQ` and `SIOCOUTQ` are `FIONREAD` and `TIOCOUTQ` on sockets.
+const SIOCINQ: libc::Ioctl = libc::FIONREAD;
+const SIOCOUTQ: libc::Ioctl = libc::TIOCOUTQ;
+const SIOCOUTQNSD: libc::Ioctl = 0x894B;
+
+/// `tcpi_options` bits.
+pub const TCPI_OPT_TIMESTAMPS: u8 = 1;
+pub const TCPI_OPT_SACK: u8 = 2;
+pub const TCPI_OPT_WSCALE: u8 = 4;
+
+/// Linux TCP states (`include/net/tcp_states.h`).
+pub mod state {
+    pub const ESTABLISHED: u8 = 1;
+    pub const SYN_SENT: u8 = 2;
+    pub const SYN_RECV: u8 = 3;
+    pub const FIN_WAIT1: u8 = 4;
+    pub const FIN_WAIT2: u8 = 5;
+    pub const TIME_WAIT: u8 = 6;
+    pub const CLOSE: u8 = 7;
+    pub const CLOSE_WAIT: u8 = 8;
+    pub const LAST_ACK: u8 = 9;
+    pub const LISTEN: u8 = 10;
+    pub const CLOSING: u8 = 11;
+}
+
+/// How to leave repair mode.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RepairOff {
+    /// `TCP_REPAIR_OFF`: the kernel sends a window probe (an old-sequence ACK) so that
+    /// the peer answers with its current ACK and window. Only sent in ESTABLISHED.
+    WithProbe,
+    /// `TCP_REPAIR_OFF_NO_WP`: leave silently.
+    NoProbe,
+}
+
+/// The queue that repair-mode `TCP_QUEUE_SEQ`, `recv(MSG_PEEK)` and `send` act on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Queue {
+    /// No queue: repair-mode `send` fails with EINVAL (a guard against stray writes).
+    None,
+    Recv,
+    Send,
+}
+
+/// `struct tcp_repair_window`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RawRepairWindow {
+    pub snd_wl1: u32,
+    pub snd_wnd: u32,
+    pub max_window: u32,
+    pub rcv_wnd: u32,
+    pub rcv_wup: u32,
+}
+
+/// `struct tcp_repair_opt`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct RepairOpt {
+    opt_code: u32,
+    opt_val: u32,
+}
+
+/// The negotiated options `TCP_REPAIR_OPTIONS` can restore.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RepairOptions {
+    /// The peer's MSS (`mss_clamp`).
+    pub mss: u32,
+    /// Window scale: (ours applied to the peer's windows = snd, ours announced = rcv).
+    pub wscale: Option<(u8, u8)>,
+    pub sack: bool,
+    pub timestamps: bool,
+}
+
+/// The fields of `struct tcp_info` an image needs.
+#[derive(Clone, Copy, Debug)]
+pub struct TcpInfo {
+    pub state: u8,
+    pub options: u8,
+    pub snd_wscale: u8,
+    pub rcv_wscale: u8,
+    pub snd_mss: u32,
+    pub snd_cwnd: u32,
+    pub rtt_us: u32,
+}
+
+fn cvt(ret: c_int) -> io::Result<c_int> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret)
+    }
+}
+
+fn cvt_size(ret: isize) -> io::Result<usize> {
+    if ret < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ret as usize)
+    }
+}
+
+/// Adds what was being done to an OS error, keeping its kind.
+pub fn ctx(e: io::Error, what: &str) -> io::Error {
+    io::Error::new(e.kind(), format!("{what}: {e}"))
+}
+
+fn setsockopt_raw<T>(fd: RawFd, level: c_int, name: c_int, value: &T) -> io::Result<()> {
+    // SAFETY: `value` points to a live T for the duration of the call and its exact size
+    // is passed along; the kernel only reads it.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (value as *const T).cast::<c_void>(),
+            size_of::<T>() as socklen_t,
+        )
+    })
+    .map(drop)
+}
+
+fn getsockopt_raw<T: Copy>(fd: RawFd, level: c_int, name: c_int) -> io::Result<T> {
+    let mut value = MaybeUninit::<T>::zeroed();
+    let mut len = size_of::<T>() as socklen_t;
+    // SAFETY: `value` is a writable buffer of `len` bytes, zero-initialised so that a
+    // shorter answer from the kernel still leaves a valid T (all Ts used here are plain
+    // integers or `repr(C)` structs of integers).
+    cvt(unsafe {
+        libc::getsockopt(
+            fd,
+            level,
+            name,
+            value.as_mut_ptr().cast::<c_void>(),
+            &mut len,
+        )
+    })?;
+    // SAFETY: zero-initialised above and possibly overwritten by the kernel: either way
+    // a valid T of plain integers.
+    Ok(unsafe { value.assume_init() })
+}
+
+/// Sets an integer socket option; `what` names it in errors.
+pub fn set_int(
+    fd: BorrowedFd<'_>,
+    level: c_int,
+    name: c_int,
+    v: c_int,
+    what: &str,
+) -> io::Result<()> {
+    setsockopt_raw(fd.as_raw_fd(), level, name, &v).map_err(|e| ctx(e, what))
+}
+
+/// Reads an integer socket option; `what` names it in errors.
+pub fn get_int(fd: BorrowedFd<'_>, level: c_int, name: c_int, what: &str) -> io::Result<c_int> {
+    getsockopt_raw::<c_int>(fd.as_raw_fd(), level, name).map_err(|e| ctx(e, what))
+}
+
+/// Reads a string socket option (`TCP_CONGESTION`, `SO_BINDTODEVICE`, `TCP_ULP`).
+pub fn get_string(fd: BorrowedFd<'_>, level: c_int, name: c_int, what: &str) -> io::Result<String> {
+    let mut buf = [0u8; 64];
+    let mut len = buf.len() as socklen_t;
+    // SAFETY: `buf` is writable for `len` bytes.
+    cvt(unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            buf.as_mut_ptr().cast::<c_void>(),
+            &mut len,
+        )
+    })
+    .map_err(|e| ctx(e, what))?;
+    let bytes = &buf[..(len as usize).min(buf.len())];
+    let end = bytes.iter().position(|&b| b == 0).unwrap_or(bytes.len());
+    Ok(String::from_utf8_lossy(&bytes[..end]).into_owned())
+}
+
+/// Sets a string socket option.
+pub fn set_string(
+    fd: BorrowedFd<'_>,
+    level: c_int,
+    name: c_int,
+    v: &str,
+    what: &str,
+) -> io::Result<()> {
+    // SAFETY: the bytes of `v` are readable for their length.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            v.as_ptr().cast::<c_void>(),
+            v.len() as socklen_t,
+        )
+    })
+    .map(drop)
+    .map_err(|e| ctx(e, what))
+}
+
+/// Enters repair mode (`TCP_REPAIR_ON`).
+pub fn repair_on(fd: BorrowedFd<'_>) -> io::Result<()> {
+    setsockopt_raw(
+        fd.as_raw_fd(),
+        libc::IPPROTO_TCP,
+        libc::TCP_REPAIR,
+        &TCP_REPAIR_ON,
+    )
+    .map_err(|e| {
+        if e.raw_os_error() == Some(libc::EPERM) {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "TCP_REPAIR on: {e} (needs CAP_NET_ADMIN in the socket's network \
+                     namespace, and the socket must not be listening)"
+                ),
+            )
+        } else {
+            ctx(e, "TCP_REPAIR on")
+        }
+    })
+}
+
+/// Leaves repair mode.
+pub fn repair_off(fd: BorrowedFd<'_>, how: RepairOff) -> io::Result<()> {
+    let v = match how {
+        RepairOff::WithProbe => TCP_REPAIR_OFF,
+        RepairOff::NoProbe => TCP_REPAIR_OFF_NO_WP,
+    };
+    setsockopt_raw(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_REPAIR, &v)
+        .map_err(|e| ctx(e, "TCP_REPAIR off"))
+}
+
+/// Whether the socket is in repair mode.
+pub fn in_repair(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    Ok(get_int(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_REPAIR,
+        "getsockopt TCP_REPAIR",
+    )? != 0)
+}
+
+/// Selects the queue later repair calls act on.
+pub fn select_queue(fd: BorrowedFd<'_>, q: Queue) -> io::Result<()> {
+    let v = match q {
+        Queue::None => TCP_NO_QUEUE,
+        Queue::Recv => TCP_RECV_QUEUE,
+        Queue::Send => TCP_SEND_QUEUE,
+    };
+    set_int(
+        fd,
+        libc::IPPROTO_TCP,
+        libc::TCP_REPAIR_QUEUE,
+        v,
+        "TCP_REPAIR_QUEUE",
+    )
+}
+
+/// `TCP_QUEUE_SEQ` of the selected queue: `write_seq` (send) or `rcv_nxt` (receive).
+pub fn queue_seq(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    getsockopt_raw::<u32>(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_QUEUE_SEQ)
+        .map_err(|e| ctx(e, "getsockopt TCP_QUEUE_SEQ"))
+}
+
+/// Sets `TCP_QUEUE_SEQ` of the selected queue (only before the repair-mode connect).
+pub fn set_queue_seq(fd: BorrowedFd<'_>, seq: u32) -> io::Result<()> {
+    setsockopt_raw(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_QUEUE_SEQ, &seq)
+        .map_err(|e| ctx(e, "setsockopt TCP_QUEUE_SEQ"))
+}
+
+/// `TCP_REPAIR_WINDOW` (repair mode only).
+pub fn repair_window(fd: BorrowedFd<'_>) -> io::Result<RawRepairWindow> {
+    getsockopt_raw::<RawRepairWindow>(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_REPAIR_WINDOW)
+        .map_err(|e| ctx(e, "getsockopt TCP_REPAIR_WINDOW"))
+}
+
+/// Sets `TCP_REPAIR_WINDOW`. The kernel refuses (EINVAL) a `rcv_wup` beyond `rcv_nxt`,
+/// a `snd_wl1` beyond `rcv_nxt + rcv_wnd`, or `max_window < snd_wnd`.
+pub fn set_repair_window(fd: BorrowedFd<'_>, w: &RawRepairWindow) -> io::Result<()> {
+    setsockopt_raw(
+        fd.as_raw_fd(),
+        libc::IPPROTO_TCP,
+        libc::TCP_REPAIR_WINDOW,
+        w,
+    )
+    .map_err(|e| ctx(e, "setsockopt TCP_REPAIR_WINDOW"))
+}
+
+/// Sets the negotiated options (`TCP_REPAIR_OPTIONS`). Only allowed right after the
+/// repair-mode connect, while ESTABLISHED and before any byte was transmitted.
+pub fn set_repair_options(fd: BorrowedFd<'_>, o: &RepairOptions) -> io::Result<()> {
+    let mut opts = Vec::with_capacity(4);
+    opts.push(RepairOpt {
+        opt_code: TCPOPT_MAXSEG,
+        opt_val: o.mss,
+    });
+    if let Some((snd, rcv)) = o.wscale {
+        opts.push(RepairOpt {
+            opt_code: TCPOPT_WINDOW,
+            opt_val: u32::from(snd) | (u32::from(rcv) << 16),
+        });
+    }
+    if o.sack {
+        opts.push(RepairOpt {
+            opt_code: TCPOPT_SACK_PERM,
+            opt_val: 0,
+        });
+    }
+    if o.timestamps {
+        opts.push(RepairOpt {
+            opt_code: TCPOPT_TIMESTAMP,
+            opt_val: 0,
+        });
+    }
+    // SAFETY: `opts` is a contiguous array of repr(C) pairs of u32, readable for the
+    // length passed.
+    cvt(unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_REPAIR_OPTIONS,
+            opts.as_ptr().cast::<c_void>(),
+            (opts.len() * size_of::<RepairOpt>()) as socklen_t,
+        )
+    })
+    .map(drop)
+    .map_err(|e| ctx(e, "setsockopt TCP_REPAIR_OPTIONS"))
+}
+
+/// `TCP_TIMESTAMP`: the connection's current TSval clock (low bit: usec resolution).
+pub fn timestamp(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    getsockopt_raw::<u32>(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_TIMESTAMP)
+        .map_err(|e| ctx(e, "getsockopt TCP_TIMESTAMP"))
+}
+
+/// Sets the connection's TSval clock to `v` from now on (repair mode only).
+pub fn set_timestamp(fd: BorrowedFd<'_>, v: u32) -> io::Result<()> {
+    setsockopt_raw(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_TIMESTAMP, &v)
+        .map_err(|e| ctx(e, "setsockopt TCP_TIMESTAMP"))
+}
+
+/// `TCP_INFO`, the fields we use.
+pub fn tcp_info(fd: BorrowedFd<'_>) -> io::Result<TcpInfo> {
+    let i: libc::tcp_info = getsockopt_raw(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO)
+        .map_err(|e| ctx(e, "getsockopt TCP_INFO"))?;
+    Ok(TcpInfo {
+        state: i.tcpi_state,
+        options: i.tcpi_options,
+        // `__u8 tcpi_snd_wscale : 4, tcpi_rcv_wscale : 4;` — snd is the low nibble.
+        snd_wscale: i.tcpi_snd_rcv_wscale & 0x0f,
+        rcv_wscale: i.tcpi_snd_rcv_wscale >> 4,
+        snd_mss: i.tcpi_snd_mss,
+        snd_cwnd: i.tcpi_snd_cwnd,
+        rtt_us: i.tcpi_rtt,
+    })
+}
+
+fn ioctl_int(fd: BorrowedFd<'_>, req: libc::Ioctl, what: &str) -> io::Result<u32> {
+    let mut v: c_int = 0;
+    // SAFETY: these socket ioctls write one int through the pointer.
+    cvt(unsafe { libc::ioctl(fd.as_raw_fd(), req, &mut v as *mut c_int) })
+        .map_err(|e| ctx(e, what))?;
+    u32::try_from(v).map_err(|_| io::Error::other(format!("{what}: negative answer {v}")))
+}
+
+/// Bytes in the receive queue (`SIOCINQ`), not counting a received FIN.
+pub fn inq(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    ioctl_int(fd, SIOCINQ, "SIOCINQ")
+}
+
+/// `write_seq - snd_una` (`SIOCOUTQ`): unacknowledged plus unsent, counting a queued FIN.
+pub fn outq(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    ioctl_int(fd, SIOCOUTQ, "SIOCOUTQ")
+}
+
+/// `write_seq - snd_nxt` (`SIOCOUTQNSD`): not yet sent, counting an unsent FIN.
+pub fn outq_notsent(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    ioctl_int(fd, SIOCOUTQNSD, "SIOCOUTQNSD")
+}
+
+/// `recv(MSG_PEEK | MSG_DONTWAIT)` into `buf`; in repair mode this reads the selected
+/// queue without consuming it. The send queue is copied whole skb by whole skb, so
+/// `buf` must be at least as long as the queue.
+pub fn peek(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buf` is writable for its length.
+    cvt_size(unsafe {
+        libc::recv(
+            fd.as_raw_fd(),
+            buf.as_mut_ptr().cast::<c_void>(),
+            buf.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    })
+}
+
+/// One `send(MSG_NOSIGNAL)`, `flags` added.
+pub fn send(fd: BorrowedFd<'_>, buf: &[u8], flags: c_int) -> io::Result<usize> {
+    // SAFETY: `buf` is readable for its length.
+    cvt_size(unsafe {
+        libc::send(
+            fd.as_raw_fd(),
+            buf.as_ptr().cast::<c_void>(),
+            buf.len(),
+            libc::MSG_NOSIGNAL | flags,
+        )
+    })
+}
+
+/// Waits until `fd` is writable or `timeout_ms` passes; false on timeout.
+pub fn wait_writable(fd: BorrowedFd<'_>, timeout_ms: c_int) -> io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd: fd.as_raw_fd(),
+        events: libc::POLLOUT,
+        revents: 0,
+    };
+    loop {
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(r > 0);
+    }
+}
+
+/// `shutdown(SHUT_WR)`.
+pub fn shutdown_write(fd: BorrowedFd<'_>) -> io::Result<()> {
+    // SAFETY: plain syscall on an open fd.
+    cvt(unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_WR) })
+        .map(drop)
+        .map_err(|e| ctx(e, "shutdown(SHUT_WR)"))
+}
+
+/// Sets or clears O_NONBLOCK.
+pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
+    // SAFETY: F_GETFL/F_SETFL on an open fd.
+    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
+    let new = if on {
+        flags | libc::O_NONBLOCK
+    } else {
+        flags & !libc::O_NONBLOCK
+    };
+    if new != flags {
+        // SAFETY: as above.
+        cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, new) })?;
+    }
+    Ok(())
+}
+
+/// A new TCP socket (close-on-exec, blocking) of the address family of `addr`.
+pub fn tcp_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
+    let family = match addr {
+        SocketAddr::V4(_) => libc::AF_INET,
+        SocketAddr::V6(_) => libc::AF_INET6,
+    };
+    // SAFETY: plain syscall; on success we own the returned descriptor.
+    let fd = cvt(unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_TCP,
+        )
+    })
+    .map_err(|e| ctx(e, "socket(SOCK_STREAM)"))?;
+    // SAFETY: `fd` was just returned by socket() and nobody else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// A `sockaddr_storage` holding `addr`, and its length.
+pub fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, socklen_t) {
+    // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
+    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+    let len = match addr {
+        SocketAddr::V4(a) => {
+            let sin = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: a.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from_ne_bytes(a.ip().octets()),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: a.port().to_be(),
+                sin6_flowinfo: a.flowinfo().to_be(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: a.ip().octets(),
+                },
+                sin6_scope_id: a.scope_id(),
+            };
+            // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in6.
+            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (ss, len as socklen_t)
+}
+
+fn from_sockaddr(ss: &libc::sockaddr_storage) -> io::Result<SocketAddr> {
+    match c_int::from(ss.ss_family) {
+        libc::AF_INET => {
+            // SAFETY: the family says the storage holds a sockaddr_in.
+            let sin: &libc::sockaddr_in = unsafe { &*(ss as *const libc::sockaddr_storage).cast() };
+            Ok(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()),
+                u16::from_be(sin.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: the family says the storage holds a sockaddr_in6.
+            let sin6: &libc::sockaddr_in6 =
+                unsafe { &*(ss as *const libc::sockaddr_storage).cast() };
+            Ok(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(sin6.sin6_addr.s6_addr),
+                u16::from_be(sin6.sin6_port),
+                u32::from_be(sin6.sin6_flowinfo),
+                sin6.sin6_scope_id,
+            )))
+        }
+        f => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("not an IP socket (address family {f})"),
+        )),
+    }
+}
+
+fn name_of(
+    fd: BorrowedFd<'_>,
+    f: unsafe extern "C" fn(c_int, *mut libc::sockaddr, *mut socklen_t) -> c_int,
+    what: &str,
+) -> io::Result<SocketAddr> {
+    // SAFETY: all-zero sockaddr_storage is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
+    let mut len = size_of::<libc::sockaddr_storage>() as socklen_t;
+    // SAFETY: `ss` is writable for `len` bytes; `f` is getsockname or getpeername.
+    cvt(unsafe {
+        f(
+            fd.as_raw_fd(),
+            (&mut ss as *mut libc::sockaddr_storage).cast(),
+            &mut len,
+        )
+    })
+    .map_err(|e| ctx(e, what))?;
+    from_sockaddr(&ss)
+}
+
+/// The socket's local address.
+pub fn local_addr(fd: BorrowedFd<'_>) -> io::Result<SocketAddr> {
+    name_of(fd, libc::getsockname, "getsockname")
+}
+
+/// The socket's peer address.
+pub fn peer_addr(fd: BorrowedFd<'_>) -> io::Result<SocketAddr> {
+    name_of(fd, libc::getpeername, "getpeername")
+}
+
+/// `bind(addr)`.
+pub fn bind(fd: BorrowedFd<'_>, addr: &SocketAddr) -> io::Result<()> {
+    let (ss, len) = to_sockaddr(addr);
+    // SAFETY: `ss` holds a valid sockaddr of `len` bytes.
+    cvt(unsafe {
+        libc::bind(
+            fd.as_raw_fd(),
+            (&ss as *const libc::sockaddr_storage).cast(),
+            len,
+        )
+    })
+    .map(drop)
+    .map_err(|e| ctx(e, &format!("bind {addr}")))
+}
+
+/// `connect(addr)`; in repair mode this sends nothing and the socket is ESTABLISHED.
+pub fn connect(fd: BorrowedFd<'_>, addr: &SocketAddr) -> io::Result<()> {
+    let (ss, len) = to_sockaddr(addr);
+    // SAFETY: `ss` holds a valid sockaddr of `len` bytes.
+    cvt(unsafe {
+        libc::connect(
+            fd.as_raw_fd(),
+            (&ss as *const libc::sockaddr_storage).cast(),
+            len,
+        )
+    })
+    .map(drop)
+    .map_err(|e| ctx(e, &format!("connect {addr} (repair mode)")))
+}
+
+/// Sends one complete IP packet (header included) through a raw socket of the calling
+/// thread's network namespace, to `dst`. `mark` (if non-zero) is set as SO_MARK so
+/// that netfilter rules can recognise it. Needs CAP_NET_RAW.
+pub fn send_raw_ip(dst: &SocketAddr, packet: &[u8], mark: u32) -> io::Result<()> {
+    let family = match dst {
+        SocketAddr::V4(_) => libc::AF_INET,
+        SocketAddr::V6(_) => libc::AF_INET6,
+    };
+    // IPPROTO_RAW implies IP_HDRINCL (and IPV6_HDRINCL since Linux 4.5).
+    // SAFETY: plain syscall; on success we own the descriptor.
+    let raw = cvt(unsafe {
+        libc::socket(
+            family,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::IPPROTO_RAW,
+        )
+    })
+    .map_err(|e| {
+        ctx(
+            e,
+            "socket(SOCK_RAW) to replay the peer's FIN (needs CAP_NET_RAW)",
+        )
+    })?;
+    // SAFETY: `raw` was just returned by socket() and nobody else owns it.
+    let raw = unsafe { OwnedFd::from_raw_fd(raw) };
+    if mark != 0 {
+        // SAFETY: the borrow does not outlive `raw`.
+        let b = unsafe { BorrowedFd::borrow_raw(raw.as_raw_fd()) };
+        set_int(
+            b,
+            libc::SOL_SOCKET,
+            libc::SO_MARK,
+            mark as c_int,
+            "SO_MARK (raw socket)",
+        )?;
+    }
+    // The kernel takes the destination from the packet; the port must be 0 for raw.
+    let dst0 = match dst {
+        SocketAddr::V4(a) => SocketAddr::V4(SocketAddrV4::new(*a.ip(), 0)),
+        SocketAddr::V6(a) => SocketAddr::V6(SocketAddrV6::new(*a.ip(), 0, 0, a.scope_id())),
+    };
+    let (ss, len) = to_sockaddr(&dst0);
+    // SAFETY: `packet` is readable for its length; `ss` holds a valid sockaddr.
+    let n = cvt_size(unsafe {
+        libc::sendto(
+            raw.as_raw_fd(),
+            packet.as_ptr().cast::<c_void>(),
+            packet.len(),
+            0,
+            (&ss as *const libc::sockaddr_storage).cast(),
+            len,
+        )
+    })
+    .map_err(|e| ctx(e, "sendto (raw FIN replay)"))?;
+    if n != packet.len() {
+        return Err(io::Error::other(format!(
+            "raw FIN replay: sent {n} of {} bytes",
+            packet.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that a network interface exists (for SO_BINDTODEVICE errors that say so).
+pub fn interface_exists(name: &str) -> bool {
+    match CString::new(name) {
+        // SAFETY: `c` is a valid NUL-terminated string.
+        Ok(c) => unsafe { libc::if_nametoindex(c.as_ptr()) != 0 },
+        Err(_) => false,
+    }
+}

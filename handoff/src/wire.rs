@@ -1,0 +1,423 @@
+//! MSR⇄MSR handoff messages on the wire, sans-IO.
+//!
+//! A frame is `"ITH1"` · u32 length · JSON envelope · HMAC-SHA256 tag (32 bytes) over
+//! everything before it, keyed with the pre-shared key of the sending peer (peers are
+//! listed in the config, each with its key). The envelope carries the sender, the
+//! intended recipient, a per-sender sequence number and a timestamp: a receiver rejects
+//! a frame whose tag does not verify (forged), whose sender it does not know, that is
+//! addressed to someone else, whose sequence number it has already seen from that
+//! sender (replayed) or whose timestamp is too far from its own clock (stale).
+//!
+//! The MH's greeting carries its own proof: an HMAC under the MH's session token (the
+//! secret the MH presented when it opened its connections), which only the old MSR —
+//! holding that token — can check. Nobody can take another host's connections by
+//! greeting an MSR.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::IpAddr;
+
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+
+type HmacSha256 = Hmac<Sha256>;
+
+pub const MAGIC: &[u8; 4] = b"ITH1";
+const TAG: usize = 32;
+/// Largest envelope accepted (socket images carry queued bytes).
+pub const MAX_ENVELOPE: usize = 256 << 20;
+
+/// What one MSR says to another.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Message {
+    /// New MSR → old MSR (paper step 4–5): the MH is here; send me its connections.
+    HandoffRequest { handoff_id: u64, greeting: Greeting },
+    /// Old MSR → new MSR (step 8): the frozen connections.
+    Images {
+        handoff_id: u64,
+        images: Vec<ConnImage>,
+    },
+    /// New MSR → old MSR (step 10): restored and running; delete your copies.
+    Ack {
+        handoff_id: u64,
+        restored: Vec<u64>,
+        failed: Vec<(u64, String)>,
+    },
+    /// Either side: the handoff is off; the old MSR keeps (or resumes) serving.
+    Abort { handoff_id: u64, reason: String },
+}
+
+/// One I-TCP connection's state, as shipped: its identity and the two socket images
+/// (opaque here; see [`crate::image`]) as hex-encoded bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnImage {
+    pub id: u64,
+    pub kind: String,
+    pub wireless: String,
+    pub fixed: String,
+}
+
+/// The MH's greeting to its new MSR (paper step 2), with proof of ownership.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Greeting {
+    pub mh: IpAddr,
+    pub prev_msr: String,
+    pub new_msr: String,
+    pub ts_ms: u64,
+    /// 16 random bytes, hex.
+    pub nonce: String,
+    /// HMAC-SHA256(token, "itcp-greeting" · mh · prev · new · ts · nonce), hex.
+    pub proof: String,
+}
+
+fn greeting_mac(
+    token: &[u8],
+    mh: IpAddr,
+    prev: &str,
+    new: &str,
+    ts_ms: u64,
+    nonce: &str,
+) -> HmacSha256 {
+    let mut m = HmacSha256::new_from_slice(token).expect("HMAC takes any key length");
+    for part in [
+        b"itcp-greeting".as_slice(),
+        mh.to_string().as_bytes(),
+        prev.as_bytes(),
+        new.as_bytes(),
+        &ts_ms.to_be_bytes(),
+        nonce.as_bytes(),
+    ] {
+        m.update(&(part.len() as u32).to_be_bytes());
+        m.update(part);
+    }
+    m
+}
+
+impl Greeting {
+    /// Builds a greeting proven with the MH's session `token`.
+    pub fn new(
+        token: &[u8],
+        mh: IpAddr,
+        prev_msr: &str,
+        new_msr: &str,
+        ts_ms: u64,
+        nonce: [u8; 16],
+    ) -> Greeting {
+        let nonce = hex(&nonce);
+        let proof = hex(&greeting_mac(token, mh, prev_msr, new_msr, ts_ms, &nonce)
+            .finalize()
+            .into_bytes());
+        Greeting {
+            mh,
+            prev_msr: prev_msr.into(),
+            new_msr: new_msr.into(),
+            ts_ms,
+            nonce,
+            proof,
+        }
+    }
+
+    /// True if the proof was made with `token` (constant-time comparison).
+    pub fn verify(&self, token: &[u8]) -> bool {
+        let Some(proof) = unhex(&self.proof) else {
+            return false;
+        };
+        greeting_mac(
+            token,
+            self.mh,
+            &self.prev_msr,
+            &self.new_msr,
+            self.ts_ms,
+            &self.nonce,
+        )
+        .verify_slice(&proof)
+        .is_ok()
+    }
+}
+
+/// The signed envelope of every MSR⇄MSR message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Envelope {
+    pub from: String,
+    pub to: String,
+    pub seq: u64,
+    pub ts_ms: u64,
+    pub body: Message,
+}
+
+/// Why a frame was rejected. Each says who and what, for the handoff log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireError {
+    BadMagic,
+    TooLarge(usize),
+    Malformed(String),
+    UnknownPeer(String),
+    /// The tag does not verify: forged or corrupted.
+    BadTag {
+        from: String,
+    },
+    WrongRecipient {
+        from: String,
+        to: String,
+    },
+    Replayed {
+        from: String,
+        seq: u64,
+        last: u64,
+    },
+    Stale {
+        from: String,
+        skew_ms: i64,
+    },
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::BadMagic => f.write_str("not a handoff frame (bad magic)"),
+            WireError::TooLarge(n) => write!(f, "frame of {n} bytes exceeds the limit"),
+            WireError::Malformed(e) => write!(f, "malformed envelope: {e}"),
+            WireError::UnknownPeer(p) => write!(f, "message from unknown peer {p:?}"),
+            WireError::BadTag { from } => write!(
+                f,
+                "message claiming to be from {from:?} fails authentication (forged?)"
+            ),
+            WireError::WrongRecipient { from, to } => {
+                write!(f, "message from {from:?} is addressed to {to:?}, not us")
+            }
+            WireError::Replayed { from, seq, last } => {
+                write!(
+                    f,
+                    "replayed message from {from:?}: sequence {seq}, already saw {last}"
+                )
+            }
+            WireError::Stale { from, skew_ms } => {
+                write!(
+                    f,
+                    "message from {from:?} is {skew_ms} ms off our clock (stale or replayed)"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+/// Seals an envelope with `key` into a frame.
+pub fn seal(env: &Envelope, key: &[u8]) -> Vec<u8> {
+    let body = serde_json::to_vec(env).expect("envelopes serialize");
+    let mut out = Vec::with_capacity(8 + body.len() + TAG);
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
+    m.update(&out);
+    out.extend_from_slice(&m.finalize().into_bytes());
+    out
+}
+
+/// Length of the complete frame at the start of `buf`, once its header is in.
+pub fn frame_len(buf: &[u8]) -> Result<Option<usize>, WireError> {
+    if buf.len() < 8 {
+        return Ok(None);
+    }
+    if &buf[..4] != MAGIC {
+        return Err(WireError::BadMagic);
+    }
+    let n = u32::from_be_bytes(buf[4..8].try_into().unwrap()) as usize;
+    if n > MAX_ENVELOPE {
+        return Err(WireError::TooLarge(n));
+    }
+    Ok(Some(8 + n + TAG))
+}
+
+/// Replay protection of a receiver: the last sequence number seen per sender, and how
+/// far a sender's clock may be from ours.
+#[derive(Debug, Clone)]
+pub struct ReplayGuard {
+    me: String,
+    last: HashMap<String, u64>,
+    pub max_skew_ms: u64,
+}
+
+impl ReplayGuard {
+    pub fn new(me: &str) -> Self {
+        Self {
+            me: me.into(),
+            last: HashMap::new(),
+            max_skew_ms: 30_000,
+        }
+    }
+}
+
+/// Opens the frame at the start of `buf`: Ok(None) until it is complete; otherwise the
+/// authenticated envelope and the bytes it took. `key_of` gives a peer's key.
+pub fn open(
+    buf: &[u8],
+    key_of: impl Fn(&str) -> Option<Vec<u8>>,
+    guard: &mut ReplayGuard,
+    now_ms: u64,
+) -> Result<Option<(Envelope, usize)>, WireError> {
+    let Some(total) = frame_len(buf)? else {
+        return Ok(None);
+    };
+    if buf.len() < total {
+        return Ok(None);
+    }
+    let (signed, tag) = buf[..total].split_at(total - TAG);
+    let env: Envelope =
+        serde_json::from_slice(&signed[8..]).map_err(|e| WireError::Malformed(e.to_string()))?;
+    let key = key_of(&env.from).ok_or_else(|| WireError::UnknownPeer(env.from.clone()))?;
+    let mut m = HmacSha256::new_from_slice(&key).expect("HMAC takes any key length");
+    m.update(signed);
+    m.verify_slice(tag).map_err(|_| WireError::BadTag {
+        from: env.from.clone(),
+    })?;
+    if env.to != guard.me {
+        return Err(WireError::WrongRecipient {
+            from: env.from,
+            to: env.to,
+        });
+    }
+    let skew = env.ts_ms as i64 - now_ms as i64;
+    if skew.unsigned_abs() > guard.max_skew_ms {
+        return Err(WireError::Stale {
+            from: env.from,
+            skew_ms: skew,
+        });
+    }
+    let last = guard.last.get(&env.from).copied().unwrap_or(0);
+    if env.seq <= last {
+        return Err(WireError::Replayed {
+            from: env.from,
+            seq: env.seq,
+            last,
+        });
+    }
+    guard.last.insert(env.from.clone(), env.seq);
+    Ok(Some((env, total)))
+}
+
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+pub fn unhex(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K1: &[u8] = b"psk shared by msr1 and msr2";
+
+    fn env(seq: u64, ts: u64) -> Envelope {
+        Envelope {
+            from: "msr2".into(),
+            to: "msr1".into(),
+            seq,
+            ts_ms: ts,
+            body: Message::Abort {
+                handoff_id: 7,
+                reason: "test".into(),
+            },
+        }
+    }
+
+    fn keys(p: &str) -> Option<Vec<u8>> {
+        (p == "msr2").then(|| K1.to_vec())
+    }
+
+    #[test]
+    fn seal_open_round_trip_and_incomplete() {
+        let f = seal(&env(1, 1000), K1);
+        let mut g = ReplayGuard::new("msr1");
+        for cut in [0, 3, 8, f.len() - 1] {
+            assert_eq!(open(&f[..cut], keys, &mut g, 1000).unwrap(), None);
+        }
+        let (e, n) = open(&f, keys, &mut g, 1000).unwrap().unwrap();
+        assert_eq!((e, n), (env(1, 1000), f.len()));
+    }
+
+    #[test]
+    fn forged_replayed_stale_and_misaddressed_frames_are_rejected() {
+        let mut g = ReplayGuard::new("msr1");
+        // Forged: wrong key, or a flipped byte in the body.
+        let forged = seal(&env(1, 1000), b"guessed key");
+        assert!(matches!(
+            open(&forged, keys, &mut g, 1000),
+            Err(WireError::BadTag { .. })
+        ));
+        let mut flipped = seal(&env(1, 1000), K1);
+        flipped[20] ^= 1;
+        assert!(open(&flipped, keys, &mut g, 1000).is_err());
+        // Replayed: the same frame twice.
+        let f = seal(&env(5, 1000), K1);
+        open(&f, keys, &mut g, 1000).unwrap().unwrap();
+        let e = open(&f, keys, &mut g, 1000).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "replayed message from \"msr2\": sequence 5, already saw 5"
+        );
+        // Stale.
+        let old = seal(&env(6, 1000), K1);
+        assert!(matches!(
+            open(&old, keys, &mut g, 100_000),
+            Err(WireError::Stale { .. })
+        ));
+        // Unknown peer and wrong recipient.
+        let mut e = env(7, 1000);
+        e.from = "mallory".into();
+        assert_eq!(
+            open(&seal(&e, K1), keys, &mut g, 1000).unwrap_err(),
+            WireError::UnknownPeer("mallory".into())
+        );
+        let mut e = env(8, 1000);
+        e.to = "msr3".into();
+        assert!(matches!(
+            open(&seal(&e, K1), keys, &mut g, 1000),
+            Err(WireError::WrongRecipient { .. })
+        ));
+        assert_eq!(
+            open(b"GET / HTTP/1.1\r\n", keys, &mut g, 0).unwrap_err(),
+            WireError::BadMagic
+        );
+    }
+
+    #[test]
+    fn greeting_proof_needs_the_token() {
+        let mh: IpAddr = "10.2.0.100".parse().unwrap();
+        let g = Greeting::new(b"0123456789abcdef", mh, "msr1", "msr2", 5, [3; 16]);
+        assert!(g.verify(b"0123456789abcdef"));
+        assert!(!g.verify(b"another token..."));
+        // Changing any field breaks the proof.
+        let mut h = g.clone();
+        h.mh = "10.2.0.101".parse().unwrap();
+        assert!(!h.verify(b"0123456789abcdef"));
+        let mut h = g;
+        h.new_msr = "msr3".into();
+        assert!(!h.verify(b"0123456789abcdef"));
+    }
+
+    #[test]
+    fn hex_round_trip() {
+        assert_eq!(
+            unhex(&hex(&[0, 1, 254, 255])).unwrap(),
+            vec![0, 1, 254, 255]
+        );
+        assert!(unhex("abc").is_none());
+        assert!(unhex("zz").is_none());
+    }
+}

@@ -1,0 +1,1364 @@
+//! Socket images on real kernels: live TCP connections are captured in one network
+//! namespace (the "old MSR"), deleted there without a packet, restored in another (the
+//! "new MSR") and restarted, while the peer — an unmodified socket in a third namespace
+//! — keeps its connection and never sees an RST.
+//!
+//! Topology, built per test with unique names and torn down by a Drop guard:
+//!
+//! ```text
+//!   A (peer, 10.77.0.1) ──veth── M1 (old MSR, 10.77.0.2)      M2 (new MSR, empty)
+//! ```
+//!
+//! The move: the flow is blocked in M1 (nftables drop of its 4-tuple, both directions),
+//! the socket captured and deleted, M2 holds the flow (nftables drop of packets from
+//! outside, so nothing reaches M2 without a socket and gets an RST), M1's veth end is
+//! moved into M2 (`ip link set netns`, same MAC, address re-added), the socket restored
+//! in M2, the hold released and the socket restarted.
+//!
+//! Needs root (CAP_NET_ADMIN, CAP_NET_RAW, CAP_SYS_ADMIN for setns), `ip` and `nft`.
+//! Tests run one at a time so that the timing figures they print are not disturbed.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::mem::size_of;
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Mutex;
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use itcp_handoff::{
+    capture, delete, restart, restore, unfreeze, RestoreOptions, SendFin, SocketImage, TcpState,
+    UnackedRestore,
+};
+
+static SERIAL: Mutex<()> = Mutex::new(());
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+// ------------------------------------------------------------------ commands
+
+fn run(args: &[&str], stdin: Option<&str>) -> String {
+    let mut c = Command::new(args[0]);
+    c.args(&args[1..])
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = c
+        .spawn()
+        .unwrap_or_else(|e| panic!("{}: {e}", args.join(" ")));
+    if let Some(s) = stdin {
+        child.stdin.take().unwrap().write_all(s.as_bytes()).unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    if !out.status.success() {
+        panic!(
+            "`{}` failed: {}{}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr),
+            stdin.map(|s| format!("\ninput:\n{s}")).unwrap_or_default()
+        );
+    }
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn ip(ns: &str, args: &str) {
+    let mut v = vec!["ip", "-n", ns];
+    v.extend(args.split_whitespace());
+    run(&v, None);
+}
+
+fn nft(ns: &str, script: &str) {
+    run(&["ip", "netns", "exec", ns, "nft", "-f", "-"], Some(script));
+}
+
+/// Runs `f` with this thread in network namespace `ns`; sockets made inside stay there.
+fn in_ns<T>(ns: &str, f: impl FnOnce() -> T) -> T {
+    struct Back(File);
+    impl Drop for Back {
+        fn drop(&mut self) {
+            // SAFETY: an open namespace file; only this thread is affected.
+            let r = unsafe { libc::setns(self.0.as_raw_fd(), libc::CLONE_NEWNET) };
+            assert_eq!(r, 0, "could not return to the original network namespace");
+        }
+    }
+    let home = Back(File::open("/proc/thread-self/ns/net").unwrap());
+    let target = File::open(format!("/run/netns/{ns}")).unwrap();
+    // SAFETY: an open namespace file; only this thread is affected.
+    let r = unsafe { libc::setns(target.as_raw_fd(), libc::CLONE_NEWNET) };
+    assert_eq!(r, 0, "setns {ns}: {}", io::Error::last_os_error());
+    let out = f();
+    drop(home);
+    out
+}
+
+// ------------------------------------------------------------------ the lab
+
+struct Lab {
+    a: String,
+    m1: String,
+    m2: String,
+    v6: bool,
+    /// Which namespace holds the MSR end of the veth now.
+    msr_side_in_m2: bool,
+}
+
+impl Lab {
+    fn new(v6: bool) -> Lab {
+        if unsafe { libc::geteuid() } != 0 {
+            panic!("these tests need root (network namespaces, TCP_REPAIR)");
+        }
+        remove_stale_namespaces();
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let base = format!("ihr-{}-{n}", std::process::id());
+        let lab = Lab {
+            a: format!("{base}-a"),
+            m1: format!("{base}-m1"),
+            m2: format!("{base}-m2"),
+            v6,
+            msr_side_in_m2: false,
+        };
+        for ns in [&lab.a, &lab.m1, &lab.m2] {
+            run(&["ip", "netns", "add", ns], None);
+        }
+        run(
+            &[
+                "ip",
+                "link",
+                "add",
+                "va",
+                "netns",
+                &lab.a,
+                "address",
+                "02:00:00:00:77:01",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                "vm",
+                "netns",
+                &lab.m1,
+                "address",
+                "02:00:00:00:77:02",
+            ],
+            None,
+        );
+        for ns in [&lab.a, &lab.m1, &lab.m2] {
+            ip(ns, "link set lo up");
+        }
+        if v6 {
+            ip(&lab.a, "addr add fd77::1/64 dev va nodad");
+        } else {
+            ip(&lab.a, "addr add 10.77.0.1/24 dev va");
+        }
+        ip(&lab.a, "link set va up");
+        lab.msr_addr_up(&lab.m1);
+        // Watch the peer for RSTs in both directions.
+        nft(
+            &lab.a,
+            "table inet watch {\n\
+               chain in { type filter hook input priority 0; tcp flags & rst == rst counter; }\n\
+               chain out { type filter hook output priority 0; tcp flags & rst == rst counter; }\n\
+             }\n",
+        );
+        lab
+    }
+
+    fn msr_addr_up(&self, ns: &str) {
+        if self.v6 {
+            ip(ns, "addr add fd77::2/64 dev vm nodad");
+        } else {
+            ip(ns, "addr add 10.77.0.2/24 dev vm");
+        }
+        ip(ns, "link set vm up");
+    }
+
+    fn peer_ip(&self) -> &'static str {
+        if self.v6 {
+            "fd77::1"
+        } else {
+            "10.77.0.1"
+        }
+    }
+
+    fn msr_addr(&self, port: u16) -> SocketAddr {
+        if self.v6 {
+            format!("[fd77::2]:{port}").parse().unwrap()
+        } else {
+            format!("10.77.0.2:{port}").parse().unwrap()
+        }
+    }
+
+    fn fam(&self) -> &'static str {
+        if self.v6 {
+            "ip6"
+        } else {
+            "ip"
+        }
+    }
+
+    /// Drops the flow (peer port `pp`, MSR port `mp`) in `ns`: ingress, egress or both.
+    fn block(&self, ns: &str, pp: u16, mp: u16, ingress: bool, egress: bool) {
+        let (f, peer) = (self.fam(), self.peer_ip());
+        let mut s = String::from("table inet block {\n");
+        if ingress {
+            s += &format!(
+                "chain in {{ type filter hook prerouting priority -300; iifname != \"lo\" {f} saddr {peer} tcp sport {pp} tcp dport {mp} counter drop; }}\n"
+            );
+        }
+        if egress {
+            s += &format!(
+                "chain out {{ type filter hook output priority -300; {f} daddr {peer} tcp dport {pp} tcp sport {mp} counter drop; }}\n"
+            );
+        }
+        s += "}\n";
+        nft(ns, &s);
+    }
+
+    /// Loses the MSR's segments of the flow on the way to the peer (dropped as they
+    /// arrive in A, like a loss on the air): the MSR's TCP counts them as sent. A drop
+    /// in the MSR's own output hook would not do: TCP sees the error and keeps the
+    /// bytes unsent.
+    fn lose(&self, pp: u16, mp: u16) {
+        let (f, peer) = (self.fam(), self.peer_ip());
+        nft(
+            &self.a,
+            &format!(
+                "table inet lose {{\n\
+                 chain in {{ type filter hook prerouting priority -300; {f} daddr {peer} tcp dport {pp} tcp sport {mp} counter drop; }}\n}}\n"
+            ),
+        );
+    }
+
+    fn unlose(&self) {
+        nft(&self.a, "delete table inet lose\n");
+    }
+
+    /// Blocks every flow to/from the MSR port `mp` (many connections at once).
+    fn block_port(&self, ns: &str, mp: u16) {
+        nft(
+            ns,
+            &format!(
+                "table inet block {{\n\
+                 chain in {{ type filter hook prerouting priority -300; iifname != \"lo\" tcp dport {mp} drop; }}\n\
+                 chain out {{ type filter hook output priority -300; tcp sport {mp} drop; }}\n}}\n"
+            ),
+        );
+    }
+
+    fn unblock(&self, ns: &str) {
+        nft(ns, "delete table inet block\n");
+    }
+
+    /// Moves the MSR's veth end (and its address) from M1 to M2.
+    fn move_to_m2(&mut self) {
+        ip(&self.m1, &format!("link set vm netns {}", self.m2));
+        self.msr_addr_up(&self.m2.clone());
+        self.msr_side_in_m2 = true;
+    }
+
+    /// RST segments the peer received and sent so far.
+    fn peer_rsts(&self) -> u64 {
+        let out = run(
+            &[
+                "ip", "netns", "exec", &self.a, "nft", "list", "table", "inet", "watch",
+            ],
+            None,
+        );
+        out.split_whitespace()
+            .collect::<Vec<_>>()
+            .windows(2)
+            .filter(|w| w[0] == "packets")
+            .map(|w| w[1].parse::<u64>().unwrap())
+            .sum()
+    }
+}
+
+/// Deletes namespaces left by test runs that were killed (no Drop on SIGKILL): names
+/// `ihr-<pid>-…` whose process is gone.
+fn remove_stale_namespaces() {
+    let Ok(rd) = std::fs::read_dir("/run/netns") else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix("ihr-")
+            .and_then(|r| r.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = Command::new("ip")
+                .args(["netns", "del", &name])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for ns in [&self.a, &self.m1, &self.m2] {
+            let _ = Command::new("ip")
+                .args(["netns", "del", ns])
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
+// ------------------------------------------------------------------ sockets
+
+fn setopt(fd: &impl AsRawFd, level: i32, name: i32, v: i32) {
+    // SAFETY: a live int and its size.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            (&v as *const i32).cast(),
+            size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "setsockopt {level}/{name}: {}",
+        io::Error::last_os_error()
+    );
+}
+
+fn set_cc(fd: &impl AsRawFd, cc: &str) {
+    // SAFETY: the bytes of `cc`.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_CONGESTION,
+            cc.as_ptr().cast(),
+            cc.len() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "TCP_CONGESTION {cc}: {}", io::Error::last_os_error());
+}
+
+#[derive(Default, Clone)]
+struct Tune {
+    rcvbuf: Option<i32>,
+    sndbuf: Option<i32>,
+    cc: Option<&'static str>,
+}
+
+/// MSR sockets: a send buffer large enough for the queues the tests build.
+fn msr_tune() -> Tune {
+    Tune {
+        sndbuf: Some(1 << 20),
+        ..Tune::default()
+    }
+}
+
+fn raw_socket(addr: &SocketAddr, t: &Tune) -> OwnedFd {
+    let fam = if addr.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: plain syscall; we own the result.
+    let fd = unsafe { libc::socket(fam, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0);
+    // SAFETY: fresh descriptor.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if let Some(v) = t.rcvbuf {
+        setopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUF, v);
+    }
+    if let Some(v) = t.sndbuf {
+        setopt(&fd, libc::SOL_SOCKET, libc::SO_SNDBUF, v);
+    }
+    if let Some(cc) = t.cc {
+        set_cc(&fd, cc);
+    }
+    fd
+}
+
+fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+    itcp_handoff::repair::to_sockaddr(addr)
+}
+
+fn listen(lab_ns: &str, addr: SocketAddr, t: &Tune) -> TcpListener {
+    in_ns(lab_ns, || {
+        let fd = raw_socket(&addr, t);
+        setopt(&fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1);
+        let (ss, len) = sockaddr(&addr);
+        // SAFETY: valid sockaddr.
+        let r = unsafe {
+            libc::bind(
+                fd.as_raw_fd(),
+                (&ss as *const libc::sockaddr_storage).cast(),
+                len,
+            )
+        };
+        assert_eq!(r, 0, "bind {addr}: {}", io::Error::last_os_error());
+        // SAFETY: plain syscall.
+        assert_eq!(unsafe { libc::listen(fd.as_raw_fd(), 1024) }, 0);
+        TcpListener::from(fd)
+    })
+}
+
+fn connect(ns: &str, to: SocketAddr, t: &Tune) -> TcpStream {
+    in_ns(ns, || {
+        let fd = raw_socket(&to, t);
+        let (ss, len) = sockaddr(&to);
+        // SAFETY: valid sockaddr.
+        let r = unsafe {
+            libc::connect(
+                fd.as_raw_fd(),
+                (&ss as *const libc::sockaddr_storage).cast(),
+                len,
+            )
+        };
+        assert_eq!(r, 0, "connect {to}: {}", io::Error::last_os_error());
+        TcpStream::from(fd)
+    })
+}
+
+/// A connected pair: (peer side in A, MSR side in M1).
+fn pair(lab: &Lab, l: &TcpListener, port: u16, peer: &Tune) -> (TcpStream, TcpStream) {
+    let a = connect(&lab.a, lab.msr_addr(port), peer);
+    let (m, _) = l.accept().unwrap();
+    (a, m)
+}
+
+fn ioctl_u32(s: &impl AsRawFd, req: libc::Ioctl) -> u32 {
+    let mut v: libc::c_int = 0;
+    // SAFETY: one int out.
+    let r = unsafe { libc::ioctl(s.as_raw_fd(), req, &mut v as *mut libc::c_int) };
+    assert_eq!(r, 0);
+    v as u32
+}
+
+fn tcp_state(s: &impl AsFd) -> u8 {
+    itcp_handoff::repair::tcp_info(s.as_fd()).unwrap().state
+}
+
+fn wait_until(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + timeout;
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(1));
+    }
+}
+
+// ------------------------------------------------------------------ byte patterns
+
+/// Byte `i` of stream `seed`: a hash, so any lost, duplicated or shifted byte shows.
+fn pat(seed: u64, i: u64) -> u8 {
+    let mut x = i ^ seed.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    x ^= x >> 33;
+    x = x.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    x ^= x >> 29;
+    x as u8
+}
+
+/// The writing end of a pattern stream.
+struct Gen {
+    seed: u64,
+    off: u64,
+}
+
+impl Gen {
+    fn new(seed: u64) -> Gen {
+        Gen { seed, off: 0 }
+    }
+    fn bytes(&mut self, n: usize) -> Vec<u8> {
+        let v = (0..n as u64)
+            .map(|i| pat(self.seed, self.off + i))
+            .collect();
+        self.off += n as u64;
+        v
+    }
+    /// Writes `n` bytes (blocking).
+    fn write(&mut self, s: &mut TcpStream, n: usize) {
+        let b = self.bytes(n);
+        s.write_all(&b).unwrap();
+    }
+    /// Writes up to `n` bytes without blocking; returns how many went in.
+    fn write_nb(&mut self, s: &mut TcpStream, n: usize) -> usize {
+        s.set_nonblocking(true).unwrap();
+        let b: Vec<u8> = (0..n as u64)
+            .map(|i| pat(self.seed, self.off + i))
+            .collect();
+        let mut done = 0;
+        while done < n {
+            match s.write(&b[done..]) {
+                Ok(k) => done += k,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => panic!("write: {e}"),
+            }
+        }
+        s.set_nonblocking(false).unwrap();
+        self.off += done as u64;
+        done
+    }
+}
+
+/// Checks `data` against stream `seed` from offset `off`.
+fn check(seed: u64, off: u64, data: &[u8], what: &str) {
+    if let Some(i) = (0..data.len()).find(|&i| data[i] != pat(seed, off + i as u64)) {
+        panic!(
+            "{what}: byte {} (stream offset {}) is wrong: got {:#04x}, want {:#04x}",
+            i,
+            off + i as u64,
+            data[i],
+            pat(seed, off + i as u64)
+        );
+    }
+}
+
+fn read_n(s: &mut TcpStream, n: usize) -> Vec<u8> {
+    let mut v = vec![0; n];
+    s.read_exact(&mut v).unwrap();
+    v
+}
+
+/// Reads until EOF in a thread; returns the bytes and the time the `mark`-th byte came.
+fn reader(mut s: TcpStream, mark: usize) -> JoinHandle<io::Result<(Vec<u8>, Option<Instant>)>> {
+    thread::spawn(move || {
+        let mut v = Vec::new();
+        let mut at = None;
+        let mut buf = vec![0u8; 256 * 1024];
+        loop {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                return Ok((v, at));
+            }
+            v.extend_from_slice(&buf[..n]);
+            if at.is_none() && v.len() >= mark {
+                at = Some(Instant::now());
+            }
+        }
+    })
+}
+
+/// Reads exactly `n` bytes in a thread; returns them and when the last one came.
+fn reader_n(mut s: TcpStream, n: usize) -> JoinHandle<io::Result<(Vec<u8>, Instant)>> {
+    thread::spawn(move || {
+        let mut v = vec![0; n];
+        s.read_exact(&mut v)?;
+        Ok((v, Instant::now()))
+    })
+}
+
+fn describe(img: &SocketImage) -> String {
+    format!(
+        "state {:?}, unacked {} B, unsent {} B, fin {:?}, recv {} B{}, mss {}, wscale {:?}, sack {}, ts {}, snd_wnd {}",
+        img.state,
+        img.send.unacked.len(),
+        img.send.unsent.len(),
+        img.send.fin,
+        img.recv.data.len(),
+        if img.recv.fin { " + FIN" } else { "" },
+        img.options.mss,
+        img.options.wscale.map(|w| (w.snd, w.rcv)),
+        img.options.sack,
+        img.options.timestamps,
+        img.window.snd_wnd,
+    )
+}
+
+/// Captures `m` in M1 (flow already blocked), deletes it, moves the MSR into M2 behind
+/// a hold, restores there. Returns the image and the restored socket (repair mode).
+fn hand_over(
+    lab: &mut Lab,
+    m: TcpStream,
+    pp: u16,
+    mp: u16,
+    opts: &RestoreOptions,
+) -> (SocketImage, TcpStream) {
+    let orig_mss = itcp_handoff::repair::tcp_info(m.as_fd()).unwrap().snd_mss;
+    let t = Instant::now();
+    let img = capture(m.as_fd()).unwrap();
+    let t_cap = t.elapsed();
+    // The image goes over the wire in its binary form.
+    let wire = img.to_bytes();
+    let img = SocketImage::from_bytes(&wire).unwrap();
+    delete(OwnedFd::from(m)).unwrap();
+    lab.block(&lab.m2.clone(), pp, mp, true, false);
+    lab.move_to_m2();
+    let t = Instant::now();
+    let fd = in_ns(&lab.m2.clone(), || restore(&img, opts)).unwrap();
+    let t_res = t.elapsed();
+    eprintln!(
+        "  image: {} ({} B on the wire); capture {:?}, restore {:?}",
+        describe(&img),
+        wire.len(),
+        t_cap,
+        t_res
+    );
+    // The restored socket segments like the original (TCP_MAXSEG before connect), its
+    // timestamp clock continues from the captured value, its window is the captured one.
+    let info = itcp_handoff::repair::tcp_info(fd.as_fd()).unwrap();
+    assert_eq!(info.snd_mss, orig_mss, "restored MSS");
+    let ts = itcp_handoff::repair::timestamp(fd.as_fd()).unwrap();
+    assert!(
+        ts.wrapping_sub(img.timestamp) < 100,
+        "timestamp clock {ts} vs captured {}",
+        img.timestamp
+    );
+    let w = itcp_handoff::repair::repair_window(fd.as_fd()).unwrap();
+    assert_eq!(
+        (w.snd_wl1, w.snd_wnd, w.max_window, w.rcv_wnd, w.rcv_wup),
+        (
+            img.window.snd_wl1,
+            img.window.snd_wnd,
+            img.window.max_window,
+            img.window.rcv_wnd,
+            img.window.rcv_wup
+        ),
+        "restored window"
+    );
+    (img, TcpStream::from(fd))
+}
+
+// ------------------------------------------------------------------ tests
+
+/// Test 1: data flowing both ways, bytes in both queues (unacked ones the peer has,
+/// unacked ones it lacks, unsent ones), moved; every byte arrives once, in order, both
+/// ways, and the connection keeps going. No RST.
+#[test]
+fn live_connection_moves_with_both_queues() {
+    let _g = serial();
+    for policy in [UnackedRestore::Auto, UnackedRestore::AsSent] {
+        eprintln!("move with both queues, unacked restore policy {policy:?}:");
+        let mut lab = Lab::new(false);
+        let mp = 7000;
+        let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+        // A small receive buffer at the peer keeps its window (and so what is in
+        // flight) small, leaving most of the MSR's bytes unsent.
+        let (mut a, mut m) = pair(
+            &lab,
+            &l,
+            mp,
+            &Tune {
+                rcvbuf: Some(8192),
+                ..Tune::default()
+            },
+        );
+        let pp = a.local_addr().unwrap().port();
+        let (mut down, mut up) = (Gen::new(1), Gen::new(2)); // MSR->peer, peer->MSR
+
+        // Phase 1: plain exchange.
+        down.write(&mut m, 100_000);
+        check(1, 0, &read_n(&mut a, 100_000), "phase 1 down");
+        up.write(&mut a, 50_000);
+        check(2, 0, &read_n(&mut m, 50_000), "phase 1 up");
+
+        // Phase 2: queue bytes everywhere. The peer sends 30 kB the MSR does not read.
+        up.write(&mut a, 30_000);
+        wait_until(
+            "30 kB in the MSR's receive queue",
+            Duration::from_secs(2),
+            || ioctl_u32(&m, libc::FIONREAD) == 30_000,
+        );
+        // 3 kB reach the peer but its ACKs are dropped: unacked bytes the peer has.
+        lab.block(&lab.m1.clone(), pp, mp, true, false);
+        down.write(&mut m, 3_000);
+        thread::sleep(Duration::from_millis(20));
+        // Then segments are lost on the way: what the window allows is sent into the
+        // void (unacked bytes the peer lacks), the rest stays unsent.
+        lab.lose(pp, mp);
+        let w = down.write_nb(&mut m, 200_000);
+        assert_eq!(w, 200_000, "send buffer too small for the test");
+        thread::sleep(Duration::from_millis(10));
+        // Freeze: the flow is blocked at the MSR in both directions.
+        lab.unblock(&lab.m1.clone());
+        lab.block(&lab.m1.clone(), pp, mp, true, true);
+        lab.unlose();
+
+        let opts = RestoreOptions {
+            unacked: policy,
+            ..RestoreOptions::default()
+        };
+        let (img, mut r) = hand_over(&mut lab, m, pp, mp, &opts);
+        assert_eq!(img.state, TcpState::Established);
+        assert!(
+            img.send.unacked.len() > 3_000,
+            "unacked: {}",
+            img.send.unacked.len()
+        );
+        assert!(!img.send.unsent.is_empty());
+        assert_eq!(img.recv.data.len(), 30_000);
+        assert_eq!(
+            img.send.unacked.len() + img.send.unsent.len(),
+            203_000,
+            "the MSR's send queue"
+        );
+
+        // Release the hold, restart.
+        lab.unblock(&lab.m2.clone());
+        let t = Instant::now();
+        restart(r.as_fd(), &img).unwrap();
+        eprintln!("  restart {:?}", t.elapsed());
+
+        // The peer reads everything; the restored socket reads the peer's 30 kB + more.
+        let ra = reader(a.try_clone().unwrap(), 0);
+        let mut rr = r.try_clone().unwrap();
+        let up_total = 30_000 + 100_000;
+        let rm = thread::spawn(move || {
+            let mut v = vec![0; up_total];
+            rr.read_exact(&mut v).map(|_| v)
+        });
+        up.write(&mut a, 100_000);
+        down.write(&mut r, 100_000);
+        r.shutdown(Shutdown::Write).unwrap();
+        let (got, _) = ra.join().unwrap().expect("peer read failed (RST?)");
+        // The 3 kB the peer had received before the move were still unread.
+        assert_eq!(
+            got.len(),
+            203_000 + 100_000,
+            "bytes the peer got after phase 1"
+        );
+        check(1, 100_000, &got, "down after the move");
+        let got_up = rm.join().unwrap().expect("restored socket read failed");
+        check(2, 50_000, &got_up, "up after the move");
+        a.shutdown(Shutdown::Write).unwrap();
+        let mut end = [0u8; 1];
+        assert_eq!(r.read(&mut end).unwrap(), 0, "EOF after the peer's FIN");
+        assert_eq!(lab.peer_rsts(), 0, "the peer saw or sent an RST");
+    }
+}
+
+/// Test 2: half-closed connections move and finish cleanly.
+#[test]
+fn half_closed_connections_move() {
+    let _g = serial();
+
+    // (a) The peer had sent FIN; the MSR had not read it (nor 20 kB before it).
+    {
+        eprintln!("peer FIN received (CLOSE_WAIT):");
+        let mut lab = Lab::new(false);
+        let mp = 7001;
+        let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+        let (mut a, m) = pair(&lab, &l, mp, &Tune::default());
+        let pp = a.local_addr().unwrap().port();
+        let mut up = Gen::new(3);
+        up.write(&mut a, 20_000);
+        a.shutdown(Shutdown::Write).unwrap();
+        wait_until("CLOSE_WAIT", Duration::from_secs(2), || tcp_state(&m) == 8);
+        lab.block(&lab.m1.clone(), pp, mp, true, true);
+        let (img, mut r) = hand_over(&mut lab, m, pp, mp, &RestoreOptions::default());
+        assert_eq!(img.state, TcpState::CloseWait);
+        assert!(img.recv.fin);
+        assert_eq!(tcp_state(&r), 8, "restored socket in CLOSE_WAIT");
+        lab.unblock(&lab.m2.clone());
+        restart(r.as_fd(), &img).unwrap();
+        let mut got = Vec::new();
+        r.read_to_end(&mut got).unwrap();
+        assert_eq!(got.len(), 20_000, "bytes before EOF");
+        check(3, 0, &got, "queued bytes before the peer's FIN");
+        let mut down = Gen::new(4);
+        down.write(&mut r, 50_000);
+        r.shutdown(Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        a.read_to_end(&mut got).unwrap();
+        check(4, 0, &got, "reply after the move");
+        assert_eq!(got.len(), 50_000);
+        wait_until("restored socket closed", Duration::from_secs(2), || {
+            tcp_state(&r) == 7
+        });
+        assert_eq!(lab.peer_rsts(), 0);
+    }
+
+    // (b) We had sent FIN behind 40 kB the peer had not read (FIN_WAIT1, FIN queued).
+    {
+        eprintln!("our FIN queued (FIN_WAIT1):");
+        let mut lab = Lab::new(false);
+        let mp = 7002;
+        let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+        let (mut a, mut m) = pair(
+            &lab,
+            &l,
+            mp,
+            &Tune {
+                rcvbuf: Some(4096),
+                ..Tune::default()
+            },
+        );
+        let pp = a.local_addr().unwrap().port();
+        let mut down = Gen::new(5);
+        assert_eq!(down.write_nb(&mut m, 40_000), 40_000);
+        m.shutdown(Shutdown::Write).unwrap();
+        thread::sleep(Duration::from_millis(20));
+        assert_eq!(tcp_state(&m), 4, "FIN_WAIT1");
+        lab.block(&lab.m1.clone(), pp, mp, true, true);
+        let (img, mut r) = hand_over(&mut lab, m, pp, mp, &RestoreOptions::default());
+        assert_eq!(img.state, TcpState::FinWait1);
+        assert_eq!(img.send.fin, SendFin::Queued);
+        lab.unblock(&lab.m2.clone());
+        restart(r.as_fd(), &img).unwrap();
+        let mut got = Vec::new();
+        a.read_to_end(&mut got).unwrap();
+        assert_eq!(got.len(), 40_000);
+        check(5, 0, &got, "bytes before our FIN");
+        let mut up = Gen::new(6);
+        up.write(&mut a, 30_000);
+        a.shutdown(Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        r.read_to_end(&mut got).unwrap();
+        assert_eq!(got.len(), 30_000);
+        check(6, 0, &got, "the peer's bytes after our FIN");
+        assert_eq!(lab.peer_rsts(), 0);
+    }
+
+    // (c) Our FIN acknowledged (FIN_WAIT2); the peer keeps sending.
+    {
+        eprintln!("our FIN acknowledged (FIN_WAIT2):");
+        let mut lab = Lab::new(false);
+        let mp = 7003;
+        let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+        let (mut a, mut m) = pair(&lab, &l, mp, &Tune::default());
+        let pp = a.local_addr().unwrap().port();
+        let mut down = Gen::new(7);
+        down.write(&mut m, 10_000);
+        m.shutdown(Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        a.read_to_end(&mut got).unwrap();
+        check(7, 0, &got, "before the move");
+        wait_until("FIN_WAIT2", Duration::from_secs(2), || tcp_state(&m) == 5);
+        let mut up = Gen::new(8);
+        up.write(&mut a, 10_000);
+        wait_until("10 kB queued", Duration::from_secs(2), || {
+            ioctl_u32(&m, libc::FIONREAD) == 10_000
+        });
+        lab.block(&lab.m1.clone(), pp, mp, true, true);
+        let (img, mut r) = hand_over(&mut lab, m, pp, mp, &RestoreOptions::default());
+        assert_eq!(img.state, TcpState::FinWait2);
+        assert_eq!(img.send.fin, SendFin::Acked);
+        lab.unblock(&lab.m2.clone());
+        restart(r.as_fd(), &img).unwrap();
+        up.write(&mut a, 10_000);
+        a.shutdown(Shutdown::Write).unwrap();
+        let mut got = Vec::new();
+        r.read_to_end(&mut got).unwrap();
+        assert_eq!(got.len(), 20_000);
+        check(8, 0, &got, "the peer's bytes");
+        wait_until("restored socket closed", Duration::from_secs(2), || {
+            tcp_state(&r) == 7
+        });
+        assert_eq!(lab.peer_rsts(), 0);
+    }
+
+    // (d) Both FINs, ours (and 3 kB before it) sent but lost (LAST_ACK); re-sent as new
+    // or restored as sent.
+    for policy in [UnackedRestore::Auto, UnackedRestore::AsSent] {
+        eprintln!("LAST_ACK with unacknowledged bytes and FIN, {policy:?}:");
+        let mut lab = Lab::new(false);
+        let mp = 7004;
+        let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+        let (mut a, mut m) = pair(&lab, &l, mp, &Tune::default());
+        let pp = a.local_addr().unwrap().port();
+        a.shutdown(Shutdown::Write).unwrap();
+        let mut nothing = Vec::new();
+        m.read_to_end(&mut nothing).unwrap();
+        lab.lose(pp, mp);
+        let mut down = Gen::new(9);
+        down.write(&mut m, 3_000);
+        m.shutdown(Shutdown::Write).unwrap();
+        thread::sleep(Duration::from_millis(10));
+        lab.block(&lab.m1.clone(), pp, mp, true, true);
+        lab.unlose();
+        assert_eq!(tcp_state(&m), 9, "LAST_ACK");
+        let opts = RestoreOptions {
+            unacked: policy,
+            ..RestoreOptions::default()
+        };
+        let (img, r) = hand_over(&mut lab, m, pp, mp, &opts);
+        assert_eq!(img.state, TcpState::LastAck);
+        assert_eq!(img.send.fin, SendFin::Sent);
+        assert_eq!(img.send.unacked.len(), 3_000);
+        lab.unblock(&lab.m2.clone());
+        restart(r.as_fd(), &img).unwrap();
+        let t = Instant::now();
+        let mut got = Vec::new();
+        a.read_to_end(&mut got).unwrap();
+        eprintln!("  restart -> peer EOF {:?}", t.elapsed());
+        assert_eq!(got.len(), 3_000);
+        check(9, 0, &got, "bytes before our FIN");
+        wait_until("restored socket closed", Duration::from_secs(10), || {
+            tcp_state(&r) == 7
+        });
+        assert_eq!(lab.peer_rsts(), 0);
+    }
+}
+
+/// Test 3: restored unacknowledged bytes the peer lacks reach it within milliseconds of
+/// restart (re-sent as new data), instead of waiting for a probe or RTO.
+#[test]
+fn unacked_bytes_reach_the_peer_at_once() {
+    let _g = serial();
+    let mut figures = Vec::new();
+    for policy in [UnackedRestore::Auto, UnackedRestore::AsSent] {
+        let mut lab = Lab::new(false);
+        let mp = 7010;
+        let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+        let (mut a, mut m) = pair(&lab, &l, mp, &Tune::default());
+        let pp = a.local_addr().unwrap().port();
+        let mut down = Gen::new(10);
+        down.write(&mut m, 10_000);
+        check(10, 0, &read_n(&mut a, 10_000), "warm-up");
+        // 8 kB are sent and lost on the way.
+        lab.lose(pp, mp);
+        down.write(&mut m, 8_000);
+        thread::sleep(Duration::from_millis(5));
+        lab.block(&lab.m1.clone(), pp, mp, true, true);
+        lab.unlose();
+        let (img, r) = hand_over(
+            &mut lab,
+            m,
+            pp,
+            mp,
+            &RestoreOptions {
+                unacked: policy,
+                ..RestoreOptions::default()
+            },
+        );
+        assert_eq!(
+            img.send.unacked.len(),
+            8_000,
+            "all 8 kB sent and unacknowledged"
+        );
+        assert!(img.send.unsent.is_empty());
+        lab.unblock(&lab.m2.clone());
+        let ra = reader_n(a.try_clone().unwrap(), 8_000);
+        let t0 = Instant::now();
+        restart(r.as_fd(), &img).unwrap();
+        let (got, at) = ra.join().unwrap().unwrap();
+        check(10, 10_000, &got, "restored bytes");
+        let dt = at.duration_since(t0);
+        r.shutdown(Shutdown::Write).unwrap();
+        let mut rest = Vec::new();
+        a.read_to_end(&mut rest).unwrap();
+        assert!(rest.is_empty());
+        eprintln!("  {policy:?}: restart -> peer holds all 8000 unacked bytes: {dt:?}");
+        figures.push((policy, dt));
+        assert_eq!(lab.peer_rsts(), 0);
+    }
+    let (_, auto) = figures[0];
+    assert!(
+        auto < Duration::from_millis(200),
+        "unacked bytes re-sent as new took {auto:?}"
+    );
+}
+
+/// Many bytes in flight whose ACKs the freeze dropped (the peer has them all): more
+/// than the restored socket's first flight. `Auto` restores them as sent so the peer's
+/// ACK (beyond what a re-sending socket would have sent) is accepted.
+#[test]
+fn large_flight_with_lost_acks_moves() {
+    let _g = serial();
+    let mut lab = Lab::new(false);
+    let mp = 7020;
+    let reno = Tune {
+        cc: Some("reno"),
+        sndbuf: Some(4 << 20),
+        ..Tune::default()
+    };
+    let l = listen(&lab.m1, lab.msr_addr(mp), &reno);
+    let (a, mut m) = pair(
+        &lab,
+        &l,
+        mp,
+        &Tune {
+            rcvbuf: Some(4 << 20),
+            ..Tune::default()
+        },
+    );
+    let pp = a.local_addr().unwrap().port();
+    let mut down = Gen::new(11);
+    // Grow the congestion window.
+    let ra = reader(a.try_clone().unwrap(), 0);
+    down.write(&mut m, 4_000_000);
+    thread::sleep(Duration::from_millis(50));
+    // ACKs from the peer are dropped from now on; data still reaches it.
+    lab.block(&lab.m1.clone(), pp, mp, true, false);
+    down.write_nb(&mut m, 400_000);
+    thread::sleep(Duration::from_millis(30));
+    lab.unblock(&lab.m1.clone());
+    lab.block(&lab.m1.clone(), pp, mp, true, true);
+    let (img, mut r) = hand_over(&mut lab, m, pp, mp, &RestoreOptions::default());
+    eprintln!(
+        "  in flight at capture: {} B ({} segments)",
+        img.send.unacked.len(),
+        img.send.unacked.len().div_ceil(img.options.mss as usize)
+    );
+    assert!(
+        img.send.unacked.len() > 10 * img.options.mss as usize,
+        "need more than 10 segments in flight"
+    );
+    lab.unblock(&lab.m2.clone());
+    let t0 = Instant::now();
+    restart(r.as_fd(), &img).unwrap();
+    down.write(&mut r, 100_000);
+    r.shutdown(Shutdown::Write).unwrap();
+    let (got, _) = ra.join().unwrap().expect("peer read");
+    eprintln!("  restart -> peer EOF: {:?}", t0.elapsed());
+    assert_eq!(got.len() as u64, down.off);
+    check(11, 0, &got, "whole stream");
+    assert_eq!(lab.peer_rsts(), 0);
+}
+
+/// Test 4: rollback: capture, then unfreeze in place: the connection keeps working.
+#[test]
+fn rollback_unfreeze_keeps_the_connection() {
+    let _g = serial();
+    let lab = Lab::new(false);
+    let mp = 7030;
+    let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+    let (mut a, mut m) = pair(&lab, &l, mp, &Tune::default());
+    let pp = a.local_addr().unwrap().port();
+    let (mut down, mut up) = (Gen::new(12), Gen::new(13));
+    down.write(&mut m, 5_000);
+    check(12, 0, &read_n(&mut a, 5_000), "before");
+    up.write(&mut a, 7_000);
+    wait_until("queued", Duration::from_secs(2), || {
+        ioctl_u32(&m, libc::FIONREAD) == 7_000
+    });
+    lab.lose(pp, mp);
+    down.write(&mut m, 8_000);
+    thread::sleep(Duration::from_millis(5));
+    lab.block(&lab.m1, pp, mp, true, true);
+    lab.unlose();
+    let img = capture(m.as_fd()).unwrap();
+    eprintln!("  image: {}", describe(&img));
+    assert_eq!(img.send.unacked.len(), 8_000);
+    assert_eq!(img.recv.data.len(), 7_000);
+    // Reads fail while frozen.
+    assert!(
+        (&m).read(&mut [0u8; 10]).is_err(),
+        "a frozen socket must not be readable"
+    );
+    lab.unblock(&lab.m1);
+    unfreeze(m.as_fd()).unwrap();
+    check(12, 5_000, &read_n(&mut a, 8_000), "after rollback, down");
+    check(13, 0, &read_n(&mut m, 7_000), "after rollback, queued up");
+    up.write(&mut a, 9_000);
+    check(13, 7_000, &read_n(&mut m, 9_000), "after rollback, up");
+    assert_eq!(lab.peer_rsts(), 0);
+}
+
+/// IPv6: a connection with queued bytes and the peer's FIN moves.
+#[test]
+fn ipv6_half_closed_moves() {
+    let _g = serial();
+    let mut lab = Lab::new(true);
+    let mp = 7040;
+    let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+    let (mut a, mut m) = pair(
+        &lab,
+        &l,
+        mp,
+        &Tune {
+            rcvbuf: Some(4096),
+            ..Tune::default()
+        },
+    );
+    let pp = a.local_addr().unwrap().port();
+    let (mut down, mut up) = (Gen::new(14), Gen::new(15));
+    up.write(&mut a, 12_000);
+    a.shutdown(Shutdown::Write).unwrap();
+    wait_until("CLOSE_WAIT", Duration::from_secs(2), || tcp_state(&m) == 8);
+    assert_eq!(down.write_nb(&mut m, 50_000), 50_000);
+    lab.block(&lab.m1.clone(), pp, mp, true, true);
+    let (img, mut r) = hand_over(&mut lab, m, pp, mp, &RestoreOptions::default());
+    assert!(img.local.is_ipv6());
+    assert_eq!(img.state, TcpState::CloseWait);
+    lab.unblock(&lab.m2.clone());
+    restart(r.as_fd(), &img).unwrap();
+    let ra = reader(a.try_clone().unwrap(), 0);
+    let mut got = Vec::new();
+    r.read_to_end(&mut got).unwrap();
+    check(15, 0, &got, "peer's bytes before its FIN");
+    assert_eq!(got.len(), 12_000);
+    down.write(&mut r, 1_000);
+    r.shutdown(Shutdown::Write).unwrap();
+    let (got, _) = ra.join().unwrap().unwrap();
+    assert_eq!(got.len(), 51_000);
+    check(14, 0, &got, "our bytes");
+    assert_eq!(lab.peer_rsts(), 0);
+}
+
+/// Capture, restore and restart cost per socket: 50 idle connections moved together,
+/// and one with ~1 MB queued each way. Prints the figures.
+#[test]
+fn bench_capture_restore_per_socket() {
+    let _g = serial();
+
+    // Empty queues: 50 connections.
+    {
+        let mut lab = Lab::new(false);
+        let mp = 7050;
+        let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+        let n = 50;
+        let mut peers = Vec::new();
+        let mut msrs = Vec::new();
+        for i in 0..n {
+            let (mut a, mut m) = pair(&lab, &l, mp, &Tune::default());
+            m.write_all(&[i as u8; 100]).unwrap();
+            assert_eq!(read_n(&mut a, 100), vec![i as u8; 100]);
+            a.write_all(&[i as u8; 10]).unwrap();
+            assert_eq!(read_n(&mut m, 10), vec![i as u8; 10]);
+            peers.push(a);
+            msrs.push(m);
+        }
+        lab.block_port(&lab.m1.clone(), mp);
+        let t = Instant::now();
+        let imgs: Vec<SocketImage> = msrs.iter().map(|m| capture(m.as_fd()).unwrap()).collect();
+        let cap = t.elapsed();
+        let t = Instant::now();
+        let wire: Vec<Vec<u8>> = imgs.iter().map(|i| i.to_bytes()).collect();
+        let imgs: Vec<SocketImage> = wire
+            .iter()
+            .map(|w| SocketImage::from_bytes(w).unwrap())
+            .collect();
+        let enc = t.elapsed();
+        let t = Instant::now();
+        for m in msrs {
+            delete(OwnedFd::from(m)).unwrap();
+        }
+        let del = t.elapsed();
+        lab.block_port(&lab.m2.clone(), mp);
+        lab.move_to_m2();
+        let t = Instant::now();
+        let restored: Vec<TcpStream> = in_ns(&lab.m2.clone(), || {
+            imgs.iter()
+                .map(|i| TcpStream::from(restore(i, &RestoreOptions::default()).unwrap()))
+                .collect()
+        });
+        let res = t.elapsed();
+        lab.unblock(&lab.m2.clone());
+        let t = Instant::now();
+        for (r, i) in restored.iter().zip(&imgs) {
+            restart(r.as_fd(), i).unwrap();
+        }
+        let rst = t.elapsed();
+        let per = |d: Duration| d / n as u32;
+        eprintln!(
+            "empty queues, {n} sockets: per socket capture {:?}, encode+decode {:?}, delete {:?}, restore {:?}, restart {:?} (image {} B)",
+            per(cap),
+            per(enc),
+            per(del),
+            per(res),
+            per(rst),
+            wire[0].len()
+        );
+        for (i, (mut a, mut r)) in peers.into_iter().zip(restored).enumerate() {
+            r.write_all(&[i as u8; 50]).unwrap();
+            assert_eq!(read_n(&mut a, 50), vec![i as u8; 50]);
+            a.write_all(&[i as u8; 20]).unwrap();
+            assert_eq!(read_n(&mut r, 20), vec![i as u8; 20]);
+        }
+        assert_eq!(lab.peer_rsts(), 0);
+    }
+
+    // ~1 MB queued each way.
+    {
+        let mut lab = Lab::new(false);
+        let mp = 7051;
+        let big = Tune {
+            rcvbuf: Some(4 << 20),
+            sndbuf: Some(4 << 20),
+            ..Tune::default()
+        };
+        let l = listen(&lab.m1, lab.msr_addr(mp), &big);
+        let (mut a, mut m) = pair(
+            &lab,
+            &l,
+            mp,
+            &Tune {
+                rcvbuf: Some(64 << 10),
+                sndbuf: Some(4 << 20),
+                ..Tune::default()
+            },
+        );
+        let pp = a.local_addr().unwrap().port();
+        let (mut down, mut up) = (Gen::new(16), Gen::new(17));
+        let mb = 1 << 20;
+        assert_eq!(up.write_nb(&mut a, mb), mb);
+        wait_until(
+            "1 MB in the MSR's receive queue",
+            Duration::from_secs(5),
+            || ioctl_u32(&m, libc::FIONREAD) == mb as u32,
+        );
+        assert_eq!(down.write_nb(&mut m, mb), mb);
+        thread::sleep(Duration::from_millis(20));
+        lab.block(&lab.m1.clone(), pp, mp, true, true);
+        let (img, r) = hand_over(&mut lab, m, pp, mp, &RestoreOptions::default());
+        assert_eq!(img.recv.data.len(), mb);
+        lab.unblock(&lab.m2.clone());
+        let t = Instant::now();
+        restart(r.as_fd(), &img).unwrap();
+        eprintln!(
+            "1 MB each way ({} B send queue, {} B receive queue): restart {:?}",
+            img.send.unacked.len() + img.send.unsent.len(),
+            img.recv.data.len(),
+            t.elapsed()
+        );
+        let ra = reader(a.try_clone().unwrap(), 0);
+        let mut rr = r.try_clone().unwrap();
+        let got_up = thread::spawn(move || {
+            let mut v = vec![0; mb];
+            rr.read_exact(&mut v).map(|_| v)
+        });
+        r.shutdown(Shutdown::Write).unwrap();
+        let (got, _) = ra.join().unwrap().unwrap();
+        assert_eq!(got.len(), mb);
+        check(16, 0, &got, "down");
+        check(17, 0, &got_up.join().unwrap().unwrap(), "up");
+        assert_eq!(lab.peer_rsts(), 0);
+    }
+}
+
+/// Control: without a hold at the new MSR and without a restored socket, the peer's
+/// next segment is answered with RST — the failure the hold prevents, and proof that
+/// the RST counter sees it.
+#[test]
+fn control_without_hold_the_peer_gets_rst() {
+    let _g = serial();
+    let mut lab = Lab::new(false);
+    let mp = 7060;
+    let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+    let (mut a, m) = pair(&lab, &l, mp, &Tune::default());
+    let pp = a.local_addr().unwrap().port();
+    lab.block(&lab.m1.clone(), pp, mp, true, true);
+    delete(OwnedFd::from(m)).unwrap();
+    lab.move_to_m2();
+    a.write_all(b"hello").unwrap();
+    let mut buf = [0u8; 1];
+    let e = a.read(&mut buf).expect_err("the peer must get RST");
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+    assert!(lab.peer_rsts() >= 1, "the RST counter missed it");
+}
+
+/// The socket options we set travel with the image.
+#[test]
+fn socket_options_are_carried() {
+    let _g = serial();
+    let mut lab = Lab::new(false);
+    let mp = 7070;
+    let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+    let (mut a, mut m) = pair(&lab, &l, mp, &Tune::default());
+    let pp = a.local_addr().unwrap().port();
+    let opts: [(i32, i32, i32); 9] = [
+        (libc::IPPROTO_TCP, libc::TCP_NODELAY, 1),
+        (libc::SOL_SOCKET, libc::SO_KEEPALIVE, 1),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPIDLE, 33),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPINTVL, 7),
+        (libc::IPPROTO_TCP, libc::TCP_KEEPCNT, 4),
+        (libc::SOL_SOCKET, libc::SO_MARK, 0x77),
+        (libc::IPPROTO_TCP, libc::TCP_NOTSENT_LOWAT, 32768),
+        (libc::IPPROTO_TCP, libc::TCP_USER_TIMEOUT, 25_000),
+        (libc::IPPROTO_TCP, libc::TCP_WINDOW_CLAMP, 300_000),
+    ];
+    for (level, name, v) in opts {
+        setopt(&m, level, name, v);
+    }
+    set_cc(&m, "reno");
+    let get = |s: &TcpStream, level, name| {
+        itcp_handoff::repair::get_int(s.as_fd(), level, name, "test getsockopt").unwrap()
+    };
+    let sndbuf = get(&m, libc::SOL_SOCKET, libc::SO_SNDBUF);
+    let clamp = get(&m, libc::IPPROTO_TCP, libc::TCP_WINDOW_CLAMP);
+    m.write_all(b"x").unwrap();
+    read_n(&mut a, 1);
+    lab.block(&lab.m1.clone(), pp, mp, true, true);
+    let (img, mut r) = hand_over(&mut lab, m, pp, mp, &RestoreOptions::default());
+    assert_eq!(img.sockopts.congestion.as_deref(), Some("reno"));
+    lab.unblock(&lab.m2.clone());
+    restart(r.as_fd(), &img).unwrap();
+    for (level, name, v) in opts {
+        let want = if name == libc::TCP_WINDOW_CLAMP {
+            clamp
+        } else {
+            v
+        };
+        assert_eq!(get(&r, level, name), want, "option {level}/{name}");
+    }
+    assert_eq!(
+        get(&r, libc::SOL_SOCKET, libc::SO_SNDBUF),
+        sndbuf,
+        "SO_SNDBUF"
+    );
+    let cc =
+        itcp_handoff::repair::get_string(r.as_fd(), libc::IPPROTO_TCP, libc::TCP_CONGESTION, "cc")
+            .unwrap();
+    assert_eq!(cc, "reno");
+    r.write_all(b"y").unwrap();
+    assert_eq!(read_n(&mut a, 1), b"y");
+    assert_eq!(lab.peer_rsts(), 0);
+}
+
+/// Sockets that have no image are refused with errors that say why; `delete` of a live
+/// (never captured) socket is silent too.
+#[test]
+fn refusals_and_silent_delete() {
+    let _g = serial();
+    let lab = Lab::new(false);
+    let mp = 7080;
+    let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+    let e = capture(l.as_fd()).unwrap_err().to_string();
+    assert!(e.contains("LISTEN") && e.contains("re-create"), "{e}");
+
+    // Never connected: CLOSED.
+    let fresh = in_ns(&lab.a, || raw_socket(&lab.msr_addr(mp), &Tune::default()));
+    let e = capture(fresh.as_fd()).unwrap_err().to_string();
+    assert!(e.contains("CLOSED"), "{e}");
+
+    // Handshake in progress: SYN_SENT (the MSR drops the SYN).
+    nft(
+        &lab.m1,
+        "table inet syn {\n chain in { type filter hook prerouting priority -300; tcp dport 9999 drop; }\n}\n",
+    );
+    let s = in_ns(&lab.a, || raw_socket(&lab.msr_addr(9999), &Tune::default()));
+    itcp_handoff::repair::set_nonblocking(s.as_fd(), true).unwrap();
+    let (ss, len) = sockaddr(&lab.msr_addr(9999));
+    // SAFETY: valid sockaddr; non-blocking connect returns EINPROGRESS.
+    unsafe {
+        libc::connect(
+            s.as_raw_fd(),
+            (&ss as *const libc::sockaddr_storage).cast(),
+            len,
+        )
+    };
+    assert_eq!(tcp_state(&s), 2, "SYN_SENT");
+    let e = capture(s.as_fd()).unwrap_err().to_string();
+    assert!(e.contains("SYN_SENT") && e.contains("handshake"), "{e}");
+    assert!(
+        !itcp_handoff::repair::in_repair(s.as_fd()).unwrap(),
+        "left as found"
+    );
+
+    // delete() of a live socket sends neither FIN nor RST.
+    let (mut a, m) = pair(&lab, &l, mp, &Tune::default());
+    delete(OwnedFd::from(m)).unwrap();
+    a.set_read_timeout(Some(Duration::from_millis(300)))
+        .unwrap();
+    let e = a.read(&mut [0u8; 1]).expect_err("nothing may arrive");
+    assert!(
+        matches!(
+            e.kind(),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+        ),
+        "{e}"
+    );
+    assert_eq!(lab.peer_rsts(), 0);
+}
