@@ -320,29 +320,34 @@ fn payload(c: usize, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// A veth lab (one MSR) for load benchmarks, and an msrd config for it that logs
+/// warnings only, with `access_extra` added to its `[access]` section.
+fn veth_lab_msrd_config(access_extra: &str) -> io::Result<(Lab, String)> {
+    crate::sys::raise_nofile_limit();
+    let lab = Lab::new(LabConfig {
+        msrs: 1,
+        veth: true,
+        ..LabConfig::default()
+    })?;
+    let cfg = lab
+        .msrd_config(1, "")
+        .replace("log_level = \"debug\"", "log_level = \"warn\"")
+        .replace(
+            "mh_prefixes = [\"10.2.0.0/24\"]",
+            &format!("mh_prefixes = [\"10.2.0.0/24\"]\n{access_extra}"),
+        );
+    Ok((lab, cfg))
+}
+
 /// Opens `count` I-TCP connections from the MH through msrd to an echo server on the
 /// FH, holds them all open, then has each send `bytes` and verify the echo.
 pub fn conns(count: usize, bytes: usize, progress: impl Fn(&str)) -> io::Result<ConnsBench> {
     use std::sync::mpsc;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    crate::sys::raise_nofile_limit();
-    let mut lab = Lab::new(LabConfig {
-        msrs: 1,
-        veth: true,
-        ..LabConfig::default()
-    })?;
     // One MH opens them all: lift the per-MH limit (default 4096) above the count.
-    let cfg = lab
-        .msrd_config(1, "")
-        .replace("log_level = \"debug\"", "log_level = \"warn\"")
-        .replace(
-            "mh_prefixes = [\"10.2.0.0/24\"]",
-            &format!(
-                "mh_prefixes = [\"10.2.0.0/24\"]\nmax_connections_per_mh = {}",
-                count.max(1)
-            ),
-        );
+    let (mut lab, cfg) =
+        veth_lab_msrd_config(&format!("max_connections_per_mh = {}", count.max(1)))?;
     let idx = lab.start_msrd(1, &cfg)?;
     let pid = lab.pid(idx);
     let rss_idle = rss_kib(pid);
@@ -535,19 +540,7 @@ pub struct ChurnBench {
 /// time; afterwards msrd must hold as many fds as before and no session.
 pub fn churn(total: usize, concurrency: usize, progress: impl Fn(&str)) -> io::Result<ChurnBench> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    crate::sys::raise_nofile_limit();
-    let mut lab = Lab::new(LabConfig {
-        msrs: 1,
-        veth: true,
-        ..LabConfig::default()
-    })?;
-    let cfg = lab
-        .msrd_config(1, "")
-        .replace("log_level = \"debug\"", "log_level = \"warn\"")
-        .replace(
-            "mh_prefixes = [\"10.2.0.0/24\"]",
-            "mh_prefixes = [\"10.2.0.0/24\"]\naccept_rate = 1000000\naccept_burst = 1000000",
-        );
+    let (mut lab, cfg) = veth_lab_msrd_config("accept_rate = 1000000\naccept_burst = 1000000")?;
     // The MH closes first, so its ports sit in TIME_WAIT for 60 s: without reuse and a
     // wide port range, one client host runs out of ports at ~470 connections/s. msrd's
     // fixed side reuses the MH's port towards the same FH, so it needs reuse too.
