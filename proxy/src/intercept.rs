@@ -13,6 +13,7 @@
 //! ~6 ms, so nothing here runs per connection.
 
 use std::io::{self, Write};
+use std::net::IpAddr;
 use std::process::{Command, Stdio};
 
 use itcp_config::IpPrefix;
@@ -66,8 +67,65 @@ impl Rules {
                 );
             }
         }
-        s += "  }\n}\n";
+        s += "  }\n";
+        // Flow holds (handoff): every TCP packet from or to a held MH is dropped — never
+        // answered — in both directions, for forwarded and local traffic. Loopback is
+        // exempt: a restored socket may be handed a replayed FIN through it.
+        s += "  set held4 {\n    type ipv4_addr;\n  }\n  set held6 {\n    type ipv6_addr;\n  }\n";
+        for (chain, hook, lo) in [
+            ("hold_in", "prerouting", "iifname"),
+            ("hold_out", "output", "oifname"),
+        ] {
+            s += &format!(
+                "  chain {chain} {{\n    type filter hook {hook} priority mangle - 10; policy accept;\n    {lo} \"lo\" accept\n\
+                 \x20   meta l4proto tcp ip saddr @held4 drop\n    meta l4proto tcp ip daddr @held4 drop\n\
+                 \x20   meta l4proto tcp ip6 saddr @held6 drop\n    meta l4proto tcp ip6 daddr @held6 drop\n  }}\n"
+            );
+        }
+        s += "}\n";
         s
+    }
+
+    fn held_set(&self, mh: IpAddr) -> (&'static str, String) {
+        (if mh.is_ipv4() { "held4" } else { "held6" }, mh.to_string())
+    }
+
+    /// Holds every TCP packet from and to `mh` (dropped silently, so neither side
+    /// answers with RST) until [`Rules::release`]. One nft call.
+    pub fn hold(&self, mh: IpAddr) -> io::Result<()> {
+        let (set, ip) = self.held_set(mh);
+        run(
+            "nft",
+            &[
+                "add",
+                "element",
+                "inet",
+                &self.table,
+                set,
+                &format!("{{ {ip} }}"),
+            ],
+            "",
+        )
+    }
+
+    /// Ends a hold (no error if there was none).
+    pub fn release(&self, mh: IpAddr) -> io::Result<()> {
+        let (set, ip) = self.held_set(mh);
+        match run(
+            "nft",
+            &[
+                "delete",
+                "element",
+                "inet",
+                &self.table,
+                set,
+                &format!("{{ {ip} }}"),
+            ],
+            "",
+        ) {
+            Err(e) if e.to_string().contains("No such file") => Ok(()),
+            r => r,
+        }
     }
 
     /// `ip -batch` lines installing the policy route (after removing an old copy).
@@ -186,6 +244,25 @@ mod tests {
         assert!(s.contains("tproxy ip to :1081"));
         assert!(s.contains("ip6 saddr { 2001:db8::/64 }"));
         assert!(s.contains("tproxy ip6 to :1081"));
+    }
+
+    #[test]
+    fn hold_sets_and_chains() {
+        let s = rules(false).nft_script();
+        assert!(s.contains("set held4 {\n    type ipv4_addr;"), "{s}");
+        assert!(s.contains("chain hold_in {\n    type filter hook prerouting priority mangle - 10; policy accept;\n    iifname \"lo\" accept\n"), "{s}");
+        assert!(
+            s.contains("chain hold_out {\n    type filter hook output"),
+            "{s}"
+        );
+        assert!(
+            s.contains("    meta l4proto tcp ip daddr @held4 drop\n"),
+            "{s}"
+        );
+        assert!(
+            s.contains("    meta l4proto tcp ip6 saddr @held6 drop\n"),
+            "{s}"
+        );
     }
 
     #[test]
