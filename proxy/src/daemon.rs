@@ -4,6 +4,7 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -94,7 +95,7 @@ impl Daemon {
                 Refusal::RateLimited => &st.refused_rate,
                 _ => &st.refused_limit,
             };
-            c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            c.fetch_add(1, Ordering::Relaxed);
             return Err(why);
         }
         Ok(Admitted { d: self, ip })
@@ -119,17 +120,14 @@ impl Daemon {
         let t0 = Instant::now();
         let end = relay::relay(wireless, fixed, &self.relay_opts, &s.counters).await;
         if end != End::Closed {
-            self.sessions
-                .stats
-                .aborted
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.sessions.stats.aborted.fetch_add(1, Ordering::Relaxed);
         }
         self.sessions.close(&s);
         info!(
             id = s.id,
             end = ?end,
-            bytes_up = s.counters.up.load(std::sync::atomic::Ordering::Relaxed),
-            bytes_down = s.counters.down.load(std::sync::atomic::Ordering::Relaxed),
+            bytes_up = s.counters.up.load(Ordering::Relaxed),
+            bytes_down = s.counters.down.load(Ordering::Relaxed),
             secs = t0.elapsed().as_secs_f64(),
             "connection closed"
         );
@@ -202,7 +200,7 @@ async fn serve_request(d: Arc<Daemon>, mut s: TcpStream, peer: SocketAddr) {
                 d.sessions
                     .stats
                     .malformed_requests
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    .fetch_add(1, Ordering::Relaxed);
                 let _ = send_reply(&mut s, p.reply(), &unspecified_like(peer)).await;
                 warn!(%peer, error = %e, "request rejected");
             } else {
@@ -249,9 +247,8 @@ async fn handshake(
 }
 
 /// Refuses with NotAllowed if the admission says no.
-async fn refuse(d: &Daemon, s: &mut TcpStream, peer: SocketAddr, why: Refusal) -> io::Result<()> {
+async fn refuse(s: &mut TcpStream, peer: SocketAddr, why: Refusal) -> io::Result<()> {
     warn!(%peer, reason = why.as_str(), "request refused");
-    let _ = d;
     send_reply(s, Reply::NotAllowed, &unspecified_like(peer)).await
 }
 
@@ -279,7 +276,7 @@ async fn do_connect(
 ) -> io::Result<()> {
     let _adm = match d.admit(peer.ip()) {
         Ok(a) => a,
-        Err(why) => return refuse(d, &mut s, peer, why).await,
+        Err(why) => return refuse(&mut s, peer, why).await,
     };
     sockopt::apply_post_connect(s.as_raw_fd(), &d.wireless_tuning(peer.ip()))?;
     let fh = match resolve(&target).await {
@@ -297,7 +294,7 @@ async fn do_connect(
                 d.sessions
                     .stats
                     .connections_failed
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    .fetch_add(1, Ordering::Relaxed);
                 let reply = Reply::from_io_error(&e);
                 info!(mh = %peer, %fh, error = %e, reply = reply.description(), "connect failed");
                 send_reply(&mut s, reply, &unspecified_like(peer)).await?;
@@ -344,7 +341,7 @@ async fn closed_by_client(s: &TcpStream) {
 
 async fn do_listen(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> io::Result<()> {
     if !d.admission.lock().unwrap().is_mh(peer.ip()) {
-        return refuse(d, &mut s, peer, Refusal::NotAnMh).await;
+        return refuse(&mut s, peer, Refusal::NotAnMh).await;
     }
     let addr = match mh_listen_addr(peer, &a) {
         Ok(x) => x,
@@ -372,7 +369,7 @@ async fn do_listen(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> i
 async fn do_accept(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> io::Result<()> {
     let _adm = match d.admit(peer.ip()) {
         Ok(x) => x,
-        Err(why) => return refuse(d, &mut s, peer, why).await,
+        Err(why) => return refuse(&mut s, peer, why).await,
     };
     let addr = match mh_listen_addr(peer, &a) {
         Ok(x) => x,
@@ -405,7 +402,7 @@ async fn do_accept(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> i
 async fn do_bind(d: &Daemon, mut s: TcpStream, peer: SocketAddr, expected: Addr) -> io::Result<()> {
     let _adm = match d.admit(peer.ip()) {
         Ok(x) => x,
-        Err(why) => return refuse(d, &mut s, peer, why).await,
+        Err(why) => return refuse(&mut s, peer, why).await,
     };
     // RFC 1928 BIND: DST is the expected peer; we listen on the MH's address at DST.PORT
     // (0: any port). Connections from other hosts than an expected one are dropped.
@@ -471,7 +468,7 @@ async fn serve_transparent(d: Arc<Daemon>, s: TcpStream, mh: SocketAddr) {
             d.sessions
                 .stats
                 .connections_failed
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                .fetch_add(1, Ordering::Relaxed);
             sockopt::abort_on_close(s.as_raw_fd());
         }
     }

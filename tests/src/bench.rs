@@ -339,6 +339,33 @@ fn veth_lab_msrd_config(access_extra: &str) -> io::Result<(Lab, String)> {
     Ok((lab, cfg))
 }
 
+/// Starts the FH's echo server for load benchmarks (`itcp-lab echo`, in its own
+/// process: each process has its own fd limit, and this machine caps it) and waits
+/// until it accepts connections.
+fn start_fh_echo(lab: &mut Lab) -> io::Result<()> {
+    lab.spawn_logged(
+        Host::Fh,
+        bin_path("itcp-lab"),
+        &["echo", "--listen", "10.0.0.1:9000"],
+        "echo.log",
+    )?;
+    let ns = lab.ns(Host::Fh);
+    for _ in 0..100 {
+        if crate::sys::in_netns(&ns, || std::net::TcpStream::connect("10.0.0.1:9000")).is_ok() {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Err(io::Error::other("the FH echo server did not come up"))
+}
+
+/// How the load generators reach MSR1: its gateway, a fixed session token.
+fn bench_mh_opts() -> itcp_mh::MhOptions {
+    itcp_mh::MhOptions::new()
+        .gateway(std::net::SocketAddr::from(([10, 2, 0, 1], 1080)))
+        .token(itcp_mh::Token([9; 16]))
+}
+
 /// Opens `count` I-TCP connections from the MH through msrd to an echo server on the
 /// FH, holds them all open, then has each send `bytes` and verify the echo.
 pub fn conns(count: usize, bytes: usize, progress: impl Fn(&str)) -> io::Result<ConnsBench> {
@@ -352,27 +379,7 @@ pub fn conns(count: usize, bytes: usize, progress: impl Fn(&str)) -> io::Result<
     let pid = lab.pid(idx);
     let rss_idle = rss_kib(pid);
 
-    // FH: an echo server for any number of connections, in its own process (each
-    // process has its own fd limit, and this machine caps it).
-    lab.spawn_logged(
-        Host::Fh,
-        bin_path("itcp-lab"),
-        &["echo", "--listen", "10.0.0.1:9000"],
-        "echo.log",
-    )?;
-    let probe_ns = lab.ns(Host::Fh);
-    let mut up = false;
-    for _ in 0..100 {
-        if crate::sys::in_netns(&probe_ns, || std::net::TcpStream::connect("10.0.0.1:9000")).is_ok()
-        {
-            up = true;
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    if !up {
-        return Err(io::Error::other("the FH echo server did not come up"));
-    }
+    start_fh_echo(&mut lab)?;
 
     // MH: a client thread in the MH's namespace (sockets it makes stay there).
     let (to_main, from_mh) = mpsc::channel::<(usize, f64, Option<String>)>();
@@ -384,9 +391,7 @@ pub fn conns(count: usize, bytes: usize, progress: impl Fn(&str)) -> io::Result<
                 .enable_all()
                 .build()?;
             rt.block_on(async move {
-                let opts = itcp_mh::MhOptions::new()
-                    .gateway(std::net::SocketAddr::from(([10, 2, 0, 1], 1080)))
-                    .token(itcp_mh::Token([9; 16]));
+                let opts = bench_mh_opts();
                 let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(256));
                 let t0 = std::time::Instant::now();
                 let mut tasks = Vec::with_capacity(count);
@@ -555,13 +560,7 @@ pub fn churn(total: usize, concurrency: usize, progress: impl Fn(&str)) -> io::R
     }
     let idx = lab.start_msrd(1, &cfg)?;
     let pid = lab.pid(idx);
-    lab.spawn_logged(
-        Host::Fh,
-        bin_path("itcp-lab"),
-        &["echo", "--listen", "10.0.0.1:9000"],
-        "echo.log",
-    )?;
-    std::thread::sleep(Duration::from_millis(300));
+    start_fh_echo(&mut lab)?;
     let (fds_before, rss_before) = (fd_count(pid), rss_kib(pid));
     let mh_ns = lab.ns(Host::Mh);
     let t0 = std::time::Instant::now();
@@ -570,9 +569,7 @@ pub fn churn(total: usize, concurrency: usize, progress: impl Fn(&str)) -> io::R
             .enable_all()
             .build()?;
         rt.block_on(async move {
-            let opts = itcp_mh::MhOptions::new()
-                .gateway(std::net::SocketAddr::from(([10, 2, 0, 1], 1080)))
-                .token(itcp_mh::Token([9; 16]));
+            let opts = bench_mh_opts();
             let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(concurrency));
             let mut tasks = Vec::with_capacity(total);
             for c in 0..total {

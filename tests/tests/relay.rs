@@ -498,47 +498,35 @@ fn example_configs_pass_check_config_and_broken_ones_name_the_key() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// Runs `itcp-lab ARGS`, requires success, returns its stdout.
+fn itcp_lab(args: &[&str]) -> String {
+    let out = Command::new(bin_path("itcp-lab"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "itcp-lab {args:?}: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 /// The benchmark commands must keep working; their figures are not judged here.
 #[test]
 fn bench_commands_run_smoke() {
-    let out = Command::new(bin_path("itcp-lab"))
-        .args(["bench", "conns", "--count", "200", "--bytes", "4096"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = itcp_lab(&["bench", "conns", "--count", "200", "--bytes", "4096"]);
     assert!(
         text.contains("200/200 connections established, 200 intact"),
         "{text}"
     );
-    let out = Command::new(bin_path("itcp-lab"))
-        .args(["bench", "churn", "--total", "3000", "--concurrency", "200"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = itcp_lab(&["bench", "churn", "--total", "3000", "--concurrency", "200"]);
     assert!(
         text.contains("3000/3000 intact") && text.contains("0 sessions left"),
         "{text}"
     );
-    let out = Command::new(bin_path("itcp-lab"))
-        .args(["bench", "relay", "--seconds", "1", "--rounds", "1"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = itcp_lab(&["bench", "relay", "--seconds", "1", "--rounds", "1"]);
     for peer in ["direct", "msrd", "HAProxy", "socat"] {
         assert!(text.contains(peer), "{text}");
     }
