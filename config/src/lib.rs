@@ -16,7 +16,11 @@
 //! * `[[cell]]` — `interface` plus any `[wireless]` key, overriding `[wireless]` for
 //!   that interface ([`MsrdConfig::wireless_tuning_for`]);
 //! * `[transparent]` — `enabled`, `ports`, `listen_port` (TPROXY interception);
-//! * `[interception]` — `nft_table`, `fwmark`, `route_table`.
+//! * `[interception]` — `nft_table`, `fwmark`, `route_table`;
+//! * `[beacon]` — `enabled`, `interval_ms`, `lifetime_ms`, `port`, `interfaces`;
+//! * `[handoff]` — `listen` (turns handoff on), `lan_interface`, `greet_port`,
+//!   timeouts, `hold_after_ms`, `linger_s`, `unacked`, `log_file`, and
+//!   `[[handoff.peer]]` (`id`, `address`, `key` or `key_file`).
 //!
 //! **MH** ([`MhConfig`], see `config/examples/mh.toml`), all optional:
 //! * `[mh]` — `gateway` (unset = discover), `token_file`, `connect_timeout_ms`;
@@ -48,8 +52,9 @@ mod prefix;
 pub use error::{ConfigError, ConfigErrorKind};
 pub use mh::{parse_gateway, MhConfig, MhSection, MobilityPolicy, MobilitySection};
 pub use msrd::{
-    AccessSection, BeaconSection, CellSection, InterceptionSection, LogFormat, LogLevel,
-    MsrSection, MsrdConfig, RelaySection, TcpTuning, TransparentSection, DEFAULT_SOCKS_PORT,
+    AccessSection, BeaconSection, CellSection, HandoffSection, InterceptionSection, LogFormat, LogLevel,
+    MsrSection, MsrdConfig, PeerSection, RelaySection, TcpTuning, TransparentSection,
+    UnackedPolicy, DEFAULT_SOCKS_PORT,
 };
 pub use prefix::{IpPrefix, ParsePrefixError};
 

@@ -49,6 +49,153 @@ pub struct MsrdConfig {
     /// `[beacon]`: the MSR's advertisements on its cells.
     #[serde(default)]
     pub beacon: BeaconSection,
+    /// `[handoff]`: moving MHs' connections between MSRs.
+    #[serde(default)]
+    pub handoff: HandoffSection,
+}
+
+/// `[handoff]`: the MSR⇄MSR channel, the MH greeting port, timeouts and the handoff
+/// log. Handoff is on when `listen` is set.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandoffSection {
+    /// Address of the authenticated MSR⇄MSR channel on the fixed LAN, e.g.
+    /// `"10.1.0.11:4347"` (unset: no handoff).
+    #[serde(default)]
+    pub listen: Option<SocketAddr>,
+    /// Fixed-LAN interface where this MSR answers ARP for the MHs it serves (proxy ARP)
+    /// and announces takeovers (gratuitous ARP). Unset: routing is left to the operator.
+    #[serde(default)]
+    pub lan_interface: Option<String>,
+    /// UDP port of MH greetings on the cell gateway address (4346).
+    #[serde(default = "default_greet_port", deserialize_with = "de_helpers::port")]
+    pub greet_port: u16,
+    /// New MSR: how long to wait for the images after asking the old MSR (3000 ms).
+    #[serde(default = "default_handoff_timeout")]
+    pub images_timeout_ms: u64,
+    /// Old MSR: how long to wait for the new MSR's acknowledgement before unfreezing
+    /// and serving on (3000 ms).
+    #[serde(default = "default_handoff_timeout")]
+    pub ack_timeout_ms: u64,
+    /// Old MSR: how long after a handoff stray TCP of the MH is still dropped silently
+    /// here (never forwarded to the MH, never answered), in ms (3000).
+    #[serde(default = "default_hold_after")]
+    pub hold_after_ms: u64,
+    /// An MH that is gone for this long without coming back has its connections
+    /// closed (the fixed side with FIN), in seconds (120; 0: never).
+    #[serde(default = "default_linger")]
+    pub linger_s: u64,
+    /// How restored sockets put back bytes in flight: `auto`, `as_new`, `as_sent`.
+    #[serde(default)]
+    pub unacked: UnackedPolicy,
+    /// The handoff log, one JSON record per line
+    /// (`/var/log/itcp/handoffs.jsonl`).
+    #[serde(default = "default_handoff_log")]
+    pub log_file: PathBuf,
+    /// `[[handoff.peer]]`: the MSRs this one hands off with.
+    #[serde(default, rename = "peer")]
+    pub peers: Vec<PeerSection>,
+}
+
+impl Default for HandoffSection {
+    fn default() -> Self {
+        HandoffSection {
+            listen: None,
+            lan_interface: None,
+            greet_port: default_greet_port(),
+            images_timeout_ms: default_handoff_timeout(),
+            ack_timeout_ms: default_handoff_timeout(),
+            hold_after_ms: default_hold_after(),
+            linger_s: default_linger(),
+            unacked: UnackedPolicy::default(),
+            log_file: default_handoff_log(),
+            peers: Vec::new(),
+        }
+    }
+}
+
+impl HandoffSection {
+    /// True when this MSR takes part in handoffs.
+    pub fn enabled(&self) -> bool {
+        self.listen.is_some()
+    }
+
+    /// The peer named `id`.
+    pub fn peer(&self, id: &str) -> Option<&PeerSection> {
+        self.peers.iter().find(|p| p.id == id)
+    }
+}
+
+/// How bytes that were sent but not acknowledged are put back in a restored socket.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnackedPolicy {
+    /// Re-sent at once when they fit the restored socket's first flight, else as sent.
+    #[default]
+    Auto,
+    /// Always re-sent as new data.
+    AsNew,
+    /// Always restored as sent (recovered by probe or retransmission timeout).
+    AsSent,
+}
+
+/// `[[handoff.peer]]`: one MSR to hand off with, and the key shared with it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PeerSection {
+    /// The peer's `msr.id`.
+    pub id: String,
+    /// Its `[handoff] listen` address.
+    pub address: SocketAddr,
+    /// The key shared with this peer, hex (at least 16 bytes). Prefer `key_file`.
+    #[serde(default)]
+    pub key: Option<String>,
+    /// A file holding the key as hex (mode 0600).
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+}
+
+impl PeerSection {
+    /// The key bytes (read from `key_file` if set).
+    pub fn key_bytes(&self) -> Result<Vec<u8>, String> {
+        let text = match (&self.key, &self.key_file) {
+            (Some(k), _) => k.clone(),
+            (None, Some(f)) => std::fs::read_to_string(f)
+                .map_err(|e| format!("peer {}: cannot read key_file {}: {e}", self.id, f.display()))?,
+            (None, None) => return Err(format!("peer {} has no key", self.id)),
+        };
+        parse_key(text.trim()).map_err(|e| format!("peer {}: {e}", self.id))
+    }
+}
+
+fn parse_key(s: &str) -> Result<Vec<u8>, String> {
+    if s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err("the key must be hex digits (an even number of them)".into());
+    }
+    let v: Vec<u8> = (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+        .collect();
+    if v.len() < 16 {
+        return Err(format!("the key has {} bytes; at least 16 are needed", v.len()));
+    }
+    Ok(v)
+}
+
+fn default_greet_port() -> u16 {
+    4346
+}
+fn default_handoff_timeout() -> u64 {
+    3000
+}
+fn default_hold_after() -> u64 {
+    3000
+}
+fn default_linger() -> u64 {
+    120
+}
+fn default_handoff_log() -> PathBuf {
+    PathBuf::from("/var/log/itcp/handoffs.jsonl")
 }
 
 /// `[beacon]`: advertisements every MSR broadcasts on its cells, from which MHs learn
@@ -562,7 +709,58 @@ impl MsrdConfig {
         }
         self.validate_transparent(src)?;
         self.validate_interception(src)?;
-        self.validate_beacon(src)
+        self.validate_beacon(src)?;
+        self.validate_handoff(src)
+    }
+
+    fn validate_handoff(&self, src: &Source<'_>) -> Result<(), ConfigError> {
+        let h = &self.handoff;
+        if let Some(i) = &h.lan_interface {
+            check_ifname(src, "handoff.lan_interface", i)?;
+        }
+        in_range(src, "handoff.images_timeout_ms", h.images_timeout_ms, 10, 600_000)?;
+        in_range(src, "handoff.ack_timeout_ms", h.ack_timeout_ms, 10, 600_000)?;
+        in_range(src, "handoff.hold_after_ms", h.hold_after_ms, 0, 600_000)?;
+        if h.log_file.as_os_str().is_empty() {
+            return Err(src.invalid("handoff.log_file", "must not be empty"));
+        }
+        let mut seen = HashSet::new();
+        for (i, p) in h.peers.iter().enumerate() {
+            let path = format!("handoff.peer[{i}]");
+            if p.id.is_empty() || p.id.chars().any(|c| c.is_whitespace() || c.is_control()) {
+                return Err(src.invalid(&format!("{path}.id"), format!("{:?} is not an MSR name", p.id)));
+            }
+            if p.id == self.msr.id {
+                return Err(src.invalid(&format!("{path}.id"), format!("{:?} is this MSR's own id", p.id)));
+            }
+            if !seen.insert(p.id.as_str()) {
+                return Err(src.invalid(&format!("{path}.id"), format!("peer {:?} is listed twice", p.id)));
+            }
+            match (&p.key, &p.key_file) {
+                (Some(_), Some(_)) => {
+                    return Err(src.invalid(&format!("{path}.key"), "set key or key_file, not both"))
+                }
+                (None, None) => {
+                    return Err(src.error(
+                        ConfigErrorKind::MissingKey,
+                        &format!("{path}.key"),
+                        "missing: every peer needs key (hex) or key_file",
+                    ))
+                }
+                (Some(k), None) => {
+                    parse_key(k).map_err(|e| src.invalid(&format!("{path}.key"), e))?;
+                }
+                (None, Some(_)) => {}
+            }
+        }
+        if !h.peers.is_empty() && h.listen.is_none() {
+            return Err(src.error(
+                ConfigErrorKind::MissingKey,
+                "handoff.listen",
+                "missing: peers are listed but no address for the MSR⇄MSR channel (e.g. listen = \"10.1.0.11:4347\")",
+            ));
+        }
+        Ok(())
     }
 
     fn validate_beacon(&self, src: &Source<'_>) -> Result<(), ConfigError> {

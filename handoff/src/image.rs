@@ -1395,7 +1395,7 @@ fn replay_fin(fd: BorrowedFd<'_>, img: &SocketImage, opts: &RestoreOptions) -> i
 /// it in repair mode. Call [`restart`] once the new host may talk to the peer.
 ///
 /// Order (DESIGN.md §4, refined): socket → buffers, IP_TRANSPARENT, congestion control
-/// and other options → TCP_REPAIR on → SO_REUSEADDR, bind → TCP_QUEUE_SEQ (receive:
+/// and other options → TCP_REPAIR on (forced port reuse) → bind → TCP_QUEUE_SEQ (receive:
 /// `recv.seq`; send: the acknowledged point `send.una`) → TCP_MAXSEG = mss → connect
 /// (repair mode: no SYN) → TCP_REPAIR_OPTIONS → TCP_TIMESTAMP → receive queue bytes →
 /// (the peer's FIN replayed, after a provisional TCP_REPAIR_WINDOW that puts it in window)
@@ -1412,8 +1412,10 @@ pub fn restore(img: &SocketImage, opts: &RestoreOptions) -> io::Result<OwnedFd> 
     let sock = repair::tcp_socket(&img.local)?;
     let fd = sock.as_fd();
     apply_sockopts(fd, img, opts)?;
+    // Repair mode sets SK_FORCE_REUSE, which lets the bind share the port with a
+    // listener (the MSR's own request port); SO_REUSEADDR after it would downgrade that
+    // to plain reuse, which a listening socket refuses.
     repair::repair_on(fd)?;
-    repair::set_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1, "SO_REUSEADDR")?;
     repair::bind(fd, &img.local).map_err(|e| {
         if e.raw_os_error() == Some(libc::EADDRNOTAVAIL)
             && !(img.sockopts.transparent || opts.transparent)

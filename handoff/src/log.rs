@@ -43,7 +43,7 @@ pub struct ConnEntry {
     pub queued_bytes: u64,
 }
 
-/// Milliseconds since the UNIX epoch of each phase this MSR saw (paper §5.4).
+/// Microseconds since the UNIX epoch of each phase this MSR saw (paper §5.4).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Phases {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -98,9 +98,14 @@ pub struct Record {
 }
 
 impl Record {
-    /// From the first to the last phase seen, in ms.
-    pub fn duration_ms(&self) -> Option<u64> {
+    /// From the first to the last phase seen, in µs.
+    pub fn duration_us(&self) -> Option<u64> {
         self.phases.first_last().map(|(a, b)| b - a)
+    }
+
+    /// From the first to the last phase seen, in ms.
+    pub fn duration_ms(&self) -> Option<f64> {
+        self.duration_us().map(|d| d as f64 / 1000.0)
     }
 
     pub fn ok(&self) -> bool {
@@ -176,7 +181,7 @@ pub fn render(records: &[Record]) -> String {
             r.new_msr,
             format!("{:?}", r.outcome).to_lowercase(),
             r.connections.len(),
-            r.duration_ms().map_or("-".into(), |d| format!("{d} ms")),
+            r.duration_ms().map_or("-".into(), |d| format!("{d:.2} ms")),
             r.reason.as_deref().unwrap_or("")
         );
     }
@@ -206,9 +211,9 @@ mod tests {
             }],
             failed: vec![],
             phases: Phases {
-                greeting: Some(1000),
-                restored: Some(1012),
-                acknowledged: Some(1015),
+                greeting: Some(1_000_000),
+                restored: Some(1_012_000),
+                acknowledged: Some(1_015_000),
                 ..Default::default()
             },
         }
@@ -256,10 +261,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(one.len(), 1);
-        assert_eq!(one[0].duration_ms(), Some(15));
+        assert_eq!(one[0].duration_us(), Some(15_000));
         let t = render(&all);
         assert!(
-            t.contains("rolledback") && t.contains("15 ms") && t.contains("old MSR did not answer"),
+            t.contains("rolledback") && t.contains("15.00 ms") && t.contains("old MSR did not answer"),
             "{t}"
         );
         let _ = std::fs::remove_dir_all(dir);

@@ -40,8 +40,9 @@ pub enum Action {
     Log(Record),
 }
 
-fn now_phase(p: &mut Option<u64>, now_ms: u64) {
-    *p = Some(now_ms);
+/// Phases are stamped in µs since the UNIX epoch (`now_us` everywhere).
+fn now_phase(p: &mut Option<u64>, now_us: u64) {
+    *p = Some(now_us);
 }
 
 /// Events at the new MSR.
@@ -72,6 +73,7 @@ pub struct NewSide {
     state: NewState,
     phases: Phases,
     images: Vec<ConnImage>,
+    token: Option<String>,
 }
 
 impl NewSide {
@@ -80,11 +82,11 @@ impl NewSide {
         handoff_id: u64,
         me: &str,
         greeting: Greeting,
-        now_ms: u64,
+        now_us: u64,
     ) -> (NewSide, Vec<Action>) {
         let mut phases = Phases::default();
-        now_phase(&mut phases.greeting, now_ms);
-        now_phase(&mut phases.mh_in, now_ms);
+        now_phase(&mut phases.greeting, now_us);
+        now_phase(&mut phases.mh_in, now_us);
         let mh = greeting.mh;
         let s = NewSide {
             handoff_id,
@@ -93,6 +95,7 @@ impl NewSide {
             state: NewState::WaitingImages,
             phases,
             images: Vec::new(),
+            token: None,
         };
         let acts = vec![
             Action::Hold(mh),
@@ -106,6 +109,16 @@ impl NewSide {
 
     pub fn done(&self) -> bool {
         self.state == NewState::Done
+    }
+
+    /// The MH's session token as the old MSR sent it (hex), once the images are in.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
+    }
+
+    /// The greeting this handoff started with.
+    pub fn greeting(&self) -> &Greeting {
+        &self.greeting
     }
 
     fn record(
@@ -137,20 +150,26 @@ impl NewSide {
         ]
     }
 
-    pub fn handle(&mut self, ev: NewEvent, now_ms: u64) -> Vec<Action> {
+    pub fn handle(&mut self, ev: NewEvent, now_us: u64) -> Vec<Action> {
         match (&self.state, ev) {
             (
                 NewState::WaitingImages,
-                NewEvent::Message(Message::Images { handoff_id, images }),
+                NewEvent::Message(Message::Images {
+                    handoff_id,
+                    images,
+                    token,
+                }),
             ) if handoff_id == self.handoff_id => {
+                now_phase(&mut self.phases.images_sent, now_us);
+                self.token = token;
                 self.state = NewState::Restoring;
                 self.images = images.clone();
                 vec![Action::Restore(images)]
             }
             (NewState::Restoring, NewEvent::Restored { restored, failed }) => {
-                now_phase(&mut self.phases.restored, now_ms);
-                now_phase(&mut self.phases.resumed, now_ms);
-                now_phase(&mut self.phases.acknowledged, now_ms);
+                now_phase(&mut self.phases.restored, now_us);
+                now_phase(&mut self.phases.resumed, now_us);
+                now_phase(&mut self.phases.acknowledged, now_us);
                 self.state = NewState::Done;
                 let outcome = if failed.is_empty() {
                     Outcome::Moved
@@ -208,6 +227,7 @@ pub struct OldSide {
     state: OldState,
     phases: Phases,
     ids: Vec<u64>,
+    token: Option<String>,
 }
 
 impl OldSide {
@@ -220,7 +240,7 @@ impl OldSide {
         handoff_id: u64,
         greeting: &Greeting,
         token: Option<&[u8]>,
-        now_ms: u64,
+        now_us: u64,
     ) -> (OldSide, Vec<Action>) {
         let mut s = OldSide {
             handoff_id,
@@ -230,8 +250,9 @@ impl OldSide {
             state: OldState::Capturing,
             phases: Phases::default(),
             ids: Vec::new(),
+            token: token.map(crate::wire::hex),
         };
-        now_phase(&mut s.phases.mh_in, now_ms);
+        now_phase(&mut s.phases.mh_in, now_us);
         let refuse = |s: &mut OldSide, reason: &str| {
             s.state = OldState::Done;
             vec![
@@ -249,7 +270,7 @@ impl OldSide {
             )
         } else if let Some(t) = token {
             if greeting.verify(t) {
-                now_phase(&mut s.phases.freeze, now_ms);
+                now_phase(&mut s.phases.freeze, now_us);
                 vec![Action::FreezeAndCapture(greeting.mh)]
             } else {
                 refuse(
@@ -291,15 +312,16 @@ impl OldSide {
         ]
     }
 
-    pub fn handle(&mut self, ev: OldEvent, now_ms: u64) -> Vec<Action> {
+    pub fn handle(&mut self, ev: OldEvent, now_us: u64) -> Vec<Action> {
         match (&self.state, ev) {
             (OldState::Capturing, OldEvent::Captured(images)) => {
-                now_phase(&mut self.phases.images_sent, now_ms);
+                now_phase(&mut self.phases.images_sent, now_us);
                 self.ids = images.iter().map(|i| i.id).collect();
                 self.state = OldState::WaitingAck;
                 vec![Action::Send(Message::Images {
                     handoff_id: self.handoff_id,
                     images,
+                    token: self.token.clone(),
                 })]
             }
             (
@@ -310,7 +332,7 @@ impl OldSide {
                     failed,
                 }),
             ) if handoff_id == self.handoff_id => {
-                now_phase(&mut self.phases.acknowledged, now_ms);
+                now_phase(&mut self.phases.acknowledged, now_us);
                 self.state = OldState::Done;
                 let mut acts = vec![Action::Delete(restored)];
                 let outcome = if failed.is_empty() {
@@ -363,6 +385,7 @@ mod tests {
             kind: "connect".into(),
             wireless: "00".into(),
             fixed: "00".into(),
+            ..Default::default()
         }
     }
 
@@ -411,7 +434,7 @@ mod tests {
         );
         assert_eq!(&acts[..2], &[Action::Reroute(mh), Action::Release(mh)]);
         assert_eq!(log(&acts).outcome, Outcome::Moved);
-        assert_eq!(log(&acts).duration_ms(), Some(10));
+        assert_eq!(log(&acts).duration_us(), Some(10));
         let acts = old.handle(OldEvent::Message(sent(&acts)), 111);
         assert_eq!(acts[0], Action::Delete(vec![1, 2]));
         assert_eq!(log(&acts).outcome, Outcome::Moved);
@@ -476,7 +499,8 @@ mod tests {
             .handle(
                 NewEvent::Message(Message::Images {
                     handoff_id: 7,
-                    images: vec![]
+                    images: vec![],
+                    token: None,
                 }),
                 1
             )

@@ -38,6 +38,9 @@ pub enum Message {
     Images {
         handoff_id: u64,
         images: Vec<ConnImage>,
+        /// The MH's session token (hex), so the new MSR can check its next greeting.
+        #[serde(default)]
+        token: Option<String>,
     },
     /// New MSR → old MSR (step 10): restored and running; delete your copies.
     Ack {
@@ -51,13 +54,20 @@ pub enum Message {
 
 /// One I-TCP connection's state, as shipped: its identity and the two socket images
 /// (opaque here; see [`crate::image`]) as hex-encoded bytes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConnImage {
     pub id: u64,
     pub kind: String,
     pub wireless: String,
     pub fixed: String,
+    /// Bytes the old MSR's relay had read from the wireless side and not yet written
+    /// to the fixed side (hex); the new MSR writes them first.
+    #[serde(default)]
+    pub up_pending: String,
+    /// The same, fixed side to wireless side.
+    #[serde(default)]
+    pub down_pending: String,
 }
 
 /// The MH's greeting to its new MSR (paper step 2), with proof of ownership.
@@ -137,6 +147,49 @@ impl Greeting {
         .verify_slice(&proof)
         .is_ok()
     }
+}
+
+/// MH → MSR, UDP to the greeting port (broadcast on the cell): "I am here now".
+/// `greeting.new_msr` names the MSR meant; others ignore it. At the first attachment
+/// (`prev_msr` empty) the MH also registers its session `token` (hex).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GreetMsg {
+    pub greeting: Greeting,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+}
+
+/// Where a greeting stands, as the MSR tells the MH.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GreetStatus {
+    /// The MSR holds the MH's flows and is fetching its connections: the MH may send
+    /// through this MSR now.
+    Holding,
+    /// Attached with nothing to move (first contact, or coming back to the MSR that
+    /// still holds the connections).
+    Attached,
+    /// The connections are here and running.
+    Moved,
+    /// The handoff failed; the connections stayed at the previous MSR.
+    Failed,
+    /// Refused (bad proof, unknown previous MSR, malformed): see the reason.
+    Refused,
+}
+
+/// MSR → MH, UDP, answering a greeting (repeated for duplicate greetings).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GreetReply {
+    pub msr: String,
+    /// The greeting's nonce.
+    pub nonce: String,
+    pub status: GreetStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default)]
+    pub connections: usize,
 }
 
 /// The signed envelope of every MSR⇄MSR message.

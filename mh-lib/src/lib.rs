@@ -15,6 +15,8 @@
 //! * [`MhOptions`] — gateway (explicit, `ITCP_GATEWAY`, or the default route's gateway),
 //!   session [`token`](mod@token) (explicit, `ITCP_TOKEN`, or a shared token file), timeouts.
 //! * [`socks`] — the sans-IO wire codec, used by this library and by `msrd`.
+//! * [`mobility`] / [`agent`] — movement detection and the mobility agent that greets
+//!   new MSRs (`itcp-mh-agent`).
 //!
 //! # Example: connect
 //!
@@ -73,6 +75,7 @@
 
 #![warn(missing_docs)]
 
+pub mod agent;
 mod blocking;
 mod handshake;
 pub mod mobility;

@@ -115,6 +115,14 @@ impl Admission {
         Ok(())
     }
 
+    /// Counts a connection that moved here in a handoff: never refused (it exists
+    /// already; refusing would lose it), but counted against later admissions.
+    pub fn admit_moved(&mut self, ip: IpAddr) {
+        let ip = canonical(ip);
+        self.total += 1;
+        *self.per_mh.entry(ip).or_default() += 1;
+    }
+
     pub fn release(&mut self, ip: IpAddr) {
         let ip = canonical(ip);
         self.total = self.total.saturating_sub(1);

@@ -17,9 +17,10 @@ use tracing::{debug, info, warn};
 
 use crate::admission::{Admission, Refusal};
 use crate::cells::CellMap;
+use crate::handoff::{Frozen, Handoffs};
 use crate::intercept::{Rules, Transparent};
 use crate::listeners::{Listeners, Lookup};
-use crate::relay::{self, End, RelayOpts};
+use crate::relay::{self, End, Pending, RelayOpts};
 use crate::sessions::{Kind, Session, Sessions};
 use crate::sockopt;
 
@@ -33,22 +34,27 @@ pub struct Daemon {
     pub cfg: MsrdConfig,
     pub sessions: Arc<Sessions>,
     pub listeners: Listeners,
-    admission: Mutex<Admission>,
+    admission: Arc<Mutex<Admission>>,
     cells: CellMap,
     relay_opts: RelayOpts,
+    /// msrd's nftables table and policy route (flow holds live here).
+    pub rules: Rules,
+    /// Handoff state, when `[handoff]` is on.
+    pub handoff: Option<Handoffs>,
     /// Flips to true when draining: accept loops stop.
     draining: watch::Sender<bool>,
 }
 
-/// A connection counted by admission until dropped.
-struct Admitted<'a> {
-    d: &'a Daemon,
+/// A connection counted by admission until dropped (it travels with the connection's
+/// sockets, through freezes and rollbacks).
+pub struct Admitted {
+    admission: Arc<Mutex<Admission>>,
     ip: IpAddr,
 }
 
-impl Drop for Admitted<'_> {
+impl Drop for Admitted {
     fn drop(&mut self) {
-        self.d.admission.lock().unwrap().release(self.ip);
+        self.admission.lock().unwrap().release(self.ip);
     }
 }
 
@@ -59,7 +65,7 @@ fn now_ns() -> u64 {
 }
 
 impl Daemon {
-    pub fn new(cfg: MsrdConfig) -> Arc<Daemon> {
+    pub fn new(cfg: MsrdConfig) -> io::Result<Arc<Daemon>> {
         let a = &cfg.access;
         let admission = Admission::new(
             a.mh_prefixes.clone(),
@@ -75,18 +81,42 @@ impl Daemon {
             buffer_size: cfg.relay.buffer_size,
         };
         let cells = CellMap::read(cfg.cells.iter().map(|c| c.interface.as_str()));
-        Arc::new(Daemon {
-            admission: Mutex::new(admission),
+        let handoff = if cfg.handoff.enabled() {
+            Some(Handoffs::new(&cfg.msr.id, &cfg.handoff)?)
+        } else {
+            None
+        };
+        Ok(Arc::new(Daemon {
+            admission: Arc::new(Mutex::new(admission)),
             sessions: Arc::new(Sessions::default()),
             listeners: Listeners::default(),
             cells,
             relay_opts,
+            rules: rules_of(&cfg),
+            handoff,
             draining: watch::channel(false).0,
             cfg,
-        })
+        }))
     }
 
-    fn admit(&self, ip: IpAddr) -> Result<Admitted<'_>, Refusal> {
+    pub fn handoff_cfg(&self) -> &itcp_config::HandoffSection {
+        &self.cfg.handoff
+    }
+
+    pub fn is_mh(&self, ip: IpAddr) -> bool {
+        self.admission.lock().unwrap().is_mh(ip)
+    }
+
+    /// Counts a connection that arrived in a handoff.
+    pub fn admit_moved(&self, ip: IpAddr) -> Admitted {
+        self.admission.lock().unwrap().admit_moved(ip);
+        Admitted {
+            admission: self.admission.clone(),
+            ip,
+        }
+    }
+
+    fn admit(&self, ip: IpAddr) -> Result<Admitted, Refusal> {
         let r = self.admission.lock().unwrap().admit(ip, now_ns());
         if let Err(why) = r {
             let st = &self.sessions.stats;
@@ -98,7 +128,10 @@ impl Daemon {
             c.fetch_add(1, Ordering::Relaxed);
             return Err(why);
         }
-        Ok(Admitted { d: self, ip })
+        Ok(Admitted {
+            admission: self.admission.clone(),
+            ip,
+        })
     }
 
     fn wireless_tuning(&self, mh: IpAddr) -> TcpTuning {
@@ -106,6 +139,7 @@ impl Daemon {
     }
 
     /// Relays one admitted connection and records it in the session table and the log.
+    #[allow(clippy::too_many_arguments)]
     async fn run_session(
         &self,
         kind: Kind,
@@ -113,22 +147,67 @@ impl Daemon {
         fixed: TcpStream,
         mh: SocketAddr,
         fh: SocketAddr,
+        adm: Admitted,
     ) {
         let wl = wireless.local_addr().unwrap_or(mh);
         let s: Arc<Session> = self.sessions.open(kind, mh, fh, wl);
         info!(id = s.id, kind = ?kind, %mh, %fh, "connection open");
-        let t0 = Instant::now();
-        let end = relay::relay(wireless, fixed, &self.relay_opts, &s.counters).await;
+        self.relay_session(s, wireless, fixed, Pending::default(), adm)
+            .await;
+    }
+
+    /// Relays a session until it ends (then closes it) or is paused for a handoff
+    /// (then hands its sockets to the handoff, which deletes or resumes them).
+    pub async fn relay_session(
+        &self,
+        s: Arc<Session>,
+        wireless: TcpStream,
+        fixed: TcpStream,
+        pending: Pending,
+        adm: Admitted,
+    ) {
+        let pause = s.pause.subscribe();
+        let end = relay::relay(&wireless, &fixed, &self.relay_opts, &s.counters, &pause, pending).await;
+        match end {
+            End::Paused(pending) => {
+                let to = s.frozen_to.lock().unwrap().take();
+                let frozen = Frozen {
+                    session: s.clone(),
+                    wireless,
+                    fixed,
+                    pending,
+                    admitted: adm,
+                };
+                match to {
+                    Some(tx) => {
+                        if let Err(f) = tx.send(frozen) {
+                            // Nobody waits any more (the freeze gave up): serve on.
+                            f.session.pause.send_replace(false);
+                            Box::pin(self.relay_session(f.session, f.wireless, f.fixed, f.pending, f.admitted)).await;
+                        }
+                    }
+                    None => {
+                        s.pause.send_replace(false);
+                        Box::pin(self.relay_session(frozen.session, frozen.wireless, frozen.fixed, frozen.pending, frozen.admitted)).await;
+                    }
+                }
+                return;
+            }
+            End::WirelessAborted => sockopt::abort_on_close(fixed.as_raw_fd()),
+            End::FixedAborted => sockopt::abort_on_close(wireless.as_raw_fd()),
+            End::Closed => {}
+        }
         if end != End::Closed {
             self.sessions.stats.aborted.fetch_add(1, Ordering::Relaxed);
         }
+        drop((wireless, fixed, adm));
         self.sessions.close(&s);
         info!(
             id = s.id,
             end = ?end,
             bytes_up = s.counters.up.load(Ordering::Relaxed),
             bytes_down = s.counters.down.load(Ordering::Relaxed),
-            secs = t0.elapsed().as_secs_f64(),
+            secs = s.started.elapsed().map(|d| d.as_secs_f64()).unwrap_or(0.0),
             "connection closed"
         );
     }
@@ -210,7 +289,10 @@ async fn serve_request(d: Arc<Daemon>, mut s: TcpStream, peer: SocketAddr) {
         }
         Ok(Ok(r)) => r,
     };
-    let _ = token; // Kept with the MH's connections by the handoff (issue 4).
+    if let (Some(t), Some(h)) = (&token, &d.handoff) {
+        // The MH proves ownership of its connections in handoff greetings with it.
+        h.bind_token(crate::admission::canonical(peer.ip()), &t.0);
+    }
     let r = match req.command {
         Command::Connect => do_connect(&d, s, peer, req.addr, buf).await,
         Command::Listen => do_listen(&d, s, peer, req.addr).await,
@@ -274,7 +356,7 @@ async fn do_connect(
     target: Addr,
     early: Vec<u8>,
 ) -> io::Result<()> {
-    let _adm = match d.admit(peer.ip()) {
+    let adm = match d.admit(peer.ip()) {
         Ok(a) => a,
         Err(why) => return refuse(&mut s, peer, why).await,
     };
@@ -307,9 +389,9 @@ async fn do_connect(
     if !early.is_empty() {
         let mut f = fixed;
         f.write_all(&early).await?;
-        d.run_session(Kind::Connect, s, f, bound, fh).await;
+        d.run_session(Kind::Connect, s, f, bound, fh, adm).await;
     } else {
-        d.run_session(Kind::Connect, s, fixed, bound, fh).await;
+        d.run_session(Kind::Connect, s, fixed, bound, fh, adm).await;
     }
     Ok(())
 }
@@ -367,7 +449,7 @@ async fn do_listen(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> i
 }
 
 async fn do_accept(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> io::Result<()> {
-    let _adm = match d.admit(peer.ip()) {
+    let adm = match d.admit(peer.ip()) {
         Ok(x) => x,
         Err(why) => return refuse(&mut s, peer, why).await,
     };
@@ -395,12 +477,12 @@ async fn do_accept(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> i
     sockopt::apply_post_connect(fixed.as_raw_fd(), &d.cfg.fixed)?;
     sockopt::apply_post_connect(s.as_raw_fd(), &d.wireless_tuning(peer.ip()))?;
     send_reply(&mut s, Reply::Succeeded, &Addr::Ip(fh)).await?;
-    d.run_session(Kind::Accept, s, fixed, l.addr, fh).await;
+    d.run_session(Kind::Accept, s, fixed, l.addr, fh, adm).await;
     Ok(())
 }
 
 async fn do_bind(d: &Daemon, mut s: TcpStream, peer: SocketAddr, expected: Addr) -> io::Result<()> {
-    let _adm = match d.admit(peer.ip()) {
+    let adm = match d.admit(peer.ip()) {
         Ok(x) => x,
         Err(why) => return refuse(&mut s, peer, why).await,
     };
@@ -438,7 +520,7 @@ async fn do_bind(d: &Daemon, mut s: TcpStream, peer: SocketAddr, expected: Addr)
     };
     sockopt::apply_post_connect(fixed.as_raw_fd(), &d.cfg.fixed)?;
     send_reply(&mut s, Reply::Succeeded, &Addr::Ip(fh)).await?;
-    d.run_session(Kind::Bind, s, fixed, l.addr, fh).await;
+    d.run_session(Kind::Bind, s, fixed, l.addr, fh, adm).await;
     Ok(())
 }
 
@@ -448,7 +530,7 @@ async fn serve_transparent(d: Arc<Daemon>, s: TcpStream, mh: SocketAddr) {
         Ok(a) => a,
         Err(_) => return,
     };
-    let _adm = match d.admit(mh.ip()) {
+    let adm = match d.admit(mh.ip()) {
         Ok(a) => a,
         Err(why) => {
             warn!(%mh, %fh, reason = why.as_str(), "intercepted connection refused");
@@ -460,7 +542,7 @@ async fn serve_transparent(d: Arc<Daemon>, s: TcpStream, mh: SocketAddr) {
     match crate::fixed::connect_as(mh, fh, &d.cfg.fixed, d.cfg.relay.connect_timeout()).await {
         Ok(fixed) => {
             let bound = fixed.local_addr().unwrap_or(mh);
-            d.run_session(Kind::Transparent, s, fixed, bound, fh).await;
+            d.run_session(Kind::Transparent, s, fixed, bound, fh, adm).await;
         }
         Err(e) => {
             // The MH's handshake already completed with us: a reset is how it learns.
@@ -544,7 +626,7 @@ fn rules_of(cfg: &MsrdConfig) -> Rules {
 
 async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
     let nofile = sockopt::raise_nofile_limit();
-    let d = Daemon::new(cfg);
+    let d = Daemon::new(cfg)?;
     let cfg = &d.cfg;
     let mut bound = Vec::new();
     for addr in cfg.msr.socks_addrs() {
@@ -583,7 +665,7 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
     }
     // Rules only once every listener is ours: a second msrd that cannot bind must not
     // replace (and on exit remove) the first one's rules.
-    let rules = rules_of(cfg);
+    let rules = d.rules.clone();
     rules
         .install()
         .map_err(|e| io::Error::new(e.kind(), format!("installing interception rules: {e}")))?;
@@ -612,6 +694,26 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
             }
         }
     });
+    let mut handoff_tasks = Vec::new();
+    if let Some(listen) = cfg.handoff.listen {
+        let l = TcpListener::bind(listen).await.map_err(|e| {
+            io::Error::new(e.kind(), format!("cannot listen on {listen} ([handoff] listen): {e}"))
+        })?;
+        let port = cfg.handoff.greet_port;
+        let g = tokio::net::UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], port)))
+            .await
+            .map_err(|e| {
+                io::Error::new(e.kind(), format!("cannot listen on UDP port {port} ([handoff] greet_port): {e}"))
+            })?;
+        if let Some(lan) = &cfg.handoff.lan_interface {
+            if let Err(e) = crate::netlink::no_proxy_delay(lan) {
+                warn!(interface = %lan, error = %e, "proxied ARP replies may be delayed");
+            }
+        }
+        info!(%listen, greet_port = port, peers = cfg.handoff.peers.len(), "handoff up");
+        handoff_tasks.push(tokio::spawn(crate::handoff::serve_peers(d.clone(), l)));
+        handoff_tasks.push(tokio::spawn(crate::handoff::serve_greetings(d.clone(), g)));
+    }
     let beacons = cfg.beacon.enabled.then(|| {
         tokio::spawn(crate::beacon::run(
             cfg.beacon.clone(),
@@ -643,6 +745,9 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
         info!("drained");
     }
     control.abort();
+    for t in handoff_tasks {
+        t.abort();
+    }
     if let Some(b) = beacons {
         b.abort();
     }

@@ -91,41 +91,16 @@ impl Rules {
     }
 
     /// Holds every TCP packet from and to `mh` (dropped silently, so neither side
-    /// answers with RST) until [`Rules::release`]. One nft call.
+    /// answers with RST) until [`Rules::release`]. One netlink message (~10 µs).
     pub fn hold(&self, mh: IpAddr) -> io::Result<()> {
-        let (set, ip) = self.held_set(mh);
-        run(
-            "nft",
-            &[
-                "add",
-                "element",
-                "inet",
-                &self.table,
-                set,
-                &format!("{{ {ip} }}"),
-            ],
-            "",
-        )
+        let (set, _) = self.held_set(mh);
+        crate::netlink::nft_set_element(&self.table, set, mh, true)
     }
 
     /// Ends a hold (no error if there was none).
     pub fn release(&self, mh: IpAddr) -> io::Result<()> {
-        let (set, ip) = self.held_set(mh);
-        match run(
-            "nft",
-            &[
-                "delete",
-                "element",
-                "inet",
-                &self.table,
-                set,
-                &format!("{{ {ip} }}"),
-            ],
-            "",
-        ) {
-            Err(e) if e.to_string().contains("No such file") => Ok(()),
-            r => r,
-        }
+        let (set, _) = self.held_set(mh);
+        crate::netlink::nft_set_element(&self.table, set, mh, false)
     }
 
     /// `ip -batch` lines installing the policy route (after removing an old copy).

@@ -14,16 +14,19 @@
 //! * [`beacon`] — advertisements on the cells;
 //! * [`sockopt`], [`cells`], [`logging`] — socket options, per-cell tuning, logs.
 //!
-//! Handoff between MSRs is not built yet (issue 4).
+//! * [`handoff`] — moving an MH's connections between MSRs (greetings, the MSR⇄MSR
+//!   channel, freeze/capture/restore), with [`netlink`] for holds and ARP takeover.
 pub mod admission;
 pub mod beacon;
 pub mod cells;
 pub mod control;
 pub mod daemon;
 pub mod fixed;
+pub mod handoff;
 pub mod intercept;
 pub mod listeners;
 pub mod logging;
+pub mod netlink;
 pub mod relay;
 pub mod sessions;
 pub mod sockopt;

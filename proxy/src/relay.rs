@@ -1,11 +1,16 @@
 //! The relay engine: moves bytes between the wireless-side and the fixed-side socket of
-//! one I-TCP connection until both directions have ended.
+//! one I-TCP connection until both directions have ended, or until it is paused for a
+//! handoff.
 //!
 //! * Zero copy: each direction splices socket → pipe → socket (user-space copy when
 //!   splice is off).
 //! * Half-close: end of stream on one side becomes `shutdown(SHUT_WR)` on the other,
 //!   while the other direction keeps flowing.
-//! * Abort: a reset on one side becomes a reset (RST, via SO_LINGER 0) on the other.
+//! * Abort: a reset on one side becomes a reset (RST, via SO_LINGER 0) on the other
+//!   (done by the caller, which owns the sockets).
+//! * Pause: the relay stops at its next wait and hands back the bytes it had read but
+//!   not yet written ([`Pending`]), so that the sockets can be frozen and moved; a
+//!   relay started with those bytes writes them first.
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
@@ -13,6 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::io::Interest;
 use tokio::net::TcpStream;
+use tokio::sync::watch;
 
 use crate::sockopt;
 use crate::splice::{splice, Pipe};
@@ -34,15 +40,36 @@ pub struct Counters {
     pub down: AtomicU64,
 }
 
+/// Bytes a paused relay had taken from one socket and not yet given to the other.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Pending {
+    /// Read from the wireless side, for the fixed side.
+    pub up: Vec<u8>,
+    /// Read from the fixed side, for the wireless side.
+    pub down: Vec<u8>,
+}
+
+impl Pending {
+    pub fn len(&self) -> usize {
+        self.up.len() + self.down.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
 /// How a relay ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum End {
     /// Both directions reached end of stream.
     Closed,
-    /// The wireless side was reset or failed; the fixed side was reset in turn.
+    /// The wireless side was reset or failed; the caller resets the fixed side.
     WirelessAborted,
-    /// The fixed side was reset or failed; the wireless side was reset in turn.
+    /// The fixed side was reset or failed; the caller resets the wireless side.
     FixedAborted,
+    /// Paused on request; the sockets are untouched and these bytes are in transit.
+    Paused(Pending),
 }
 
 /// Which socket of a direction failed.
@@ -51,27 +78,107 @@ enum Failure {
     Dst(io::Error),
 }
 
+/// How one direction stopped without failing.
+enum Flow {
+    Done,
+    Paused(Vec<u8>),
+}
+
+/// Waits for `f` unless a pause is requested first (`None`).
+async fn or_pause<T>(
+    f: impl std::future::Future<Output = T>,
+    pause: &mut watch::Receiver<bool>,
+) -> Option<T> {
+    if *pause.borrow() {
+        return None;
+    }
+    tokio::select! {
+        r = f => Some(r),
+        _ = pause.wait_for(|&p| p) => None,
+    }
+}
+
+/// Writes `buf` to `dst`, unless paused: then returns what is left.
+async fn write_pending(
+    dst: &TcpStream,
+    mut buf: Vec<u8>,
+    pause: &mut watch::Receiver<bool>,
+    count: &AtomicU64,
+) -> Result<Option<Vec<u8>>, Failure> {
+    let mut off = 0;
+    while off < buf.len() {
+        match dst.try_write(&buf[off..]) {
+            Ok(m) => {
+                off += m;
+                count.fetch_add(m as u64, Ordering::Relaxed);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                match or_pause(dst.writable(), pause).await {
+                    None => return Ok(Some(buf.split_off(off))),
+                    Some(r) => r.map_err(Failure::Dst)?,
+                }
+            }
+            Err(e) => return Err(Failure::Dst(e)),
+        }
+    }
+    Ok(None)
+}
+
 /// One direction: src → dst until end of stream, then shut dst's write side.
 async fn pump(
     src: &TcpStream,
     dst: &TcpStream,
     opts: &RelayOpts,
     count: &AtomicU64,
-) -> Result<(), Failure> {
-    if !opts.splice || !pump_splice(src, dst, opts, count).await? {
-        pump_copy(src, dst, opts, count).await?;
+    pending: Vec<u8>,
+    mut pause: watch::Receiver<bool>,
+) -> Result<Flow, Failure> {
+    if let Some(left) = write_pending(dst, pending, &mut pause, count).await? {
+        return Ok(Flow::Paused(left));
     }
-    sockopt::shutdown_write(dst.as_raw_fd()).map_err(Failure::Dst)
+    let flow = match opts.splice {
+        true => match pump_splice(src, dst, opts, count, &mut pause).await? {
+            Some(f) => f,
+            None => pump_copy(src, dst, opts, count, &mut pause).await?,
+        },
+        false => pump_copy(src, dst, opts, count, &mut pause).await?,
+    };
+    if let Flow::Done = flow {
+        sockopt::shutdown_write(dst.as_raw_fd()).map_err(Failure::Dst)?;
+    }
+    Ok(flow)
 }
 
-/// Splices src → pipe → dst. Returns Ok(false) if no pipe could be had (fd limit):
+/// Reads exactly `n` bytes out of a pipe (they are there: splice put them in).
+fn drain_pipe(p: &Pipe, n: usize) -> io::Result<Vec<u8>> {
+    let mut v = vec![0u8; n];
+    let mut off = 0;
+    while off < n {
+        // SAFETY: reading into the unfilled tail of a buffer we own.
+        let r = unsafe {
+            libc::read(
+                p.read.as_raw_fd(),
+                v[off..].as_mut_ptr().cast(),
+                n - off,
+            )
+        };
+        if r <= 0 {
+            return Err(io::Error::last_os_error());
+        }
+        off += r as usize;
+    }
+    Ok(v)
+}
+
+/// Splices src → pipe → dst. Returns Ok(None) if no pipe could be had (fd limit):
 /// the caller then copies through user space instead.
 async fn pump_splice(
     src: &TcpStream,
     dst: &TcpStream,
     opts: &RelayOpts,
     count: &AtomicU64,
-) -> Result<bool, Failure> {
+    pause: &mut watch::Receiver<bool>,
+) -> Result<Option<Flow>, Failure> {
     // A pipe is held only while bytes are in flight through it: idle connections hold
     // none (two fds per connection instead of six), busy ones reuse pooled pipes.
     let mut pipe: Option<Pipe> = None;
@@ -80,14 +187,14 @@ async fn pump_splice(
     let (sfd, dfd) = (src.as_raw_fd(), dst.as_raw_fd());
     let result = loop {
         if eof && in_pipe == 0 {
-            break Ok(true);
+            break Ok(Some(Flow::Done));
         }
         let mut read_blocked = eof;
         if !eof {
             if pipe.is_none() {
                 match PIPES.take(opts.pipe_size) {
                     Ok(p) => pipe = Some(p),
-                    Err(_) => break Ok(false),
+                    Err(_) => break Ok(None),
                 }
             }
             let p = pipe.as_ref().unwrap();
@@ -101,29 +208,49 @@ async fn pump_splice(
                 Err(e) => break Err(Failure::Src(e)),
             }
         }
-        if in_pipe > 0 {
+        let waited = if in_pipe > 0 {
             let r: RawFd = pipe.as_ref().unwrap().read.as_raw_fd();
             match dst.try_io(Interest::WRITABLE, || splice(r, dfd, in_pipe)) {
                 Ok(n) => {
                     in_pipe -= n;
                     count.fetch_add(n as u64, Ordering::Relaxed);
+                    Some(Ok(()))
                 }
                 // Data is waiting for the destination: only its readiness matters (the
                 // source may stay "readable" forever once its FIN is in).
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    if let Err(e) = dst.writable().await {
-                        break Err(Failure::Dst(e));
-                    }
+                    or_pause(dst.writable(), pause)
+                        .await
+                        .map(|r| r.map_err(Failure::Dst))
                 }
-                Err(e) => break Err(Failure::Dst(e)),
+                Err(e) => Some(Err(Failure::Dst(e))),
             }
         } else if read_blocked {
             // Empty pipe, nothing to read: give the pipe back while idle.
             if let Some(p) = pipe.take() {
                 PIPES.give(p);
             }
-            if let Err(e) = src.readable().await {
-                break Err(Failure::Src(e));
+            or_pause(src.readable(), pause)
+                .await
+                .map(|r| r.map_err(Failure::Src))
+        } else {
+            Some(Ok(()))
+        };
+        match waited {
+            Some(Ok(())) => {}
+            Some(Err(f)) => break Err(f),
+            None => {
+                let left = match &pipe {
+                    Some(p) if in_pipe > 0 => drain_pipe(p, in_pipe).map_err(Failure::Src),
+                    _ => Ok(Vec::new()),
+                };
+                match left {
+                    Ok(v) => {
+                        in_pipe = 0;
+                        break Ok(Some(Flow::Paused(v)));
+                    }
+                    Err(f) => break Err(f),
+                }
             }
         }
     };
@@ -170,44 +297,58 @@ async fn pump_copy(
     dst: &TcpStream,
     opts: &RelayOpts,
     count: &AtomicU64,
-) -> Result<(), Failure> {
+    pause: &mut watch::Receiver<bool>,
+) -> Result<Flow, Failure> {
     let mut buf = vec![0u8; opts.buffer_size];
     loop {
-        src.readable().await.map_err(Failure::Src)?;
+        match or_pause(src.readable(), pause).await {
+            None => return Ok(Flow::Paused(Vec::new())),
+            Some(r) => r.map_err(Failure::Src)?,
+        }
         let n = match src.try_read(&mut buf) {
-            Ok(0) => return Ok(()),
+            Ok(0) => return Ok(Flow::Done),
             Ok(n) => n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(Failure::Src(e)),
         };
-        let mut off = 0;
-        while off < n {
-            dst.writable().await.map_err(Failure::Dst)?;
-            match dst.try_write(&buf[off..n]) {
-                Ok(m) => {
-                    off += m;
-                    count.fetch_add(m as u64, Ordering::Relaxed);
-                }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(Failure::Dst(e)),
-            }
+        if let Some(left) = write_pending(dst, buf[..n].to_vec(), pause, count).await? {
+            return Ok(Flow::Paused(left));
         }
     }
 }
 
-/// Relays until both directions have ended or one side aborts. Consumes the sockets:
-/// on return they are closed (FIN already sent for a clean end, RST for an abort).
+/// Relays until both directions have ended, one side aborts, or `pause` turns true.
+/// The sockets stay open: the caller closes them (or resets the other side after an
+/// abort, or freezes them after a pause). `pending` bytes are written first.
 pub async fn relay(
-    wireless: TcpStream,
-    fixed: TcpStream,
+    wireless: &TcpStream,
+    fixed: &TcpStream,
     opts: &RelayOpts,
     counters: &Counters,
+    pause: &watch::Receiver<bool>,
+    pending: Pending,
 ) -> End {
-    let up = pump(&wireless, &fixed, opts, &counters.up);
-    let down = pump(&fixed, &wireless, opts, &counters.down);
+    let up = pump(
+        wireless,
+        fixed,
+        opts,
+        &counters.up,
+        pending.up,
+        pause.clone(),
+    );
+    let down = pump(
+        fixed,
+        wireless,
+        opts,
+        &counters.down,
+        pending.down,
+        pause.clone(),
+    );
     tokio::pin!(up, down);
     let (mut up_done, mut down_done) = (false, false);
-    let end = loop {
+    let mut paused = Pending::default();
+    let mut was_paused = false;
+    loop {
         let (res, from_wireless) = tokio::select! {
             r = &mut up, if !up_done => { up_done = true; (r, true) }
             r = &mut down, if !down_done => { down_done = true; (r, false) }
@@ -216,26 +357,33 @@ pub async fn relay(
             tracing::debug!(error = %e, up = from_wireless, "relay direction failed");
         }
         match (res, from_wireless) {
-            (Ok(()), _) => {
-                if up_done && down_done {
-                    break End::Closed;
-                }
+            (Ok(Flow::Done), _) => {}
+            (Ok(Flow::Paused(v)), true) => {
+                was_paused = true;
+                paused.up = v;
+            }
+            (Ok(Flow::Paused(v)), false) => {
+                was_paused = true;
+                paused.down = v;
             }
             // Reading the wireless side or writing to it failed.
             (Err(Failure::Src(_)), true) | (Err(Failure::Dst(_)), false) => {
-                break End::WirelessAborted
+                return End::WirelessAborted
             }
             (Err(Failure::Src(_)), false) | (Err(Failure::Dst(_)), true) => {
-                break End::FixedAborted
+                return End::FixedAborted
             }
         }
-    };
-    match end {
-        End::WirelessAborted => sockopt::abort_on_close(fixed.as_raw_fd()),
-        End::FixedAborted => sockopt::abort_on_close(wireless.as_raw_fd()),
-        End::Closed => {}
+        if up_done && down_done {
+            // A direction that finished before the pause stays finished: its socket
+            // state (EOF read, FIN sent) travels in the images.
+            return if was_paused {
+                End::Paused(paused)
+            } else {
+                End::Closed
+            };
+        }
     }
-    end
 }
 
 #[cfg(test)]
@@ -295,12 +443,14 @@ mod tests {
             got
         });
         let t0 = Instant::now();
+        let (_tx, pause) = watch::channel(false);
         let end = tokio::time::timeout(
             Duration::from_secs(20),
-            relay(relay_src, relay_dst, &opts, &counters),
+            relay(&relay_src, &relay_dst, &opts, &counters, &pause, Pending::default()),
         )
         .await
         .expect("relay stalled");
+        drop((relay_src, relay_dst));
         assert_eq!(end, End::Closed);
         assert_eq!(reader.await.unwrap(), 6000 * 700);
         writer.await.unwrap();
@@ -331,10 +481,90 @@ mod tests {
         let std_src = app_src.into_std().unwrap();
         crate::sockopt::abort_on_close(std_src.as_raw_fd());
         drop(std_src);
-        let end = relay(relay_src, relay_dst, &opts, &counters).await;
+        let (_tx, pause) = watch::channel(false);
+        let end = relay(&relay_src, &relay_dst, &opts, &counters, &pause, Pending::default()).await;
         assert_eq!(end, End::WirelessAborted);
+        crate::sockopt::abort_on_close(relay_dst.as_raw_fd());
+        drop(relay_dst);
         let mut b = [0u8; 8];
         let e = app_dst.read(&mut b).await.unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::ConnectionReset);
+    }
+
+    /// A pause mid-stream hands back every byte read and not yet written; a second
+    /// relay started with them delivers the whole stream in order.
+    async fn pause_and_resume(splice: bool) {
+        let (mut app_src, relay_src) = pair().await;
+        let (relay_dst, mut app_dst) = pair().await;
+        let small = itcp_config::TcpTuning {
+            send_buffer: Some(16384),
+            recv_buffer: Some(16384),
+            ..Default::default()
+        };
+        crate::sockopt::apply_pre_connect(relay_dst.as_raw_fd(), &small).unwrap();
+        let opts = RelayOpts {
+            splice,
+            pipe_size: 1 << 20,
+            buffer_size: 65536,
+        };
+        const N: usize = 4 << 20;
+        let writer = tokio::spawn(async move {
+            let data: Vec<u8> = (0..N).map(|i| (i % 251) as u8).collect();
+            app_src.write_all(&data).await.unwrap();
+            app_src.shutdown().await.unwrap();
+            app_src
+        });
+        let reader = tokio::spawn(async move {
+            let mut v = Vec::new();
+            let mut buf = vec![0u8; 4096];
+            loop {
+                // Slow: the relay's destination stays full, so bytes sit in the pipe.
+                tokio::time::sleep(Duration::from_micros(200)).await;
+                match app_dst.read(&mut buf).await.unwrap() {
+                    0 => break,
+                    n => v.extend_from_slice(&buf[..n]),
+                }
+            }
+            v
+        });
+        let counters = Counters::default();
+        let (tx, pause) = watch::channel(false);
+        let mut pending = Pending::default();
+        let mut pauses = 0;
+        loop {
+            let t = tokio::spawn({
+                let tx = tx.clone();
+                async move {
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    let _ = tx.send(true);
+                }
+            });
+            match relay(&relay_src, &relay_dst, &opts, &counters, &pause, pending).await {
+                End::Paused(p) => {
+                    pauses += 1;
+                    pending = p;
+                    t.await.unwrap();
+                    tx.send(false).unwrap();
+                }
+                End::Closed => break,
+                e => panic!("{e:?}"),
+            }
+        }
+        drop((relay_src, relay_dst));
+        let got = reader.await.unwrap();
+        let _ = writer.await.unwrap();
+        assert!(pauses > 2, "only {pauses} pauses");
+        assert_eq!(got.len(), N);
+        assert!(got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+    }
+
+    #[tokio::test]
+    async fn splice_relay_pauses_and_resumes_without_loss() {
+        pause_and_resume(true).await;
+    }
+
+    #[tokio::test]
+    async fn copy_relay_pauses_and_resumes_without_loss() {
+        pause_and_resume(false).await;
     }
 }

@@ -3,12 +3,15 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use serde::Serialize;
+use tokio::sync::{oneshot, watch};
 
+use crate::handoff::Frozen;
 use crate::relay::Counters;
 
 /// How a connection was opened.
@@ -37,6 +40,21 @@ pub struct Session {
     pub wireless_local: SocketAddr,
     pub started: SystemTime,
     pub counters: Counters,
+    /// True pauses the relay (handoff freeze).
+    pub pause: watch::Sender<bool>,
+    /// Where a paused relay hands its sockets.
+    pub frozen_to: Mutex<Option<oneshot::Sender<Frozen>>>,
+    /// Frozen for a handoff (shown by `itcpctl sessions`).
+    pub frozen: AtomicBool,
+    /// Arrived here in a handoff.
+    pub moved_in: bool,
+}
+
+impl Session {
+    /// The MH's address.
+    pub fn mh_ip(&self) -> IpAddr {
+        crate::admission::canonical(self.mh.ip())
+    }
 }
 
 /// A row of `itcpctl sessions`.
@@ -50,6 +68,8 @@ pub struct SessionInfo {
     pub age_s: f64,
     pub bytes_up: u64,
     pub bytes_down: u64,
+    pub frozen: bool,
+    pub moved_in: bool,
 }
 
 /// Daemon-wide counters.
@@ -64,6 +84,13 @@ pub struct Stats {
     pub aborted: AtomicU64,
     pub bytes_up: AtomicU64,
     pub bytes_down: AtomicU64,
+    pub handoffs_in: AtomicU64,
+    pub handoffs_out: AtomicU64,
+    pub handoffs_failed: AtomicU64,
+    pub connections_moved_in: AtomicU64,
+    pub connections_moved_out: AtomicU64,
+    pub handoff_messages_rejected: AtomicU64,
+    pub greetings_rejected: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -81,6 +108,28 @@ impl Sessions {
         fh: SocketAddr,
         wireless_local: SocketAddr,
     ) -> Arc<Session> {
+        self.insert(kind, mh, fh, wireless_local, false)
+    }
+
+    /// A connection that moved here in a handoff.
+    pub fn open_moved(
+        &self,
+        kind: Kind,
+        mh: SocketAddr,
+        fh: SocketAddr,
+        wireless_local: SocketAddr,
+    ) -> Arc<Session> {
+        self.insert(kind, mh, fh, wireless_local, true)
+    }
+
+    fn insert(
+        &self,
+        kind: Kind,
+        mh: SocketAddr,
+        fh: SocketAddr,
+        wireless_local: SocketAddr,
+        moved_in: bool,
+    ) -> Arc<Session> {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let s = Arc::new(Session {
             id,
@@ -90,8 +139,16 @@ impl Sessions {
             wireless_local,
             started: SystemTime::now(),
             counters: Counters::default(),
+            pause: watch::channel(false).0,
+            frozen_to: Mutex::new(None),
+            frozen: AtomicBool::new(false),
+            moved_in,
         });
-        self.stats.connections_total.fetch_add(1, Ordering::Relaxed);
+        if moved_in {
+            self.stats.connections_moved_in.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.stats.connections_total.fetch_add(1, Ordering::Relaxed);
+        }
         self.map.lock().unwrap().insert(id, s.clone());
         s
     }
@@ -103,6 +160,21 @@ impl Sessions {
             .fetch_add(s.counters.up.load(Ordering::Relaxed), Ordering::Relaxed);
         st.bytes_down
             .fetch_add(s.counters.down.load(Ordering::Relaxed), Ordering::Relaxed);
+    }
+
+    /// The live sessions of one MH.
+    pub fn of_mh(&self, mh: IpAddr) -> Vec<Arc<Session>> {
+        let mh = crate::admission::canonical(mh);
+        let mut v: Vec<Arc<Session>> = self
+            .map
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|s| s.mh_ip() == mh)
+            .cloned()
+            .collect();
+        v.sort_by_key(|s| s.id);
+        v
     }
 
     pub fn len(&self) -> usize {
@@ -132,6 +204,8 @@ impl Sessions {
                     .unwrap_or(0.0),
                 bytes_up: s.counters.up.load(Ordering::Relaxed),
                 bytes_down: s.counters.down.load(Ordering::Relaxed),
+                frozen: s.frozen.load(Ordering::Relaxed),
+                moved_in: s.moved_in,
             })
             .collect();
         v.sort_by_key(|s| s.id);
@@ -201,6 +275,17 @@ impl Sessions {
             "Relays ended by a reset on either side.",
             g(&st.aborted),
         );
+        for (name, help, v) in [
+            ("handoffs_in_total", "Handoffs that moved an MH's connections here.", &st.handoffs_in),
+            ("handoffs_out_total", "Handoffs that moved an MH's connections away.", &st.handoffs_out),
+            ("handoffs_failed_total", "Handoffs rolled back or refused.", &st.handoffs_failed),
+            ("connections_moved_in_total", "Connections restored here by handoffs.", &st.connections_moved_in),
+            ("connections_moved_out_total", "Connections handed to another MSR.", &st.connections_moved_out),
+            ("handoff_messages_rejected_total", "MSR messages rejected (forged, replayed, unknown peer, malformed).", &st.handoff_messages_rejected),
+            ("greetings_rejected_total", "MH greetings rejected (malformed or without valid proof).", &st.greetings_rejected),
+        ] {
+            m(name, "counter", help, g(v));
+        }
         m(
             "bytes_up_total",
             "counter",

@@ -615,6 +615,8 @@ impl Lab {
     pub fn command(&self, h: Host, program: impl AsRef<std::ffi::OsStr>) -> io::Result<Command> {
         let ns = File::open(format!("/run/netns/{}", self.ns(h)))?;
         let mut cmd = Command::new(program);
+        // One MH token per lab: apps and the mobility agent share it, labs do not.
+        cmd.env("ITCP_TOKEN_FILE", self.dir.join("mh-token"));
         // SAFETY: between fork and exec we only call setns and prctl, which are
         // async-signal-safe; `ns` stays open because the closure owns it.
         unsafe {
@@ -703,6 +705,144 @@ impl Lab {
             std::thread::sleep(Duration::from_millis(20));
         }
         Ok(idx)
+    }
+
+    /// The `[handoff]` section of MSR `k` in a lab with I-TCP mobility: the MSR⇄MSR
+    /// channel on its LAN address, proxy ARP on `lan0`, every other MSR a peer (one
+    /// key per pair), the handoff log in the lab directory.
+    pub fn handoff_config(&self, k: usize) -> String {
+        let mut s = format!(
+            "[handoff]\nlisten = \"{}:4347\"\nlan_interface = \"lan0\"\nlog_file = \"{}\"\n",
+            addr::msr_lan(k),
+            self.handoff_log(k).display()
+        );
+        for j in (1..=self.config.msrs).filter(|&j| j != k) {
+            let pair = k.min(j) * 100 + k.max(j);
+            s += &format!(
+                "\n[[handoff.peer]]\nid = \"msr{j}\"\naddress = \"{}:4347\"\nkey = \"{pair:032x}\"\n",
+                addr::msr_lan(j)
+            );
+        }
+        s
+    }
+
+    /// Counts TCP RSTs sent and received by host `h` (an nftables table of its own in
+    /// its namespace); read with [`Lab::rsts`].
+    pub fn watch_rsts(&self, h: Host) -> io::Result<()> {
+        let script = "table inet rstwatch {\n  counter rst_in { }\n  counter rst_out { }\n  chain i { type filter hook input priority -300; tcp flags & rst == rst counter name \"rst_in\"; }\n  chain o { type filter hook output priority -300; tcp flags & rst == rst counter name \"rst_out\"; }\n}\n";
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", &self.ns(h), "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        child.stdin.take().unwrap().write_all(script.as_bytes())?;
+        let out = child.wait_with_output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "nft rstwatch: {}",
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(())
+    }
+
+    /// (RSTs received, RSTs sent) by host `h` since [`Lab::watch_rsts`].
+    pub fn rsts(&self, h: Host) -> io::Result<(u64, u64)> {
+        let get = |name: &str| -> io::Result<u64> {
+            let out = Command::new("ip")
+                .args(["netns", "exec", &self.ns(h), "nft", "list", "counter", "inet", "rstwatch", name])
+                .output()?;
+            let text = String::from_utf8_lossy(&out.stdout);
+            text.split_whitespace()
+                .skip_while(|w| *w != "packets")
+                .nth(1)
+                .and_then(|n| n.parse().ok())
+                .ok_or_else(|| io::Error::other(format!("no counter {name} in {text:?}")))
+        };
+        Ok((get("rst_in")?, get("rst_out")?))
+    }
+
+    /// MSR `k`'s handoff log.
+    pub fn handoff_log(&self, k: usize) -> PathBuf {
+        self.dir.join(format!("handoffs-msr{k}.jsonl"))
+    }
+
+    /// Sets up I-TCP mobility: the GW routes the MH prefix on-link (the MSR serving an MH
+    /// answers ARP for it), msrd with `[handoff]` runs on every MSR (`msrd_extra`
+    /// appended to each config), and the MH's mobility agent runs with `agent_args`
+    /// (e.g. `--policy lazy`). Waits until the agent has attached to an MSR. Returns
+    /// the spawn indices of the msrds (MSR order) and of the agent.
+    pub fn start_itcp_mobility(
+        &mut self,
+        msrd_extra: &str,
+        agent_args: &[&str],
+    ) -> io::Result<(Vec<usize>, usize)> {
+        run_ip(
+            Some(&self.ns(Host::Gw)),
+            &format!(
+                "route del {}/32\nroute replace 10.2.0.0/24 dev br0\n",
+                addr::MH
+            ),
+        )?;
+        let mut msrds = Vec::new();
+        for k in 1..=self.config.msrs {
+            let extra = format!("{}\n{msrd_extra}", self.handoff_config(k));
+            let cfg = self.msrd_config(k, &extra);
+            msrds.push(self.start_msrd(k, &cfg)?);
+        }
+        let events = File::create(self.agent_events_path())?;
+        let log = File::create(self.dir.join("agent.log"))?;
+        let mh = addr::MH.to_string();
+        let gw = addr::CELL_GW.to_string();
+        let mut args = vec!["--interface", "air0", "--mh", &mh, "--gateway", &gw];
+        args.extend_from_slice(agent_args);
+        let child = self
+            .command(Host::Mh, bin_path("itcp-mh-agent"))?
+            .args(&args)
+            .stdout(events)
+            .stderr(log)
+            .spawn()
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot start itcp-mh-agent: {e}")))?;
+        self.children.push(child);
+        let agent = self.children.len() - 1;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !self.agent_events().iter().any(|e| e["event"] == "attached") {
+            if Instant::now() > deadline {
+                let log = std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default();
+                return Err(io::Error::other(format!(
+                    "the MH agent did not attach in 10 s: events {:?}, log {log}",
+                    self.agent_events()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok((msrds, agent))
+    }
+
+    fn agent_events_path(&self) -> PathBuf {
+        self.dir.join("agent.events")
+    }
+
+    /// The MH agent's events so far (JSON objects).
+    pub fn agent_events(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.agent_events_path())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Handoff records MSR `k` wrote so far.
+    pub fn handoff_records(&self, k: usize) -> Vec<itcp_handoff::log::Record> {
+        itcp_handoff::log::read(&self.handoff_log(k), &Default::default())
+            .map(|(r, _)| r)
+            .unwrap_or_default()
+    }
+
+    /// Sends `sig` to a spawned process (by index).
+    pub fn signal(&self, idx: usize, sig: i32) {
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(self.children[idx].id() as i32, sig) };
     }
 
     /// Control socket path of MSR `k`'s msrd.

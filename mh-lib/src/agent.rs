@@ -1,0 +1,388 @@
+//! The MH's mobility agent (paper §5.4 steps 1–2): it listens to MSR beacons, decides
+//! when to move with the [`Detector`], and greets the new MSR with proof of the MH's
+//! session token. Once the new MSR says it holds the MH's flows, the agent points the
+//! shared gateway address at that MSR's MAC, so the MH's packets go to it; the MSR
+//! fetches the connections from the previous MSR meanwhile.
+//!
+//! The greeting is a UDP broadcast on the cell (every MSR in range hears it; only the
+//! one it names acts), retransmitted until answered: the answer is kept by the MSR and
+//! repeated, so a retransmission doubles as a status poll.
+//!
+//! Applications see [`Event`]s: attached, moved, move failed, lost (no MSR heard),
+//! refused. `itcp-mh-agent` prints them as JSON lines.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use itcp_handoff::wire::{GreetMsg, GreetReply, GreetStatus, Greeting};
+use serde::Serialize;
+
+use crate::mobility::{Beacon, Decision, Detector, Policy};
+use crate::socks::Token;
+
+/// How the agent runs.
+#[derive(Debug, Clone)]
+pub struct AgentConfig {
+    /// The MH's wireless interface (`air0`).
+    pub interface: String,
+    /// The MH's address (what its connections use).
+    pub mh: IpAddr,
+    /// The cell gateway address every MSR shares (`10.2.0.1`).
+    pub gateway: IpAddr,
+    /// The MH's session token (proof in greetings).
+    pub token: Token,
+    /// UDP port beacons arrive on (4345).
+    pub beacon_port: u16,
+    /// UDP port greetings go to (4346).
+    pub greet_port: u16,
+    /// When to move.
+    pub policy: Policy,
+    /// No eager move this soon after the last.
+    pub hysteresis: Duration,
+    /// The MSRs' beacon interval.
+    pub beacon_interval: Duration,
+    /// Greeting retransmission interval.
+    pub greet_retry: Duration,
+    /// Give up a move after this long without a final answer.
+    pub greet_timeout: Duration,
+}
+
+impl AgentConfig {
+    /// Defaults for `interface`, `mh`, `gateway` and `token`: ports 4345/4346, eager,
+    /// 2 s hysteresis, 1 s beacons, 200 ms retransmission, 10 s timeout.
+    pub fn new(interface: &str, mh: IpAddr, gateway: IpAddr, token: Token) -> Self {
+        AgentConfig {
+            interface: interface.into(),
+            mh,
+            gateway,
+            token,
+            beacon_port: 4345,
+            greet_port: 4346,
+            policy: Policy::Eager,
+            hysteresis: Duration::from_secs(2),
+            beacon_interval: Duration::from_secs(1),
+            greet_retry: Duration::from_millis(200),
+            greet_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// What happened, for applications (and the agent's JSON-line output).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "event", rename_all = "snake_case")]
+#[allow(missing_docs)] // Field names say it: MSR ids, counts, times in ms, reasons.
+pub enum Event {
+    /// Attached to an MSR with nothing to move.
+    Attached { msr: String, connections: usize },
+    /// The MH's connections moved `from` → `to`; times from the greeting, in ms.
+    Moved {
+        from: String,
+        to: String,
+        connections: usize,
+        holding_ms: f64,
+        moved_ms: f64,
+    },
+    /// The handoff failed: the connections stayed with `from`.
+    MoveFailed {
+        from: String,
+        to: String,
+        reason: String,
+    },
+    /// The MSR refused the greeting.
+    Refused { msr: String, reason: String },
+    /// No MSR heard any more.
+    Lost { from: String },
+}
+
+struct Pending {
+    from: String,
+    to: String,
+    mac: String,
+    msg: Vec<u8>,
+    nonce: String,
+    t0: Instant,
+    last_sent: Option<Instant>,
+    holding_ms: Option<f64>,
+}
+
+fn ms_since(t0: Instant) -> f64 {
+    t0.elapsed().as_secs_f64() * 1000.0
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn nonce() -> io::Result<[u8; 16]> {
+    Ok(Token::random()?.0)
+}
+
+/// Points the gateway address at `mac` (`ip neigh replace … nud permanent`).
+pub fn point_gateway(gateway: IpAddr, mac: &str, interface: &str) -> io::Result<()> {
+    let out = std::process::Command::new("ip")
+        .args([
+            "neigh",
+            "replace",
+            &gateway.to_string(),
+            "lladdr",
+            mac,
+            "dev",
+            interface,
+            "nud",
+            "permanent",
+        ])
+        .output()
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot run ip: {e}")))?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "ip neigh replace {gateway} lladdr {mac} dev {interface}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// The agent: call [`Agent::run`] on a thread of its own.
+pub struct Agent {
+    cfg: AgentConfig,
+    beacons: UdpSocket,
+    greet: UdpSocket,
+    det: Detector,
+    macs: std::collections::HashMap<String, String>,
+    pending: Option<Pending>,
+    t_start: Instant,
+}
+
+impl Agent {
+    /// Opens the beacon and greeting sockets.
+    pub fn new(cfg: AgentConfig) -> io::Result<Agent> {
+        let beacons = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], cfg.beacon_port)))
+            .map_err(|e| io::Error::new(e.kind(), format!("beacon port {}: {e}", cfg.beacon_port)))?;
+        let greet = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))?;
+        greet.set_broadcast(true)?;
+        bind_to_device(&greet, &cfg.interface)?;
+        beacons.set_nonblocking(true)?;
+        greet.set_nonblocking(true)?;
+        let det = Detector::new(cfg.policy, cfg.beacon_interval, cfg.hysteresis);
+        Ok(Agent {
+            cfg,
+            beacons,
+            greet,
+            det,
+            macs: Default::default(),
+            pending: None,
+            t_start: Instant::now(),
+        })
+    }
+
+    fn now_ns(&self) -> u64 {
+        self.t_start.elapsed().as_nanos() as u64
+    }
+
+    /// Runs until `stop` is set, reporting events to `on_event`.
+    pub fn run(&mut self, stop: &AtomicBool, mut on_event: impl FnMut(Event)) -> io::Result<()> {
+        let mut buf = vec![0u8; 4096];
+        while !stop.load(Ordering::Relaxed) {
+            let wait_ms = match &self.pending {
+                Some(p) => p
+                    .last_sent
+                    .map_or(0, |t| self.cfg.greet_retry.saturating_sub(t.elapsed()).as_millis() as i32),
+                None => 50,
+            };
+            poll2(&self.beacons, &self.greet, wait_ms.clamp(0, 50))?;
+            while let Ok((n, _)) = self.beacons.recv_from(&mut buf) {
+                if let Ok(b) = serde_json::from_slice::<Beacon>(&buf[..n]) {
+                    self.macs.insert(b.msr.clone(), b.mac.clone());
+                    let now = self.now_ns();
+                    if let Some(d) = self.det.on_beacon(now, &b) {
+                        self.decide(d, &mut on_event)?;
+                    }
+                }
+            }
+            while let Ok((n, _)) = self.greet.recv_from(&mut buf) {
+                if let Ok(r) = serde_json::from_slice::<GreetReply>(&buf[..n]) {
+                    self.on_reply(r, &mut on_event)?;
+                }
+            }
+            let now = self.now_ns();
+            if let Some(d) = self.det.on_tick(now) {
+                self.decide(d, &mut on_event)?;
+            }
+            self.retransmit(&mut on_event)?;
+        }
+        Ok(())
+    }
+
+    fn greeting(&self, from: Option<&str>, to: &str) -> io::Result<(Vec<u8>, String)> {
+        let prev = from.unwrap_or("");
+        let g = Greeting::new(&self.cfg.token.0, self.cfg.mh, prev, to, unix_ms(), nonce()?);
+        let nonce = g.nonce.clone();
+        let msg = GreetMsg {
+            greeting: g,
+            // The token is registered only at the first contact; later greetings prove it.
+            token: from.is_none().then(|| self.cfg.token.to_hex()),
+        };
+        Ok((serde_json::to_vec(&msg).expect("greetings serialize"), nonce))
+    }
+
+    fn decide(&mut self, d: Decision, on_event: &mut impl FnMut(Event)) -> io::Result<()> {
+        match d {
+            Decision::Move { from, to } => {
+                let mac = self.macs.get(&to).cloned().unwrap_or_default();
+                let (msg, nonce) = self.greeting(from.as_deref(), &to)?;
+                self.pending = Some(Pending {
+                    from: from.unwrap_or_default(),
+                    to,
+                    mac,
+                    msg,
+                    nonce,
+                    t0: Instant::now(),
+                    last_sent: None,
+                    holding_ms: None,
+                });
+                self.retransmit(on_event)
+            }
+            Decision::Lost { from } => {
+                on_event(Event::Lost { from });
+                Ok(())
+            }
+        }
+    }
+
+    fn retransmit(&mut self, on_event: &mut impl FnMut(Event)) -> io::Result<()> {
+        let Some(p) = &mut self.pending else {
+            return Ok(());
+        };
+        if p.t0.elapsed() > self.cfg.greet_timeout {
+            let p = self.pending.take().unwrap();
+            on_event(Event::MoveFailed {
+                from: p.from,
+                to: p.to,
+                reason: "no answer from the new MSR".into(),
+            });
+            return Ok(());
+        }
+        if p.last_sent.is_none_or(|t| t.elapsed() >= self.cfg.greet_retry) {
+            let dst = SocketAddr::from((Ipv4Addr::BROADCAST, self.cfg.greet_port));
+            // A lost send is retried at the next interval.
+            let _ = self.greet.send_to(&p.msg, dst);
+            p.last_sent = Some(Instant::now());
+        }
+        Ok(())
+    }
+
+    fn on_reply(&mut self, r: GreetReply, on_event: &mut impl FnMut(Event)) -> io::Result<()> {
+        let Some(p) = &mut self.pending else {
+            return Ok(());
+        };
+        if r.nonce != p.nonce || r.msr != p.to {
+            return Ok(());
+        }
+        match r.status {
+            GreetStatus::Holding => {
+                if p.holding_ms.is_none() {
+                    p.holding_ms = Some(ms_since(p.t0));
+                    point_gateway(self.cfg.gateway, &p.mac, &self.cfg.interface)?;
+                }
+            }
+            GreetStatus::Attached => {
+                point_gateway(self.cfg.gateway, &p.mac, &self.cfg.interface)?;
+                let p = self.pending.take().unwrap();
+                on_event(Event::Attached {
+                    msr: p.to,
+                    connections: r.connections,
+                });
+            }
+            GreetStatus::Moved => {
+                if p.holding_ms.is_none() {
+                    point_gateway(self.cfg.gateway, &p.mac, &self.cfg.interface)?;
+                }
+                let p = self.pending.take().unwrap();
+                on_event(Event::Moved {
+                    holding_ms: p.holding_ms.unwrap_or(0.0),
+                    moved_ms: ms_since(p.t0),
+                    from: p.from,
+                    to: p.to,
+                    connections: r.connections,
+                });
+            }
+            GreetStatus::Failed => {
+                let p = self.pending.take().unwrap();
+                on_event(Event::MoveFailed {
+                    from: p.from,
+                    to: p.to,
+                    reason: r.reason.unwrap_or_default(),
+                });
+            }
+            GreetStatus::Refused => {
+                let reason = r.reason.unwrap_or_default();
+                on_event(Event::Refused {
+                    msr: p.to.clone(),
+                    reason,
+                });
+                // An MSR that does not know the previous one cannot fetch anything:
+                // attach to it afresh (the connections are lost either way).
+                if !p.from.is_empty() {
+                    let to = p.to.clone();
+                    let (msg, nonce) = self.greeting(None, &to)?;
+                    let p = self.pending.as_mut().unwrap();
+                    p.from.clear();
+                    p.msg = msg;
+                    p.nonce = nonce;
+                    p.last_sent = None;
+                } else {
+                    self.pending = None;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn bind_to_device(s: &UdpSocket, ifname: &str) -> io::Result<()> {
+    // SAFETY: the name is a valid byte buffer of the given length.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_BINDTODEVICE,
+            ifname.as_ptr().cast(),
+            ifname.len() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("bind to {ifname}: {e}")));
+    }
+    Ok(())
+}
+
+fn poll2(a: &UdpSocket, b: &UdpSocket, timeout_ms: i32) -> io::Result<()> {
+    let mut fds = [
+        libc::pollfd {
+            fd: a.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: b.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: fds is a valid array of two pollfd.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+    if r < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+    Ok(())
+}

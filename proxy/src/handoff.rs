@@ -1,0 +1,964 @@
+//! msrd's side of handoffs (paper §5.4): it runs the sans-IO machines of
+//! `itcp_handoff::machine` against real sockets, nftables holds, ARP and the
+//! authenticated MSR⇄MSR channel.
+//!
+//! * MH greetings arrive on a UDP port of the cell ([`serve_greetings`]). A greeting
+//!   naming another MSR as the previous one starts the new side: hold the MH's flows,
+//!   tell the MH it may send through us, fetch the connections from the old MSR.
+//! * The old MSR serves the channel ([`serve_peers`]): a request whose greeting proves
+//!   the MH's session token freezes the MH's relays, captures both sockets of every
+//!   connection with TCP_REPAIR and ships them.
+//! * The new MSR restores them, takes over the MH's address on the fixed LAN (proxy
+//!   ARP + gratuitous ARP), releases the hold, restarts the sockets and acknowledges;
+//!   the old MSR deletes its copies silently. Without an acknowledgement in time the
+//!   old MSR unfreezes and serves on.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use itcp_config::{HandoffSection, UnackedPolicy};
+use itcp_handoff::log::{self as hlog, ConnEntry, Record};
+use itcp_handoff::machine::{Action, NewEvent, NewSide, OldEvent, OldSide};
+use itcp_handoff::wire::{
+    self, ConnImage, Envelope, GreetMsg, GreetReply, GreetStatus, Greeting, Message,
+    ReplayGuard, WireError,
+};
+use itcp_handoff::{RestoreOptions, SocketImage, UnackedRestore};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
+use tokio::sync::oneshot;
+use tracing::{debug, info, warn};
+
+use crate::daemon::{Admitted, Daemon};
+use crate::relay::Pending;
+use crate::sessions::{Kind, Session};
+
+/// A relay paused for a handoff: its sockets and the bytes it had in transit.
+pub struct Frozen {
+    pub session: Arc<Session>,
+    pub wireless: TcpStream,
+    pub fixed: TcpStream,
+    pub pending: Pending,
+    pub admitted: Admitted,
+}
+
+impl std::fmt::Debug for Frozen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Frozen(session {})", self.session.id)
+    }
+}
+
+/// What this MSR knows about one MH.
+#[derive(Default)]
+struct MhState {
+    /// The MH's session token, bound at first contact or shipped with its connections.
+    token: Option<Vec<u8>>,
+    /// Highest greeting timestamp accepted: older ones are replays.
+    last_greeting_ts: u64,
+    /// Bumped by every hold; a delayed release applies only to its own hold.
+    hold_gen: u64,
+    /// The last greeting answered and the answer, repeated for retransmissions.
+    last_nonce: Option<String>,
+    last_reply: Option<GreetReply>,
+}
+
+/// Handoff state shared by the daemon's tasks.
+pub struct Handoffs {
+    pub me: String,
+    pub cfg: HandoffSection,
+    keys: HashMap<String, Vec<u8>>,
+    guard: Mutex<ReplayGuard>,
+    last_seq: Mutex<u64>,
+    next_id: AtomicU64,
+    mhs: Mutex<HashMap<IpAddr, MhState>>,
+}
+
+/// Microseconds since the UNIX epoch (handoff log phases).
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+fn now_ms() -> u64 {
+    now_us() / 1000
+}
+
+impl Handoffs {
+    /// Reads the peers' keys; errors name the peer.
+    pub fn new(me: &str, cfg: &HandoffSection) -> io::Result<Handoffs> {
+        let mut keys = HashMap::new();
+        for p in &cfg.peers {
+            let k = p
+                .key_bytes()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+            keys.insert(p.id.clone(), k);
+        }
+        Ok(Handoffs {
+            me: me.into(),
+            cfg: cfg.clone(),
+            keys,
+            guard: Mutex::new(ReplayGuard::new(me)),
+            last_seq: Mutex::new(0),
+            // Unique across restarts: handoff ids start at the clock.
+            next_id: AtomicU64::new(now_us()),
+            mhs: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// Binds an MH's token when it has none yet (first SOCKS request or attachment).
+    pub fn bind_token(&self, mh: IpAddr, token: &[u8]) {
+        let mut m = self.mhs.lock().unwrap();
+        let st = m.entry(mh).or_default();
+        if st.token.is_none() {
+            st.token = Some(token.to_vec());
+        }
+    }
+
+    fn token(&self, mh: IpAddr) -> Option<Vec<u8>> {
+        self.mhs.lock().unwrap().get(&mh).and_then(|s| s.token.clone())
+    }
+
+    /// Sequence numbers only grow, across connections and restarts (they start at the
+    /// clock), so the receiver's replay guard never mistakes a fresh frame for a replay.
+    fn next_seq(&self) -> u64 {
+        let mut l = self.last_seq.lock().unwrap();
+        *l = (*l + 1).max(now_us());
+        *l
+    }
+
+    fn seal(&self, to: &str, body: Message) -> io::Result<Vec<u8>> {
+        let key = self.keys.get(to).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{to:?} is not a configured [[handoff.peer]]"),
+            )
+        })?;
+        let env = Envelope {
+            from: self.me.clone(),
+            to: to.into(),
+            seq: self.next_seq(),
+            ts_ms: now_ms(),
+            body,
+        };
+        Ok(wire::seal(&env, key))
+    }
+
+    fn open(&self, buf: &[u8]) -> Result<Option<(Envelope, usize)>, WireError> {
+        let mut g = self.guard.lock().unwrap();
+        wire::open(buf, |p| self.keys.get(p).cloned(), &mut g, now_ms())
+    }
+
+    fn hold_gen_bump(&self, mh: IpAddr) -> u64 {
+        let mut m = self.mhs.lock().unwrap();
+        let st = m.entry(mh).or_default();
+        st.hold_gen += 1;
+        st.hold_gen
+    }
+
+    fn hold_gen(&self, mh: IpAddr) -> u64 {
+        self.mhs
+            .lock()
+            .unwrap()
+            .get(&mh)
+            .map_or(0, |s| s.hold_gen)
+    }
+}
+
+/// Why reading a frame failed.
+enum ReadError {
+    Io(io::Error),
+    Closed,
+    Wire(WireError),
+}
+
+impl std::fmt::Display for ReadError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ReadError::Io(e) => write!(f, "{e}"),
+            ReadError::Closed => f.write_str("peer closed the channel"),
+            ReadError::Wire(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+/// One MSR⇄MSR connection: frames in and out.
+struct Channel {
+    s: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Channel {
+    async fn send(&mut self, h: &Handoffs, to: &str, body: Message) -> io::Result<()> {
+        let frame = h.seal(to, body)?;
+        self.s.write_all(&frame).await
+    }
+
+    async fn recv(&mut self, h: &Handoffs) -> Result<Envelope, ReadError> {
+        loop {
+            match h.open(&self.buf) {
+                Ok(Some((env, n))) => {
+                    self.buf.drain(..n);
+                    return Ok(env);
+                }
+                Ok(None) => {}
+                Err(e) => return Err(ReadError::Wire(e)),
+            }
+            let mut chunk = vec![0u8; 256 << 10];
+            let n = self.s.read(&mut chunk).await.map_err(ReadError::Io)?;
+            if n == 0 {
+                return Err(ReadError::Closed);
+            }
+            self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+fn unacked(p: UnackedPolicy) -> UnackedRestore {
+    match p {
+        UnackedPolicy::Auto => UnackedRestore::Auto,
+        UnackedPolicy::AsNew => UnackedRestore::AsNew,
+        UnackedPolicy::AsSent => UnackedRestore::AsSent,
+    }
+}
+
+fn kind_str(k: Kind) -> &'static str {
+    match k {
+        Kind::Connect => "connect",
+        Kind::Accept => "accept",
+        Kind::Bind => "bind",
+        Kind::Transparent => "transparent",
+    }
+}
+
+fn kind_of(s: &str) -> Kind {
+    match s {
+        "accept" => Kind::Accept,
+        "bind" => Kind::Bind,
+        "transparent" => Kind::Transparent,
+        _ => Kind::Connect,
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Routing and holds.
+
+/// Makes the fixed LAN deliver `mh`'s traffic here: proxy ARP, then a gratuitous ARP
+/// that repoints neighbours (the GW) which still have the old MSR's MAC.
+fn take_over(d: &Daemon, mh: IpAddr) {
+    let Some(lan) = &d.handoff_cfg().lan_interface else {
+        return;
+    };
+    if let Err(e) = crate::netlink::proxy_neigh(lan, mh, true) {
+        warn!(%mh, interface = %lan, error = %e, "proxy ARP entry not added");
+    }
+    if let IpAddr::V4(v4) = mh {
+        if let Err(e) = crate::netlink::send_garp(lan, v4) {
+            warn!(%mh, interface = %lan, error = %e, "gratuitous ARP not sent");
+        }
+    }
+}
+
+fn give_up_route(d: &Daemon, mh: IpAddr) {
+    if let Some(lan) = &d.handoff_cfg().lan_interface {
+        if let Err(e) = crate::netlink::proxy_neigh(lan, mh, false) {
+            warn!(%mh, interface = %lan, error = %e, "proxy ARP entry not removed");
+        }
+    }
+}
+
+fn hold(d: &Daemon, h: &Handoffs, mh: IpAddr) {
+    h.hold_gen_bump(mh);
+    if let Err(e) = d.rules.hold(mh) {
+        warn!(%mh, error = %e, "flow hold not installed");
+    }
+}
+
+fn release(d: &Daemon, mh: IpAddr) {
+    if let Err(e) = d.rules.release(mh) {
+        warn!(%mh, error = %e, "flow hold not released");
+    }
+}
+
+/// Releases the hold after `after` unless another hold was made meanwhile.
+fn release_later(d: &Arc<Daemon>, mh: IpAddr, after: Duration) {
+    let h = d.handoff.as_ref().unwrap();
+    let gen = h.hold_gen(mh);
+    let d = d.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        let h = d.handoff.as_ref().unwrap();
+        if h.hold_gen(mh) == gen {
+            release(&d, mh);
+        }
+    });
+}
+
+fn write_log(d: &Daemon, mut r: Record, conns: &[ConnEntry]) {
+    r.connections = conns.to_vec();
+    let path = &d.handoff_cfg().log_file;
+    if let Err(e) = hlog::append(path, &r) {
+        warn!(path = %path.display(), error = %e, "handoff log not written");
+    }
+    info!(
+        handoff = r.handoff_id,
+        role = ?r.role,
+        mh = %r.mh,
+        old = %r.old_msr,
+        new = %r.new_msr,
+        outcome = ?r.outcome,
+        reason = r.reason.as_deref().unwrap_or(""),
+        connections = r.connections.len(),
+        failed = ?r.failed,
+        ms = r.duration_ms().unwrap_or(0.0),
+        "handoff"
+    );
+}
+
+// ---------------------------------------------------------------------------------
+// Old MSR: freeze, capture, delete or unfreeze.
+
+/// Pauses every relay of `mh` and collects its sockets.
+async fn freeze(d: &Daemon, mh: IpAddr) -> Vec<Frozen> {
+    let mut waits = Vec::new();
+    for s in d.sessions.of_mh(mh) {
+        let (tx, rx) = oneshot::channel();
+        *s.frozen_to.lock().unwrap() = Some(tx);
+        s.pause.send_replace(true);
+        waits.push(rx);
+    }
+    let mut out = Vec::new();
+    for rx in waits {
+        // A relay that ended meanwhile drops its sender: nothing to move.
+        if let Ok(Ok(f)) = tokio::time::timeout(Duration::from_secs(2), rx).await {
+            out.push(f);
+        }
+    }
+    out
+}
+
+fn capture_one(f: &Frozen) -> io::Result<(ConnImage, ConnEntry)> {
+    let w = itcp_handoff::capture(f.wireless.as_fd())?;
+    let x = itcp_handoff::capture(f.fixed.as_fd()).inspect_err(|_| {
+        let _ = itcp_handoff::unfreeze(f.wireless.as_fd());
+    })?;
+    let queued = (w.queued_bytes() + x.queued_bytes() + f.pending.len()) as u64;
+    let entry = ConnEntry {
+        id: f.session.id,
+        kind: kind_str(f.session.kind).into(),
+        mh: x.local,
+        fh: x.remote,
+        queued_bytes: queued,
+    };
+    Ok((
+        ConnImage {
+            id: f.session.id,
+            kind: kind_str(f.session.kind).into(),
+            wireless: wire::hex(&w.to_bytes()),
+            fixed: wire::hex(&x.to_bytes()),
+            up_pending: wire::hex(&f.pending.up),
+            down_pending: wire::hex(&f.pending.down),
+        },
+        entry,
+    ))
+}
+
+/// Puts frozen connections back to work here (rollback): the hold is already off.
+fn resume(d: &Arc<Daemon>, frozen: Vec<Frozen>) {
+    for f in frozen {
+        for s in [&f.wireless, &f.fixed] {
+            if let Ok(true) = itcp_handoff::repair::in_repair(s.as_fd()) {
+                if let Err(e) = itcp_handoff::unfreeze(s.as_fd()) {
+                    warn!(id = f.session.id, error = %e, "cannot unfreeze a socket");
+                }
+            }
+        }
+        f.session.pause.send_replace(false);
+        f.session.frozen.store(false, Ordering::Relaxed);
+        let d2 = d.clone();
+        tokio::spawn(async move {
+            d2.relay_session(f.session, f.wireless, f.fixed, f.pending, f.admitted)
+                .await
+        });
+    }
+}
+
+/// Deletes the moved copies without a packet, and closes their sessions here.
+fn delete(d: &Daemon, frozen: Vec<Frozen>) {
+    for f in frozen {
+        for s in [f.wireless, f.fixed] {
+            match s.into_std() {
+                Ok(std) => {
+                    if let Err(e) = itcp_handoff::delete(OwnedFd::from(std)) {
+                        // Closing it now could send a FIN: keep the fd (a leak, logged).
+                        warn!(id = f.session.id, error = %e.error, "socket not deleted");
+                        std::mem::forget(e.fd);
+                    }
+                }
+                Err(e) => warn!(id = f.session.id, error = %e, "socket not deleted"),
+            }
+        }
+        d.sessions
+            .stats
+            .connections_moved_out
+            .fetch_add(1, Ordering::Relaxed);
+        d.sessions.close(&f.session);
+        drop(f.admitted);
+    }
+}
+
+/// Serves the MSR⇄MSR channel: each connection carries one handoff, asked by a peer.
+pub async fn serve_peers(d: Arc<Daemon>, l: TcpListener) {
+    loop {
+        match l.accept().await {
+            Ok((s, peer)) => {
+                let _ = s.set_nodelay(true);
+                tokio::spawn(old_side(d.clone(), s, peer));
+            }
+            Err(e) => {
+                warn!(error = %e, "handoff channel accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+fn rejected(d: &Daemon, peer: SocketAddr, e: &dyn std::fmt::Display) {
+    d.sessions
+        .stats
+        .handoff_messages_rejected
+        .fetch_add(1, Ordering::Relaxed);
+    warn!(%peer, error = %e, "handoff message rejected");
+}
+
+async fn old_side(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
+    let h = d.handoff.as_ref().unwrap();
+    let mut ch = Channel { s, buf: Vec::new() };
+    let env = match tokio::time::timeout(Duration::from_secs(10), ch.recv(h)).await {
+        Ok(Ok(env)) => env,
+        Ok(Err(ReadError::Wire(e))) => return rejected(&d, peer, &e),
+        Ok(Err(e)) => return debug!(%peer, error = %e, "handoff channel closed"),
+        Err(_) => return debug!(%peer, "handoff channel idle: closed"),
+    };
+    let from = env.from.clone();
+    let Message::HandoffRequest {
+        handoff_id,
+        greeting,
+    } = env.body
+    else {
+        return rejected(&d, peer, &format!("{from:?} opened with {:?}", env.body));
+    };
+    let mh = crate::admission::canonical(greeting.mh);
+    // A greeting is good once: an older (or the same) timestamp is a replay.
+    let fresh = {
+        let mut m = h.mhs.lock().unwrap();
+        let st = m.entry(mh).or_default();
+        if greeting.ts_ms > st.last_greeting_ts {
+            st.last_greeting_ts = greeting.ts_ms;
+            true
+        } else {
+            false
+        }
+    };
+    let token = if fresh { h.token(mh) } else { None };
+    let (mut m, mut acts) =
+        OldSide::start(&h.me, &from, handoff_id, &greeting, token.as_deref(), now_us());
+    if !fresh {
+        // Same refusal path as a bad proof, with the true reason.
+        acts = vec![
+            Action::Send(Message::Abort {
+                handoff_id,
+                reason: "greeting already used (replayed)".into(),
+            }),
+            Action::Log(Record {
+                reason: Some("greeting already used (replayed)".into()),
+                ..match acts.iter().find_map(|a| match a {
+                    Action::Log(r) => Some(r.clone()),
+                    _ => None,
+                }) {
+                    Some(r) => r,
+                    None => return,
+                }
+            }),
+        ];
+    }
+    let mut frozen: Vec<Frozen> = Vec::new();
+    let mut entries: Vec<ConnEntry> = Vec::new();
+    let ack_timeout = Duration::from_millis(h.cfg.ack_timeout_ms);
+    loop {
+        let mut next: Option<OldEvent> = None;
+        for a in acts.drain(..) {
+            match a {
+                Action::FreezeAndCapture(mh) => {
+                    hold(&d, h, mh);
+                    frozen = freeze(&d, mh).await;
+                    let mut images = Vec::new();
+                    let mut keep = Vec::new();
+                    let mut moving = Vec::new();
+                    for f in frozen.drain(..) {
+                        f.session.frozen.store(true, Ordering::Relaxed);
+                        match capture_one(&f) {
+                            Ok((img, e)) => {
+                                images.push(img);
+                                entries.push(e);
+                                moving.push(f);
+                            }
+                            Err(e) => {
+                                warn!(id = f.session.id, error = %e, "connection cannot be captured: it stays here");
+                                keep.push(f);
+                            }
+                        }
+                    }
+                    frozen = moving;
+                    if !keep.is_empty() {
+                        resume(&d, keep);
+                    }
+                    next = Some(OldEvent::Captured(images));
+                }
+                Action::Send(msg) => {
+                    if let Err(e) = ch.send(h, &from, msg).await {
+                        warn!(peer = %from, error = %e, "handoff message not sent");
+                    }
+                }
+                Action::Delete(ids) => {
+                    let (gone, stay): (Vec<Frozen>, Vec<Frozen>) = std::mem::take(&mut frozen)
+                        .into_iter()
+                        .partition(|f| ids.contains(&f.session.id));
+                    frozen = stay;
+                    delete(&d, gone);
+                    give_up_route(&d, mh);
+                    d.sessions
+                        .stats
+                        .handoffs_out
+                        .fetch_add(1, Ordering::Relaxed);
+                    // Stray TCP of the MH that still reaches us is dropped, never
+                    // forwarded to the MH nor answered, until the LAN has moved on.
+                    release_later(&d, mh, Duration::from_millis(h.cfg.hold_after_ms));
+                }
+                Action::Unfreeze(mh) => {
+                    release(&d, mh);
+                    d.sessions
+                        .stats
+                        .handoffs_failed
+                        .fetch_add(1, Ordering::Relaxed);
+                    resume(&d, std::mem::take(&mut frozen));
+                }
+                Action::Log(r) => {
+                    if r.outcome == hlog::Outcome::Rejected {
+                        d.sessions
+                            .stats
+                            .handoffs_failed
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    write_log(&d, r, &entries)
+                }
+                other => debug!(action = ?other, "not an old-side action"),
+            }
+        }
+        if let Some(ev) = next {
+            acts = m.handle(ev, now_us());
+            continue;
+        }
+        if m.done() {
+            return;
+        }
+        let ev = match tokio::time::timeout(ack_timeout, ch.recv(h)).await {
+            Ok(Ok(env)) if env.from == from => OldEvent::Message(env.body),
+            Ok(Ok(env)) => {
+                rejected(&d, peer, &format!("{:?} spoke on {from:?}'s channel", env.from));
+                continue;
+            }
+            Ok(Err(ReadError::Wire(e))) => {
+                rejected(&d, peer, &e);
+                OldEvent::Timeout
+            }
+            // The new MSR went away (crashed?): nothing was acknowledged, serve on.
+            Ok(Err(_)) | Err(_) => OldEvent::Timeout,
+        };
+        acts = m.handle(ev, now_us());
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// New MSR: greeting, fetch, restore, take over, restart.
+
+/// A restored connection waiting for its restart.
+struct Restored {
+    id: u64,
+    kind: Kind,
+    wireless: (OwnedFd, SocketImage),
+    fixed: (OwnedFd, SocketImage),
+    pending: Pending,
+}
+
+fn decode(hex: &str) -> io::Result<SocketImage> {
+    let b = wire::unhex(hex)
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "image is not hex"))?;
+    SocketImage::from_bytes(&b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+}
+
+fn restore_one(c: &ConnImage, policy: UnackedRestore) -> io::Result<Restored> {
+    let w = decode(&c.wireless)?;
+    let x = decode(&c.fixed)?;
+    let pending = Pending {
+        up: wire::unhex(&c.up_pending).unwrap_or_default(),
+        down: wire::unhex(&c.down_pending).unwrap_or_default(),
+    };
+    let opts = RestoreOptions {
+        transparent: w.sockopts.transparent,
+        unacked: policy,
+        nonblocking: true,
+        inject_mark: 0,
+    };
+    let wfd = itcp_handoff::restore(&w, &opts)?;
+    let xopts = RestoreOptions {
+        transparent: true,
+        ..opts
+    };
+    // On failure `wfd` is dropped in repair mode: nothing is sent.
+    let xfd = itcp_handoff::restore(&x, &xopts)?;
+    Ok(Restored {
+        id: c.id,
+        kind: kind_of(&c.kind),
+        wireless: (wfd, w),
+        fixed: (xfd, x),
+        pending,
+    })
+}
+
+/// Restarts restored sockets and starts their relays.
+fn restart_all(d: &Arc<Daemon>, restored: Vec<Restored>) -> Vec<(u64, String)> {
+    let mut failed = Vec::new();
+    for r in restored {
+        let res = itcp_handoff::restart(r.wireless.0.as_fd(), &r.wireless.1)
+            .and_then(|()| itcp_handoff::restart(r.fixed.0.as_fd(), &r.fixed.1));
+        if let Err(e) = res {
+            warn!(id = r.id, error = %e, "restored connection did not restart");
+            failed.push((r.id, e.to_string()));
+            continue;
+        }
+        let conv = |fd: OwnedFd| {
+            let s = std::net::TcpStream::from(fd);
+            s.set_nonblocking(true)?;
+            TcpStream::from_std(s)
+        };
+        let (wimg, ximg) = (r.wireless.1, r.fixed.1);
+        match (conv(r.wireless.0), conv(r.fixed.0)) {
+            (Ok(w), Ok(x)) => {
+                let s = d
+                    .sessions
+                    .open_moved(r.kind, ximg.local, ximg.remote, wimg.local);
+                info!(id = s.id, from_id = r.id, mh = %ximg.local, fh = %ximg.remote, "connection moved in");
+                let adm = d.admit_moved(s.mh_ip());
+                let d2 = d.clone();
+                tokio::spawn(async move { d2.relay_session(s, w, x, r.pending, adm).await });
+            }
+            (a, b) => {
+                let e = a.err().or(b.err()).unwrap();
+                failed.push((r.id, e.to_string()));
+            }
+        }
+    }
+    failed
+}
+
+/// Serves MH greetings on the cell(s).
+pub async fn serve_greetings(d: Arc<Daemon>, sock: UdpSocket) {
+    let sock = Arc::new(sock);
+    let mut buf = vec![0u8; 4096];
+    loop {
+        let (n, from) = match sock.recv_from(&mut buf).await {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(error = %e, "greeting socket failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let msg: GreetMsg = match serde_json::from_slice(&buf[..n]) {
+            Ok(m) => m,
+            Err(e) => {
+                d.sessions
+                    .stats
+                    .greetings_rejected
+                    .fetch_add(1, Ordering::Relaxed);
+                warn!(%from, error = %e, "malformed greeting rejected");
+                continue;
+            }
+        };
+        on_greeting(&d, &sock, from, msg).await;
+    }
+}
+
+async fn reply(sock: &UdpSocket, to: SocketAddr, r: &GreetReply) {
+    let b = serde_json::to_vec(r).expect("replies serialize");
+    if let Err(e) = sock.send_to(&b, to).await {
+        debug!(%to, error = %e, "greeting reply not sent");
+    }
+}
+
+async fn on_greeting(d: &Arc<Daemon>, sock: &Arc<UdpSocket>, from: SocketAddr, msg: GreetMsg) {
+    let h = d.handoff.as_ref().unwrap();
+    let g = msg.greeting;
+    if g.new_msr != h.me {
+        return; // Meant for another MSR whose cell overlaps ours.
+    }
+    let mh = crate::admission::canonical(g.mh);
+    let mk = |status, reason: Option<String>, connections| GreetReply {
+        msr: h.me.clone(),
+        nonce: g.nonce.clone(),
+        status,
+        reason,
+        connections,
+    };
+    if crate::admission::canonical(from.ip()) != mh || !d.is_mh(mh) {
+        d.sessions
+            .stats
+            .greetings_rejected
+            .fetch_add(1, Ordering::Relaxed);
+        warn!(%from, mh = %g.mh, "greeting rejected: sender is not the MH it names, or not an MH of ours");
+        return;
+    }
+    // A retransmitted greeting gets the answer it got before.
+    let again = {
+        let m = h.mhs.lock().unwrap();
+        m.get(&mh)
+            .filter(|s| s.last_nonce.as_deref() == Some(g.nonce.as_str()))
+            .and_then(|s| s.last_reply.clone())
+    };
+    if let Some(r) = again {
+        return reply(sock, from, &r).await;
+    }
+    let remember = |r: &GreetReply| {
+        let mut m = h.mhs.lock().unwrap();
+        let st = m.entry(mh).or_default();
+        st.last_nonce = Some(r.nonce.clone());
+        st.last_reply = Some(r.clone());
+    };
+    let sessions = d.sessions.of_mh(mh);
+    let local = sessions.len();
+    let live_here = local > 0 && sessions.iter().all(|s| !s.frozen.load(Ordering::Relaxed));
+    // First contact; or back at the MSR that still serves the connections (the other
+    // MSR failed, crashed or never took them): nothing to fetch, only routing.
+    if g.prev_msr.is_empty() || g.prev_msr == h.me || live_here {
+        let bound = h.token(mh);
+        let ok = match (&bound, &msg.token) {
+            (Some(t), _) => g.verify(t),
+            (None, Some(hex)) => match wire::unhex(hex) {
+                Some(t) if g.verify(&t) => {
+                    h.bind_token(mh, &t);
+                    true
+                }
+                _ => false,
+            },
+            (None, None) => local == 0,
+        };
+        if !ok {
+            d.sessions
+                .stats
+                .greetings_rejected
+                .fetch_add(1, Ordering::Relaxed);
+            warn!(%mh, "attachment refused: greeting proof does not match the MH's token");
+            let r = mk(GreetStatus::Refused, Some("proof does not match the MH's session token".into()), 0);
+            remember(&r);
+            return reply(sock, from, &r).await;
+        }
+        h.hold_gen_bump(mh);
+        release(d, mh);
+        take_over(d, mh);
+        info!(%mh, connections = local, "MH attached");
+        let r = mk(GreetStatus::Attached, None, local);
+        remember(&r);
+        return reply(sock, from, &r).await;
+    }
+    let Some(peer) = h.cfg.peer(&g.prev_msr).cloned() else {
+        d.sessions
+            .stats
+            .greetings_rejected
+            .fetch_add(1, Ordering::Relaxed);
+        let reason = format!("previous MSR {:?} is not a peer of {}", g.prev_msr, h.me);
+        warn!(%mh, %reason, "greeting refused");
+        let r = mk(GreetStatus::Refused, Some(reason), 0);
+        remember(&r);
+        return reply(sock, from, &r).await;
+    };
+    let id = h.next_id.fetch_add(1, Ordering::Relaxed);
+    let (m, acts) = NewSide::start(id, &h.me, g.clone(), now_us());
+    let (d, sock) = (d.clone(), sock.clone());
+    tokio::spawn(async move { new_side(d, sock, from, m, acts, peer.address).await });
+}
+
+async fn new_side(
+    d: Arc<Daemon>,
+    sock: Arc<UdpSocket>,
+    mh_addr: SocketAddr,
+    mut m: NewSide,
+    mut acts: Vec<Action>,
+    peer_addr: SocketAddr,
+) {
+    let h = d.handoff.as_ref().unwrap();
+    let g = m.greeting().clone();
+    let mh = crate::admission::canonical(g.mh);
+    let prev = g.prev_msr.clone();
+    let mk = |status, reason: Option<String>, connections| GreetReply {
+        msr: h.me.clone(),
+        nonce: g.nonce.clone(),
+        status,
+        reason,
+        connections,
+    };
+    let remember = |r: &GreetReply| {
+        let mut mm = h.mhs.lock().unwrap();
+        let st = mm.entry(mh).or_default();
+        st.last_nonce = Some(r.nonce.clone());
+        st.last_reply = Some(r.clone());
+    };
+    let timeout = Duration::from_millis(h.cfg.images_timeout_ms);
+    let mut ch: Option<Channel> = None;
+    let mut restored: Vec<Restored> = Vec::new();
+    let mut entries: Vec<ConnEntry> = Vec::new();
+    let mut moved = 0usize;
+    loop {
+        let mut next: Option<NewEvent> = None;
+        for a in acts.drain(..) {
+            match a {
+                Action::Hold(mh) => {
+                    hold(&d, h, mh);
+                    // From here the MH may send through us: its segments are held.
+                    let r = mk(GreetStatus::Holding, None, 0);
+                    remember(&r);
+                    reply(&sock, mh_addr, &r).await;
+                }
+                Action::Send(msg) => {
+                    if ch.is_none() {
+                        match tokio::time::timeout(timeout, TcpStream::connect(peer_addr)).await {
+                            Ok(Ok(s)) => {
+                                let _ = s.set_nodelay(true);
+                                ch = Some(Channel { s, buf: Vec::new() });
+                            }
+                            Ok(Err(e)) => {
+                                warn!(peer = %prev, addr = %peer_addr, error = %e, "cannot reach the previous MSR");
+                                next = Some(NewEvent::Timeout);
+                                continue;
+                            }
+                            Err(_) => {
+                                next = Some(NewEvent::Timeout);
+                                continue;
+                            }
+                        }
+                    }
+                    if let Err(e) = ch.as_mut().unwrap().send(h, &prev, msg).await {
+                        warn!(peer = %prev, error = %e, "handoff message not sent");
+                    }
+                }
+                Action::Restore(images) => {
+                    if let Some(t) = m.token().and_then(wire::unhex) {
+                        let mut mm = h.mhs.lock().unwrap();
+                        mm.entry(mh).or_default().token = Some(t);
+                    }
+                    let policy = unacked(h.cfg.unacked);
+                    let (ok, failed, es) = tokio::task::spawn_blocking(move || {
+                        let (mut ok, mut failed, mut es) = (Vec::new(), Vec::new(), Vec::new());
+                        for c in &images {
+                            match restore_one(c, policy) {
+                                Ok(r) => {
+                                    es.push(ConnEntry {
+                                        id: r.id,
+                                        kind: c.kind.clone(),
+                                        mh: r.fixed.1.local,
+                                        fh: r.fixed.1.remote,
+                                        queued_bytes: (r.wireless.1.queued_bytes()
+                                            + r.fixed.1.queued_bytes()
+                                            + r.pending.len())
+                                            as u64,
+                                    });
+                                    ok.push(r)
+                                }
+                                Err(e) => failed.push((c.id, e.to_string())),
+                            }
+                        }
+                        (ok, failed, es)
+                    })
+                    .await
+                    .expect("restore task");
+                    entries = es;
+                    restored = ok;
+                    next = Some(NewEvent::Restored {
+                        restored: restored.iter().map(|r| r.id).collect(),
+                        failed,
+                    });
+                }
+                Action::Reroute(mh) => take_over(&d, mh),
+                Action::Release(mh) => {
+                    release(&d, mh);
+                    let rs = std::mem::take(&mut restored);
+                    moved = rs.len();
+                    if moved > 0 {
+                        let d2 = d.clone();
+                        let failed = tokio::task::spawn_blocking(move || restart_all(&d2, rs))
+                            .await
+                            .expect("restart task");
+                        moved -= failed.len();
+                    }
+                }
+                Action::Log(r) => {
+                    let ok = r.outcome == hlog::Outcome::Moved || r.outcome == hlog::Outcome::Partial;
+                    let c = if ok {
+                        &d.sessions.stats.handoffs_in
+                    } else {
+                        &d.sessions.stats.handoffs_failed
+                    };
+                    c.fetch_add(1, Ordering::Relaxed);
+                    let reason = r.reason.clone();
+                    write_log(&d, r, &entries);
+                    let rep = if ok {
+                        mk(GreetStatus::Moved, None, moved)
+                    } else {
+                        mk(GreetStatus::Failed, reason, 0)
+                    };
+                    remember(&rep);
+                    reply(&sock, mh_addr, &rep).await;
+                }
+                other => debug!(action = ?other, "not a new-side action"),
+            }
+        }
+        if let Some(ev) = next {
+            acts = m.handle(ev, now_us());
+            continue;
+        }
+        if m.done() {
+            return;
+        }
+        let ev = match &mut ch {
+            None => NewEvent::Timeout,
+            Some(c) => match tokio::time::timeout(timeout, c.recv(h)).await {
+                Ok(Ok(env)) if env.from == prev => NewEvent::Message(env.body),
+                Ok(Ok(env)) => {
+                    rejected(&d, peer_addr, &format!("{:?} spoke on {prev:?}'s channel", env.from));
+                    NewEvent::Timeout
+                }
+                Ok(Err(ReadError::Wire(e))) => {
+                    rejected(&d, peer_addr, &e);
+                    NewEvent::Timeout
+                }
+                Ok(Err(_)) | Err(_) => NewEvent::Timeout,
+            },
+        };
+        acts = m.handle(ev, now_us());
+    }
+}
+
+/// Greeting messages are plain JSON; this builds one (for tests and the MH agent).
+pub fn greeting_bytes(g: &Greeting, token: Option<&[u8]>) -> Vec<u8> {
+    serde_json::to_vec(&GreetMsg {
+        greeting: g.clone(),
+        token: token.map(wire::hex),
+    })
+    .expect("greetings serialize")
+}

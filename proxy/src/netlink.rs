@@ -1,0 +1,904 @@
+//! Kernel state changes on the handoff path without exec'ing `nft`/`ip` (~6 ms each):
+//! nftables set elements and proxy neighbours over raw netlink, gratuitous ARP over
+//! AF_PACKET, and the `proxy_delay` sysctl. All calls are synchronous (blocking) and act
+//! in the calling thread's network namespace. Each thread keeps its netlink sockets open
+//! between calls (see `NL_SOCKS`). Measured on Linux 6.18 (`timing` in tests/netlink.rs):
+//! ~9 µs per set-element change, ~13 µs per proxy-neighbour change.
+
+use std::cell::RefCell;
+use std::ffi::CString;
+use std::io::{self, Write};
+use std::mem::{size_of, zeroed};
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::fs::MetadataExt;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+// From linux/netfilter/nf_tables.h; libc does not carry the attribute enums.
+const NFTA_SET_ELEM_LIST_TABLE: u16 = 1;
+const NFTA_SET_ELEM_LIST_SET: u16 = 2;
+const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
+const NFTA_LIST_ELEM: u16 = 1;
+const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_DATA_VALUE: u16 = 1;
+
+// Extended-ack TLVs after an NLMSG_ERROR (linux/netlink.h), also missing from libc.
+const NLMSGERR_ATTR_MSG: u16 = 1;
+const NLMSGERR_ATTR_OFFS: u16 = 2;
+
+const ARPOP_REQUEST: u16 = 1;
+const ARPOP_REPLY: u16 = 2;
+
+const NLMSG_HDRLEN: usize = 16;
+const NLA_HDRLEN: usize = 4;
+const NFGENMSG_LEN: usize = 4;
+/// Minimum Ethernet frame without FCS; short frames are padded by us, not left to drivers.
+const ETH_ZLEN: usize = 60;
+
+/// How long to wait for the kernel's ack before giving up (it normally takes µs).
+const ACK_TIMEOUT: libc::timeval = libc::timeval {
+    tv_sec: 2,
+    tv_usec: 0,
+};
+
+/// Adds or deletes one address in a named set of an nftables table of family `inet`
+/// (sets typed ipv4_addr / ipv6_addr). One NETLINK_NETFILTER batch (NFNL_MSG_BATCH_BEGIN,
+/// NFT_MSG_NEWSETELEM or NFT_MSG_DELSETELEM with NLM_F_ACK, NFNL_MSG_BATCH_END), waits for the ack.
+/// Adding an element already present is Ok; deleting one that is absent is Ok (ENOENT ignored).
+pub fn nft_set_element(table: &str, set: &str, ip: IpAddr, add: bool) -> io::Result<()> {
+    let what = if add {
+        format!("nft: add element {ip} to set {set} of table inet {table}")
+    } else {
+        format!("nft: delete element {ip} from set {set} of table inet {table}")
+    };
+    check_name(table, "table", &what)?;
+    check_name(set, "set", &what)?;
+    let seq = next_seq(3);
+    let req = nft_setelem_batch(table, set, ip, add, seq);
+    let ack = nl_request(libc::NETLINK_NETFILTER, &req, seq, 3, seq.wrapping_add(1))
+        .map_err(|e| context(&what, e))?;
+    let (table_off, set_off) = nft_setelem_attr_offsets(table);
+    let hint = match ack.bad_attr {
+        Some(o) if o == table_off => Some("table not found"),
+        Some(o) if o == set_off => Some("set not found"),
+        _ => None,
+    };
+    match ack.errno {
+        0 => Ok(()),
+        // ENOENT for the element itself (not its table or set) means it was already gone.
+        libc::ENOENT if !add && hint.is_none() => Ok(()),
+        e => Err(kernel_error(&what, e, hint, &ack)),
+    }
+}
+
+/// Adds or removes a proxy-neighbour entry (like `ip neigh add proxy IP dev IFNAME`):
+/// RTM_NEWNEIGH / RTM_DELNEIGH on NETLINK_ROUTE with ndm_flags = NTF_PROXY, NLM_F_ACK.
+/// Add uses NLM_F_CREATE|NLM_F_REPLACE (idempotent); deleting an absent entry is Ok.
+pub fn proxy_neigh(ifname: &str, ip: IpAddr, add: bool) -> io::Result<()> {
+    let what = format!(
+        "ip neigh: {} proxy {ip} dev {ifname}",
+        if add { "add" } else { "delete" }
+    );
+    let ifindex = ifindex(ifname, &what)?;
+    let seq = next_seq(1);
+    let req = neigh_msg(add, seq, ifindex, ip);
+    let ack = nl_request(libc::NETLINK_ROUTE, &req, seq, 1, seq).map_err(|e| context(&what, e))?;
+    match ack.errno {
+        0 => Ok(()),
+        libc::ENOENT if !add => Ok(()),
+        e => Err(kernel_error(&what, e, None, &ack)),
+    }
+}
+
+/// Announces that `ip` is reachable at `ifname`'s MAC: sends a gratuitous ARP request
+/// (sender IP = target IP = ip, sender MAC = ifname's MAC, target MAC 0, Ethernet broadcast)
+/// and a gratuitous ARP reply (op 2, target MAC = sender MAC, broadcast) via an AF_PACKET socket bound to ifname.
+pub fn send_garp(ifname: &str, ip: Ipv4Addr) -> io::Result<()> {
+    let what = format!("garp: announce {ip} on {ifname}");
+    let ifindex = ifindex(ifname, &what)?;
+    // Protocol 0: the socket only sends, so it never queues received frames.
+    let sock = socket(libc::AF_PACKET, libc::SOCK_RAW, 0).map_err(|e| context(&what, e))?;
+    let mac = hwaddr(sock.as_raw_fd(), ifname).map_err(|e| context(&what, e))?;
+
+    // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+    let mut sll: libc::sockaddr_ll = unsafe { zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_ifindex = ifindex as libc::c_int;
+    // SAFETY: sll is a live sockaddr_ll and its size is passed along.
+    let r = unsafe {
+        libc::bind(
+            sock.as_raw_fd(),
+            (&sll as *const libc::sockaddr_ll).cast(),
+            size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(context(
+            &format!("{what}: bind"),
+            io::Error::last_os_error(),
+        ));
+    }
+
+    sll.sll_protocol = (libc::ETH_P_ARP as u16).to_be();
+    sll.sll_halen = 6;
+    sll.sll_addr[..6].copy_from_slice(&[0xff; 6]);
+    for op in [ARPOP_REQUEST, ARPOP_REPLY] {
+        let frame = arp_frame(op, mac, ip);
+        // SAFETY: frame and sll are live for the call; their sizes are passed along.
+        let n = unsafe {
+            libc::sendto(
+                sock.as_raw_fd(),
+                frame.as_ptr().cast(),
+                frame.len(),
+                0,
+                (&sll as *const libc::sockaddr_ll).cast(),
+                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if n < 0 {
+            let kind = if op == ARPOP_REQUEST {
+                "request"
+            } else {
+                "reply"
+            };
+            return Err(context(
+                &format!("{what}: send ARP {kind}"),
+                io::Error::last_os_error(),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Sets /proc/sys/net/ipv4/neigh/<ifname>/proxy_delay to 0 (proxied ARP replies are otherwise delayed up to 0.8 s).
+pub fn no_proxy_delay(ifname: &str) -> io::Result<()> {
+    let what = format!("proxy_delay: set 0 on {ifname}");
+    // The name becomes a path component: refuse anything that could leave the directory.
+    if ifname.is_empty()
+        || ifname.len() >= libc::IFNAMSIZ
+        || ifname == "."
+        || ifname == ".."
+        || ifname.contains(['/', '\0'])
+    {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what}: invalid interface name"),
+        ));
+    }
+    // /proc/sys/net follows the calling thread's network namespace.
+    let path = format!("/proc/sys/net/ipv4/neigh/{ifname}/proxy_delay");
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|mut f| f.write_all(b"0"))
+        .map_err(|e| context(&format!("{what}: {path}"), e))
+}
+
+// ---- byte builders (pure) ----
+
+const fn align4(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// Appends an nlmsghdr whose length `end_msg` fills in later; returns its offset.
+fn begin_msg(buf: &mut Vec<u8>, ty: u16, flags: u16, seq: u32) -> usize {
+    let start = buf.len();
+    buf.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_len
+    buf.extend_from_slice(&ty.to_ne_bytes());
+    buf.extend_from_slice(&flags.to_ne_bytes());
+    buf.extend_from_slice(&seq.to_ne_bytes());
+    buf.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_pid: the kernel fills in ours
+    start
+}
+
+fn end_msg(buf: &mut Vec<u8>, start: usize) {
+    buf.resize(align4(buf.len()), 0);
+    let len = (buf.len() - start) as u32;
+    buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
+}
+
+/// struct nfgenmsg; res_id is big-endian on the wire.
+fn put_nfgenmsg(buf: &mut Vec<u8>, family: u8, res_id: u16) {
+    buf.push(family);
+    buf.push(libc::NFNETLINK_V0 as u8);
+    buf.extend_from_slice(&res_id.to_be_bytes());
+}
+
+/// Appends one attribute (header, payload, padding to 4 bytes).
+fn put_attr(buf: &mut Vec<u8>, ty: u16, payload: &[u8]) {
+    let len = (NLA_HDRLEN + payload.len()) as u16;
+    buf.extend_from_slice(&len.to_ne_bytes());
+    buf.extend_from_slice(&ty.to_ne_bytes());
+    buf.extend_from_slice(payload);
+    buf.resize(align4(buf.len()), 0);
+}
+
+/// NUL-terminated string attribute, as the kernel's NLA_STRING policy expects from nft.
+fn put_attr_str(buf: &mut Vec<u8>, ty: u16, s: &str) {
+    let mut v = Vec::with_capacity(s.len() + 1);
+    v.extend_from_slice(s.as_bytes());
+    v.push(0);
+    put_attr(buf, ty, &v);
+}
+
+/// Opens a nested attribute (NLA_F_NESTED set); `end_nested` fills in its length.
+fn begin_nested(buf: &mut Vec<u8>, ty: u16) -> usize {
+    let start = buf.len();
+    buf.extend_from_slice(&0u16.to_ne_bytes());
+    buf.extend_from_slice(&(ty | libc::NLA_F_NESTED as u16).to_ne_bytes());
+    start
+}
+
+fn end_nested(buf: &mut [u8], start: usize) {
+    let len = (buf.len() - start) as u16;
+    buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+}
+
+fn ip_bytes(ip: IpAddr) -> Vec<u8> {
+    match ip {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
+    }
+}
+
+/// The whole batch for one set-element change: BATCH_BEGIN (seq), the element
+/// message (seq + 1, the one that is acked), BATCH_END (seq + 2).
+fn nft_setelem_batch(table: &str, set: &str, ip: IpAddr, add: bool, seq: u32) -> Vec<u8> {
+    let subsys = libc::NFNL_SUBSYS_NFTABLES as u16;
+    let req = libc::NLM_F_REQUEST as u16;
+    let mut b = Vec::with_capacity(128);
+
+    let m = begin_msg(&mut b, libc::NFNL_MSG_BATCH_BEGIN as u16, req, seq);
+    put_nfgenmsg(&mut b, libc::AF_UNSPEC as u8, subsys);
+    end_msg(&mut b, m);
+
+    let (op, flags) = if add {
+        (
+            libc::NFT_MSG_NEWSETELEM,
+            libc::NLM_F_CREATE | libc::NLM_F_ACK,
+        )
+    } else {
+        (libc::NFT_MSG_DELSETELEM, libc::NLM_F_ACK)
+    };
+    let m = begin_msg(
+        &mut b,
+        (subsys << 8) | op as u16,
+        req | flags as u16,
+        seq.wrapping_add(1),
+    );
+    put_nfgenmsg(&mut b, libc::NFPROTO_INET as u8, 0);
+    put_attr_str(&mut b, NFTA_SET_ELEM_LIST_TABLE, table);
+    put_attr_str(&mut b, NFTA_SET_ELEM_LIST_SET, set);
+    let elements = begin_nested(&mut b, NFTA_SET_ELEM_LIST_ELEMENTS);
+    let elem = begin_nested(&mut b, NFTA_LIST_ELEM);
+    let key = begin_nested(&mut b, NFTA_SET_ELEM_KEY);
+    put_attr(&mut b, NFTA_DATA_VALUE, &ip_bytes(ip));
+    end_nested(&mut b, key);
+    end_nested(&mut b, elem);
+    end_nested(&mut b, elements);
+    end_msg(&mut b, m);
+
+    let m = begin_msg(
+        &mut b,
+        libc::NFNL_MSG_BATCH_END as u16,
+        req,
+        seq.wrapping_add(2),
+    );
+    put_nfgenmsg(&mut b, libc::AF_UNSPEC as u8, subsys);
+    end_msg(&mut b, m);
+    b
+}
+
+/// Offsets, from the element message's header, of its table and set attributes: what
+/// the kernel's extended ack points at when the table or the set does not exist.
+fn nft_setelem_attr_offsets(table: &str) -> (u32, u32) {
+    let table_off = NLMSG_HDRLEN + NFGENMSG_LEN;
+    let set_off = table_off + align4(NLA_HDRLEN + table.len() + 1);
+    (table_off as u32, set_off as u32)
+}
+
+/// RTM_NEWNEIGH/RTM_DELNEIGH for a proxy entry: nlmsghdr, struct ndmsg, NDA_DST.
+fn neigh_msg(add: bool, seq: u32, ifindex: u32, ip: IpAddr) -> Vec<u8> {
+    let (ty, flags, state) = if add {
+        (
+            libc::RTM_NEWNEIGH,
+            libc::NLM_F_CREATE | libc::NLM_F_REPLACE,
+            libc::NUD_PERMANENT,
+        )
+    } else {
+        (libc::RTM_DELNEIGH, 0, 0)
+    };
+    let family = match ip {
+        IpAddr::V4(_) => libc::AF_INET,
+        IpAddr::V6(_) => libc::AF_INET6,
+    };
+    let mut b = Vec::with_capacity(48);
+    let m = begin_msg(
+        &mut b,
+        ty,
+        (libc::NLM_F_REQUEST | libc::NLM_F_ACK | flags) as u16,
+        seq,
+    );
+    // struct ndmsg: family, 3 pad bytes, ifindex, state, flags, type.
+    b.push(family as u8);
+    b.extend_from_slice(&[0; 3]);
+    b.extend_from_slice(&(ifindex as i32).to_ne_bytes());
+    b.extend_from_slice(&state.to_ne_bytes());
+    b.push(libc::NTF_PROXY);
+    b.push(0);
+    put_attr(&mut b, libc::NDA_DST, &ip_bytes(ip));
+    end_msg(&mut b, m);
+    b
+}
+
+/// A broadcast Ethernet frame carrying a gratuitous ARP `op` for `ip` at `mac`, padded
+/// to the Ethernet minimum. Replies carry target MAC = sender MAC, which Linux requires
+/// to treat a reply as gratuitous.
+fn arp_frame(op: u16, mac: [u8; 6], ip: Ipv4Addr) -> [u8; ETH_ZLEN] {
+    let mut f = [0u8; ETH_ZLEN];
+    f[0..6].copy_from_slice(&[0xff; 6]);
+    f[6..12].copy_from_slice(&mac);
+    f[12..14].copy_from_slice(&(libc::ETH_P_ARP as u16).to_be_bytes());
+    f[14..16].copy_from_slice(&libc::ARPHRD_ETHER.to_be_bytes());
+    f[16..18].copy_from_slice(&(libc::ETH_P_IP as u16).to_be_bytes());
+    f[18] = 6;
+    f[19] = 4;
+    f[20..22].copy_from_slice(&op.to_be_bytes());
+    f[22..28].copy_from_slice(&mac);
+    f[28..32].copy_from_slice(&ip.octets());
+    if op == ARPOP_REPLY {
+        f[32..38].copy_from_slice(&mac);
+    }
+    f[38..42].copy_from_slice(&ip.octets());
+    f
+}
+
+// ---- netlink transport ----
+
+/// The kernel's answer to the acked message: errno 0 = success.
+#[derive(Debug, Default, PartialEq)]
+struct Ack {
+    errno: i32,
+    /// Offset of the offending attribute from the request's nlmsghdr (extended ack).
+    bad_attr: Option<u32>,
+    /// Extended-ack message, if the kernel gave one.
+    msg: Option<String>,
+}
+
+/// Finds the answer in one received datagram: the NLMSG_ERROR for `ack_seq`, or a
+/// nonzero one for any of our `count` messages from `first` (a refused batch header).
+fn parse_ack(dgram: &[u8], first: u32, count: u32, ack_seq: u32) -> Option<Ack> {
+    let mut off = 0;
+    while off + NLMSG_HDRLEN <= dgram.len() {
+        let len = u32_at(dgram, off) as usize;
+        if len < NLMSG_HDRLEN || off + len > dgram.len() {
+            return None;
+        }
+        let ty = u16_at(dgram, off + 4);
+        let flags = u16_at(dgram, off + 6) as libc::c_int;
+        let seq = u32_at(dgram, off + 8);
+        if ty == libc::NLMSG_ERROR as u16 && len >= NLMSG_HDRLEN + 4 + NLMSG_HDRLEN {
+            let error = u32_at(dgram, off + NLMSG_HDRLEN) as i32;
+            if seq == ack_seq || (error != 0 && seq.wrapping_sub(first) < count) {
+                let mut ack = Ack {
+                    errno: -error,
+                    ..Ack::default()
+                };
+                if flags & libc::NLM_F_ACK_TLVS != 0 {
+                    // TLVs follow the echoed request: its header only if capped.
+                    let echoed = if flags & libc::NLM_F_CAPPED != 0 {
+                        NLMSG_HDRLEN
+                    } else {
+                        align4(u32_at(dgram, off + NLMSG_HDRLEN + 4) as usize)
+                    };
+                    let end = off + len;
+                    let mut a = off + NLMSG_HDRLEN + 4 + echoed;
+                    while a + NLA_HDRLEN <= end {
+                        let alen = u16_at(dgram, a) as usize;
+                        if alen < NLA_HDRLEN || a + alen > end {
+                            break;
+                        }
+                        let payload = &dgram[a + NLA_HDRLEN..a + alen];
+                        match u16_at(dgram, a + 2) {
+                            NLMSGERR_ATTR_OFFS if payload.len() == 4 => {
+                                ack.bad_attr = Some(u32_at(payload, 0));
+                            }
+                            NLMSGERR_ATTR_MSG => {
+                                let s = payload.split(|&c| c == 0).next().unwrap_or(&[]);
+                                ack.msg = Some(String::from_utf8_lossy(s).into_owned());
+                            }
+                            _ => {}
+                        }
+                        a += align4(alen);
+                    }
+                }
+                return Some(ack);
+            }
+        }
+        off += align4(len);
+    }
+    None
+}
+
+fn u16_at(b: &[u8], off: usize) -> u16 {
+    u16::from_ne_bytes([b[off], b[off + 1]])
+}
+
+fn u32_at(b: &[u8], off: usize) -> u32 {
+    u32::from_ne_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
+}
+
+fn next_seq(n: u32) -> u32 {
+    static SEQ: AtomicU32 = AtomicU32::new(1);
+    SEQ.fetch_add(n, Ordering::Relaxed)
+}
+
+/// A netlink socket kept for reuse by one thread, with the network namespace it lives in.
+struct NlSock {
+    protocol: libc::c_int,
+    netns: (u64, u64),
+    fd: OwnedFd,
+}
+
+thread_local! {
+    // Reused because closing a NETLINK_NETFILTER socket waits for nf_tables' deferred
+    // cleanup (an RCU grace period: ~14 ms after a delete). Per thread, since the
+    // namespace is per thread too.
+    static NL_SOCKS: RefCell<Vec<NlSock>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Identity (dev, inode) of the calling thread's network namespace.
+fn thread_netns() -> io::Result<(u64, u64)> {
+    let m = std::fs::metadata("/proc/thread-self/ns/net")
+        .map_err(|e| context("netlink: /proc/thread-self/ns/net", e))?;
+    Ok((m.dev(), m.ino()))
+}
+
+/// Sends `req` as one datagram (batches must arrive in one piece) and waits for the
+/// answer: the NLMSG_ERROR for `ack_seq`, or an error for any of the `count` sequence
+/// numbers from `first`. Err only for local failures; kernel refusals are in Ack.
+fn nl_request(
+    protocol: libc::c_int,
+    req: &[u8],
+    first: u32,
+    count: u32,
+    ack_seq: u32,
+) -> io::Result<Ack> {
+    let netns = thread_netns()?;
+    NL_SOCKS.with(|socks| {
+        let mut socks = socks.borrow_mut();
+        let i = match socks.iter().position(|s| s.protocol == protocol) {
+            Some(i) if socks[i].netns == netns => i,
+            found => {
+                let s = NlSock {
+                    protocol,
+                    netns,
+                    fd: nl_socket(protocol)?,
+                };
+                match found {
+                    Some(i) => {
+                        socks[i] = s;
+                        i
+                    }
+                    None => {
+                        socks.push(s);
+                        socks.len() - 1
+                    }
+                }
+            }
+        };
+        let r = nl_exchange(socks[i].fd.as_raw_fd(), req, first, count, ack_seq);
+        if r.is_err() {
+            // A late ack or an overrun could confuse the next request: start afresh.
+            socks.swap_remove(i);
+        }
+        r
+    })
+}
+
+fn nl_socket(protocol: libc::c_int) -> io::Result<OwnedFd> {
+    let sock = socket(libc::AF_NETLINK, libc::SOCK_RAW, protocol)?;
+    let fd = sock.as_raw_fd();
+    // Best effort: extended acks name the bad attribute; capped acks keep replies short.
+    let one: libc::c_int = 1;
+    for opt in [libc::NETLINK_EXT_ACK, libc::NETLINK_CAP_ACK] {
+        // SAFETY: `one` is a live c_int and its size is passed along.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_NETLINK,
+                opt,
+                (&one as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+    }
+    // SAFETY: ACK_TIMEOUT is a live timeval and its size is passed along.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&ACK_TIMEOUT as *const libc::timeval).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(context("netlink: SO_RCVTIMEO", io::Error::last_os_error()));
+    }
+    Ok(sock)
+}
+
+fn nl_exchange(fd: RawFd, req: &[u8], first: u32, count: u32, ack_seq: u32) -> io::Result<Ack> {
+    loop {
+        // An unconnected netlink socket sends to the kernel (port 0).
+        // SAFETY: req is live for the call and its length is passed along.
+        let n = unsafe { libc::send(fd, req.as_ptr().cast(), req.len(), 0) };
+        if n >= 0 {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(context("netlink: send", e));
+        }
+    }
+
+    let mut buf = [0u8; 8192];
+    loop {
+        // SAFETY: buf is live and writable for its whole length.
+        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::EAGAIN) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "netlink: no ack from the kernel",
+                    ))
+                }
+                _ => return Err(context("netlink: recv", e)),
+            }
+        }
+        if let Some(ack) = parse_ack(&buf[..n as usize], first, count, ack_seq) {
+            return Ok(ack);
+        }
+    }
+}
+
+// ---- small helpers ----
+
+fn socket(domain: libc::c_int, ty: libc::c_int, protocol: libc::c_int) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall; the fd is owned below.
+    let fd = unsafe { libc::socket(domain, ty | libc::SOCK_CLOEXEC, protocol) };
+    if fd < 0 {
+        return Err(context("socket", io::Error::last_os_error()));
+    }
+    // SAFETY: fd is a fresh descriptor nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+fn ifindex(ifname: &str, what: &str) -> io::Result<u32> {
+    let name = CString::new(ifname).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what}: interface name contains NUL"),
+        )
+    })?;
+    // SAFETY: name is a valid C string.
+    let idx = unsafe { libc::if_nametoindex(name.as_ptr()) };
+    if idx == 0 {
+        let e = io::Error::last_os_error();
+        return Err(context(&format!("{what}: interface {ifname}"), e));
+    }
+    Ok(idx)
+}
+
+/// The interface's Ethernet address, by ioctl (not /sys, which may be another
+/// namespace's).
+fn hwaddr(fd: RawFd, ifname: &str) -> io::Result<[u8; 6]> {
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { zeroed() };
+    if ifname.len() >= ifr.ifr_name.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("interface name {ifname} too long"),
+        ));
+    }
+    for (d, s) in ifr.ifr_name.iter_mut().zip(ifname.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // SAFETY: ifr is a live ifreq with a NUL-terminated name, as SIOCGIFHWADDR expects.
+    if unsafe { libc::ioctl(fd, libc::SIOCGIFHWADDR, &mut ifr) } != 0 {
+        return Err(context(
+            &format!("SIOCGIFHWADDR {ifname}"),
+            io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: SIOCGIFHWADDR filled in the hwaddr member of the union.
+    let sa = unsafe { ifr.ifr_ifru.ifru_hwaddr };
+    if sa.sa_family != libc::ARPHRD_ETHER {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{ifname} is not an Ethernet interface (hardware type {})",
+                sa.sa_family
+            ),
+        ));
+    }
+    let mut mac = [0u8; 6];
+    for (d, s) in mac.iter_mut().zip(sa.sa_data) {
+        *d = s as u8;
+    }
+    Ok(mac)
+}
+
+fn check_name(name: &str, kind: &str, what: &str) -> io::Result<()> {
+    // nftables names are at most 255 bytes; a NUL would cut the attribute short.
+    if name.is_empty() || name.len() > 255 || name.contains('\0') {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what}: invalid {kind} name"),
+        ));
+    }
+    Ok(())
+}
+
+/// The error's text without std's " (os error N)" suffix, which says nothing new here.
+fn describe(e: &io::Error) -> String {
+    let s = e.to_string();
+    match e.raw_os_error() {
+        Some(n) => s
+            .strip_suffix(&format!(" (os error {n})"))
+            .map_or(s.clone(), str::to_owned),
+        None => s,
+    }
+}
+
+fn context(what: &str, e: io::Error) -> io::Error {
+    io::Error::new(e.kind(), format!("{what}: {}", describe(&e)))
+}
+
+fn kernel_error(what: &str, errno: i32, hint: Option<&str>, ack: &Ack) -> io::Error {
+    let e = io::Error::from_raw_os_error(errno);
+    let mut s = format!("{what}: {}", describe(&e));
+    for extra in [hint, ack.msg.as_deref()].into_iter().flatten() {
+        s.push_str(&format!(" ({extra})"));
+    }
+    io::Error::new(e.kind(), s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ne16(v: u16) -> [u8; 2] {
+        v.to_ne_bytes()
+    }
+
+    fn ne32(v: u32) -> [u8; 4] {
+        v.to_ne_bytes()
+    }
+
+    #[test]
+    fn attr_is_padded_and_length_excludes_padding() {
+        let mut b = Vec::new();
+        put_attr(&mut b, 7, &[1, 2, 3, 4, 5]);
+        assert_eq!(b.len(), 12);
+        assert_eq!(&b[0..2], &ne16(9));
+        assert_eq!(&b[2..4], &ne16(7));
+        assert_eq!(&b[4..9], &[1, 2, 3, 4, 5]);
+        assert_eq!(&b[9..], &[0, 0, 0]);
+    }
+
+    #[test]
+    fn string_attr_is_nul_terminated() {
+        let mut b = Vec::new();
+        put_attr_str(&mut b, 1, "abcd");
+        assert_eq!(&b[0..2], &ne16(9));
+        assert_eq!(&b[4..9], b"abcd\0");
+        assert_eq!(b.len(), 12);
+    }
+
+    #[test]
+    fn nested_sets_flag_and_covers_children() {
+        let mut b = Vec::new();
+        let n = begin_nested(&mut b, 3);
+        put_attr(&mut b, 1, &[9; 4]);
+        end_nested(&mut b, n);
+        assert_eq!(&b[0..2], &ne16(12));
+        assert_eq!(&b[2..4], &ne16(3 | 0x8000));
+    }
+
+    #[test]
+    fn header_and_nfgenmsg_layout() {
+        let mut b = Vec::new();
+        let m = begin_msg(&mut b, 0x10, 1, 42);
+        put_nfgenmsg(&mut b, 0, 10);
+        end_msg(&mut b, m);
+        let mut want = Vec::new();
+        want.extend_from_slice(&ne32(20));
+        want.extend_from_slice(&ne16(0x10));
+        want.extend_from_slice(&ne16(1));
+        want.extend_from_slice(&ne32(42));
+        want.extend_from_slice(&ne32(0));
+        want.extend_from_slice(&[0, 0, 0, 10]); // res_id big-endian
+        assert_eq!(b, want);
+    }
+
+    /// Splits a buffer of netlink messages into (type, flags, seq, payload).
+    fn split(b: &[u8]) -> Vec<(u16, u16, u32, &[u8])> {
+        let mut v = Vec::new();
+        let mut off = 0;
+        while off < b.len() {
+            let len = u32_at(b, off) as usize;
+            assert_eq!(len % 4, 0);
+            v.push((
+                u16_at(b, off + 4),
+                u16_at(b, off + 6),
+                u32_at(b, off + 8),
+                &b[off + 16..off + len],
+            ));
+            off += len;
+        }
+        assert_eq!(off, b.len());
+        v
+    }
+
+    #[test]
+    fn setelem_batch_v4_layout() {
+        let b = nft_setelem_batch("itcp_msrd", "held4", "10.2.0.100".parse().unwrap(), true, 5);
+        let msgs = split(&b);
+        assert_eq!(msgs.len(), 3);
+        assert_eq!(msgs[0].0, 0x10);
+        assert_eq!(msgs[0].1, 1);
+        assert_eq!(msgs[0].2, 5);
+        assert_eq!(msgs[0].3, &[0, 0, 0, 10]);
+        assert_eq!(msgs[2].0, 0x11);
+        assert_eq!(msgs[2].2, 7);
+        assert_eq!(msgs[2].3, &[0, 0, 0, 10]);
+
+        let (ty, flags, seq, p) = msgs[1];
+        assert_eq!(ty, (10 << 8) | 12);
+        assert_eq!(flags, 1 | 4 | 0x400);
+        assert_eq!(seq, 6);
+        let mut want = vec![1, 0, 0, 0]; // NFPROTO_INET, v0, res_id 0
+        want.extend_from_slice(&ne16(14));
+        want.extend_from_slice(&ne16(1));
+        want.extend_from_slice(b"itcp_msrd\0\0\0");
+        want.extend_from_slice(&ne16(10));
+        want.extend_from_slice(&ne16(2));
+        want.extend_from_slice(b"held4\0\0\0");
+        // ELEMENTS > LIST_ELEM > KEY > DATA_VALUE (4 address bytes)
+        want.extend_from_slice(&ne16(20));
+        want.extend_from_slice(&ne16(3 | 0x8000));
+        want.extend_from_slice(&ne16(16));
+        want.extend_from_slice(&ne16(1 | 0x8000));
+        want.extend_from_slice(&ne16(12));
+        want.extend_from_slice(&ne16(1 | 0x8000));
+        want.extend_from_slice(&ne16(8));
+        want.extend_from_slice(&ne16(1));
+        want.extend_from_slice(&[10, 2, 0, 100]);
+        assert_eq!(p, &want[..]);
+
+        let (t, s) = nft_setelem_attr_offsets("itcp_msrd");
+        assert_eq!(&b[20 + t as usize + 4..][..9], b"itcp_msrd");
+        assert_eq!(&b[20 + s as usize + 4..][..5], b"held4");
+    }
+
+    #[test]
+    fn setelem_batch_v6_delete() {
+        let ip: IpAddr = "2001:db8::64".parse().unwrap();
+        let b = nft_setelem_batch("t", "held6", ip, false, 100);
+        let msgs = split(&b);
+        let (ty, flags, _, p) = msgs[1];
+        assert_eq!(ty, (10 << 8) | 14);
+        assert_eq!(flags, 1 | 4);
+        // Innermost attribute: 4-byte header + 16 address bytes, at the very end.
+        assert_eq!(
+            &p[p.len() - 20..p.len() - 16],
+            &[&ne16(20)[..], &ne16(1)].concat()
+        );
+        assert_eq!(&p[p.len() - 16..], &ip_bytes(ip)[..]);
+    }
+
+    #[test]
+    fn neigh_msg_layout() {
+        let b = neigh_msg(true, 9, 3, "10.0.0.7".parse().unwrap());
+        let msgs = split(&b);
+        assert_eq!(msgs.len(), 1);
+        let (ty, flags, seq, p) = msgs[0];
+        assert_eq!(ty, 28);
+        assert_eq!(flags, 1 | 4 | 0x400 | 0x100);
+        assert_eq!(seq, 9);
+        let mut want = vec![2, 0, 0, 0];
+        want.extend_from_slice(&3i32.to_ne_bytes());
+        want.extend_from_slice(&ne16(0x80));
+        want.extend_from_slice(&[0x08, 0]);
+        want.extend_from_slice(&ne16(8));
+        want.extend_from_slice(&ne16(1));
+        want.extend_from_slice(&[10, 0, 0, 7]);
+        assert_eq!(p, &want[..]);
+
+        let b = neigh_msg(false, 9, 3, "2001:db8::7".parse().unwrap());
+        let (ty, flags, _, p) = split(&b)[0];
+        assert_eq!(ty, 29);
+        assert_eq!(flags, 1 | 4);
+        assert_eq!(p[0], 10); // AF_INET6
+        assert_eq!(p.len(), 12 + 20);
+    }
+
+    #[test]
+    fn arp_frames() {
+        let mac = [2, 0, 0, 0, 0, 1];
+        let ip = Ipv4Addr::new(10, 9, 0, 100);
+        let f = arp_frame(ARPOP_REQUEST, mac, ip);
+        assert_eq!(&f[0..6], &[0xff; 6]);
+        assert_eq!(&f[6..12], &mac);
+        assert_eq!(&f[12..22], &[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
+        assert_eq!(&f[22..28], &mac);
+        assert_eq!(&f[28..32], &[10, 9, 0, 100]);
+        assert_eq!(&f[32..38], &[0; 6]);
+        assert_eq!(&f[38..42], &[10, 9, 0, 100]);
+        assert!(f[42..].iter().all(|&b| b == 0));
+        let r = arp_frame(ARPOP_REPLY, mac, ip);
+        assert_eq!(&r[20..22], &[0, 2]);
+        assert_eq!(&r[32..38], &mac);
+    }
+
+    fn error_msg(seq: u32, error: i32, flags: u16, tlvs: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        let m = begin_msg(&mut b, libc::NLMSG_ERROR as u16, flags, seq);
+        b.extend_from_slice(&error.to_ne_bytes());
+        // Capped echo of the request header.
+        b.extend_from_slice(&ne32(40));
+        b.extend_from_slice(&[0; 12]);
+        b.extend_from_slice(tlvs);
+        end_msg(&mut b, m);
+        b
+    }
+
+    #[test]
+    fn error_text() {
+        let e = kernel_error(
+            "nft: x",
+            libc::ENOENT,
+            Some("table not found"),
+            &Ack::default(),
+        );
+        assert_eq!(
+            e.to_string(),
+            "nft: x: No such file or directory (table not found)"
+        );
+        assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    }
+
+    #[test]
+    fn ack_parsing() {
+        assert_eq!(
+            parse_ack(&error_msg(3, 0, 0, &[]), 3, 1, 3),
+            Some(Ack::default())
+        );
+        // A zero ack for another message is not ours.
+        assert_eq!(parse_ack(&error_msg(2, 0, 0, &[]), 1, 3, 3), None);
+        // An error for a message of the same batch answers; one for an older request not.
+        let e = error_msg(1, -libc::EPERM, 0, &[]);
+        assert_eq!(parse_ack(&e, 1, 3, 2).map(|a| a.errno), Some(libc::EPERM));
+        assert_eq!(parse_ack(&e, 4, 3, 5), None);
+
+        let mut tlvs = Vec::new();
+        put_attr(&mut tlvs, NLMSGERR_ATTR_OFFS, &ne32(20));
+        put_attr_str(&mut tlvs, NLMSGERR_ATTR_MSG, "oops");
+        let flags = (libc::NLM_F_CAPPED | libc::NLM_F_ACK_TLVS) as u16;
+        let mut two = error_msg(1, 0, 0, &[]);
+        two.extend(error_msg(2, -libc::ENOENT, flags, &tlvs));
+        assert_eq!(
+            parse_ack(&two, 1, 3, 2),
+            Some(Ack {
+                errno: libc::ENOENT,
+                bad_attr: Some(20),
+                msg: Some("oops".into()),
+            })
+        );
+    }
+}

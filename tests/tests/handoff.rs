@@ -1,0 +1,247 @@
+//! End-to-end handoff tests on the lab: two (or more) MSRs running msrd with
+//! `[handoff]`, the MH's mobility agent, the emulated air moving the MH between cells,
+//! and ttcp transfers through I-TCP. Every transfer is verified byte for byte, and
+//! nftables counters at the FH and the MH count RSTs (there must be none). Needs root.
+
+use std::time::{Duration, Instant};
+
+use itcp_handoff::log::Outcome;
+use itcp_testbed::lab::{self, bin_path, Host, Lab, LabConfig};
+use itcp_testbed::ttcp::{RecvReport, SendReport};
+use serde_json::json;
+
+/// A lab of `msrs` MSRs with fast, clean cells (the tests are about correctness; the
+/// paper's 2 Mbit/s lossy cells are the benchmark's business).
+fn mobile_lab(msrs: usize, seed: u64) -> Lab {
+    mobile_lab_with(msrs, seed, &["--hysteresis-ms", "0"])
+}
+
+fn mobile_lab_with(msrs: usize, seed: u64, agent_args: &[&str]) -> Lab {
+    let cell = lab::link(20_000_000, 2.0, 0.0);
+    let wan = lab::link(100_000_000, 1.0, 0.0);
+    let mut lab = Lab::new(LabConfig {
+        msrs,
+        seed,
+        wan_down: wan.clone(),
+        wan_up: wan,
+        cell_down: cell.clone(),
+        cell_up: cell,
+        initial_cells: vec![1],
+        veth: false,
+    })
+    .unwrap();
+    lab.start_itcp_mobility("", agent_args).unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    lab.watch_rsts(Host::Mh).unwrap();
+    lab
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Dir {
+    /// FH sends, MH receives.
+    Down,
+    /// MH sends, FH receives.
+    Up,
+}
+
+/// Starts a transfer of `bytes` in `dir`, the MH connecting out through I-TCP.
+/// Returns (sender index, receiver index).
+fn start_transfer(lab: &mut Lab, dir: Dir, bytes: u64, port: u16) -> (usize, usize) {
+    let ttcp = bin_path("ttcp");
+    let fh = lab::fh_addr(port);
+    let n = bytes.to_string();
+    match dir {
+        Dir::Down => {
+            let s = lab
+                .spawn(Host::Fh, &ttcp, &["send", "--listen", &fh, "--bytes", &n])
+                .unwrap();
+            let r = lab
+                .spawn(
+                    Host::Mh,
+                    &ttcp,
+                    &["recv", "--connect", &fh, "--bytes", &n, "--itcp"],
+                )
+                .unwrap();
+            (s, r)
+        }
+        Dir::Up => {
+            let r = lab
+                .spawn(Host::Fh, &ttcp, &["recv", "--listen", &fh, "--bytes", &n])
+                .unwrap();
+            let s = lab
+                .spawn(
+                    Host::Mh,
+                    &ttcp,
+                    &["send", "--connect", &fh, "--bytes", &n, "--itcp"],
+                )
+                .unwrap();
+            (s, r)
+        }
+    }
+}
+
+fn finish(lab: &mut Lab, (s, r): (usize, usize)) -> (SendReport, RecvReport) {
+    let (_, rout, rerr) = lab.wait(r, Duration::from_secs(120)).unwrap();
+    let (_, sout, serr) = lab.wait(s, Duration::from_secs(30)).unwrap();
+    let recv: RecvReport = serde_json::from_str(rout.trim())
+        .unwrap_or_else(|e| panic!("receiver: {e}: {rerr}\n{}", diag(lab)));
+    let send: SendReport = serde_json::from_str(sout.trim())
+        .unwrap_or_else(|e| panic!("sender: {e}: {serr}\n{}", diag(lab)));
+    (send, recv)
+}
+
+/// Logs worth seeing when a test fails.
+fn diag(lab: &Lab) -> String {
+    let mut s = String::new();
+    for f in ["msrd1.log", "msrd2.log", "agent.log", "agent.events"] {
+        let t = std::fs::read_to_string(lab.dir.join(f)).unwrap_or_default();
+        let tail: Vec<&str> = t.lines().rev().take(40).collect();
+        s += &format!(
+            "--- {f} (last lines)\n{}\n",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    s
+}
+
+/// Moves the MH to `to` with `overlap` (both cells) or `gap` (no cell) first.
+fn crossing(lab: &Lab, from: usize, to: usize, overlap: Duration, gap: Duration) {
+    if !overlap.is_zero() {
+        lab.assoc(&[from, to]).unwrap();
+        std::thread::sleep(overlap);
+    } else if !gap.is_zero() {
+        lab.assoc(&[]).unwrap();
+        std::thread::sleep(gap);
+    }
+    lab.assoc(&[to]).unwrap();
+}
+
+/// Waits until the agent reports `n` moves (or fails on a failed move or timeout).
+fn wait_moves(lab: &Lab, n: usize, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let ev = lab.agent_events();
+        if let Some(bad) = ev
+            .iter()
+            .find(|e| e["event"] == "move_failed" || e["event"] == "refused")
+        {
+            panic!("handoff failed: {bad}\n{}", diag(lab));
+        }
+        if ev.iter().filter(|e| e["event"] == "moved").count() >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} moves not seen in {timeout:?}: {ev:?}\n{}",
+            diag(lab)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn assert_clean(lab: &Lab, send: &SendReport, recv: &RecvReport, bytes: u64) {
+    assert!(recv.ok, "receiver: {:?}\n{}", recv.error, diag(lab));
+    assert!(send.ok, "sender: {:?}\n{}", send.error, diag(lab));
+    assert!(recv.verified);
+    assert_eq!(recv.bytes, bytes);
+    let (fh_in, fh_out) = lab.rsts(Host::Fh).unwrap();
+    let (mh_in, mh_out) = lab.rsts(Host::Mh).unwrap();
+    assert_eq!(
+        (fh_in, fh_out, mh_in, mh_out),
+        (0, 0, 0, 0),
+        "RSTs (FH in, FH out, MH in, MH out)\n{}",
+        diag(lab)
+    );
+}
+
+/// One transfer with a move 1 → 2 mid-way, then back 2 → 1.
+fn transfer_with_moves(dir: Dir, overlap: Duration, gap: Duration, seed: u64) {
+    let mut lab = mobile_lab(2, seed);
+    let bytes = 24 << 20;
+    let t = start_transfer(&mut lab, dir, bytes, 5001);
+    std::thread::sleep(Duration::from_millis(1500));
+    crossing(&lab, 1, 2, overlap, gap);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(1500));
+    crossing(&lab, 2, 1, overlap, gap);
+    wait_moves(&lab, 2, Duration::from_secs(10));
+    let (send, recv) = finish(&mut lab, t);
+    assert_clean(&lab, &send, &recv, bytes);
+    // Each MSR logged both handoffs, as new and as old MSR, all successful.
+    for k in 1..=2 {
+        let recs = lab.handoff_records(k);
+        assert_eq!(recs.len(), 2, "MSR{k} records: {recs:?}");
+        assert!(recs.iter().all(|r| r.outcome == Outcome::Moved), "{recs:?}");
+        assert!(recs.iter().all(|r| r.connections.len() == 1), "{recs:?}");
+    }
+    // The fixed host saw one connection from the MH's own address all along (one TCP
+    // connection: its 4-tuple cannot have changed, or it would have broken).
+    let fh_view = match dir {
+        Dir::Down => &send.peer,
+        Dir::Up => &recv.peer,
+    };
+    assert!(fh_view.starts_with("10.2.0.100:"), "{fh_view}");
+}
+
+#[test]
+fn download_survives_overlapped_handoffs() {
+    transfer_with_moves(Dir::Down, Duration::from_secs(2), Duration::ZERO, 11);
+}
+
+#[test]
+fn upload_survives_overlapped_handoffs() {
+    transfer_with_moves(Dir::Up, Duration::from_secs(2), Duration::ZERO, 12);
+}
+
+#[test]
+fn download_survives_handoffs_without_overlap() {
+    transfer_with_moves(Dir::Down, Duration::ZERO, Duration::ZERO, 13);
+}
+
+#[test]
+fn upload_survives_handoffs_with_a_one_second_gap() {
+    transfer_with_moves(Dir::Up, Duration::ZERO, Duration::from_secs(1), 14);
+}
+
+#[test]
+fn download_survives_handoffs_with_a_one_second_gap() {
+    transfer_with_moves(Dir::Down, Duration::ZERO, Duration::from_secs(1), 15);
+}
+
+#[test]
+fn a_greeting_without_valid_proof_moves_nothing() {
+    // A lazy agent stays with MSR1 while the MH hears both cells.
+    let mut lab = mobile_lab_with(2, 21, &["--policy", "lazy"]);
+    let bytes = 6 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    lab.assoc(&[1, 2]).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // An impostor in cell 2 greets MSR2 for the MH, naming MSR1, with a wrong token.
+    let g = itcp_handoff::wire::Greeting::new(
+        b"not the MH's token",
+        "10.2.0.100".parse().unwrap(),
+        "msr1",
+        "msr2",
+        u64::MAX / 2,
+        [9; 16],
+    );
+    let msg = serde_json::to_vec(&json!({ "greeting": g })).unwrap();
+    let ns = lab.ns(Host::Mh);
+    itcp_testbed::sys::in_netns(&ns, || {
+        let s = std::net::UdpSocket::bind("10.2.0.100:0")?;
+        s.set_broadcast(true)?;
+        s.send_to(&msg, "255.255.255.255:4346").map(|_| ())
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let (send, recv) = finish(&mut lab, t);
+    assert_clean(&lab, &send, &recv, bytes);
+    let old = lab.handoff_records(1);
+    assert_eq!(old.len(), 1, "{old:?}");
+    assert_eq!(old[0].outcome, Outcome::Rejected);
+    let new = lab.handoff_records(2);
+    assert_eq!(new.len(), 1, "{new:?}");
+    assert_eq!(new[0].outcome, Outcome::RolledBack);
+    let st = lab.msrd(1, json!({"op": "stats"})).unwrap();
+    eprintln!("MSR1 stats: {st}");
+}
