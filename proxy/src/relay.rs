@@ -199,9 +199,17 @@ async fn pump_splice(
             }
             let p = pipe.as_ref().unwrap();
             let w = p.write.as_raw_fd();
-            // EAGAIN here means "no data" or "pipe full": a pipe holds at most 16..256
-            // buffers, so it can be full long before `p.size` bytes.
-            match src.try_io(Interest::READABLE, || splice(sfd, w, p.size)) {
+            // EAGAIN means "no data" or "pipe full" (a pipe holds at most 16..256
+            // buffers, so it can be full long before `p.size` bytes). Only an empty pipe
+            // proves the socket empty: only then may EAGAIN clear its readiness (through
+            // try_io). Clearing it on a full pipe would wait for an edge that never comes
+            // once the sender's window is shut (a full receive queue, e.g. a restored one).
+            let r = if in_pipe == 0 {
+                src.try_io(Interest::READABLE, || splice(sfd, w, p.size))
+            } else {
+                splice(sfd, w, p.size)
+            };
+            match r {
                 Ok(0) => eof = true,
                 Ok(n) => in_pipe += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => read_blocked = true,
