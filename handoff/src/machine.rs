@@ -206,6 +206,9 @@ impl NewSide {
 pub enum OldEvent {
     /// Our sockets, frozen and captured.
     Captured(Vec<ConnImage>),
+    /// A socket could not be captured: the handoff is off (moving only some of the
+    /// MH's connections would strand the rest here).
+    CaptureFailed(String),
     Message(Message),
     Timeout,
 }
@@ -346,6 +349,14 @@ impl OldSide {
                 let mut r = self.record(outcome, None);
                 r.failed = failed;
                 acts.push(Action::Log(r));
+                acts
+            }
+            (OldState::Capturing, OldEvent::CaptureFailed(reason)) => {
+                let mut acts = vec![Action::Send(Message::Abort {
+                    handoff_id: self.handoff_id,
+                    reason: format!("old MSR could not capture: {reason}"),
+                })];
+                acts.extend(self.roll_back(format!("capture failed: {reason}")));
                 acts
             }
             (
@@ -505,6 +516,16 @@ mod tests {
                 1
             )
             .is_empty());
+    }
+
+    #[test]
+    fn a_failed_capture_aborts_and_unfreezes() {
+        let (mut old, _) = OldSide::start("msr1", "msr2", 1, &greeting(), Some(TOKEN), 0);
+        let acts = old.handle(OldEvent::CaptureFailed("changed".into()), 1);
+        assert!(matches!(sent(&acts), Message::Abort { .. }));
+        assert!(acts.contains(&Action::Unfreeze(greeting().mh)));
+        assert_eq!(log(&acts).outcome, Outcome::RolledBack);
+        assert!(old.done());
     }
 
     #[test]

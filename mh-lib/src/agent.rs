@@ -314,6 +314,11 @@ impl Agent {
             }
             GreetStatus::Failed => {
                 let p = self.pending.take().unwrap();
+                // The connections stayed with the previous MSR: go back to it.
+                if let Some(mac) = self.macs.get(&p.from).filter(|_| !p.from.is_empty()) {
+                    point_gateway(self.cfg.gateway, mac, &self.cfg.interface)?;
+                    self.det.set_current(&p.from);
+                }
                 on_event(Event::MoveFailed {
                     from: p.from,
                     to: p.to,

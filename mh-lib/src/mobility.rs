@@ -89,6 +89,11 @@ impl Detector {
         }
     }
 
+    /// Back to `msr` after a move to another MSR failed (the connections stayed there).
+    pub fn set_current(&mut self, msr: &str) {
+        self.current = Some(msr.to_string());
+    }
+
     /// The MSR the MH is attached to.
     pub fn current(&self) -> Option<&str> {
         self.current.as_deref()

@@ -496,35 +496,46 @@ async fn old_side(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
         for a in acts.drain(..) {
             match a {
                 Action::FreezeAndCapture(mh) => {
+                    let t0 = std::time::Instant::now();
                     hold(&d, h, mh);
+                    let t_hold = t0.elapsed();
                     frozen = freeze(&d, mh).await;
+                    let t_freeze = t0.elapsed();
                     let mut images = Vec::new();
-                    let mut keep = Vec::new();
-                    let mut moving = Vec::new();
-                    for f in frozen.drain(..) {
+                    let mut failure = None;
+                    for f in &frozen {
                         f.session.frozen.store(true, Ordering::Relaxed);
-                        match capture_one(&f) {
+                        match capture_one(f) {
                             Ok((img, e)) => {
                                 images.push(img);
                                 entries.push(e);
-                                moving.push(f);
                             }
                             Err(e) => {
-                                warn!(id = f.session.id, error = %e, "connection cannot be captured: it stays here");
-                                keep.push(f);
+                                warn!(id = f.session.id, error = %e, "connection cannot be captured: the handoff is off");
+                                failure = Some(format!("connection {}: {e}", f.session.id));
+                                break;
                             }
                         }
                     }
-                    frozen = moving;
-                    if !keep.is_empty() {
-                        resume(&d, keep);
-                    }
-                    next = Some(OldEvent::Captured(images));
+                    debug!(
+                        hold_us = t_hold.as_micros() as u64,
+                        pause_us = (t_freeze - t_hold).as_micros() as u64,
+                        capture_us = (t0.elapsed() - t_freeze).as_micros() as u64,
+                        connections = images.len(),
+                        "frozen and captured"
+                    );
+                    next = Some(match failure {
+                        None => OldEvent::Captured(images),
+                        // Unfreeze (which follows) resumes every frozen connection here.
+                        Some(reason) => OldEvent::CaptureFailed(reason),
+                    });
                 }
                 Action::Send(msg) => {
+                    let t0 = std::time::Instant::now();
                     if let Err(e) = ch.send(h, &from, msg).await {
                         warn!(peer = %from, error = %e, "handoff message not sent");
                     }
+                    debug!(us = t0.elapsed().as_micros() as u64, "sent to the new MSR");
                 }
                 Action::Delete(ids) => {
                     let (gone, stay): (Vec<Frozen>, Vec<Frozen>) = std::mem::take(&mut frozen)

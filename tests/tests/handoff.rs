@@ -170,6 +170,9 @@ fn transfer_with_moves(dir: Dir, overlap: Duration, gap: Duration, seed: u64) {
     // Each MSR logged both handoffs, as new and as old MSR, all successful.
     for k in 1..=2 {
         let recs = lab.handoff_records(k);
+        for r in &recs {
+            eprintln!("MSR{k}: {}", serde_json::to_string(r).unwrap());
+        }
         assert_eq!(recs.len(), 2, "MSR{k} records: {recs:?}");
         assert!(recs.iter().all(|r| r.outcome == Outcome::Moved), "{recs:?}");
         assert!(recs.iter().all(|r| r.connections.len() == 1), "{recs:?}");
