@@ -160,8 +160,13 @@ impl PeerSection {
     pub fn key_bytes(&self) -> Result<Vec<u8>, String> {
         let text = match (&self.key, &self.key_file) {
             (Some(k), _) => k.clone(),
-            (None, Some(f)) => std::fs::read_to_string(f)
-                .map_err(|e| format!("peer {}: cannot read key_file {}: {e}", self.id, f.display()))?,
+            (None, Some(f)) => std::fs::read_to_string(f).map_err(|e| {
+                format!(
+                    "peer {}: cannot read key_file {}: {e}",
+                    self.id,
+                    f.display()
+                )
+            })?,
             (None, None) => return Err(format!("peer {} has no key", self.id)),
         };
         parse_key(text.trim()).map_err(|e| format!("peer {}: {e}", self.id))
@@ -177,7 +182,10 @@ fn parse_key(s: &str) -> Result<Vec<u8>, String> {
         .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
         .collect();
     if v.len() < 16 {
-        return Err(format!("the key has {} bytes; at least 16 are needed", v.len()));
+        return Err(format!(
+            "the key has {} bytes; at least 16 are needed",
+            v.len()
+        ));
     }
     Ok(v)
 }
@@ -718,7 +726,13 @@ impl MsrdConfig {
         if let Some(i) = &h.lan_interface {
             check_ifname(src, "handoff.lan_interface", i)?;
         }
-        in_range(src, "handoff.images_timeout_ms", h.images_timeout_ms, 10, 600_000)?;
+        in_range(
+            src,
+            "handoff.images_timeout_ms",
+            h.images_timeout_ms,
+            10,
+            600_000,
+        )?;
         in_range(src, "handoff.ack_timeout_ms", h.ack_timeout_ms, 10, 600_000)?;
         in_range(src, "handoff.hold_after_ms", h.hold_after_ms, 0, 600_000)?;
         if h.log_file.as_os_str().is_empty() {
@@ -728,13 +742,22 @@ impl MsrdConfig {
         for (i, p) in h.peers.iter().enumerate() {
             let path = format!("handoff.peer[{i}]");
             if p.id.is_empty() || p.id.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                return Err(src.invalid(&format!("{path}.id"), format!("{:?} is not an MSR name", p.id)));
+                return Err(src.invalid(
+                    &format!("{path}.id"),
+                    format!("{:?} is not an MSR name", p.id),
+                ));
             }
             if p.id == self.msr.id {
-                return Err(src.invalid(&format!("{path}.id"), format!("{:?} is this MSR's own id", p.id)));
+                return Err(src.invalid(
+                    &format!("{path}.id"),
+                    format!("{:?} is this MSR's own id", p.id),
+                ));
             }
             if !seen.insert(p.id.as_str()) {
-                return Err(src.invalid(&format!("{path}.id"), format!("peer {:?} is listed twice", p.id)));
+                return Err(src.invalid(
+                    &format!("{path}.id"),
+                    format!("peer {:?} is listed twice", p.id),
+                ));
             }
             match (&p.key, &p.key_file) {
                 (Some(_), Some(_)) => {

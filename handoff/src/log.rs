@@ -264,7 +264,9 @@ mod tests {
         assert_eq!(one[0].duration_us(), Some(15_000));
         let t = render(&all);
         assert!(
-            t.contains("rolledback") && t.contains("15.00 ms") && t.contains("old MSR did not answer"),
+            t.contains("rolledback")
+                && t.contains("15.00 ms")
+                && t.contains("old MSR did not answer"),
             "{t}"
         );
         let _ = std::fs::remove_dir_all(dir);

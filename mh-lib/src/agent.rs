@@ -162,8 +162,10 @@ pub struct Agent {
 impl Agent {
     /// Opens the beacon and greeting sockets.
     pub fn new(cfg: AgentConfig) -> io::Result<Agent> {
-        let beacons = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], cfg.beacon_port)))
-            .map_err(|e| io::Error::new(e.kind(), format!("beacon port {}: {e}", cfg.beacon_port)))?;
+        let beacons =
+            UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], cfg.beacon_port))).map_err(|e| {
+                io::Error::new(e.kind(), format!("beacon port {}: {e}", cfg.beacon_port))
+            })?;
         let greet = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))?;
         greet.set_broadcast(true)?;
         bind_to_device(&greet, &cfg.interface)?;
@@ -190,9 +192,9 @@ impl Agent {
         let mut buf = vec![0u8; 4096];
         while !stop.load(Ordering::Relaxed) {
             let wait_ms = match &self.pending {
-                Some(p) => p
-                    .last_sent
-                    .map_or(0, |t| self.cfg.greet_retry.saturating_sub(t.elapsed()).as_millis() as i32),
+                Some(p) => p.last_sent.map_or(0, |t| {
+                    self.cfg.greet_retry.saturating_sub(t.elapsed()).as_millis() as i32
+                }),
                 None => 50,
             };
             poll2(&self.beacons, &self.greet, wait_ms.clamp(0, 50))?;
@@ -221,14 +223,24 @@ impl Agent {
 
     fn greeting(&self, from: Option<&str>, to: &str) -> io::Result<(Vec<u8>, String)> {
         let prev = from.unwrap_or("");
-        let g = Greeting::new(&self.cfg.token.0, self.cfg.mh, prev, to, unix_ms(), nonce()?);
+        let g = Greeting::new(
+            &self.cfg.token.0,
+            self.cfg.mh,
+            prev,
+            to,
+            unix_ms(),
+            nonce()?,
+        );
         let nonce = g.nonce.clone();
         let msg = GreetMsg {
             greeting: g,
             // The token is registered only at the first contact; later greetings prove it.
             token: from.is_none().then(|| self.cfg.token.to_hex()),
         };
-        Ok((serde_json::to_vec(&msg).expect("greetings serialize"), nonce))
+        Ok((
+            serde_json::to_vec(&msg).expect("greetings serialize"),
+            nonce,
+        ))
     }
 
     fn decide(&mut self, d: Decision, on_event: &mut impl FnMut(Event)) -> io::Result<()> {
@@ -268,7 +280,9 @@ impl Agent {
             });
             return Ok(());
         }
-        if p.last_sent.is_none_or(|t| t.elapsed() >= self.cfg.greet_retry) {
+        if p.last_sent
+            .is_none_or(|t| t.elapsed() >= self.cfg.greet_retry)
+        {
             let dst = SocketAddr::from((Ipv4Addr::BROADCAST, self.cfg.greet_port));
             // A lost send is retried at the next interval.
             let _ = self.greet.send_to(&p.msg, dst);

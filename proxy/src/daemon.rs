@@ -167,7 +167,15 @@ impl Daemon {
         adm: Admitted,
     ) {
         let pause = s.pause.subscribe();
-        let end = relay::relay(&wireless, &fixed, &self.relay_opts, &s.counters, &pause, pending).await;
+        let end = relay::relay(
+            &wireless,
+            &fixed,
+            &self.relay_opts,
+            &s.counters,
+            &pause,
+            pending,
+        )
+        .await;
         match end {
             End::Paused(pending) => {
                 let to = s.frozen_to.lock().unwrap().take();
@@ -183,12 +191,22 @@ impl Daemon {
                         if let Err(f) = tx.send(frozen) {
                             // Nobody waits any more (the freeze gave up): serve on.
                             f.session.pause.send_replace(false);
-                            Box::pin(self.relay_session(f.session, f.wireless, f.fixed, f.pending, f.admitted)).await;
+                            Box::pin(self.relay_session(
+                                f.session, f.wireless, f.fixed, f.pending, f.admitted,
+                            ))
+                            .await;
                         }
                     }
                     None => {
                         s.pause.send_replace(false);
-                        Box::pin(self.relay_session(frozen.session, frozen.wireless, frozen.fixed, frozen.pending, frozen.admitted)).await;
+                        Box::pin(self.relay_session(
+                            frozen.session,
+                            frozen.wireless,
+                            frozen.fixed,
+                            frozen.pending,
+                            frozen.admitted,
+                        ))
+                        .await;
                     }
                 }
                 return;
@@ -542,7 +560,8 @@ async fn serve_transparent(d: Arc<Daemon>, s: TcpStream, mh: SocketAddr) {
     match crate::fixed::connect_as(mh, fh, &d.cfg.fixed, d.cfg.relay.connect_timeout()).await {
         Ok(fixed) => {
             let bound = fixed.local_addr().unwrap_or(mh);
-            d.run_session(Kind::Transparent, s, fixed, bound, fh, adm).await;
+            d.run_session(Kind::Transparent, s, fixed, bound, fh, adm)
+                .await;
         }
         Err(e) => {
             // The MH's handshake already completed with us: a reset is how it learns.
@@ -697,13 +716,19 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
     let mut handoff_tasks = Vec::new();
     if let Some(listen) = cfg.handoff.listen {
         let l = TcpListener::bind(listen).await.map_err(|e| {
-            io::Error::new(e.kind(), format!("cannot listen on {listen} ([handoff] listen): {e}"))
+            io::Error::new(
+                e.kind(),
+                format!("cannot listen on {listen} ([handoff] listen): {e}"),
+            )
         })?;
         let port = cfg.handoff.greet_port;
         let g = tokio::net::UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], port)))
             .await
             .map_err(|e| {
-                io::Error::new(e.kind(), format!("cannot listen on UDP port {port} ([handoff] greet_port): {e}"))
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on UDP port {port} ([handoff] greet_port): {e}"),
+                )
             })?;
         if let Some(lan) = &cfg.handoff.lan_interface {
             if let Err(e) = crate::netlink::no_proxy_delay(lan) {

@@ -25,8 +25,8 @@ use itcp_config::{HandoffSection, UnackedPolicy};
 use itcp_handoff::log::{self as hlog, ConnEntry, Record};
 use itcp_handoff::machine::{Action, NewEvent, NewSide, OldEvent, OldSide};
 use itcp_handoff::wire::{
-    self, ConnImage, Envelope, GreetMsg, GreetReply, GreetStatus, Greeting, Message,
-    ReplayGuard, WireError,
+    self, ConnImage, Envelope, GreetMsg, GreetReply, GreetStatus, Greeting, Message, ReplayGuard,
+    WireError,
 };
 use itcp_handoff::{RestoreOptions, SocketImage, UnackedRestore};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -122,7 +122,11 @@ impl Handoffs {
     }
 
     fn token(&self, mh: IpAddr) -> Option<Vec<u8>> {
-        self.mhs.lock().unwrap().get(&mh).and_then(|s| s.token.clone())
+        self.mhs
+            .lock()
+            .unwrap()
+            .get(&mh)
+            .and_then(|s| s.token.clone())
     }
 
     /// Sequence numbers only grow, across connections and restarts (they start at the
@@ -163,11 +167,7 @@ impl Handoffs {
     }
 
     fn hold_gen(&self, mh: IpAddr) -> u64 {
-        self.mhs
-            .lock()
-            .unwrap()
-            .get(&mh)
-            .map_or(0, |s| s.hold_gen)
+        self.mhs.lock().unwrap().get(&mh).map_or(0, |s| s.hold_gen)
     }
 }
 
@@ -467,8 +467,14 @@ async fn old_side(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
         }
     };
     let token = if fresh { h.token(mh) } else { None };
-    let (mut m, mut acts) =
-        OldSide::start(&h.me, &from, handoff_id, &greeting, token.as_deref(), now_us());
+    let (mut m, mut acts) = OldSide::start(
+        &h.me,
+        &from,
+        handoff_id,
+        &greeting,
+        token.as_deref(),
+        now_us(),
+    );
     if !fresh {
         // Same refusal path as a bad proof, with the true reason.
         acts = vec![
@@ -582,7 +588,11 @@ async fn old_side(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
         let ev = match tokio::time::timeout(ack_timeout, ch.recv(h)).await {
             Ok(Ok(env)) if env.from == from => OldEvent::Message(env.body),
             Ok(Ok(env)) => {
-                rejected(&d, peer, &format!("{:?} spoke on {from:?}'s channel", env.from));
+                rejected(
+                    &d,
+                    peer,
+                    &format!("{:?} spoke on {from:?}'s channel", env.from),
+                );
                 continue;
             }
             Ok(Err(ReadError::Wire(e))) => {
@@ -611,7 +621,8 @@ struct Restored {
 fn decode(hex: &str) -> io::Result<SocketImage> {
     let b = wire::unhex(hex)
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "image is not hex"))?;
-    SocketImage::from_bytes(&b).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+    SocketImage::from_bytes(&b)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
 }
 
 fn restore_one(c: &ConnImage, policy: UnackedRestore) -> io::Result<Restored> {
@@ -753,6 +764,12 @@ async fn on_greeting(d: &Arc<Daemon>, sock: &Arc<UdpSocket>, from: SocketAddr, m
         st.last_reply = Some(r.clone());
     };
     let sessions = d.sessions.of_mh(mh);
+    if sessions.iter().any(|s| s.frozen.load(Ordering::Relaxed)) {
+        // We are handing this MH's connections to another MSR right now: answer once
+        // that has settled (moved or rolled back); the MH retransmits its greeting.
+        debug!(%mh, "greeting deferred: a handoff of this MH is under way");
+        return;
+    }
     let local = sessions.len();
     let live_here = local > 0 && sessions.iter().all(|s| !s.frozen.load(Ordering::Relaxed));
     // First contact; or back at the MSR that still serves the connections (the other
@@ -776,7 +793,11 @@ async fn on_greeting(d: &Arc<Daemon>, sock: &Arc<UdpSocket>, from: SocketAddr, m
                 .greetings_rejected
                 .fetch_add(1, Ordering::Relaxed);
             warn!(%mh, "attachment refused: greeting proof does not match the MH's token");
-            let r = mk(GreetStatus::Refused, Some("proof does not match the MH's session token".into()), 0);
+            let r = mk(
+                GreetStatus::Refused,
+                Some("proof does not match the MH's session token".into()),
+                0,
+            );
             remember(&r);
             return reply(sock, from, &r).await;
         }
@@ -869,6 +890,12 @@ async fn new_side(
                     }
                 }
                 Action::Restore(images) => {
+                    // Test hook: die between receiving the images and restoring them,
+                    // to show the old MSR keeps every connection (README, testing).
+                    if std::env::var("MSRD_FAULT").as_deref() == Ok("exit_before_restore") {
+                        tracing::error!("MSRD_FAULT=exit_before_restore: exiting mid-handoff");
+                        std::process::exit(70);
+                    }
                     if let Some(t) = m.token().and_then(wire::unhex) {
                         let mut mm = h.mhs.lock().unwrap();
                         mm.entry(mh).or_default().token = Some(t);
@@ -919,7 +946,8 @@ async fn new_side(
                     }
                 }
                 Action::Log(r) => {
-                    let ok = r.outcome == hlog::Outcome::Moved || r.outcome == hlog::Outcome::Partial;
+                    let ok =
+                        r.outcome == hlog::Outcome::Moved || r.outcome == hlog::Outcome::Partial;
                     let c = if ok {
                         &d.sessions.stats.handoffs_in
                     } else {
@@ -951,7 +979,11 @@ async fn new_side(
             Some(c) => match tokio::time::timeout(timeout, c.recv(h)).await {
                 Ok(Ok(env)) if env.from == prev => NewEvent::Message(env.body),
                 Ok(Ok(env)) => {
-                    rejected(&d, peer_addr, &format!("{:?} spoke on {prev:?}'s channel", env.from));
+                    rejected(
+                        &d,
+                        peer_addr,
+                        &format!("{:?} spoke on {prev:?}'s channel", env.from),
+                    );
                     NewEvent::Timeout
                 }
                 Ok(Err(ReadError::Wire(e))) => {

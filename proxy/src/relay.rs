@@ -155,13 +155,7 @@ fn drain_pipe(p: &Pipe, n: usize) -> io::Result<Vec<u8>> {
     let mut off = 0;
     while off < n {
         // SAFETY: reading into the unfilled tail of a buffer we own.
-        let r = unsafe {
-            libc::read(
-                p.read.as_raw_fd(),
-                v[off..].as_mut_ptr().cast(),
-                n - off,
-            )
-        };
+        let r = unsafe { libc::read(p.read.as_raw_fd(), v[off..].as_mut_ptr().cast(), n - off) };
         if r <= 0 {
             return Err(io::Error::last_os_error());
         }
@@ -226,11 +220,9 @@ async fn pump_splice(
                 }
                 // Data is waiting for the destination: only its readiness matters (the
                 // source may stay "readable" forever once its FIN is in).
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    or_pause(dst.writable(), pause)
-                        .await
-                        .map(|r| r.map_err(Failure::Dst))
-                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => or_pause(dst.writable(), pause)
+                    .await
+                    .map(|r| r.map_err(Failure::Dst)),
                 Err(e) => Some(Err(Failure::Dst(e))),
             }
         } else if read_blocked {
@@ -454,7 +446,14 @@ mod tests {
         let (_tx, pause) = watch::channel(false);
         let end = tokio::time::timeout(
             Duration::from_secs(20),
-            relay(&relay_src, &relay_dst, &opts, &counters, &pause, Pending::default()),
+            relay(
+                &relay_src,
+                &relay_dst,
+                &opts,
+                &counters,
+                &pause,
+                Pending::default(),
+            ),
         )
         .await
         .expect("relay stalled");
@@ -490,7 +489,15 @@ mod tests {
         crate::sockopt::abort_on_close(std_src.as_raw_fd());
         drop(std_src);
         let (_tx, pause) = watch::channel(false);
-        let end = relay(&relay_src, &relay_dst, &opts, &counters, &pause, Pending::default()).await;
+        let end = relay(
+            &relay_src,
+            &relay_dst,
+            &opts,
+            &counters,
+            &pause,
+            Pending::default(),
+        )
+        .await;
         assert_eq!(end, End::WirelessAborted);
         crate::sockopt::abort_on_close(relay_dst.as_raw_fd());
         drop(relay_dst);

@@ -2,8 +2,8 @@
 //! counters, and the daemon-wide statistics `itcpctl` reads.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::net::IpAddr;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
@@ -145,7 +145,9 @@ impl Sessions {
             moved_in,
         });
         if moved_in {
-            self.stats.connections_moved_in.fetch_add(1, Ordering::Relaxed);
+            self.stats
+                .connections_moved_in
+                .fetch_add(1, Ordering::Relaxed);
         } else {
             self.stats.connections_total.fetch_add(1, Ordering::Relaxed);
         }
@@ -276,13 +278,41 @@ impl Sessions {
             g(&st.aborted),
         );
         for (name, help, v) in [
-            ("handoffs_in_total", "Handoffs that moved an MH's connections here.", &st.handoffs_in),
-            ("handoffs_out_total", "Handoffs that moved an MH's connections away.", &st.handoffs_out),
-            ("handoffs_failed_total", "Handoffs rolled back or refused.", &st.handoffs_failed),
-            ("connections_moved_in_total", "Connections restored here by handoffs.", &st.connections_moved_in),
-            ("connections_moved_out_total", "Connections handed to another MSR.", &st.connections_moved_out),
-            ("handoff_messages_rejected_total", "MSR messages rejected (forged, replayed, unknown peer, malformed).", &st.handoff_messages_rejected),
-            ("greetings_rejected_total", "MH greetings rejected (malformed or without valid proof).", &st.greetings_rejected),
+            (
+                "handoffs_in_total",
+                "Handoffs that moved an MH's connections here.",
+                &st.handoffs_in,
+            ),
+            (
+                "handoffs_out_total",
+                "Handoffs that moved an MH's connections away.",
+                &st.handoffs_out,
+            ),
+            (
+                "handoffs_failed_total",
+                "Handoffs rolled back or refused.",
+                &st.handoffs_failed,
+            ),
+            (
+                "connections_moved_in_total",
+                "Connections restored here by handoffs.",
+                &st.connections_moved_in,
+            ),
+            (
+                "connections_moved_out_total",
+                "Connections handed to another MSR.",
+                &st.connections_moved_out,
+            ),
+            (
+                "handoff_messages_rejected_total",
+                "MSR messages rejected (forged, replayed, unknown peer, malformed).",
+                &st.handoff_messages_rejected,
+            ),
+            (
+                "greetings_rejected_total",
+                "MH greetings rejected (malformed or without valid proof).",
+                &st.greetings_rejected,
+            ),
         ] {
             m(name, "counter", help, g(v));
         }

@@ -268,6 +268,8 @@ pub struct Lab {
     airlink: Option<Child>,
     control: PathBuf,
     children: Vec<Child>,
+    /// Extra environment of msrd processes: (MSR, name, value).
+    msrd_env: Vec<(usize, String, String)>,
 }
 
 /// Where to find the testbed's binaries: `ITCP_BIN_DIR`, else next to the running
@@ -367,6 +369,7 @@ impl Lab {
             dir,
             airlink: None,
             children: Vec::new(),
+            msrd_env: Vec::new(),
         };
         lab.build(&namespaces)?;
         Ok(lab)
@@ -681,12 +684,18 @@ impl Lab {
         let cfg = self.dir.join(format!("msr{k}.toml"));
         std::fs::write(&cfg, config)?;
         let cfg = cfg.display().to_string();
-        let idx = self.spawn_logged(
-            Host::Msr(k),
-            bin_path("msrd"),
-            &["--config", &cfg],
-            &format!("msrd{k}.log"),
-        )?;
+        let f = File::create(self.dir.join(format!("msrd{k}.log")))?;
+        let mut cmd = self.command(Host::Msr(k), bin_path("msrd"))?;
+        for (_, n, v) in self.msrd_env.iter().filter(|(j, ..)| *j == k) {
+            cmd.env(n, v);
+        }
+        let child = cmd
+            .args(["--config", &cfg])
+            .stdout(f.try_clone()?)
+            .stderr(f)
+            .spawn()?;
+        self.children.push(child);
+        let idx = self.children.len() - 1;
         let sock = self.msrd_control(k);
         let deadline = Instant::now() + Duration::from_secs(10);
         while UnixStream::connect(&sock).is_err() {
@@ -750,7 +759,17 @@ impl Lab {
     pub fn rsts(&self, h: Host) -> io::Result<(u64, u64)> {
         let get = |name: &str| -> io::Result<u64> {
             let out = Command::new("ip")
-                .args(["netns", "exec", &self.ns(h), "nft", "list", "counter", "inet", "rstwatch", name])
+                .args([
+                    "netns",
+                    "exec",
+                    &self.ns(h),
+                    "nft",
+                    "list",
+                    "counter",
+                    "inet",
+                    "rstwatch",
+                    name,
+                ])
                 .output()?;
             let text = String::from_utf8_lossy(&out.stdout);
             text.split_whitespace()
@@ -777,6 +796,20 @@ impl Lab {
         msrd_extra: &str,
         agent_args: &[&str],
     ) -> io::Result<(Vec<usize>, usize)> {
+        self.start_itcp_mobility_env(msrd_extra, agent_args, &[])
+    }
+
+    /// [`Lab::start_itcp_mobility`] with extra environment per MSR: `(k, NAME, VALUE)`.
+    pub fn start_itcp_mobility_env(
+        &mut self,
+        msrd_extra: &str,
+        agent_args: &[&str],
+        env: &[(usize, &str, &str)],
+    ) -> io::Result<(Vec<usize>, usize)> {
+        self.msrd_env = env
+            .iter()
+            .map(|(k, n, v)| (*k, n.to_string(), v.to_string()))
+            .collect();
         run_ip(
             Some(&self.ns(Host::Gw)),
             &format!(

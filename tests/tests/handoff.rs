@@ -248,3 +248,164 @@ fn a_greeting_without_valid_proof_moves_nothing() {
     let st = lab.msrd(1, json!({"op": "stats"})).unwrap();
     eprintln!("MSR1 stats: {st}");
 }
+
+/// Beacons every 200 ms (lifetime 600 ms) so that many moves fit in one test.
+const FAST_BEACONS: &str = "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n";
+const FAST_AGENT: &[&str] = &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"];
+
+fn fast_lab(seed: u64, env: &[(usize, &str, &str)]) -> Lab {
+    let cell = lab::link(20_000_000, 2.0, 0.0);
+    let wan = lab::link(100_000_000, 1.0, 0.0);
+    let mut lab = Lab::new(LabConfig {
+        msrs: 2,
+        seed,
+        wan_down: wan.clone(),
+        wan_up: wan,
+        cell_down: cell.clone(),
+        cell_up: cell,
+        initial_cells: vec![1],
+        veth: false,
+    })
+    .unwrap();
+    lab.start_itcp_mobility_env(FAST_BEACONS, FAST_AGENT, env)
+        .unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    lab.watch_rsts(Host::Mh).unwrap();
+    lab
+}
+
+#[test]
+fn twenty_back_and_forth_handoffs_during_one_transfer() {
+    let mut lab = fast_lab(31, &[]);
+    let bytes = 120 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    std::thread::sleep(Duration::from_millis(500));
+    let mut at = 1;
+    for i in 1..=20 {
+        let to = 3 - at;
+        crossing(&lab, at, to, Duration::from_millis(300), Duration::ZERO);
+        wait_moves(&lab, i, Duration::from_secs(10));
+        // Stay long enough for the other MSR's beacons to lapse: its next one is fresh.
+        std::thread::sleep(Duration::from_millis(500));
+        at = to;
+    }
+    let (send, recv) = finish(&mut lab, t);
+    assert_clean(&lab, &send, &recv, bytes);
+    let recs: Vec<_> = (1..=2).flat_map(|k| lab.handoff_records(k)).collect();
+    assert_eq!(recs.len(), 40, "two records per handoff");
+    assert!(recs.iter().all(|r| r.outcome == Outcome::Moved), "{recs:?}");
+    let mut us: Vec<u64> = recs
+        .iter()
+        .filter(|r| r.role == itcp_handoff::log::Role::New)
+        .filter_map(|r| r.duration_us())
+        .collect();
+    us.sort();
+    eprintln!(
+        "20 handoffs: new-MSR greeting→acknowledged median {:.2} ms, max {:.2} ms; goodput {:.1} Mbit/s",
+        us[us.len() / 2] as f64 / 1000.0,
+        us[us.len() - 1] as f64 / 1000.0,
+        recv.goodput_bps / 1e6
+    );
+}
+
+#[test]
+fn killing_the_new_msr_mid_handoff_loses_nothing() {
+    let mut lab = fast_lab(41, &[(2, "MSRD_FAULT", "exit_before_restore")]);
+    let bytes = 24 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    std::thread::sleep(Duration::from_millis(1000));
+    // Both cells: the MH greets MSR2, which dies holding the images; MSR1 rolls back,
+    // and once MSR2's advertisement lapses the MH goes back to MSR1.
+    lab.assoc(&[1, 2]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let ev = lab.agent_events();
+        let back = ev
+            .iter()
+            .filter(|e| e["event"] == "attached" && e["msr"] == "msr1")
+            .count();
+        if back >= 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "MH never came back to MSR1: {ev:?}\n{}",
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (send, recv) = finish(&mut lab, t);
+    assert_clean(&lab, &send, &recv, bytes);
+    let old = lab.handoff_records(1);
+    assert_eq!(old.len(), 1, "{old:?}");
+    assert_eq!(old[0].outcome, Outcome::RolledBack);
+    assert!(
+        lab.handoff_records(2).is_empty(),
+        "MSR2 died before logging"
+    );
+}
+
+#[test]
+fn forged_and_replayed_msr_messages_are_rejected() {
+    use itcp_handoff::wire::{seal, Envelope, Greeting, Message};
+    let mut lab = mobile_lab(2, 51);
+    let bytes = 8 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    std::thread::sleep(Duration::from_millis(500));
+    let greeting = Greeting::new(
+        b"guessed token",
+        "10.2.0.100".parse().unwrap(),
+        "msr1",
+        "msr2",
+        1,
+        [3; 16],
+    );
+    let env = |seq: u64| Envelope {
+        from: "msr2".into(),
+        to: "msr1".into(),
+        seq,
+        ts_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64,
+        body: Message::HandoffRequest {
+            handoff_id: 7,
+            greeting: greeting.clone(),
+        },
+    };
+    // Forged: sealed with a key that is not the pair's.
+    let forged = seal(&env(u64::MAX - 10), &[0x42; 16]);
+    // Properly sealed (the lab's key for the pair msr1–msr2), then replayed.
+    let key = itcp_handoff::wire::unhex(&format!("{:032x}", 102)).unwrap();
+    let genuine = seal(&env(u64::MAX - 5), &key);
+    let send = |frame: &[u8]| {
+        let frame = frame.to_vec();
+        itcp_testbed::sys::in_netns(&lab.ns(Host::Gw), move || {
+            use std::io::{Read, Write};
+            let mut s = std::net::TcpStream::connect("10.1.0.11:4347")?;
+            s.write_all(&frame)?;
+            s.set_read_timeout(Some(Duration::from_secs(2)))?;
+            let mut b = Vec::new();
+            let _ = s.read_to_end(&mut b);
+            Ok(())
+        })
+        .unwrap()
+    };
+    send(&forged);
+    send(&genuine);
+    send(&genuine);
+    let (s, r) = finish(&mut lab, t);
+    assert_clean(&lab, &s, &r, bytes);
+    let st = lab.msrd(1, json!({"op": "stats"})).unwrap();
+    assert_eq!(st["stats"]["handoff_messages_rejected"], 2, "{st}");
+    // The authentic request carried a greeting without the MH's proof: refused.
+    let recs = lab.handoff_records(1);
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    assert_eq!(recs[0].outcome, Outcome::Rejected);
+    assert_eq!(
+        lab.msrd(1, json!({"op": "sessions"})).unwrap()["sessions"]
+            .as_array()
+            .map(Vec::len),
+        Some(0)
+    );
+}

@@ -58,8 +58,11 @@ fn main() -> ExitCode {
     };
     let mut cfg = AgentConfig::new(&interface, mh, gateway, token);
     let num = |v: Option<String>, name: &str| -> Result<Option<u64>, ExitCode> {
-        v.map(|s| s.parse::<u64>().map_err(|_| usage(&format!("{name} {s:?} is not a number"))))
-            .transpose()
+        v.map(|s| {
+            s.parse::<u64>()
+                .map_err(|_| usage(&format!("{name} {s:?} is not a number")))
+        })
+        .transpose()
     };
     match get("--policy").as_deref() {
         None | Some("eager") => cfg.policy = Policy::Eager,
@@ -94,7 +97,11 @@ fn main() -> ExitCode {
     let stop = AtomicBool::new(false);
     let r = agent.run(&stop, |ev| {
         let mut out = std::io::stdout().lock();
-        let _ = writeln!(out, "{}", serde_json::to_string(&ev).expect("events serialize"));
+        let _ = writeln!(
+            out,
+            "{}",
+            serde_json::to_string(&ev).expect("events serialize")
+        );
         let _ = out.flush();
     });
     if let Err(e) = r {
