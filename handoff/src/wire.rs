@@ -68,6 +68,10 @@ pub struct ConnImage {
     /// The same, fixed side to wireless side.
     #[serde(default)]
     pub down_pending: String,
+    /// For a listener's control connection or a waiting ACCEPT (no fixed side): the
+    /// MH's listening address, re-created at the new MSR.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<String>,
 }
 
 /// The MH's greeting to its new MSR (paper step 2), with proof of ownership.

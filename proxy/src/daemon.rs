@@ -156,6 +156,101 @@ impl Daemon {
             .await;
     }
 
+    /// Gives a paused connection to the handoff that asked for it; if nobody waits any
+    /// more (the freeze gave up), it comes back to be resumed.
+    fn hand_over(&self, f: Frozen) -> Option<Frozen> {
+        let to = f.session.frozen_to.lock().unwrap().take();
+        match to {
+            Some(tx) => tx.send(f).err(),
+            None => Some(f),
+        }
+        .map(|f| {
+            f.session.pause.send_replace(false);
+            f
+        })
+    }
+
+    /// A LISTEN's control connection: the listener lives while the MH keeps it open
+    /// (or until drain); a handoff freezes it and moves it with the listener.
+    pub async fn listen_wait(&self, sess: Arc<Session>, s: TcpStream, addr: SocketAddr) {
+        let mut drain = self.draining.subscribe();
+        let mut pause = sess.pause.subscribe();
+        let paused = tokio::select! {
+            _ = closed_by_client(&s) => false,
+            _ = drain.wait_for(|&x| x) => false,
+            _ = pause.wait_for(|&p| p) => true,
+        };
+        if paused {
+            let f = Frozen {
+                session: sess,
+                wireless: s,
+                fixed: None,
+                listen: Some(addr),
+                pending: Pending::default(),
+                admitted: None,
+            };
+            if let Some(f) = self.hand_over(f) {
+                Box::pin(self.listen_wait(f.session, f.wireless, addr)).await;
+            }
+            return;
+        }
+        self.listeners.remove(addr);
+        self.sessions.close(&sess);
+        info!(mh = %addr.ip(), %addr, "listener closed");
+    }
+
+    /// An ACCEPT waiting for a connection on the MH's listener `addr`.
+    pub async fn accept_wait(
+        &self,
+        sess: Arc<Session>,
+        mut s: TcpStream,
+        addr: SocketAddr,
+        adm: Admitted,
+    ) -> io::Result<()> {
+        let peer = s.peer_addr()?;
+        let l = match self.listeners.get(sess.mh_ip(), addr) {
+            Ok(l) => l,
+            Err(_) => {
+                self.sessions.close(&sess);
+                return send_reply(&mut s, Reply::NoSuchListener, &unspecified_like(peer)).await;
+            }
+        };
+        let mut pause = sess.pause.subscribe();
+        let next = tokio::select! {
+            c = l.next() => c,
+            _ = closed_by_client(&s) => {
+                self.sessions.close(&sess);
+                return Ok(());
+            }
+            _ = async { let _ = pause.wait_for(|&p| p).await; } => {
+                let f = Frozen {
+                    session: sess,
+                    wireless: s,
+                    fixed: None,
+                    listen: Some(addr),
+                    pending: Pending::default(),
+                    admitted: Some(adm),
+                };
+                if let Some(f) = self.hand_over(f) {
+                    let adm = f.admitted.unwrap();
+                    return Box::pin(self.accept_wait(f.session, f.wireless, addr, adm)).await;
+                }
+                return Ok(());
+            }
+        };
+        self.sessions.close(&sess);
+        let Some((fixed, fh)) = next else {
+            // The listener closed while we waited.
+            return send_reply(&mut s, Reply::NoSuchListener, &unspecified_like(peer)).await;
+        };
+        sockopt::apply_post_connect(fixed.as_raw_fd(), &self.cfg.fixed)?;
+        sockopt::apply_post_connect(s.as_raw_fd(), &self.wireless_tuning(peer.ip()))?;
+        send_reply(&mut s, Reply::Succeeded, &Addr::Ip(fh)).await?;
+        self.run_session(Kind::Accept, s, fixed, l.addr, fh, adm)
+            .await;
+        Ok(())
+    }
+
     /// Relays a session until it ends (then closes it) or is paused for a handoff
     /// (then hands its sockets to the handoff, which deletes or resumes them).
     pub async fn relay_session(
@@ -178,36 +273,17 @@ impl Daemon {
         .await;
         match end {
             End::Paused(pending) => {
-                let to = s.frozen_to.lock().unwrap().take();
-                let frozen = Frozen {
-                    session: s.clone(),
+                let f = Frozen {
+                    session: s,
                     wireless,
-                    fixed,
+                    fixed: Some(fixed),
+                    listen: None,
                     pending,
-                    admitted: adm,
+                    admitted: Some(adm),
                 };
-                match to {
-                    Some(tx) => {
-                        if let Err(f) = tx.send(frozen) {
-                            // Nobody waits any more (the freeze gave up): serve on.
-                            f.session.pause.send_replace(false);
-                            Box::pin(self.relay_session(
-                                f.session, f.wireless, f.fixed, f.pending, f.admitted,
-                            ))
-                            .await;
-                        }
-                    }
-                    None => {
-                        s.pause.send_replace(false);
-                        Box::pin(self.relay_session(
-                            frozen.session,
-                            frozen.wireless,
-                            frozen.fixed,
-                            frozen.pending,
-                            frozen.admitted,
-                        ))
-                        .await;
-                    }
+                if let Some(f) = self.hand_over(f) {
+                    let (x, a) = (f.fixed.unwrap(), f.admitted.unwrap());
+                    Box::pin(self.relay_session(f.session, f.wireless, x, f.pending, a)).await;
                 }
                 return;
             }
@@ -456,13 +532,9 @@ async fn do_listen(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> i
     };
     info!(mh = %peer, addr = %l.addr, "listening for the MH");
     send_reply(&mut s, Reply::Succeeded, &Addr::Ip(l.addr)).await?;
-    let mut drain = d.draining.subscribe();
-    tokio::select! {
-        _ = closed_by_client(&s) => {}
-        _ = drain.wait_for(|&x| x) => {}
-    }
-    d.listeners.remove(l.addr);
-    info!(mh = %peer, addr = %l.addr, "listener closed");
+    let wl = s.local_addr().unwrap_or(l.addr);
+    let sess = d.sessions.open(Kind::Listen, l.addr, l.addr, wl);
+    d.listen_wait(sess, s, l.addr).await;
     Ok(())
 }
 
@@ -484,19 +556,9 @@ async fn do_accept(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> i
             return send_reply(&mut s, Reply::NotAllowed, &unspecified_like(peer)).await
         }
     };
-    let next = tokio::select! {
-        c = l.next() => c,
-        _ = closed_by_client(&s) => return Ok(()),
-    };
-    let Some((fixed, fh)) = next else {
-        // The listener closed while we waited.
-        return send_reply(&mut s, Reply::NoSuchListener, &unspecified_like(peer)).await;
-    };
-    sockopt::apply_post_connect(fixed.as_raw_fd(), &d.cfg.fixed)?;
-    sockopt::apply_post_connect(s.as_raw_fd(), &d.wireless_tuning(peer.ip()))?;
-    send_reply(&mut s, Reply::Succeeded, &Addr::Ip(fh)).await?;
-    d.run_session(Kind::Accept, s, fixed, l.addr, fh, adm).await;
-    Ok(())
+    let wl = s.local_addr().unwrap_or(l.addr);
+    let sess = d.sessions.open(Kind::AcceptWait, l.addr, l.addr, wl);
+    d.accept_wait(sess, s, l.addr, adm).await
 }
 
 async fn do_bind(d: &Daemon, mut s: TcpStream, peer: SocketAddr, expected: Addr) -> io::Result<()> {

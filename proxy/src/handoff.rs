@@ -42,9 +42,13 @@ use crate::sessions::{Kind, Session};
 pub struct Frozen {
     pub session: Arc<Session>,
     pub wireless: TcpStream,
-    pub fixed: TcpStream,
+    /// None for a listener's control connection or a waiting ACCEPT.
+    pub fixed: Option<TcpStream>,
+    /// The MH's listening address (listener control connections, waiting ACCEPTs).
+    pub listen: Option<SocketAddr>,
     pub pending: Pending,
-    pub admitted: Admitted,
+    /// Counted by admission (not listeners' control connections).
+    pub admitted: Option<Admitted>,
 }
 
 impl std::fmt::Debug for Frozen {
@@ -228,24 +232,6 @@ fn unacked(p: UnackedPolicy) -> UnackedRestore {
     }
 }
 
-fn kind_str(k: Kind) -> &'static str {
-    match k {
-        Kind::Connect => "connect",
-        Kind::Accept => "accept",
-        Kind::Bind => "bind",
-        Kind::Transparent => "transparent",
-    }
-}
-
-fn kind_of(s: &str) -> Kind {
-    match s {
-        "accept" => Kind::Accept,
-        "bind" => Kind::Bind,
-        "transparent" => Kind::Transparent,
-        _ => Kind::Connect,
-    }
-}
-
 // ---------------------------------------------------------------------------------
 // Routing and holds.
 
@@ -345,34 +331,64 @@ async fn freeze(d: &Daemon, mh: IpAddr) -> Vec<Frozen> {
 
 fn capture_one(f: &Frozen) -> io::Result<(ConnImage, ConnEntry)> {
     let w = itcp_handoff::capture(f.wireless.as_fd())?;
-    let x = itcp_handoff::capture(f.fixed.as_fd()).inspect_err(|_| {
-        let _ = itcp_handoff::unfreeze(f.wireless.as_fd());
-    })?;
-    let queued = (w.queued_bytes() + x.queued_bytes() + f.pending.len()) as u64;
+    let x = match &f.fixed {
+        Some(x) => Some(itcp_handoff::capture(x.as_fd()).inspect_err(|_| {
+            let _ = itcp_handoff::unfreeze(f.wireless.as_fd());
+        })?),
+        None => None,
+    };
+    let queued = w.queued_bytes() + x.as_ref().map_or(0, |x| x.queued_bytes()) + f.pending.len();
+    let kind = f.session.kind.as_str().to_string();
     let entry = ConnEntry {
         id: f.session.id,
-        kind: kind_str(f.session.kind).into(),
-        mh: x.local,
-        fh: x.remote,
-        queued_bytes: queued,
+        kind: kind.clone(),
+        mh: x.as_ref().map_or(f.session.mh, |x| x.local),
+        fh: x.as_ref().map_or(f.session.fh, |x| x.remote),
+        queued_bytes: queued as u64,
     };
     Ok((
         ConnImage {
             id: f.session.id,
-            kind: kind_str(f.session.kind).into(),
+            kind,
             wireless: wire::hex(&w.to_bytes()),
-            fixed: wire::hex(&x.to_bytes()),
+            fixed: x.map(|x| wire::hex(&x.to_bytes())).unwrap_or_default(),
             up_pending: wire::hex(&f.pending.up),
             down_pending: wire::hex(&f.pending.down),
+            listen: f.listen.map(|a| a.to_string()),
         },
         entry,
     ))
 }
 
+/// Restarts a frozen connection's service task here (rollback, or a move in).
+fn spawn_service(d: &Arc<Daemon>, f: Frozen) {
+    let d2 = d.clone();
+    match (f.fixed, f.listen, f.admitted) {
+        (Some(x), _, Some(adm)) => {
+            tokio::spawn(async move {
+                d2.relay_session(f.session, f.wireless, x, f.pending, adm)
+                    .await
+            });
+        }
+        (None, Some(addr), None) => {
+            tokio::spawn(async move { d2.listen_wait(f.session, f.wireless, addr).await });
+        }
+        (None, Some(addr), Some(adm)) => {
+            tokio::spawn(async move {
+                let _ = d2.accept_wait(f.session, f.wireless, addr, adm).await;
+            });
+        }
+        _ => warn!(
+            id = f.session.id,
+            "frozen connection without a service: dropped"
+        ),
+    }
+}
+
 /// Puts frozen connections back to work here (rollback): the hold is already off.
 fn resume(d: &Arc<Daemon>, frozen: Vec<Frozen>) {
     for f in frozen {
-        for s in [&f.wireless, &f.fixed] {
+        for s in std::iter::once(&f.wireless).chain(f.fixed.as_ref()) {
             if let Ok(true) = itcp_handoff::repair::in_repair(s.as_fd()) {
                 if let Err(e) = itcp_handoff::unfreeze(s.as_fd()) {
                     warn!(id = f.session.id, error = %e, "cannot unfreeze a socket");
@@ -381,18 +397,17 @@ fn resume(d: &Arc<Daemon>, frozen: Vec<Frozen>) {
         }
         f.session.pause.send_replace(false);
         f.session.frozen.store(false, Ordering::Relaxed);
-        let d2 = d.clone();
-        tokio::spawn(async move {
-            d2.relay_session(f.session, f.wireless, f.fixed, f.pending, f.admitted)
-                .await
-        });
+        spawn_service(d, f);
     }
 }
 
 /// Deletes the moved copies without a packet, and closes their sessions here.
 fn delete(d: &Daemon, frozen: Vec<Frozen>) {
     for f in frozen {
-        for s in [f.wireless, f.fixed] {
+        if let (Kind::Listen, Some(addr)) = (f.session.kind, f.listen) {
+            d.listeners.remove(addr);
+        }
+        for s in std::iter::once(f.wireless).chain(f.fixed) {
             match s.into_std() {
                 Ok(std) => {
                     if let Err(e) = itcp_handoff::delete(OwnedFd::from(std)) {
@@ -614,7 +629,8 @@ struct Restored {
     id: u64,
     kind: Kind,
     wireless: (OwnedFd, SocketImage),
-    fixed: (OwnedFd, SocketImage),
+    fixed: Option<(OwnedFd, SocketImage)>,
+    listen: Option<SocketAddr>,
     pending: Pending,
 }
 
@@ -626,8 +642,32 @@ fn decode(hex: &str) -> io::Result<SocketImage> {
 }
 
 fn restore_one(c: &ConnImage, policy: UnackedRestore) -> io::Result<Restored> {
+    let kind = Kind::parse(&c.kind).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unknown connection kind {:?}", c.kind),
+        )
+    })?;
+    let listen = match &c.listen {
+        Some(a) => Some(a.parse::<SocketAddr>().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("bad listen address {a:?}"),
+            )
+        })?),
+        None => None,
+    };
+    if kind.relays() == c.fixed.is_empty() || kind.relays() == listen.is_some() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "a {:?} image must {}have a fixed side",
+                c.kind,
+                if kind.relays() { "" } else { "not " }
+            ),
+        ));
+    }
     let w = decode(&c.wireless)?;
-    let x = decode(&c.fixed)?;
     let pending = Pending {
         up: wire::unhex(&c.up_pending).unwrap_or_default(),
         down: wire::unhex(&c.down_pending).unwrap_or_default(),
@@ -644,48 +684,89 @@ fn restore_one(c: &ConnImage, policy: UnackedRestore) -> io::Result<Restored> {
         ..opts
     };
     // On failure `wfd` is dropped in repair mode: nothing is sent.
-    let xfd = itcp_handoff::restore(&x, &xopts)?;
+    let fixed = if kind.relays() {
+        let x = decode(&c.fixed)?;
+        let xfd = itcp_handoff::restore(&x, &xopts)?;
+        Some((xfd, x))
+    } else {
+        None
+    };
     Ok(Restored {
         id: c.id,
-        kind: kind_of(&c.kind),
+        kind,
         wireless: (wfd, w),
-        fixed: (xfd, x),
+        fixed,
+        listen,
         pending,
     })
 }
 
-/// Restarts restored sockets and starts their relays.
-fn restart_all(d: &Arc<Daemon>, restored: Vec<Restored>) -> Vec<(u64, String)> {
+/// Restarts restored sockets and starts their services (listeners first, so that
+/// waiting ACCEPTs find them).
+fn restart_all(d: &Arc<Daemon>, mut restored: Vec<Restored>) -> Vec<(u64, String)> {
+    restored.sort_by_key(|r| r.kind != Kind::Listen);
     let mut failed = Vec::new();
     for r in restored {
-        let res = itcp_handoff::restart(r.wireless.0.as_fd(), &r.wireless.1)
-            .and_then(|()| itcp_handoff::restart(r.fixed.0.as_fd(), &r.fixed.1));
+        let res =
+            itcp_handoff::restart(r.wireless.0.as_fd(), &r.wireless.1).and_then(|()| {
+                match &r.fixed {
+                    Some((fd, img)) => itcp_handoff::restart(fd.as_fd(), img),
+                    None => Ok(()),
+                }
+            });
         if let Err(e) = res {
             warn!(id = r.id, error = %e, "restored connection did not restart");
             failed.push((r.id, e.to_string()));
             continue;
+        }
+        if let (Kind::Listen, Some(addr)) = (r.kind, r.listen) {
+            if let Err(e) = d.listeners.listen(addr, &d.cfg.fixed) {
+                warn!(id = r.id, %addr, error = %e, "listener not re-created");
+                failed.push((r.id, format!("listen {addr}: {e}")));
+                continue;
+            }
         }
         let conv = |fd: OwnedFd| {
             let s = std::net::TcpStream::from(fd);
             s.set_nonblocking(true)?;
             TcpStream::from_std(s)
         };
-        let (wimg, ximg) = (r.wireless.1, r.fixed.1);
-        match (conv(r.wireless.0), conv(r.fixed.0)) {
-            (Ok(w), Ok(x)) => {
-                let s = d
-                    .sessions
-                    .open_moved(r.kind, ximg.local, ximg.remote, wimg.local);
-                info!(id = s.id, from_id = r.id, mh = %ximg.local, fh = %ximg.remote, "connection moved in");
-                let adm = d.admit_moved(s.mh_ip());
-                let d2 = d.clone();
-                tokio::spawn(async move { d2.relay_session(s, w, x, r.pending, adm).await });
-            }
-            (a, b) => {
-                let e = a.err().or(b.err()).unwrap();
+        let wimg = r.wireless.1;
+        let wl = wimg.local;
+        let w = match conv(r.wireless.0) {
+            Ok(w) => w,
+            Err(e) => {
                 failed.push((r.id, e.to_string()));
+                continue;
             }
-        }
+        };
+        let (fixed, mh, fh) = match r.fixed {
+            Some((fd, img)) => match conv(fd) {
+                Ok(x) => (Some(x), img.local, img.remote),
+                Err(e) => {
+                    failed.push((r.id, e.to_string()));
+                    continue;
+                }
+            },
+            None => {
+                let a = r.listen.unwrap_or(wimg.remote);
+                (None, a, a)
+            }
+        };
+        let s = d.sessions.open_moved(r.kind, mh, fh, wl);
+        info!(id = s.id, from_id = r.id, kind = r.kind.as_str(), %mh, %fh, "connection moved in");
+        let admitted = (r.kind != Kind::Listen).then(|| d.admit_moved(s.mh_ip()));
+        spawn_service(
+            d,
+            Frozen {
+                session: s,
+                wireless: w,
+                fixed,
+                listen: r.listen,
+                pending: r.pending,
+                admitted,
+            },
+        );
     }
     failed
 }
@@ -906,13 +987,20 @@ async fn new_side(
                         for c in &images {
                             match restore_one(c, policy) {
                                 Ok(r) => {
+                                    let (mh, fh, xq) = match &r.fixed {
+                                        Some((_, x)) => (x.local, x.remote, x.queued_bytes()),
+                                        None => {
+                                            let a = r.listen.unwrap_or(r.wireless.1.remote);
+                                            (a, a, 0)
+                                        }
+                                    };
                                     es.push(ConnEntry {
                                         id: r.id,
                                         kind: c.kind.clone(),
-                                        mh: r.fixed.1.local,
-                                        fh: r.fixed.1.remote,
+                                        mh,
+                                        fh,
                                         queued_bytes: (r.wireless.1.queued_bytes()
-                                            + r.fixed.1.queued_bytes()
+                                            + xq
                                             + r.pending.len())
                                             as u64,
                                     });

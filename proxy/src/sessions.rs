@@ -26,6 +26,41 @@ pub enum Kind {
     Bind,
     /// Intercepted SYN of an unmodified MH app (TPROXY).
     Transparent,
+    /// A LISTEN's control connection (the MSR keeps a listener for the MH).
+    Listen,
+    /// An ACCEPT waiting for a connection on the MH's listener.
+    AcceptWait,
+}
+
+impl Kind {
+    /// Relays bytes (not a listener's control connection or a waiting ACCEPT).
+    pub fn relays(self) -> bool {
+        !matches!(self, Kind::Listen | Kind::AcceptWait)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::Connect => "connect",
+            Kind::Accept => "accept",
+            Kind::Bind => "bind",
+            Kind::Transparent => "transparent",
+            Kind::Listen => "listen",
+            Kind::AcceptWait => "accept_wait",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Kind> {
+        [
+            Kind::Connect,
+            Kind::Accept,
+            Kind::Bind,
+            Kind::Transparent,
+            Kind::Listen,
+            Kind::AcceptWait,
+        ]
+        .into_iter()
+        .find(|k| k.as_str() == s)
+    }
 }
 
 /// One relayed connection.
@@ -148,7 +183,7 @@ impl Sessions {
             self.stats
                 .connections_moved_in
                 .fetch_add(1, Ordering::Relaxed);
-        } else {
+        } else if kind.relays() {
             self.stats.connections_total.fetch_add(1, Ordering::Relaxed);
         }
         self.map.lock().unwrap().insert(id, s.clone());

@@ -254,6 +254,10 @@ const FAST_BEACONS: &str = "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n";
 const FAST_AGENT: &[&str] = &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"];
 
 fn fast_lab(seed: u64, env: &[(usize, &str, &str)]) -> Lab {
+    fast_lab_with(seed, env, "")
+}
+
+fn fast_lab_with(seed: u64, env: &[(usize, &str, &str)], extra: &str) -> Lab {
     let cell = lab::link(20_000_000, 2.0, 0.0);
     let wan = lab::link(100_000_000, 1.0, 0.0);
     let mut lab = Lab::new(LabConfig {
@@ -267,7 +271,7 @@ fn fast_lab(seed: u64, env: &[(usize, &str, &str)]) -> Lab {
         veth: false,
     })
     .unwrap();
-    lab.start_itcp_mobility_env(FAST_BEACONS, FAST_AGENT, env)
+    lab.start_itcp_mobility_env(&format!("{FAST_BEACONS}{extra}"), FAST_AGENT, env)
         .unwrap();
     lab.watch_rsts(Host::Fh).unwrap();
     lab.watch_rsts(Host::Mh).unwrap();
@@ -407,5 +411,106 @@ fn forged_and_replayed_msr_messages_are_rejected() {
             .as_array()
             .map(Vec::len),
         Some(0)
+    );
+}
+
+#[test]
+fn connections_of_every_kind_from_several_processes_move_together() {
+    let mut lab = fast_lab_with(61, &[], "[transparent]\nenabled = true\nports = [5002]\n");
+    let ttcp = bin_path("ttcp");
+    let n = (12u64 << 20).to_string();
+    let small = (2u64 << 20).to_string();
+    let (fh1, fh2) = (lab::fh_addr(5001), lab::fh_addr(5002));
+    let (mh3, mh4) = (lab::mh_addr(5003), lab::mh_addr(5004));
+    // Explicit (SOCKS CONNECT), FH → MH.
+    let s1 = lab
+        .spawn(Host::Fh, &ttcp, &["send", "--listen", &fh1, "--bytes", &n])
+        .unwrap();
+    let r1 = lab
+        .spawn(
+            Host::Mh,
+            &ttcp,
+            &["recv", "--connect", &fh1, "--bytes", &n, "--itcp"],
+        )
+        .unwrap();
+    // Transparent (an unmodified app, intercepted), MH → FH.
+    let r2 = lab
+        .spawn(Host::Fh, &ttcp, &["recv", "--listen", &fh2, "--bytes", &n])
+        .unwrap();
+    let s2 = lab
+        .spawn(Host::Mh, &ttcp, &["send", "--connect", &fh2, "--bytes", &n])
+        .unwrap();
+    // Passive, accepted: the MH listens through its MSR, the FH connects.
+    let r3 = lab
+        .spawn(
+            Host::Mh,
+            &ttcp,
+            &["recv", "--listen", &mh3, "--bytes", &n, "--itcp"],
+        )
+        .unwrap();
+    // Passive, still listening during the moves (its ACCEPT waits at the MSR).
+    let r4 = lab
+        .spawn(
+            Host::Mh,
+            &ttcp,
+            &["recv", "--listen", &mh4, "--bytes", &small, "--itcp"],
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let s3 = lab
+        .spawn(Host::Fh, &ttcp, &["send", "--connect", &mh3, "--bytes", &n])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(700));
+    let sessions = lab.msrd(1, json!({"op": "sessions"})).unwrap();
+    let kinds: Vec<String> = sessions["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["kind"].as_str().unwrap().to_string())
+        .collect();
+    eprintln!("MSR1 sessions before the moves: {kinds:?}");
+    crossing(&lab, 1, 2, Duration::from_millis(300), Duration::ZERO);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(800));
+    crossing(&lab, 2, 1, Duration::from_millis(300), Duration::ZERO);
+    wait_moves(&lab, 2, Duration::from_secs(10));
+    // Only now does the FH connect to the listener that moved twice.
+    let s4 = lab
+        .spawn(
+            Host::Fh,
+            &ttcp,
+            &["send", "--connect", &mh4, "--bytes", &small],
+        )
+        .unwrap();
+    for (s, r, bytes) in [(s1, r1, &n), (s2, r2, &n), (s3, r3, &n), (s4, r4, &small)] {
+        let (send, recv) = finish(&mut lab, (s, r));
+        assert!(recv.ok && recv.verified, "{recv:?}\n{}", diag(&lab));
+        assert!(send.ok, "{send:?}");
+        assert_eq!(recv.bytes.to_string(), *bytes);
+    }
+    assert_eq!(
+        lab.rsts(Host::Fh).unwrap(),
+        (0, 0),
+        "FH RSTs\n{}",
+        diag(&lab)
+    );
+    assert_eq!(
+        lab.rsts(Host::Mh).unwrap(),
+        (0, 0),
+        "MH RSTs\n{}",
+        diag(&lab)
+    );
+    let recs = lab.handoff_records(2);
+    let new = recs
+        .iter()
+        .find(|r| r.role == itcp_handoff::log::Role::New)
+        .unwrap();
+    let mut moved: Vec<&str> = new.connections.iter().map(|c| c.kind.as_str()).collect();
+    moved.sort();
+    assert_eq!(
+        moved,
+        // ttcp closes its listener on 5003 once it has accepted.
+        ["accept", "accept_wait", "connect", "listen", "transparent"],
+        "{new:?}"
     );
 }
