@@ -1506,6 +1506,14 @@ pub fn restore(img: &SocketImage, opts: &RestoreOptions) -> io::Result<OwnedFd> 
             "TCP_WINDOW_CLAMP",
         )?;
     }
+    // The receive queue is in: back to the original receive buffer (see restart).
+    set_buffer(
+        fd,
+        libc::SO_RCVBUFFORCE,
+        libc::SO_RCVBUF,
+        img.sockopts.rcvbuf / 2,
+        "SO_RCVBUF",
+    )?;
     if opts.nonblocking {
         repair::set_nonblocking(fd, true)?;
     }
@@ -1579,6 +1587,15 @@ pub fn restart(fd: BorrowedFd<'_>, img: &SocketImage) -> io::Result<()> {
             "TCP_NOTSENT_LOWAT",
         )?;
     }
+    // Back to the original send buffer: restore enlarged it to hold the whole queue,
+    // and an enlarged buffer would be captured and enlarged again at every move.
+    set_buffer(
+        fd,
+        libc::SO_SNDBUFFORCE,
+        libc::SO_SNDBUF,
+        img.sockopts.sndbuf / 2,
+        "SO_SNDBUF",
+    )?;
     Ok(())
 }
 

@@ -164,9 +164,8 @@ impl Daemon {
             Some(tx) => tx.send(f).err(),
             None => Some(f),
         }
-        .map(|f| {
+        .inspect(|f| {
             f.session.pause.send_replace(false);
-            f
         })
     }
 

@@ -350,10 +350,10 @@ fn capture_one(f: &Frozen) -> io::Result<(ConnImage, ConnEntry)> {
         ConnImage {
             id: f.session.id,
             kind,
-            wireless: wire::hex(&w.to_bytes()),
-            fixed: x.map(|x| wire::hex(&x.to_bytes())).unwrap_or_default(),
-            up_pending: wire::hex(&f.pending.up),
-            down_pending: wire::hex(&f.pending.down),
+            wireless: w.to_bytes(),
+            fixed: x.map(|x| x.to_bytes()).unwrap_or_default(),
+            up_pending: f.pending.up.clone(),
+            down_pending: f.pending.down.clone(),
             listen: f.listen.map(|a| a.to_string()),
         },
         entry,
@@ -634,10 +634,8 @@ struct Restored {
     pending: Pending,
 }
 
-fn decode(hex: &str) -> io::Result<SocketImage> {
-    let b = wire::unhex(hex)
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "image is not hex"))?;
-    SocketImage::from_bytes(&b)
+fn decode(b: &[u8]) -> io::Result<SocketImage> {
+    SocketImage::from_bytes(b)
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
 }
 
@@ -669,8 +667,8 @@ fn restore_one(c: &ConnImage, policy: UnackedRestore) -> io::Result<Restored> {
     }
     let w = decode(&c.wireless)?;
     let pending = Pending {
-        up: wire::unhex(&c.up_pending).unwrap_or_default(),
-        down: wire::unhex(&c.down_pending).unwrap_or_default(),
+        up: c.up_pending.clone(),
+        down: c.down_pending.clone(),
     };
     let opts = RestoreOptions {
         transparent: w.sockopts.transparent,

@@ -185,7 +185,12 @@ fn remove(o: &Owned) {
             .stderr(Stdio::null())
             .status();
     }
-    let _ = std::fs::remove_dir_all(&o.dir);
+    // ITCP_LAB_KEEP=1 keeps configs and logs for a post-mortem.
+    if std::env::var_os("ITCP_LAB_KEEP").is_some() {
+        eprintln!("lab files kept in {}", o.dir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&o.dir);
+    }
 }
 
 fn kill_netns_pids(ns: &str) {
@@ -270,6 +275,10 @@ pub struct Lab {
     children: Vec<Child>,
     /// Extra environment of msrd processes: (MSR, name, value).
     msrd_env: Vec<(usize, String, String)>,
+    /// Lines added to msrd's `[access]` by [`Lab::msrd_config`].
+    pub access_extra: String,
+    /// msrd's `log_level` in [`Lab::msrd_config`] (`debug`).
+    pub msrd_log_level: String,
 }
 
 /// Where to find the testbed's binaries: `ITCP_BIN_DIR`, else next to the running
@@ -370,6 +379,8 @@ impl Lab {
             airlink: None,
             children: Vec::new(),
             msrd_env: Vec::new(),
+            access_extra: String::new(),
+            msrd_log_level: "debug".into(),
         };
         lab.build(&namespaces)?;
         Ok(lab)
@@ -887,9 +898,11 @@ impl Lab {
     /// (more sections, e.g. `[wireless]`).
     pub fn msrd_config(&self, k: usize, extra: &str) -> String {
         format!(
-            "[msr]\nid = \"msr{k}\"\ngateway = [\"{}\"]\ncontrol_socket = \"{}\"\nlog_level = \"debug\"\n\n[access]\nmh_prefixes = [\"10.2.0.0/24\"]\n\n[[cell]]\ninterface = \"cell0\"\n\n{extra}",
+            "[msr]\nid = \"msr{k}\"\ngateway = [\"{}\"]\ncontrol_socket = \"{}\"\nlog_level = \"{}\"\n\n[access]\nmh_prefixes = [\"10.2.0.0/24\"]\n{}\n\n[[cell]]\ninterface = \"cell0\"\n\n{extra}",
             addr::CELL_GW,
-            self.msrd_control(k).display()
+            self.msrd_control(k).display(),
+            self.msrd_log_level,
+            self.access_extra
         )
     }
 

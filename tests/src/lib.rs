@@ -11,9 +11,11 @@
 //!   receiver, with goodput, a 100 ms timeline and the longest stall.
 //! * [`scenario`] runs a transfer on a lab under a handoff schedule; [`baseline`] is the
 //!   regular-TCP (Mobile-IP-like rerouting) mode.
+//! * [`handoff_bench`] measures handoff latency and the gap at the MH.
 pub mod baseline;
 pub mod bench;
 pub mod emu;
+pub mod handoff_bench;
 pub mod lab;
 pub mod report;
 pub mod rng;

@@ -35,6 +35,9 @@ usage:
   itcp-lab bench relay [--seconds S] [--rounds N] [--json FILE]
       Relay engine on an un-emulated veth path FH → MSR → MH: msrd vs HAProxy with
       splice vs socat vs direct kernel forwarding (iperf3 bulk, ttcp rr latency).
+  itcp-lab bench handoff [--conns 1,100,1000] [--moves N] [--gap yes|no]
+      handoff latency (greeting → resumed) with empty and full queues, and the gap
+      in bytes at the MH around one overlapped handoff
   itcp-lab bench conns [--count N] [--bytes B]
       N concurrent I-TCP connections (default 10000) through msrd, all held open,
       then B bytes (default 16384) echoed and verified on each; msrd's RSS and
@@ -66,6 +69,9 @@ fn main() -> ExitCode {
         }
         Some("bench") if args.get(1).map(String::as_str) == Some("churn") => {
             bench_churn(&args[2..])
+        }
+        Some("bench") if args.get(1).map(String::as_str) == Some("handoff") => {
+            bench_handoff(&args[2..])
         }
         Some("bench") if args.get(1).map(String::as_str) == Some("nomoves") => {
             bench_nomoves(&args[2..])
@@ -329,6 +335,79 @@ fn bench_churn(args: &[String]) -> Result<(), String> {
     // msrd keeps up to 256 empty pipes pooled for reuse (512 fds); more would be a leak.
     if b.intact != b.total || b.msrd_fds_after > b.msrd_fds_before + 512 || b.sessions_after != 0 {
         return Err("connections failed or msrd leaked fds/sessions".into());
+    }
+    Ok(())
+}
+
+fn bench_handoff(args: &[String]) -> Result<(), String> {
+    let mut conns = vec![1usize, 100, 1000];
+    let mut moves = 6usize;
+    let mut gap = true;
+    for (f, v) in flags(args, &["--conns", "--moves", "--gap"])? {
+        match f.as_str() {
+            "--conns" => {
+                conns = v
+                    .split(',')
+                    .map(|n| num::<usize>("--conns", n.trim()))
+                    .collect::<Result<_, _>>()?
+            }
+            "--moves" => moves = num(&f, &v)?,
+            _ => gap = v != "no",
+        }
+    }
+    use itcp_testbed::handoff_bench;
+    let mut rows = Vec::new();
+    for &n in &conns {
+        for full in [false, true] {
+            eprintln!(
+                "handoff latency: {n} connection(s), {} queues",
+                if full { "full" } else { "empty" }
+            );
+            let r =
+                handoff_bench::latency(n, full, moves, |l| eprintln!("  {l}")).map_err(|e| {
+                    format!(
+                        "{n} connections ({}): {e}",
+                        if full { "full" } else { "empty" }
+                    )
+                })?;
+            println!("{}", serde_json::to_string(&r).unwrap());
+            rows.push(r);
+        }
+    }
+    println!(
+        "\nHandoff latency, greeting → resumed at the new MSR (median of the moves; min–max):"
+    );
+    println!(
+        "{:>6}  {:<6}  {:>5}  {:>22}  {:>10}  {:>9}  {:>12}",
+        "conns", "queues", "moves", "new MSR ms", "capture ms", "MH ms", "queued bytes"
+    );
+    for r in &rows {
+        println!(
+            "{:>6}  {:<6}  {:>5}  {:>8.2} ({:.2}–{:.2})  {:>10.2}  {:>9.2}  {:>12}",
+            r.conns,
+            if r.full { "full" } else { "empty" },
+            r.moves,
+            r.new_msr_ms.0,
+            r.new_msr_ms.1,
+            r.new_msr_ms.2,
+            r.capture_ms,
+            r.mh_ms,
+            r.queued_bytes
+        );
+    }
+    if gap {
+        eprintln!("gap at the MH around one overlapped handoff (LAN profile, 2 MiB download)");
+        let g = handoff_bench::gap(1).map_err(|e| e.to_string())?;
+        println!("{}", serde_json::to_string(&g).unwrap());
+        println!(
+            "gap: longest stall {:.0} ms with a handoff vs {:.0} ms without; {} bytes in the second around the handoff vs {} in the median second; goodput {:.1} vs {:.1} KB/s",
+            g.stall_with_move_ms,
+            g.stall_without_move_ms,
+            g.bytes_handoff_second,
+            g.bytes_median_second,
+            g.goodput_with_move_kbps,
+            g.goodput_without_move_kbps
+        );
     }
     Ok(())
 }

@@ -1,0 +1,333 @@
+//! `itcp-lab bench handoff`: how long a handoff takes for an MH with N I-TCP
+//! connections, with empty or full queues, measured on the lab with real msrd
+//! processes, TCP_REPAIR and the MH's agent; and how long the bytes stop at the MH
+//! around one overlapped handoff of a bulk download.
+//!
+//! Latency is read from the new MSR's handoff log: from the greeting's arrival to the
+//! acknowledgement (connections restored, restarted and relaying) — "greeting to
+//! resumed". The MH's own view (greeting sent → "moved" answer) is printed beside it.
+
+use std::io;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::lab::{self, bin_path, Host, Lab, LabConfig};
+
+/// One configuration's results.
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencyResult {
+    pub conns: usize,
+    pub full: bool,
+    pub moves: usize,
+    /// New MSR, greeting → acknowledged, ms: median, min, max.
+    pub new_msr_ms: (f64, f64, f64),
+    /// Old MSR, freeze → images sent, ms (median).
+    pub capture_ms: f64,
+    /// At the MH: greeting sent → "moved" received, ms (median).
+    pub mh_ms: f64,
+    /// Bytes queued per handoff (all connections, both sockets and directions), median.
+    pub queued_bytes: u64,
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v[v.len() / 2]
+}
+
+const MSRD_EXTRA: &str = "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n\
+[wireless]\nsend_buffer = 65536\nrecv_buffer = 65536\n\
+[fixed]\nsend_buffer = 65536\nrecv_buffer = 65536\n";
+const AGENT: &[&str] = &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"];
+
+fn lab(seed: u64) -> io::Result<Lab> {
+    let fast = lab::link(200_000_000, 1.0, 0.0);
+    Lab::new(LabConfig {
+        msrs: 2,
+        seed,
+        wan_down: fast.clone(),
+        wan_up: fast.clone(),
+        cell_down: fast.clone(),
+        cell_up: fast,
+        initial_cells: vec![1],
+        veth: false,
+    })
+}
+
+/// Moves the MH from `at` to the other MSR through a short overlap and waits until the
+/// agent reports the move; returns the number of moves seen so far.
+fn move_once(lab: &Lab, at: usize, seen: usize) -> io::Result<usize> {
+    let to = 3 - at;
+    lab.assoc(&[at, to])?;
+    std::thread::sleep(Duration::from_millis(300));
+    lab.assoc(&[to])?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let ev = lab.agent_events();
+        if let Some(bad) = ev
+            .iter()
+            .find(|e| e["event"] == "move_failed" || e["event"] == "refused")
+        {
+            return Err(io::Error::other(format!("handoff failed: {bad}")));
+        }
+        let n = ev.iter().filter(|e| e["event"] == "moved").count();
+        if n > seen {
+            return Ok(n);
+        }
+        if Instant::now() > deadline {
+            return Err(io::Error::other(format!("no move in 30 s: {ev:?}")));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Handoff latency for an MH with `conns` connections; `full`: every connection has
+/// its queues filled (the MH writes and never reads; the FH echoes).
+pub fn latency(
+    conns: usize,
+    full: bool,
+    moves: usize,
+    progress: impl Fn(&str),
+) -> io::Result<LatencyResult> {
+    use std::sync::mpsc;
+    use tokio::io::AsyncWriteExt;
+
+    let mut lab = lab(conns as u64 + u64::from(full))?;
+    lab.access_extra = format!("max_connections_per_mh = {}", conns.max(1) + 16);
+    lab.msrd_log_level = "info".into();
+    lab.start_itcp_mobility(MSRD_EXTRA, AGENT)?;
+    lab.spawn_logged(
+        Host::Fh,
+        bin_path("itcp-lab"),
+        &["echo", "--listen", "10.0.0.1:9000"],
+        "echo.log",
+    )?;
+    std::thread::sleep(Duration::from_millis(300));
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<usize, String>>();
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let mh_ns = lab.ns(Host::Mh);
+    let token_file = lab.dir.join("mh-token");
+    let client = std::thread::spawn(move || {
+        let r = crate::sys::in_netns(&mh_ns, || {
+            crate::sys::raise_nofile_limit();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let opts = itcp_mh::MhOptions::new()
+                    .gateway(std::net::SocketAddr::from(([10, 2, 0, 1], 1080)))
+                    .token_file(token_file);
+                let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(128));
+                let mut tasks = Vec::new();
+                for _ in 0..conns {
+                    let (opts, sem) = (opts.clone(), sem.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let _p = sem.acquire().await.unwrap();
+                        itcp_mh::nonblocking::ItcpStream::connect_with(
+                            &opts,
+                            std::net::SocketAddr::from(([10, 0, 0, 1], 9000)),
+                        )
+                        .await
+                    }));
+                }
+                let mut streams = Vec::new();
+                for t in tasks {
+                    match t.await {
+                        Ok(Ok(s)) => streams.push(s),
+                        Ok(Err(e)) => {
+                            let _ = ready_tx.send(Err(e.to_string()));
+                            return Ok(());
+                        }
+                        Err(e) => {
+                            let _ = ready_tx.send(Err(e.to_string()));
+                            return Ok(());
+                        }
+                    }
+                }
+                let n = streams.len();
+                let mut writers = Vec::new();
+                if full {
+                    // Write and never read: the echo fills every queue on the way.
+                    for mut s in streams.drain(..) {
+                        writers.push(tokio::spawn(async move {
+                            let block = vec![0x5a_u8; 64 << 10];
+                            loop {
+                                if s.write_all(&block).await.is_err() {
+                                    break;
+                                }
+                            }
+                            s
+                        }));
+                    }
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                let _ = ready_tx.send(Ok(n));
+                // Hold everything open until the measurement is over.
+                let _ = tokio::task::spawn_blocking(move || done_rx.recv()).await;
+                drop((streams, writers));
+                Ok(())
+            })
+        });
+        if let Err(e) = r {
+            eprintln!("MH client: {e}");
+        }
+    });
+    let n = ready_rx
+        .recv_timeout(Duration::from_secs(120))
+        .map_err(|_| io::Error::other("the MH did not open its connections in 120 s"))?
+        .map_err(|e| io::Error::other(format!("opening connections: {e}")))?;
+    progress(&format!(
+        "{n} connection(s) open{}; moving {moves} times",
+        if full { ", queues filled" } else { "" }
+    ));
+    let mut at = 1;
+    let mut seen = lab
+        .agent_events()
+        .iter()
+        .filter(|e| e["event"] == "moved")
+        .count();
+    for _ in 0..moves {
+        seen = move_once(&lab, at, seen)?;
+        at = 3 - at;
+        // Let the previous MSR's advertisement lapse (its next beacon is then fresh).
+        std::thread::sleep(Duration::from_millis(700));
+    }
+    let _ = done_tx.send(());
+    let _ = client.join();
+    let mut recs = Vec::new();
+    for k in 1..=2 {
+        recs.extend(lab.handoff_records(k));
+    }
+    use itcp_handoff::log::{Outcome, Role};
+    if let Some(bad) = recs.iter().find(|r| r.outcome != Outcome::Moved) {
+        return Err(io::Error::other(format!(
+            "a handoff did not move everything: {bad:?}"
+        )));
+    }
+    let mut new_ms: Vec<f64> = recs
+        .iter()
+        .filter(|r| r.role == Role::New)
+        .filter_map(|r| r.duration_ms())
+        .collect();
+    let mut cap_ms: Vec<f64> = recs
+        .iter()
+        .filter(|r| r.role == Role::Old)
+        .filter_map(|r| Some((r.phases.images_sent? - r.phases.freeze?) as f64 / 1000.0))
+        .collect();
+    let mut queued: Vec<f64> = recs
+        .iter()
+        .filter(|r| r.role == Role::New)
+        .map(|r| r.connections.iter().map(|c| c.queued_bytes).sum::<u64>() as f64)
+        .collect();
+    if recs.iter().any(|r| r.connections.len() != n) {
+        return Err(io::Error::other(format!(
+            "a handoff moved a different number of connections than the {n} open"
+        )));
+    }
+    let mut mh_ms: Vec<f64> = lab
+        .agent_events()
+        .iter()
+        .filter(|e| e["event"] == "moved")
+        .filter_map(|e| e["moved_ms"].as_f64())
+        .collect();
+    let min = new_ms.iter().cloned().fold(f64::INFINITY, f64::min);
+    let max = new_ms.iter().cloned().fold(0.0, f64::max);
+    Ok(LatencyResult {
+        conns: n,
+        full,
+        moves: new_ms.len(),
+        new_msr_ms: (median(&mut new_ms), min, max),
+        capture_ms: median(&mut cap_ms),
+        mh_ms: median(&mut mh_ms),
+        queued_bytes: median(&mut queued) as u64,
+    })
+}
+
+/// The gap at the MH around one overlapped handoff of a bulk download on the paper's
+/// LAN profile (2 Mbit/s cells, 1 % loss), against the same download without a move.
+#[derive(Debug, Clone, Serialize)]
+pub struct GapResult {
+    /// Longest time without bytes at the MH, with one handoff and without, in ms.
+    pub stall_with_move_ms: f64,
+    pub stall_without_move_ms: f64,
+    /// Bytes delivered in the second around the handoff vs the median second.
+    pub bytes_handoff_second: u64,
+    pub bytes_median_second: u64,
+    pub goodput_with_move_kbps: f64,
+    pub goodput_without_move_kbps: f64,
+}
+
+fn download(with_move: bool, seed: u64) -> io::Result<(crate::ttcp::RecvReport, Option<u64>)> {
+    let net = crate::scenario::Net::lan();
+    let mut lab = Lab::new(LabConfig {
+        msrs: 2,
+        seed,
+        wan_down: net.wan.clone(),
+        wan_up: net.wan.clone(),
+        cell_down: net.cell.clone(),
+        cell_up: net.cell.clone(),
+        initial_cells: vec![1],
+        veth: false,
+    })?;
+    lab.start_itcp_mobility("[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n", AGENT)?;
+    let ttcp = bin_path("ttcp");
+    let bytes = (2u64 << 20).to_string();
+    let fh = lab::fh_addr(5001);
+    let s = lab.spawn(
+        Host::Fh,
+        &ttcp,
+        &["send", "--listen", &fh, "--bytes", &bytes],
+    )?;
+    let r = lab.spawn(
+        Host::Mh,
+        &ttcp,
+        &["recv", "--connect", &fh, "--bytes", &bytes, "--itcp"],
+    )?;
+    let mut moved_at = None;
+    if with_move {
+        std::thread::sleep(Duration::from_secs(4));
+        let t = crate::sys::mono_ns();
+        move_once(&lab, 1, 0)?;
+        moved_at = Some(t);
+    }
+    let (_, out, err) = lab.wait(r, Duration::from_secs(120))?;
+    let _ = lab.wait(s, Duration::from_secs(10));
+    let rep: crate::ttcp::RecvReport = serde_json::from_str(out.trim())
+        .map_err(|e| io::Error::other(format!("receiver: {e}: {err}")))?;
+    if !rep.ok {
+        return Err(io::Error::other(format!(
+            "download failed: {:?}",
+            rep.error
+        )));
+    }
+    Ok((rep, moved_at))
+}
+
+pub fn gap(seed: u64) -> io::Result<GapResult> {
+    let (with, at) = download(true, seed)?;
+    let (without, _) = download(false, seed)?;
+    let bins = &with.timeline_bytes;
+    let per_s = (1.0 / with.bin_s).round() as usize;
+    let at_bin = at
+        .map(|t| ((t.saturating_sub(with.t0_mono_ns)) as f64 / 1e9 / with.bin_s) as usize)
+        .unwrap_or(0);
+    let lo = at_bin.saturating_sub(per_s / 2);
+    let hi = (lo + per_s).min(bins.len());
+    let around: u64 = bins[lo.min(bins.len())..hi].iter().sum();
+    let mut secs: Vec<f64> = bins
+        .chunks(per_s)
+        .filter(|c| c.len() == per_s)
+        .map(|c| c.iter().sum::<u64>() as f64)
+        .collect();
+    Ok(GapResult {
+        stall_with_move_ms: with.longest_stall_s * 1000.0,
+        stall_without_move_ms: without.longest_stall_s * 1000.0,
+        bytes_handoff_second: around,
+        bytes_median_second: median(&mut secs) as u64,
+        goodput_with_move_kbps: with.goodput_bps / 8.0 / 1024.0,
+        goodput_without_move_kbps: without.goodput_bps / 8.0 / 1024.0,
+    })
+}
