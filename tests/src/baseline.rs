@@ -30,6 +30,9 @@ pub const BEACON_PORT: u16 = 4344;
 #[derive(Debug, Clone)]
 pub struct MobileIpOpts {
     pub beacon_interval: Duration,
+    /// Movement detection (eager: first beacon of a new MSR; lazy: the current one's
+    /// advertisement, 3 beacon intervals, expired).
+    pub policy: Policy,
     /// Delay between hearing the new MSR and the reroute taking effect.
     pub registration_delay: Duration,
 }
@@ -38,6 +41,7 @@ impl Default for MobileIpOpts {
     fn default() -> Self {
         Self {
             beacon_interval: Duration::from_secs(1),
+            policy: Policy::Eager,
             registration_delay: Duration::ZERO,
         }
     }
@@ -99,30 +103,35 @@ impl MobileIp {
         let regs = registrations.clone();
         let stop2 = stop.clone();
         threads.push(std::thread::spawn(move || {
-            // The same movement detection as the I-TCP agent (mh-lib), eager, with no
-            // hysteresis: a Mobile-IP MH registers as soon as it hears a new agent.
-            let mut det = Detector::new(Policy::Eager, opts.beacon_interval, Duration::ZERO);
+            // The same movement detection as the I-TCP agent (mh-lib), with no
+            // hysteresis: a Mobile-IP MH registers as soon as it decides to move.
+            let mut det = Detector::new(opts.policy, opts.beacon_interval, Duration::ZERO);
             let lifetime_ms = 3 * opts.beacon_interval.as_millis() as u64;
             let mut buf = [0u8; 256];
             while !stop2.load(Ordering::Relaxed) {
-                let Ok(n) = listen.recv(&mut buf) else {
-                    continue;
-                };
                 let heard = sys::mono_ns();
-                let Some(msr) = std::str::from_utf8(&buf[..n])
-                    .ok()
-                    .and_then(|s| s.strip_prefix("MIP-ADV msr="))
-                    .and_then(|s| s.parse::<usize>().ok())
-                else {
-                    continue;
+                let decision = match listen.recv(&mut buf) {
+                    Ok(n) => {
+                        let heard = sys::mono_ns();
+                        let Some(msr) = std::str::from_utf8(&buf[..n])
+                            .ok()
+                            .and_then(|s| s.strip_prefix("MIP-ADV msr="))
+                            .and_then(|s| s.parse::<usize>().ok())
+                        else {
+                            continue;
+                        };
+                        let beacon = Beacon {
+                            msr: msr.to_string(),
+                            mac: addr::msr_cell_mac(msr),
+                            lifetime_ms,
+                            seq: 0,
+                        };
+                        det.on_beacon(heard, &beacon)
+                    }
+                    // Timeout: advertisements may have expired (lazy moves).
+                    Err(_) => det.on_tick(heard),
                 };
-                let beacon = Beacon {
-                    msr: msr.to_string(),
-                    mac: addr::msr_cell_mac(msr),
-                    lifetime_ms,
-                    seq: 0,
-                };
-                if let Some(Decision::Move { from, to }) = det.on_beacon(heard, &beacon) {
+                if let Some(Decision::Move { from, to }) = decision {
                     let to: usize = to.parse().expect("MSR numbers");
                     // The first beacon only attaches to the MSR the routes already use.
                     if from.is_none() && to == first {

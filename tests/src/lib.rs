@@ -11,15 +11,18 @@
 //!   receiver, with goodput, a 100 ms timeline and the longest stall.
 //! * [`scenario`] runs a transfer on a lab under a handoff schedule; [`baseline`] is the
 //!   regular-TCP (Mobile-IP-like rerouting) mode.
-//! * [`handoff_bench`] measures handoff latency and the gap at the MH.
+//! * [`handoff_bench`] measures handoff latency and the gap at the MH; [`paper`] runs
+//!   the paper's experiments and writes `docs/results.md` (plots via [`svg`]).
 pub mod baseline;
 pub mod bench;
 pub mod emu;
 pub mod handoff_bench;
 pub mod lab;
+pub mod paper;
 pub mod report;
 pub mod rng;
 pub mod scenario;
 pub mod stream;
+pub mod svg;
 pub mod sys;
 pub mod ttcp;

@@ -161,6 +161,41 @@ pub fn describe(o: &Outcome) -> String {
             );
         }
     }
+    if !o.handoffs.is_empty() {
+        // Handoff log phases are wall-clock µs; place them on the transfer's clock via
+        // the offset between the two clocks now (good to a few µs).
+        let wall_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() as f64)
+            .unwrap_or(0.0);
+        let mono_now = crate::sys::mono_ns() as f64 / 1000.0;
+        let _ = writeln!(s, "handoffs (from the MSRs' handoff logs):");
+        for h in &o.handoffs {
+            let t = h
+                .phases
+                .greeting
+                .map(|g| (g as f64 - wall_now + mono_now) * 1000.0 - t0)
+                .map_or("?".to_string(), |ns| format!("{:7.2}", ns / 1e9));
+            let q: u64 = h.connections.iter().map(|c| c.queued_bytes).sum();
+            let _ = writeln!(
+                s,
+                "  {t}  {} → {}: {:?}, {} connection(s), {} bytes queued, greeting → resumed {:.2} ms",
+                h.old_msr,
+                h.new_msr,
+                h.outcome,
+                h.connections.len(),
+                q,
+                h.duration_ms().unwrap_or(f64::NAN)
+            );
+        }
+    }
+    if let Some((a, b, c, d)) = o.rsts {
+        let _ = writeln!(
+            s,
+            "RSTs seen: FH received {a}, sent {b}; MH received {c}, sent {d}{}",
+            if a + b + c + d == 0 { " (none)" } else { "" }
+        );
+    }
     // Per-second goodput as a bar line, full bar = the 2 Mbit/s cell's ideal.
     let per_s: Vec<f64> = r
         .timeline_bytes

@@ -127,10 +127,15 @@ impl Cells {
 pub enum Mode {
     /// Plain routers plus Mobile-IP-like rerouting (the baseline).
     RegularTcp(#[serde(skip)] MobileIpOpts),
-    /// I-TCP: msrd on every MSR; the MH listens through mh-lib and the FH connects to
-    /// the MH's address, as with regular TCP. `msrd_extra` is appended to each msrd
-    /// config (e.g. a `[wireless]` section).
-    Itcp { msrd_extra: String },
+    /// I-TCP: msrd with `[handoff]` on every MSR and the MH's mobility agent; the MH
+    /// listens through mh-lib and the FH connects to the MH's address, as with regular
+    /// TCP. `msrd_extra` is appended to each msrd config (e.g. a `[wireless]` section);
+    /// `agent` are extra `itcp-mh-agent` arguments (e.g. `--policy lazy`).
+    Itcp {
+        msrd_extra: String,
+        #[serde(default)]
+        agent: Vec<String>,
+    },
 }
 
 impl Mode {
@@ -175,6 +180,12 @@ pub struct Outcome {
     /// Association changes (CLOCK_MONOTONIC ns) and reroutes.
     pub events: Vec<AssocEvent>,
     pub registrations: Vec<Registration>,
+    /// I-TCP: the handoffs as the new MSRs logged them.
+    #[serde(default)]
+    pub handoffs: Vec<itcp_handoff::log::Record>,
+    /// I-TCP: RSTs (FH in, FH out, MH in, MH out) counted during the run.
+    #[serde(default)]
+    pub rsts: Option<(u64, u64, u64, u64)>,
     /// Fraction of the transfer's time in which the MH had a cell.
     pub coverage: f64,
     pub counters: Value,
@@ -190,6 +201,12 @@ impl Outcome {
 /// Runs one transfer on a fresh lab. Errors are setup failures; a transfer that fails
 /// verification comes back as an Outcome with `recv.ok == false`.
 pub fn run(r: &Run) -> io::Result<Outcome> {
+    run_with(r, &[])
+}
+
+/// [`run`] with per-cell link parameters replacing the network's (cell number, both
+/// directions), set before the transfer starts (e.g. a slow second cell).
+pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::Result<Outcome> {
     let mut lab = Lab::new(LabConfig {
         msrs: r.msrs,
         seed: r.seed,
@@ -200,21 +217,20 @@ pub fn run(r: &Run) -> io::Result<Outcome> {
         initial_cells: vec![1],
         veth: false,
     })?;
+    for (k, p) in cell_links {
+        lab.emu(json!({"op": "link", "link": format!("cell{k}"), "dir": "both", "params": p}))?;
+    }
     let mut agent = None;
     let mut itcp = false;
     match &r.mode {
         Mode::RegularTcp(mip) => agent = Some(MobileIp::start(&lab, mip.clone())?),
-        Mode::Itcp { msrd_extra } => {
-            if r.cells != Cells::NoMoves {
-                return Err(io::Error::new(
-                    io::ErrorKind::Unsupported,
-                    "I-TCP with moves needs the MSR handoff, which is not built yet (issue 4)",
-                ));
-            }
-            for k in 1..=r.msrs {
-                let cfg = lab.msrd_config(k, msrd_extra);
-                lab.start_msrd(k, &cfg)?;
-            }
+        Mode::Itcp { msrd_extra, agent } => {
+            lab.msrd_log_level = "info".into();
+            let mut args: Vec<&str> = vec!["--hysteresis-ms", "0"];
+            args.extend(agent.iter().map(String::as_str));
+            lab.start_itcp_mobility(msrd_extra, &args)?;
+            lab.watch_rsts(Host::Fh)?;
+            lab.watch_rsts(Host::Mh)?;
             itcp = true;
         }
     }
@@ -260,6 +276,20 @@ pub fn run(r: &Run) -> io::Result<Outcome> {
         .map(MobileIp::registrations)
         .unwrap_or_default();
     drop(agent);
+    let (mut handoffs, mut rsts) = (Vec::new(), None);
+    if itcp {
+        for k in 1..=r.msrs {
+            handoffs.extend(
+                lab.handoff_records(k)
+                    .into_iter()
+                    .filter(|h| h.role == itcp_handoff::log::Role::New),
+            );
+        }
+        handoffs.sort_by_key(|h| h.phases.greeting);
+        let (a, b) = lab.rsts(Host::Fh)?;
+        let (c, d) = lab.rsts(Host::Mh)?;
+        rsts = Some((a, b, c, d));
+    }
     let recv: RecvReport = serde_json::from_str(rout.trim()).map_err(|e| {
         io::Error::other(format!(
             "receiver gave no report ({e}); stderr: {}",
@@ -279,6 +309,8 @@ pub fn run(r: &Run) -> io::Result<Outcome> {
         send,
         events,
         registrations,
+        handoffs,
+        rsts,
         coverage,
         counters,
     })

@@ -35,6 +35,11 @@ usage:
   itcp-lab bench relay [--seconds S] [--rounds N] [--json FILE]
       Relay engine on an un-emulated veth path FH → MSR → MH: msrd vs HAProxy with
       splice vs socat vs direct kernel forwarding (iperf3 bulk, ttcp rr latency).
+  itcp-lab bench paper [--seeds 5] [--scale 1] [--parallel 2] [--variants era,modern]
+                       [--nets lan,wan] [--others yes|no] [--sweep yes|no] [--msrd 'TOML']
+                       [--out docs]
+      the paper's Tables 1-2 (regular TCP vs I-TCP with handoffs), seeds 000/003
+      scenarios, optional sweep; writes docs/results.md and docs/results/*.svg
   itcp-lab bench handoff [--conns 1,100,1000] [--moves N] [--gap yes|no]
       handoff latency (greeting → resumed) with empty and full queues, and the gap
       in bytes at the MH around one overlapped handoff
@@ -69,6 +74,9 @@ fn main() -> ExitCode {
         }
         Some("bench") if args.get(1).map(String::as_str) == Some("churn") => {
             bench_churn(&args[2..])
+        }
+        Some("bench") if args.get(1).map(String::as_str) == Some("paper") => {
+            bench_paper(&args[2..])
         }
         Some("bench") if args.get(1).map(String::as_str) == Some("handoff") => {
             bench_handoff(&args[2..])
@@ -134,16 +142,14 @@ fn demo(args: &[String]) -> Result<(), String> {
     }
     println!("I-TCP testbed demo: FH ── 10 Mbit/s, 1 ms ── GW ── LAN ── MSR1/MSR2 ~~ 2 Mbit/s cells, 2 ms, 1 % loss ~~ MH");
     println!("The FH sends 3 MiB to the MH (16 KiB buffers, reno) while the MH moves between");
-    println!("the cells every 4 s with a 1 s blackout between them.");
-    println!("Mode: regular TCP over plain routers with Mobile-IP-like rerouting (the baseline).");
-    println!("msrd (I-TCP) is not built yet: later issues replace this mode by I-TCP handoffs.\n");
-    let run = Run {
+    println!("the cells every 4 s with a 1 s blackout between them; MSRs beacon every 1 s.\n");
+    let run = |mode: Mode| Run {
         net: Net::lan(),
         cells: Cells::NonOverlapped {
             period_s: 4.0,
             gap_s: 1.0,
         },
-        mode: Mode::RegularTcp(MobileIpOpts::default()),
+        mode,
         traffic: Traffic {
             bytes: 3 << 20,
             buf: Some(16 * 1024),
@@ -153,13 +159,29 @@ fn demo(args: &[String]) -> Result<(), String> {
         msrs: 2,
         timeout: Duration::from_secs(300),
     };
-    let o = scenario::run(&run).map_err(|e| e.to_string())?;
-    print!("{}", report::describe(&o));
-    if !o.recv.ok {
-        return Err(format!(
-            "transfer failed: {}",
-            o.recv.error.clone().unwrap_or_default()
-        ));
+    println!("== I-TCP: msrd on both MSRs splits the connection; the MH's agent greets the new");
+    println!("   MSR, which fetches the connection (TCP_REPAIR) from the old one.");
+    let itcp = scenario::run(&run(Mode::Itcp {
+        msrd_extra: String::new(),
+        agent: vec![],
+    }))
+    .map_err(|e| e.to_string())?;
+    print!("{}", report::describe(&itcp));
+    println!("\n== Regular TCP, same network and moves: plain routers, Mobile-IP-like rerouting.");
+    let regular = scenario::run(&run(Mode::RegularTcp(MobileIpOpts::default())))
+        .map_err(|e| e.to_string())?;
+    print!("{}", report::describe(&regular));
+    println!(
+        "\nI-TCP {:.1} KB/s vs regular TCP {:.1} KB/s: ratio {:.2}",
+        itcp.kbytes_per_s(),
+        regular.kbytes_per_s(),
+        itcp.kbytes_per_s() / regular.kbytes_per_s()
+    );
+    if !itcp.recv.ok || !regular.recv.ok {
+        return Err("a transfer failed verification".into());
+    }
+    if itcp.rsts.is_some_and(|(a, b, c, d)| a + b + c + d > 0) {
+        return Err("RSTs were seen during the I-TCP transfer".into());
     }
     Ok(())
 }
@@ -339,6 +361,56 @@ fn bench_churn(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
+fn bench_paper(args: &[String]) -> Result<(), String> {
+    use itcp_testbed::paper::{self, PaperOpts, Variant};
+    let mut o = PaperOpts {
+        seeds: 5,
+        scale: 1.0,
+        parallel: 2,
+        variants: vec![Variant::Era, Variant::Modern],
+        nets: vec![Net::lan(), Net::wan()],
+        other_seeds: true,
+        sweep: false,
+        msrd_extra: String::new(),
+        out: "docs".into(),
+    };
+    for (f, v) in flags(
+        args,
+        &[
+            "--seeds", "--scale", "--parallel", "--variants", "--nets", "--others", "--sweep",
+            "--msrd", "--out",
+        ],
+    )? {
+        match f.as_str() {
+            "--seeds" => o.seeds = num(&f, &v)?,
+            "--scale" => o.scale = num(&f, &v)?,
+            "--parallel" => o.parallel = num(&f, &v)?,
+            "--nets" => o.nets = parse_nets(&v)?,
+            "--variants" => {
+                o.variants = v
+                    .split(',')
+                    .map(|x| match x {
+                        "era" => Ok(Variant::Era),
+                        "modern" => Ok(Variant::Modern),
+                        _ => Err(format!("--variants: {x:?} (era, modern)")),
+                    })
+                    .collect::<Result<_, _>>()?
+            }
+            "--others" => o.other_seeds = v != "no",
+            "--sweep" => o.sweep = v != "no",
+            "--msrd" => o.msrd_extra = v.replace("\\n", "\n"),
+            _ => o.out = v.into(),
+        }
+    }
+    if o.seeds == 0 || o.scale.is_nan() || o.scale <= 0.0 || o.variants.is_empty() {
+        return Err("--seeds, --scale and --variants must be non-empty/positive".into());
+    }
+    let summary = paper::run(&o, &|l| eprintln!("{l}")).map_err(|e| e.to_string())?;
+    print!("{summary}");
+    println!("report written to {}", o.out.join("results.md").display());
+    Ok(())
+}
+
 fn bench_handoff(args: &[String]) -> Result<(), String> {
     let mut conns = vec![1usize, 100, 1000];
     let mut moves = 6usize;
@@ -442,6 +514,7 @@ fn bench_nomoves(args: &[String]) -> Result<(), String> {
         Mode::RegularTcp(MobileIpOpts::default()),
         Mode::Itcp {
             msrd_extra: wireless.clone(),
+            agent: vec![],
         },
     ];
     println!("No moves, goodput at the MH in KB/s: median [min–max] of {seeds} seed(s); 16 KiB buffers, reno at the FH");
