@@ -259,6 +259,21 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
     }
     let send_args = args("send", "--connect", lab::mh_addr(port));
     let recv = lab.spawn(Host::Mh, &ttcp, &strs(&recv_args))?;
+    if itcp {
+        // The FH must not connect before the MH's listener exists at its MSR: the SYN
+        // would be routed on to the MH, whose kernel answers RST (counted as one).
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !lab
+            .msrd(1, json!({"op": "sessions"}))
+            .map(|v| v.to_string().contains("\"kind\":\"accept_wait\""))
+            .unwrap_or(false)
+        {
+            if std::time::Instant::now() > deadline {
+                return Err(io::Error::other("the MH's ttcp did not listen through msrd in 10 s"));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     let start_ns = match r.cells.schedule(r.msrs) {
         Some(s) => {
             let v = lab.emu(json!({"op": "schedule", "schedule": s}))?;

@@ -70,10 +70,16 @@ fn ttcp_pair(
     };
     let (_, rout, rerr) = lab.wait(r_idx, Duration::from_secs(60)).unwrap();
     let (_, sout, serr) = lab.wait(s_idx, Duration::from_secs(60)).unwrap();
-    let r: RecvReport =
-        serde_json::from_str(rout.trim()).unwrap_or_else(|e| panic!("recv: {e}: {rerr}"));
-    let s: SendReport =
-        serde_json::from_str(sout.trim()).unwrap_or_else(|e| panic!("send: {e}: {serr}"));
+    let log = || std::fs::read_to_string(lab.dir.join("msrd1.log")).unwrap_or_default();
+    let r: RecvReport = serde_json::from_str(rout.trim())
+        .unwrap_or_else(|e| panic!("recv: {e}: {rerr}\nmsrd log:\n{}", log()));
+    let s: SendReport = serde_json::from_str(sout.trim()).unwrap_or_else(|e| {
+        panic!(
+            "send: {e}: {serr}\nreceiver: {}\nmsrd log:\n{}",
+            rout.trim(),
+            log()
+        )
+    });
     (s, r)
 }
 
