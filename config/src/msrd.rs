@@ -735,6 +735,7 @@ impl MsrdConfig {
         )?;
         in_range(src, "handoff.ack_timeout_ms", h.ack_timeout_ms, 10, 600_000)?;
         in_range(src, "handoff.hold_after_ms", h.hold_after_ms, 0, 600_000)?;
+        in_range(src, "handoff.linger_s", h.linger_s, 0, 2_000_000)?;
         if h.log_file.as_os_str().is_empty() {
             return Err(src.invalid("handoff.log_file", "must not be empty"));
         }

@@ -549,3 +549,39 @@ fn beacon_section_defaults_and_errors() {
     .to_string();
     assert!(e.contains("intervall_ms"), "{e}");
 }
+
+#[test]
+fn handoff_section_defaults_peers_and_errors() {
+    let c = msrd(MIN).unwrap();
+    assert!(!c.handoff.enabled());
+    assert_eq!(c.handoff.greet_port, 4346);
+    assert_eq!(c.handoff.unacked, UnackedPolicy::Auto);
+    let ok = format!(
+        "{MIN}\n[handoff]\nlisten = \"10.1.0.11:4347\"\nlan_interface = \"lan0\"\nunacked = \"as_sent\"\n\
+         [[handoff.peer]]\nid = \"msr2\"\naddress = \"10.1.0.12:4347\"\nkey = \"{}\"\n",
+        "ab".repeat(16)
+    );
+    let c = msrd(&ok).unwrap();
+    assert!(c.handoff.enabled());
+    assert_eq!(c.handoff.peer("msr2").unwrap().key_bytes().unwrap(), vec![0xab; 16]);
+    assert_eq!(c.handoff.unacked, UnackedPolicy::AsSent);
+    let peer = |extra: &str| {
+        format!("{MIN}\n[handoff]\nlisten = \"10.1.0.11:4347\"\n[[handoff.peer]]\nid = \"msr2\"\naddress = \"10.1.0.12:4347\"\n{extra}")
+    };
+    msrd_err(&peer("key = \"abc\""), "handoff.peer[0].key");
+    msrd_err(&peer("key = \"abab\""), "handoff.peer[0].key");
+    msrd_err(&peer(""), "handoff.peer[0].key");
+    msrd_err(
+        &peer(&format!("key = \"{}\"\nkey_file = \"/x\"", "ab".repeat(16))),
+        "handoff.peer[0].key",
+    );
+    msrd_err(
+        &format!("{MIN}\n[handoff]\n[[handoff.peer]]\nid = \"msr2\"\naddress = \"10.1.0.12:4347\"\nkey = \"{}\"\n", "ab".repeat(16)),
+        "handoff.listen",
+    );
+    msrd_err(
+        &format!("[msr]\nid = \"msr2\"\ngateway = [\"10.2.0.1\"]\n[access]\nmh_prefixes = [\"10.2.0.0/24\"]\n[handoff]\nlisten = \"10.1.0.11:4347\"\n[[handoff.peer]]\nid = \"msr2\"\naddress = \"10.1.0.12:4347\"\nkey = \"{}\"\n", "ab".repeat(16)),
+        "handoff.peer[0].id",
+    );
+    msrd_err(&format!("{MIN}\n[handoff]\nlan_interface = \"a/b\"\n"), "handoff.lan_interface");
+}

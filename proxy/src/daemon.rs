@@ -99,6 +99,11 @@ impl Daemon {
         }))
     }
 
+    /// The cell interface an MH is reached through (from the routing table at start).
+    pub fn cell_interface(&self, mh: IpAddr) -> Option<String> {
+        self.cells.interface_for(mh).map(str::to_string)
+    }
+
     pub fn handoff_cfg(&self) -> &itcp_config::HandoffSection {
         &self.cfg.handoff
     }
@@ -135,7 +140,20 @@ impl Daemon {
     }
 
     fn wireless_tuning(&self, mh: IpAddr) -> TcpTuning {
-        self.cfg.wireless_tuning_for(self.cells.interface_for(mh))
+        let mut t = self.cfg.wireless_tuning_for(self.cells.interface_for(mh));
+        // [handoff] linger_s: an MH that went away for good (out of every cell, never
+        // greeting another MSR) has its connections closed after the linger, idle ones
+        // too (keepalive), unless [wireless] says otherwise.
+        let linger = self.cfg.handoff.linger_s;
+        if self.cfg.handoff.enabled() && linger > 0 {
+            let ms = (linger * 1000).min(i32::MAX as u64) as u32;
+            t.user_timeout_ms.get_or_insert(ms);
+            if t.keepalive_idle_s.is_none() {
+                t.keepalive_idle_s = Some((linger as u32 / 2).clamp(1, 32767));
+                t.keepalive_interval_s.get_or_insert(10);
+            }
+        }
+        t
     }
 
     /// Relays one admitted connection and records it in the session table and the log.
@@ -287,6 +305,11 @@ impl Daemon {
                 return;
             }
             End::WirelessAborted => sockopt::abort_on_close(fixed.as_raw_fd()),
+            // The MH stayed away past the linger: the FH gets a clean end of stream.
+            End::WirelessTimedOut => {
+                info!(id = s.id, mh = %s.mh, "the MH stayed away past the linger: closing");
+                let _ = sockopt::shutdown_write(fixed.as_raw_fd());
+            }
             End::FixedAborted => sockopt::abort_on_close(wireless.as_raw_fd()),
             End::Closed => {}
         }

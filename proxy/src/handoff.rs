@@ -639,7 +639,7 @@ fn decode(b: &[u8]) -> io::Result<SocketImage> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
 }
 
-fn restore_one(c: &ConnImage, policy: UnackedRestore) -> io::Result<Restored> {
+fn restore_one(c: &ConnImage, policy: UnackedRestore, fwmark: u32) -> io::Result<Restored> {
     let kind = Kind::parse(&c.kind).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidData,
@@ -674,7 +674,10 @@ fn restore_one(c: &ConnImage, policy: UnackedRestore) -> io::Result<Restored> {
         transparent: w.sockopts.transparent,
         unacked: policy,
         nonblocking: true,
-        inject_mark: 0,
+        // A peer's FIN is replayed as a raw packet to the socket's own address; for a
+        // fixed-side socket that is the MH's address, which without msrd's mark would
+        // be routed out to the cell (and dropped by the hold) instead of to us.
+        inject_mark: fwmark,
     };
     let wfd = itcp_handoff::restore(&w, &opts)?;
     let xopts = RestoreOptions {
@@ -697,6 +700,54 @@ fn restore_one(c: &ConnImage, policy: UnackedRestore) -> io::Result<Restored> {
         listen,
         pending,
     })
+}
+
+/// A restored socket starts with the initial window of its route. Bytes that were in
+/// flight are re-sent at restart only if that first flight covers all of them (else the
+/// MH's ACKs for bytes beyond it are dropped and the connection waits for an RTO,
+/// ~4 s): for the restore, the MH gets a host route whose `initcwnd` covers the largest
+/// flight. Removed again once the sockets run (they keep their window).
+struct FlightRoute {
+    mh: IpAddr,
+    dev: String,
+}
+
+impl FlightRoute {
+    fn install(mh: IpAddr, dev: Option<String>, images: &[ConnImage]) -> Option<FlightRoute> {
+        let dev = dev?;
+        let segs = images
+            .iter()
+            .filter_map(|c| SocketImage::from_bytes(&c.wireless).ok())
+            .map(|w| {
+                let mss = w.options.mss.max(536) as usize;
+                w.send.unacked.len().div_ceil(mss) + 1
+            })
+            .max()?;
+        if segs <= 10 {
+            return None; // The default initial window covers it.
+        }
+        let prefix = if mh.is_ipv4() { "32" } else { "128" };
+        let cwnd = (segs + 2).min(1000).to_string();
+        let ok = std::process::Command::new("ip")
+            .args(["route", "replace", &format!("{mh}/{prefix}"), "dev", &dev, "initcwnd", &cwnd])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            warn!(%mh, %dev, "no initcwnd route for the restore: bytes in flight wait for a timeout");
+            return None;
+        }
+        Some(FlightRoute { mh, dev })
+    }
+}
+
+impl Drop for FlightRoute {
+    fn drop(&mut self) {
+        let prefix = if self.mh.is_ipv4() { "32" } else { "128" };
+        let _ = std::process::Command::new("ip")
+            .args(["route", "del", &format!("{}/{prefix}", self.mh), "dev", &self.dev])
+            .status();
+    }
 }
 
 /// Restarts restored sockets and starts their services (listeners first, so that
@@ -933,6 +984,7 @@ async fn new_side(
     let timeout = Duration::from_millis(h.cfg.images_timeout_ms);
     let mut ch: Option<Channel> = None;
     let mut restored: Vec<Restored> = Vec::new();
+    let mut flight_route: Option<FlightRoute> = None;
     let mut entries: Vec<ConnEntry> = Vec::new();
     let mut moved = 0usize;
     loop {
@@ -980,10 +1032,13 @@ async fn new_side(
                         mm.entry(mh).or_default().token = Some(t);
                     }
                     let policy = unacked(h.cfg.unacked);
-                    let (ok, failed, es) = tokio::task::spawn_blocking(move || {
+                    let fwmark = d.cfg.interception.fwmark;
+                    let dev = d.cell_interface(mh);
+                    let (ok, failed, es, route) = tokio::task::spawn_blocking(move || {
+                        let route = FlightRoute::install(mh, dev, &images);
                         let (mut ok, mut failed, mut es) = (Vec::new(), Vec::new(), Vec::new());
                         for c in &images {
-                            match restore_one(c, policy) {
+                            match restore_one(c, policy, fwmark) {
                                 Ok(r) => {
                                     let (mh, fh, xq) = match &r.fixed {
                                         Some((_, x)) => (x.local, x.remote, x.queued_bytes()),
@@ -1007,10 +1062,11 @@ async fn new_side(
                                 Err(e) => failed.push((c.id, e.to_string())),
                             }
                         }
-                        (ok, failed, es)
+                        (ok, failed, es, route)
                     })
                     .await
                     .expect("restore task");
+                    flight_route = route;
                     entries = es;
                     restored = ok;
                     next = Some(NewEvent::Restored {
@@ -1030,6 +1086,8 @@ async fn new_side(
                             .expect("restart task");
                         moved -= failed.len();
                     }
+                    // The sockets run with their window now: the host route goes.
+                    drop(flight_route.take());
                 }
                 Action::Log(r) => {
                     let ok =

@@ -66,6 +66,9 @@ pub enum End {
     Closed,
     /// The wireless side was reset or failed; the caller resets the fixed side.
     WirelessAborted,
+    /// The wireless side timed out (TCP_USER_TIMEOUT: the MH is gone); the caller ends
+    /// the fixed side with FIN.
+    WirelessTimedOut,
     /// The fixed side was reset or failed; the caller resets the wireless side.
     FixedAborted,
     /// Paused on request; the sockets are untouched and these bytes are in transit.
@@ -367,8 +370,12 @@ pub async fn relay(
                 paused.down = v;
             }
             // Reading the wireless side or writing to it failed.
-            (Err(Failure::Src(_)), true) | (Err(Failure::Dst(_)), false) => {
-                return End::WirelessAborted
+            (Err(Failure::Src(e)), true) | (Err(Failure::Dst(e)), false) => {
+                return if e.kind() == io::ErrorKind::TimedOut {
+                    End::WirelessTimedOut
+                } else {
+                    End::WirelessAborted
+                };
             }
             (Err(Failure::Src(_)), false) | (Err(Failure::Dst(_)), true) => {
                 return End::FixedAborted

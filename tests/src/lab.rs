@@ -279,6 +279,8 @@ pub struct Lab {
     pub access_extra: String,
     /// msrd's `log_level` in [`Lab::msrd_config`] (`debug`).
     pub msrd_log_level: String,
+    /// Lines added to msrd's `[handoff]` by [`Lab::handoff_config`].
+    pub handoff_extra: String,
 }
 
 /// Where to find the testbed's binaries: `ITCP_BIN_DIR`, else next to the running
@@ -381,6 +383,7 @@ impl Lab {
             msrd_env: Vec::new(),
             access_extra: String::new(),
             msrd_log_level: "debug".into(),
+            handoff_extra: String::new(),
         };
         lab.build(&namespaces)?;
         Ok(lab)
@@ -732,9 +735,10 @@ impl Lab {
     /// key per pair), the handoff log in the lab directory.
     pub fn handoff_config(&self, k: usize) -> String {
         let mut s = format!(
-            "[handoff]\nlisten = \"{}:4347\"\nlan_interface = \"lan0\"\nlog_file = \"{}\"\n",
+            "[handoff]\nlisten = \"{}:4347\"\nlan_interface = \"lan0\"\nlog_file = \"{}\"\n{}\n",
             addr::msr_lan(k),
-            self.handoff_log(k).display()
+            self.handoff_log(k).display(),
+            self.handoff_extra
         );
         for j in (1..=self.config.msrs).filter(|&j| j != k) {
             let pair = k.min(j) * 100 + k.max(j);

@@ -514,3 +514,43 @@ fn connections_of_every_kind_from_several_processes_move_together() {
         "{new:?}"
     );
 }
+
+#[test]
+fn an_mh_that_never_comes_back_is_closed_cleanly_after_the_linger() {
+    let cell = lab::link(20_000_000, 2.0, 0.0);
+    let mut lab = Lab::new(LabConfig {
+        msrs: 2,
+        seed: 71,
+        wan_down: cell.clone(),
+        wan_up: cell.clone(),
+        cell_down: cell.clone(),
+        cell_up: cell,
+        initial_cells: vec![1],
+        veth: false,
+    })
+    .unwrap();
+    lab.handoff_extra = "linger_s = 3".into();
+    lab.start_itcp_mobility(FAST_BEACONS, FAST_AGENT).unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    let ttcp = bin_path("ttcp");
+    let fh = lab::fh_addr(5001);
+    let r = lab.spawn(Host::Fh, &ttcp, &["recv", "--listen", &fh]).unwrap();
+    let s = lab
+        .spawn(Host::Mh, &ttcp, &["send", "--connect", &fh, "--duration", "60", "--itcp"])
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    // The MH leaves every cell and never comes back.
+    lab.assoc(&[]).unwrap();
+    let t0 = Instant::now();
+    let (_, out, err) = lab.wait(r, Duration::from_secs(30)).unwrap();
+    let waited = t0.elapsed();
+    let recv: RecvReport = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("receiver: {e}: {err}\n{}", diag(&lab)));
+    // The FH saw a clean end of stream (FIN, no RST) a linger after the MH vanished,
+    // and every byte before it was intact.
+    assert!(recv.ok && recv.verified, "{recv:?}");
+    assert!(recv.bytes > 0);
+    assert!(waited >= Duration::from_secs(2) && waited < Duration::from_secs(20), "{waited:?}");
+    assert_eq!(lab.rsts(Host::Fh).unwrap(), (0, 0), "{}", diag(&lab));
+    lab.terminate(s);
+}
