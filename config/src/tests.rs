@@ -563,7 +563,10 @@ fn handoff_section_defaults_peers_and_errors() {
     );
     let c = msrd(&ok).unwrap();
     assert!(c.handoff.enabled());
-    assert_eq!(c.handoff.peer("msr2").unwrap().key_bytes().unwrap(), vec![0xab; 16]);
+    assert_eq!(
+        c.handoff.peer("msr2").unwrap().key_bytes().unwrap(),
+        vec![0xab; 16]
+    );
     assert_eq!(c.handoff.unacked, UnackedPolicy::AsSent);
     let peer = |extra: &str| {
         format!("{MIN}\n[handoff]\nlisten = \"10.1.0.11:4347\"\n[[handoff.peer]]\nid = \"msr2\"\naddress = \"10.1.0.12:4347\"\n{extra}")
@@ -583,5 +586,8 @@ fn handoff_section_defaults_peers_and_errors() {
         &format!("[msr]\nid = \"msr2\"\ngateway = [\"10.2.0.1\"]\n[access]\nmh_prefixes = [\"10.2.0.0/24\"]\n[handoff]\nlisten = \"10.1.0.11:4347\"\n[[handoff.peer]]\nid = \"msr2\"\naddress = \"10.1.0.12:4347\"\nkey = \"{}\"\n", "ab".repeat(16)),
         "handoff.peer[0].id",
     );
-    msrd_err(&format!("{MIN}\n[handoff]\nlan_interface = \"a/b\"\n"), "handoff.lan_interface");
+    msrd_err(
+        &format!("{MIN}\n[handoff]\nlan_interface = \"a/b\"\n"),
+        "handoff.lan_interface",
+    );
 }

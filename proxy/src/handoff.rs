@@ -729,7 +729,15 @@ impl FlightRoute {
         let prefix = if mh.is_ipv4() { "32" } else { "128" };
         let cwnd = (segs + 2).min(1000).to_string();
         let ok = std::process::Command::new("ip")
-            .args(["route", "replace", &format!("{mh}/{prefix}"), "dev", &dev, "initcwnd", &cwnd])
+            .args([
+                "route",
+                "replace",
+                &format!("{mh}/{prefix}"),
+                "dev",
+                &dev,
+                "initcwnd",
+                &cwnd,
+            ])
             .status()
             .map(|s| s.success())
             .unwrap_or(false);
@@ -745,7 +753,13 @@ impl Drop for FlightRoute {
     fn drop(&mut self) {
         let prefix = if self.mh.is_ipv4() { "32" } else { "128" };
         let _ = std::process::Command::new("ip")
-            .args(["route", "del", &format!("{}/{prefix}", self.mh), "dev", &self.dev])
+            .args([
+                "route",
+                "del",
+                &format!("{}/{prefix}", self.mh),
+                "dev",
+                &self.dev,
+            ])
             .status();
     }
 }

@@ -121,7 +121,11 @@ fn run_all(jobs: Vec<Job>, parallel: usize, progress: &(dyn Fn(&str) + Sync)) ->
                         "{}: {:.1} KB/s{}",
                         job.key,
                         o.kbytes_per_s(),
-                        if o.recv.ok { "" } else { " (FAILED verification)" }
+                        if o.recv.ok {
+                            ""
+                        } else {
+                            " (FAILED verification)"
+                        }
                     ),
                     Err(e) => format!("{}: error {e}", job.key),
                 };
@@ -229,7 +233,10 @@ struct TableOut {
 fn table(res: &Results, v: Variant, net: &str) -> TableOut {
     let paper = |rows: &crate::report::PaperRows| if net == "LAN" { rows.lan } else { rows.wan };
     let (pr, pi) = (paper(&PAPER_REGULAR), paper(&PAPER_ITCP));
-    let mut md = format!("| {net} | {} |\n|---|---|---|---|---|\n", COLUMNS.join(" | "));
+    let mut md = format!(
+        "| {net} | {} |\n|---|---|---|---|---|\n",
+        COLUMNS.join(" | ")
+    );
     let mut rows: Vec<(String, Vec<String>)> = vec![
         ("regular TCP (ours)".into(), vec![]),
         ("I-TCP (ours)".into(), vec![]),
@@ -281,14 +288,22 @@ fn table(res: &Results, v: Variant, net: &str) -> TableOut {
         ));
         if col > 0 {
             let need = if col == 1 { 0.98 } else { 0.90 };
-            let base = if col == 1 { nomove_itcp } else { nomove_itcp * cov };
+            let base = if col == 1 {
+                nomove_itcp
+            } else {
+                nomove_itcp * cov
+            };
             let got = med(&iv) / base;
             checks.push(format!(
                 "{net} {}: I-TCP {:.2} KB/s = {:.1} % of {} ({base:.2} KB/s), target ≥ {:.0} %: {}",
                 COLUMNS[col],
                 med(&iv),
                 got * 100.0,
-                if col == 1 { "no-moves" } else { "no-moves × coverage" },
+                if col == 1 {
+                    "no-moves"
+                } else {
+                    "no-moves × coverage"
+                },
                 need * 100.0,
                 if got >= need { "met" } else { "NOT met" }
             ));
@@ -299,7 +314,11 @@ fn table(res: &Results, v: Variant, net: &str) -> TableOut {
             .map(|o| format!("seed {}: ok={} rsts={:?}", o.seed, o.recv.ok, o.rsts))
             .collect();
         if !bad.is_empty() {
-            checks.push(format!("{net} {}: I-TCP runs not clean: {}", COLUMNS[col], bad.join("; ")));
+            checks.push(format!(
+                "{net} {}: I-TCP runs not clean: {}",
+                COLUMNS[col],
+                bad.join("; ")
+            ));
         }
     }
     for (name, cells) in rows {
@@ -363,10 +382,16 @@ fn plots(res: &Results, o: &PaperOpts, v: Variant, net: &str) -> io::Result<Stri
             continue;
         };
         let p = Plot {
-            title: format!("{net}, {} (seed {}): goodput at the MH, 100 ms bins", COLUMNS[col], i.seed),
+            title: format!(
+                "{net}, {} (seed {}): goodput at the MH, 100 ms bins",
+                COLUMNS[col], i.seed
+            ),
             x_label: "seconds since the connection opened".into(),
             y_label: "KB/s".into(),
-            series: vec![series(i, "I-TCP", "#c0392b"), series(r, "regular TCP", "#2c3e50")],
+            series: vec![
+                series(i, "I-TCP", "#c0392b"),
+                series(r, "regular TCP", "#2c3e50"),
+            ],
             markers: moves(i)
                 .into_iter()
                 .map(|x| Marker {
@@ -470,7 +495,11 @@ fn sweep_points() -> Vec<(String, Net, Cells)> {
     };
     let mut v = Vec::new();
     for loss in [0.0, 0.01, 0.03] {
-        v.push((format!("loss {:.0} %", loss * 100.0), base(loss, 100.0), cells(8.0)));
+        v.push((
+            format!("loss {:.0} %", loss * 100.0),
+            base(loss, 100.0),
+            cells(8.0),
+        ));
     }
     for d in [20.0, 250.0] {
         v.push((format!("WAN delay {d:.0} ms"), base(0.01, d), cells(8.0)));
@@ -525,9 +554,8 @@ fn s000_row(os: &[&Outcome], mode: &str) -> String {
             let start = (t / bin) as usize;
             let tl = &o.recv.timeline_bytes;
             let per_s = (1.0 / bin) as usize;
-            let hit = (start..tl.len().saturating_sub(per_s)).find(|&i| {
-                tl[i..i + per_s].iter().sum::<u64>() as f64 / 1024.0 >= 0.8 * slow_kbps
-            });
+            let hit = (start..tl.len().saturating_sub(per_s))
+                .find(|&i| tl[i..i + per_s].iter().sum::<u64>() as f64 / 1024.0 >= 0.8 * slow_kbps);
             if let Some(i) = hit {
                 ramp.push(i as f64 * bin - t);
             }
@@ -540,8 +568,16 @@ fn s000_row(os: &[&Outcome], mode: &str) -> String {
         "| {mode} | {} | {} | {} | {} |",
         cell(&os.iter().map(|o| o.kbytes_per_s()).collect::<Vec<_>>()),
         cell(&stalls),
-        if ramp.is_empty() { "–".into() } else { cell(&ramp) },
-        if retrans.is_empty() { "–".into() } else { cell(&retrans) }
+        if ramp.is_empty() {
+            "–".into()
+        } else {
+            cell(&ramp)
+        },
+        if retrans.is_empty() {
+            "–".into()
+        } else {
+            cell(&retrans)
+        }
     )
 }
 
@@ -559,7 +595,8 @@ pub fn run(o: &PaperOpts, progress: &(dyn Fn(&str) + Sync)) -> io::Result<String
     jobs.reverse();
     let t0 = std::time::Instant::now();
     let res = run_all(jobs, o.parallel, progress);
-    let mut md = String::from("# Results: the I-TCP paper's experiments on the emulated network\n\n");
+    let mut md =
+        String::from("# Results: the I-TCP paper's experiments on the emulated network\n\n");
     let _ = writeln!(
         md,
         "Regenerated by `itcp-lab bench paper` ({} seed(s), scale {}, {} runs at a time; {:.0} min). \
@@ -597,7 +634,11 @@ pub fn run(o: &PaperOpts, progress: &(dyn Fn(&str) + Sync)) -> io::Result<String
                 ratio_lines.push(format!(
                     "ratios {}: {}",
                     net.name,
-                    t.ratios.iter().map(|r| format!("{r:.2}")).collect::<Vec<_>>().join(" / ")
+                    t.ratios
+                        .iter()
+                        .map(|r| format!("{r:.2}"))
+                        .collect::<Vec<_>>()
+                        .join(" / ")
                 ));
             }
             all_checks.extend(t.checks.into_iter().map(|c| format!("{v:?}: {c}")));
@@ -637,7 +678,11 @@ pub fn run(o: &PaperOpts, progress: &(dyn Fn(&str) + Sync)) -> io::Result<String
                     "| {p} | {} | {} | {} |",
                     if m == "itcp" { "I-TCP" } else { "regular TCP" },
                     cell(&os.iter().map(|o| o.kbytes_per_s()).collect::<Vec<_>>()),
-                    cell(&os.iter().map(|o| o.recv.longest_stall_s).collect::<Vec<_>>())
+                    cell(
+                        &os.iter()
+                            .map(|o| o.recv.longest_stall_s)
+                            .collect::<Vec<_>>()
+                    )
                 );
             }
         }
@@ -650,10 +695,7 @@ pub fn run(o: &PaperOpts, progress: &(dyn Fn(&str) + Sync)) -> io::Result<String
         for (i, (label, _, _)) in sweep_points().into_iter().enumerate() {
             let r = get(&res, &format!("sweep/{label}/regular"));
             let it = get(&res, &format!("sweep/{label}/itcp"));
-            let (a, b) = (
-                med(&kbps(&r)),
-                med(&kbps(&it)),
-            );
+            let (a, b) = (med(&kbps(&r)), med(&kbps(&it)));
             let _ = writeln!(md, "| {label} | {a:.2} | {b:.2} | {:.2} |", b / a);
             pts.push((i as f64 + 1.0, b / a));
         }

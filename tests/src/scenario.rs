@@ -269,7 +269,9 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
             .unwrap_or(false)
         {
             if std::time::Instant::now() > deadline {
-                return Err(io::Error::other("the MH's ttcp did not listen through msrd in 10 s"));
+                return Err(io::Error::other(
+                    "the MH's ttcp did not listen through msrd in 10 s",
+                ));
             }
             std::thread::sleep(Duration::from_millis(20));
         }

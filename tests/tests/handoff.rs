@@ -534,9 +534,15 @@ fn an_mh_that_never_comes_back_is_closed_cleanly_after_the_linger() {
     lab.watch_rsts(Host::Fh).unwrap();
     let ttcp = bin_path("ttcp");
     let fh = lab::fh_addr(5001);
-    let r = lab.spawn(Host::Fh, &ttcp, &["recv", "--listen", &fh]).unwrap();
+    let r = lab
+        .spawn(Host::Fh, &ttcp, &["recv", "--listen", &fh])
+        .unwrap();
     let s = lab
-        .spawn(Host::Mh, &ttcp, &["send", "--connect", &fh, "--duration", "60", "--itcp"])
+        .spawn(
+            Host::Mh,
+            &ttcp,
+            &["send", "--connect", &fh, "--duration", "60", "--itcp"],
+        )
         .unwrap();
     std::thread::sleep(Duration::from_millis(1500));
     // The MH leaves every cell and never comes back.
@@ -550,7 +556,65 @@ fn an_mh_that_never_comes_back_is_closed_cleanly_after_the_linger() {
     // and every byte before it was intact.
     assert!(recv.ok && recv.verified, "{recv:?}");
     assert!(recv.bytes > 0);
-    assert!(waited >= Duration::from_secs(2) && waited < Duration::from_secs(20), "{waited:?}");
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_secs(20),
+        "{waited:?}"
+    );
     assert_eq!(lab.rsts(Host::Fh).unwrap(), (0, 0), "{}", diag(&lab));
     lab.terminate(s);
+}
+
+/// `itcp-lab` from the same build, its stdout (panics with stderr on failure).
+fn itcp_lab(args: &[&str]) -> String {
+    let out = std::process::Command::new(bin_path("itcp-lab"))
+        .args(args)
+        .output()
+        .unwrap();
+    let (so, se) = (
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    );
+    assert!(
+        out.status.success(),
+        "itcp-lab {args:?} failed:\n{so}\n{se}"
+    );
+    so
+}
+
+/// The benchmark commands of the handoff and paper issues, reduced so they run in CI
+/// (one seed, small transfers, one configuration): they must not rot.
+#[test]
+fn handoff_and_paper_benches_run_smoke() {
+    let text = itcp_lab(&[
+        "bench", "handoff", "--conns", "2", "--moves", "2", "--gap", "no",
+    ]);
+    assert!(
+        text.contains("greeting → resumed") && text.contains("empty"),
+        "{text}"
+    );
+    let dir = std::env::temp_dir().join(format!("itcp-paper-smoke-{}", std::process::id()));
+    let out = dir.to_str().unwrap();
+    let text = itcp_lab(&[
+        "bench",
+        "paper",
+        "--seeds",
+        "1",
+        "--scale",
+        "0.05",
+        "--variants",
+        "era",
+        "--nets",
+        "lan",
+        "--others",
+        "no",
+        "--out",
+        out,
+    ]);
+    assert!(text.contains("ratios LAN: "), "{text}");
+    let md = std::fs::read_to_string(dir.join("results.md")).unwrap();
+    assert!(
+        md.contains("| LAN |") && md.contains("None: every transfer completed"),
+        "{md}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -377,8 +377,15 @@ fn bench_paper(args: &[String]) -> Result<(), String> {
     for (f, v) in flags(
         args,
         &[
-            "--seeds", "--scale", "--parallel", "--variants", "--nets", "--others", "--sweep",
-            "--msrd", "--out",
+            "--seeds",
+            "--scale",
+            "--parallel",
+            "--variants",
+            "--nets",
+            "--others",
+            "--sweep",
+            "--msrd",
+            "--out",
         ],
     )? {
         match f.as_str() {
