@@ -1,5 +1,6 @@
 # Multi-stage build of the I-TCP appliance into a slim runtime image: msrd and itcpctl
-# for routers, plus the testbed tools (itcp-lab, airlink, ttcp).
+# for routers, itcp-mh-agent for mobile hosts, plus the testbed tools (itcp-lab,
+# airlink, ttcp). Handoff logs go to /var/log/itcp (mount it to keep them).
 #
 #   docker build -t itcp .
 #   docker run -d --name msrd --network host --cap-add NET_ADMIN --cap-add NET_RAW \
@@ -22,6 +23,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends iproute2 nftables \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/target/release/msrd /src/target/release/itcpctl \
+     /src/target/release/itcp-mh-agent \
      /src/target/release/itcp-lab /src/target/release/airlink /src/target/release/ttcp /usr/local/bin/
 COPY config/examples/ /usr/share/doc/itcp/examples/
 ENTRYPOINT []

@@ -202,6 +202,11 @@ fn download_survives_handoffs_without_overlap() {
 }
 
 #[test]
+fn upload_survives_handoffs_without_overlap() {
+    transfer_with_moves(Dir::Up, Duration::ZERO, Duration::ZERO, 16);
+}
+
+#[test]
 fn upload_survives_handoffs_with_a_one_second_gap() {
     transfer_with_moves(Dir::Up, Duration::ZERO, Duration::from_secs(1), 14);
 }
