@@ -226,6 +226,11 @@ pub struct BeaconSection {
     /// Cell interfaces to advertise on (default: every `[[cell]]` interface).
     #[serde(default)]
     pub interfaces: Vec<String>,
+    /// Send beacons at wall-clock instants ≡ offset_ms (mod interval_ms), so that
+    /// neighbouring MSRs (NTP-synchronised) can be given distinct, known phases. Unset:
+    /// the first beacon goes out at start.
+    #[serde(default)]
+    pub offset_ms: Option<u64>,
 }
 
 impl Default for BeaconSection {
@@ -236,6 +241,7 @@ impl Default for BeaconSection {
             lifetime_ms: default_beacon_lifetime(),
             port: default_beacon_port(),
             interfaces: Vec::new(),
+            offset_ms: None,
         }
     }
 }
@@ -801,6 +807,15 @@ impl MsrdConfig {
         }
         for (i, ifname) in b.interfaces.iter().enumerate() {
             check_ifname(src, &format!("beacon.interfaces[{i}]"), ifname)?;
+        }
+        if let Some(o) = b.offset_ms {
+            in_range(
+                src,
+                "beacon.offset_ms",
+                o,
+                0,
+                b.interval_ms.saturating_sub(1),
+            )?;
         }
         Ok(())
     }

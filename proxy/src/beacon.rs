@@ -33,6 +33,20 @@ fn open_cell(ifname: &str) -> io::Result<Cell> {
     })
 }
 
+/// Time from now until the next wall-clock instant ≡ `offset_ms` (mod `interval_ms`).
+pub fn until_aligned(interval_ms: u64, offset_ms: u64) -> Duration {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let (iv, off) = (
+        interval_ms as u128 * 1_000_000,
+        offset_ms as u128 * 1_000_000,
+    );
+    let now_ns = now.as_nanos();
+    let wait = (off + iv - now_ns % iv) % iv;
+    Duration::from_nanos(wait as u64)
+}
+
 /// Sends beacons until draining starts. Interfaces that cannot be opened are reported
 /// and skipped; the others keep advertising.
 pub async fn run(
@@ -56,7 +70,12 @@ pub async fn run(
         return;
     }
     let dst = SocketAddr::from(([255, 255, 255, 255], cfg.port));
-    let mut tick = tokio::time::interval(Duration::from_millis(cfg.interval_ms));
+    let period = Duration::from_millis(cfg.interval_ms);
+    let first = match cfg.offset_ms {
+        Some(off) => tokio::time::Instant::now() + until_aligned(cfg.interval_ms, off),
+        None => tokio::time::Instant::now(),
+    };
+    let mut tick = tokio::time::interval_at(first, period);
     let mut seq = 0u64;
     loop {
         tokio::select! {

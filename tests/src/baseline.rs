@@ -20,7 +20,6 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::lab::{addr, reroute, Host, Lab};
-use crate::rng::derive_seed;
 use crate::sys;
 use itcp_mh::mobility::{Beacon, Decision, Detector, Policy};
 
@@ -78,9 +77,11 @@ impl MobileIp {
                 Ok(s)
             })?;
             let interval = opts.beacon_interval;
-            // MSRs are not synchronised: each starts at its own phase of the interval.
-            let phase = Duration::from_nanos(
-                derive_seed(lab.config.seed, &format!("beacon{k}")) % interval.as_nanos() as u64,
+            // Each MSR beacons at its own seeded phase of the wall clock, exactly as msrd
+            // does with the same `[beacon] offset_ms` in I-TCP runs (lab::beacon_offset_ms).
+            let phase = crate::lab::until_wall_aligned(
+                interval.as_millis() as u64,
+                crate::lab::beacon_offset_ms(lab.config.seed, k),
             );
             let stop = stop.clone();
             threads.push(std::thread::spawn(move || {

@@ -264,6 +264,25 @@ pub fn reroute(gw_ns: &str, mh_ns: &str, k: usize) -> io::Result<()> {
     )
 }
 
+/// MSR `k`'s beacon phase (ms within each second of the wall clock) for `seed`: the same
+/// in regular-TCP and I-TCP runs, so movement detection waits equally long in both.
+pub fn beacon_offset_ms(seed: u64, k: usize) -> u64 {
+    crate::rng::derive_seed(seed, &format!("beacon{k}")) % 1000
+}
+
+/// Time until the next wall-clock instant ≡ `offset_ms` (mod `interval_ms`).
+pub fn until_wall_aligned(interval_ms: u64, offset_ms: u64) -> Duration {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    let (iv, off) = (
+        interval_ms as u128 * 1_000_000,
+        offset_ms as u128 * 1_000_000,
+    );
+    Duration::from_nanos(((off + iv - now % iv) % iv) as u64)
+}
+
 /// A running lab. Dropping it tears everything down.
 pub struct Lab {
     pub id: String,
@@ -281,6 +300,8 @@ pub struct Lab {
     pub msrd_log_level: String,
     /// Lines added to msrd's `[handoff]` by [`Lab::handoff_config`].
     pub handoff_extra: String,
+    /// msrd beacons at the seeded wall-clock phases of [`beacon_offset_ms`].
+    pub beacon_offsets: bool,
 }
 
 /// Where to find the testbed's binaries: `ITCP_BIN_DIR`, else next to the running
@@ -384,6 +405,7 @@ impl Lab {
             access_extra: String::new(),
             msrd_log_level: "debug".into(),
             handoff_extra: String::new(),
+            beacon_offsets: false,
         };
         lab.build(&namespaces)?;
         Ok(lab)
@@ -901,8 +923,16 @@ impl Lab {
     /// A minimal msrd config for MSR `k` of this lab; `extra` is appended verbatim
     /// (more sections, e.g. `[wireless]`).
     pub fn msrd_config(&self, k: usize, extra: &str) -> String {
+        let beacon = if self.beacon_offsets && !extra.contains("[beacon]") {
+            format!(
+                "\n[beacon]\noffset_ms = {}\n",
+                beacon_offset_ms(self.config.seed, k)
+            )
+        } else {
+            String::new()
+        };
         format!(
-            "[msr]\nid = \"msr{k}\"\ngateway = [\"{}\"]\ncontrol_socket = \"{}\"\nlog_level = \"{}\"\n\n[access]\nmh_prefixes = [\"10.2.0.0/24\"]\n{}\n\n[[cell]]\ninterface = \"cell0\"\n\n{extra}",
+            "[msr]\nid = \"msr{k}\"\ngateway = [\"{}\"]\ncontrol_socket = \"{}\"\nlog_level = \"{}\"\n\n[access]\nmh_prefixes = [\"10.2.0.0/24\"]\n{}\n\n[[cell]]\ninterface = \"cell0\"\n\n{extra}{beacon}",
             addr::CELL_GW,
             self.msrd_control(k).display(),
             self.msrd_log_level,

@@ -428,7 +428,7 @@ fn seed000_jobs(o: &PaperOpts) -> Vec<Job> {
                 run: Run {
                     net: Net::lan(),
                     cells: Cells::NonOverlapped {
-                        period_s: 10.0,
+                        period_s: 4.0,
                         gap_s: 0.0,
                     },
                     mode: mode.clone(),
@@ -608,7 +608,7 @@ pub fn run(o: &PaperOpts, progress: &(dyn Fn(&str) + Sync)) -> io::Result<String
     );
     md += "## Setup\n\n\
         * Network (seed 004 §4): FH ─ GW 10 Mbit/s, 1 ms (LAN) or 100 ms (WAN) one-way; wireless cells 2 Mbit/s each way, 2 ms one-way, 1 % random loss per direction; drop-tail queues of 75 000 bytes. Emulated by `airlink` on real kernels in network namespaces.\n\
-        * Moves: every 8 s; overlapped cells share 2 s; non-overlapped cells leave 0 s or 1 s without a cell. MSRs beacon every 1 s; the MH moves on the first beacon of a new MSR (eager), so it may take up to a second more to hear it, as in the paper.\n\
+        * Moves: every 8 s; overlapped cells share 2 s; non-overlapped cells leave 0 s or 1 s without a cell. MSRs beacon every 1 s; the MH moves on the first beacon of a new MSR (eager), so it may take up to a second more to hear it, as in the paper. Each MSR beacons at a seeded phase of the wall clock and the moves start on a whole second, so both modes wait equally long for the same seed.\n\
         * Regular TCP: the MSRs are plain routers; when the MH hears a new MSR its agent moves the GW's route and the MH's gateway (Mobile-IP-like rerouting, no registration delay).\n\
         * I-TCP: msrd on both MSRs with handoffs; the MH's mobility agent (`itcp-mh-agent`) greets the new MSR, which fetches the connection with TCP_REPAIR.\n\
         * Traffic: the FH sends 4 MB (LAN) or 2 MB (WAN) to the MH; goodput is measured at the MH by `ttcp`, which verifies every byte. KB = 1024 bytes.\n";
@@ -658,7 +658,7 @@ pub fn run(o: &PaperOpts, progress: &(dyn Fn(&str) + Sync)) -> io::Result<String
     md += "\n";
     if o.other_seeds {
         md += "## Seed 000: a handoff from a fast cell to a slow one\n\n\
-            Cell 1: 2 Mbit/s, 2 ms; cell 2: 64 kbit/s, 300 ms one-way; the MH moves every 10 s with no gap, LAN, 16 KB window, reno. \
+            Cell 1: 2 Mbit/s, 2 ms; cell 2: 64 kbit/s, 300 ms one-way; the MH moves every 4 s with no gap (fast → slow at 4 s), LAN, 16 KB window, reno. \
             Stall: the longest time without bytes at the MH; ramp: from the move to the first second at ≥ 80 % of the slow link's ideal; retransmissions: the FH's (regular TCP: end to end; I-TCP: the fixed side only).\n\n\
             | mode | goodput KB/s | longest stall s | ramp s | FH retransmissions |\n|---|---|---|---|---|\n";
         for m in ["regular", "itcp"] {

@@ -228,6 +228,8 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
             lab.msrd_log_level = "info".into();
             let mut args: Vec<&str> = vec!["--hysteresis-ms", "0"];
             args.extend(agent.iter().map(String::as_str));
+            // Beacons at the same seeded wall-clock phases as the baseline's.
+            lab.beacon_offsets = true;
             lab.start_itcp_mobility(msrd_extra, &args)?;
             lab.watch_rsts(Host::Fh)?;
             lab.watch_rsts(Host::Mh)?;
@@ -278,7 +280,10 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
     }
     let start_ns = match r.cells.schedule(r.msrs) {
         Some(s) => {
-            let v = lab.emu(json!({"op": "schedule", "schedule": s}))?;
+            // Moves start on a whole second of the wall clock, so that the beacon phases
+            // (also wall-clock aligned) relative to the moves depend only on the seed.
+            let start_in_s = lab::until_wall_aligned(1000, 0).as_secs_f64() + 1.0;
+            let v = lab.emu(json!({"op": "schedule", "schedule": s, "start_in_s": start_in_s}))?;
             v["start_ns"].as_u64().unwrap_or(0)
         }
         None => crate::sys::mono_ns(),
