@@ -551,13 +551,18 @@ fn s000_row(os: &[&Outcome], mode: &str) -> String {
         let mv = moves(o);
         if let Some(&t) = mv.first() {
             let bin = o.recv.bin_s;
-            let start = (t / bin) as usize;
             let tl = &o.recv.timeline_bytes;
             let per_s = (1.0 / bin) as usize;
-            let hit = (start..tl.len().saturating_sub(per_s))
-                .find(|&i| tl[i..i + per_s].iter().sum::<u64>() as f64 / 1024.0 >= 0.8 * slow_kbps);
-            if let Some(i) = hit {
-                ramp.push(i as f64 * bin - t);
+            // Bytes of the fast cell may still trickle in right after the move: the
+            // slow cell's use starts after the first empty bin following the move.
+            let mut i = (t / bin) as usize;
+            while i < tl.len() && tl[i] != 0 {
+                i += 1;
+            }
+            let hit = (i..tl.len().saturating_sub(per_s))
+                .find(|&j| tl[j..j + per_s].iter().sum::<u64>() as f64 / 1024.0 >= 0.8 * slow_kbps);
+            if let Some(j) = hit {
+                ramp.push(j as f64 * bin - t);
             }
         }
         if let Some(ti) = o.send.as_ref().and_then(|s| s.tcp_info.as_ref()) {
@@ -659,7 +664,7 @@ pub fn run(o: &PaperOpts, progress: &(dyn Fn(&str) + Sync)) -> io::Result<String
     if o.other_seeds {
         md += "## Seed 000: a handoff from a fast cell to a slow one\n\n\
             Cell 1: 2 Mbit/s, 2 ms; cell 2: 64 kbit/s, 300 ms one-way; the MH moves every 4 s with no gap (fast → slow at 4 s), LAN, 16 KB window, reno. \
-            Stall: the longest time without bytes at the MH; ramp: from the move to the first second at ≥ 80 % of the slow link's ideal; retransmissions: the FH's (regular TCP: end to end; I-TCP: the fixed side only).\n\n\
+            Stall: the longest time without bytes at the MH; ramp: from the move until a one-second window (starting after the fast cell's last bytes) carries ≥ 80 % of the slow link's ideal; retransmissions: the FH's (regular TCP: end to end; I-TCP: the fixed side only).\n\n\
             | mode | goodput KB/s | longest stall s | ramp s | FH retransmissions |\n|---|---|---|---|---|\n";
         for m in ["regular", "itcp"] {
             let os = get(&res, &format!("s000/{m}/"));
