@@ -818,6 +818,33 @@ impl Lab {
         Ok((get("rst_in")?, get("rst_out")?))
     }
 
+    /// Waits until something listens on TCP `port` in host `h` (checked with `ss`,
+    /// without connecting to it).
+    pub fn wait_listening(&self, h: Host, port: u16) -> io::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let out = Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    &self.ns(h),
+                    "ss",
+                    "-Hltn",
+                    &format!("sport = :{port}"),
+                ])
+                .output()?;
+            if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(io::Error::other(format!(
+                    "nothing listens on port {port} in {h:?} after 5 s"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
     /// MSR `k`'s handoff log.
     pub fn handoff_log(&self, k: usize) -> PathBuf {
         self.dir.join(format!("handoffs-msr{k}.jsonl"))

@@ -55,6 +55,7 @@ fn start_transfer(lab: &mut Lab, dir: Dir, bytes: u64, port: u16) -> (usize, usi
             let s = lab
                 .spawn(Host::Fh, &ttcp, &["send", "--listen", &fh, "--bytes", &n])
                 .unwrap();
+            lab.wait_listening(Host::Fh, port).unwrap();
             let r = lab
                 .spawn(
                     Host::Mh,
@@ -68,6 +69,7 @@ fn start_transfer(lab: &mut Lab, dir: Dir, bytes: u64, port: u16) -> (usize, usi
             let r = lab
                 .spawn(Host::Fh, &ttcp, &["recv", "--listen", &fh, "--bytes", &n])
                 .unwrap();
+            lab.wait_listening(Host::Fh, port).unwrap();
             let s = lab
                 .spawn(
                     Host::Mh,
@@ -442,6 +444,9 @@ fn connections_of_every_kind_from_several_processes_move_together() {
     let r2 = lab
         .spawn(Host::Fh, &ttcp, &["recv", "--listen", &fh2, "--bytes", &n])
         .unwrap();
+    // Bound before the intercepted connect: msrd accepts the MH at once, and a refused
+    // fixed side would reset it.
+    lab.wait_listening(Host::Fh, 5002).unwrap();
     let s2 = lab
         .spawn(Host::Mh, &ttcp, &["send", "--connect", &fh2, "--bytes", &n])
         .unwrap();

@@ -49,6 +49,18 @@ fn on<T: Send + 'static>(
 }
 
 /// ttcp sender in `from`, receiver in `to`; returns both reports.
+/// Waits until the `--listen ADDR:PORT` of `args` is bound in `h`.
+fn wait_listening(lab: &Lab, h: Host, args: &[&str]) {
+    if let Some(port) = args
+        .iter()
+        .position(|a| *a == "--listen")
+        .and_then(|i| args.get(i + 1))
+        .and_then(|a| a.rsplit(':').next()?.parse().ok())
+    {
+        lab.wait_listening(h, port).unwrap();
+    }
+}
+
 fn ttcp_pair(
     lab: &mut Lab,
     send: (Host, &[&str]),
@@ -60,12 +72,16 @@ fn ttcp_pair(
     sa.extend_from_slice(send.1);
     let mut ra = vec!["recv", "--bytes", bytes];
     ra.extend_from_slice(recv.1);
-    // Listener first; the connecting side retries anyway.
+    // Listener first, and bound before the other side connects: a connection through
+    // msrd in transparent mode is accepted by msrd at once, and if the FH then refuses,
+    // the MH's ttcp sees a reset rather than a refused connect it would retry.
     let (s_idx, r_idx) = if sa.contains(&"--listen") {
         let s = lab.spawn(send.0, &ttcp, &sa).unwrap();
+        wait_listening(lab, send.0, send.1);
         (s, lab.spawn(recv.0, &ttcp, &ra).unwrap())
     } else {
         let r = lab.spawn(recv.0, &ttcp, &ra).unwrap();
+        wait_listening(lab, recv.0, recv.1);
         (lab.spawn(send.0, &ttcp, &sa).unwrap(), r)
     };
     let (_, rout, rerr) = lab.wait(r_idx, Duration::from_secs(60)).unwrap();
