@@ -170,6 +170,30 @@ impl Handoffs {
         st.hold_gen
     }
 
+    /// The answer to greeting `g`, remembered so that a retransmitted greeting gets it
+    /// again.
+    fn answer(
+        &self,
+        mh: IpAddr,
+        g: &Greeting,
+        status: GreetStatus,
+        reason: Option<String>,
+        connections: usize,
+    ) -> GreetReply {
+        let r = GreetReply {
+            msr: self.me.clone(),
+            nonce: g.nonce.clone(),
+            status,
+            reason,
+            connections,
+        };
+        let mut m = self.mhs.lock().unwrap();
+        let st = m.entry(mh).or_default();
+        st.last_nonce = Some(r.nonce.clone());
+        st.last_reply = Some(r.clone());
+        r
+    }
+
     fn hold_gen(&self, mh: IpAddr) -> u64 {
         self.mhs.lock().unwrap().get(&mh).map_or(0, |s| s.hold_gen)
     }
@@ -876,18 +900,14 @@ async fn on_greeting(d: &Arc<Daemon>, sock: &Arc<UdpSocket>, from: SocketAddr, m
         return; // Meant for another MSR whose cell overlaps ours.
     }
     let mh = crate::admission::canonical(g.mh);
-    let mk = |status, reason: Option<String>, connections| GreetReply {
-        msr: h.me.clone(),
-        nonce: g.nonce.clone(),
-        status,
-        reason,
-        connections,
-    };
-    if crate::admission::canonical(from.ip()) != mh || !d.is_mh(mh) {
+    let count_rejected = || {
         d.sessions
             .stats
             .greetings_rejected
-            .fetch_add(1, Ordering::Relaxed);
+            .fetch_add(1, Ordering::Relaxed)
+    };
+    if crate::admission::canonical(from.ip()) != mh || !d.is_mh(mh) {
+        count_rejected();
         warn!(%from, mh = %g.mh, "greeting rejected: sender is not the MH it names, or not an MH of ours");
         return;
     }
@@ -901,12 +921,6 @@ async fn on_greeting(d: &Arc<Daemon>, sock: &Arc<UdpSocket>, from: SocketAddr, m
     if let Some(r) = again {
         return reply(sock, from, &r).await;
     }
-    let remember = |r: &GreetReply| {
-        let mut m = h.mhs.lock().unwrap();
-        let st = m.entry(mh).or_default();
-        st.last_nonce = Some(r.nonce.clone());
-        st.last_reply = Some(r.clone());
-    };
     let sessions = d.sessions.of_mh(mh);
     if sessions.iter().any(|s| s.frozen.load(Ordering::Relaxed)) {
         // We are handing this MH's connections to another MSR right now: answer once
@@ -914,11 +928,11 @@ async fn on_greeting(d: &Arc<Daemon>, sock: &Arc<UdpSocket>, from: SocketAddr, m
         debug!(%mh, "greeting deferred: a handoff of this MH is under way");
         return;
     }
+    // None of them is frozen (above): they are live here.
     let local = sessions.len();
-    let live_here = local > 0 && sessions.iter().all(|s| !s.frozen.load(Ordering::Relaxed));
     // First contact; or back at the MSR that still serves the connections (the other
     // MSR failed, crashed or never took them): nothing to fetch, only routing.
-    if g.prev_msr.is_empty() || g.prev_msr == h.me || live_here {
+    if g.prev_msr.is_empty() || g.prev_msr == h.me || local > 0 {
         let bound = h.token(mh);
         let ok = match (&bound, &msg.token) {
             (Some(t), _) => g.verify(t),
@@ -932,36 +946,24 @@ async fn on_greeting(d: &Arc<Daemon>, sock: &Arc<UdpSocket>, from: SocketAddr, m
             (None, None) => local == 0,
         };
         if !ok {
-            d.sessions
-                .stats
-                .greetings_rejected
-                .fetch_add(1, Ordering::Relaxed);
+            count_rejected();
             warn!(%mh, "attachment refused: greeting proof does not match the MH's token");
-            let r = mk(
-                GreetStatus::Refused,
-                Some("proof does not match the MH's session token".into()),
-                0,
-            );
-            remember(&r);
+            let reason = Some("proof does not match the MH's session token".into());
+            let r = h.answer(mh, &g, GreetStatus::Refused, reason, 0);
             return reply(sock, from, &r).await;
         }
         h.hold_gen_bump(mh);
         release(d, mh);
         take_over(d, mh);
         info!(%mh, connections = local, "MH attached");
-        let r = mk(GreetStatus::Attached, None, local);
-        remember(&r);
+        let r = h.answer(mh, &g, GreetStatus::Attached, None, local);
         return reply(sock, from, &r).await;
     }
     let Some(peer) = h.cfg.peer(&g.prev_msr).cloned() else {
-        d.sessions
-            .stats
-            .greetings_rejected
-            .fetch_add(1, Ordering::Relaxed);
+        count_rejected();
         let reason = format!("previous MSR {:?} is not a peer of {}", g.prev_msr, h.me);
         warn!(%mh, %reason, "greeting refused");
-        let r = mk(GreetStatus::Refused, Some(reason), 0);
-        remember(&r);
+        let r = h.answer(mh, &g, GreetStatus::Refused, Some(reason), 0);
         return reply(sock, from, &r).await;
     };
     let id = h.next_id.fetch_add(1, Ordering::Relaxed);
@@ -982,19 +984,6 @@ async fn new_side(
     let g = m.greeting().clone();
     let mh = crate::admission::canonical(g.mh);
     let prev = g.prev_msr.clone();
-    let mk = |status, reason: Option<String>, connections| GreetReply {
-        msr: h.me.clone(),
-        nonce: g.nonce.clone(),
-        status,
-        reason,
-        connections,
-    };
-    let remember = |r: &GreetReply| {
-        let mut mm = h.mhs.lock().unwrap();
-        let st = mm.entry(mh).or_default();
-        st.last_nonce = Some(r.nonce.clone());
-        st.last_reply = Some(r.clone());
-    };
     let timeout = Duration::from_millis(h.cfg.images_timeout_ms);
     let mut ch: Option<Channel> = None;
     let mut restored: Vec<Restored> = Vec::new();
@@ -1008,8 +997,7 @@ async fn new_side(
                 Action::Hold(mh) => {
                     hold(&d, h, mh);
                     // From here the MH may send through us: its segments are held.
-                    let r = mk(GreetStatus::Holding, None, 0);
-                    remember(&r);
+                    let r = h.answer(mh, &g, GreetStatus::Holding, None, 0);
                     reply(&sock, mh_addr, &r).await;
                 }
                 Action::Send(msg) => {
@@ -1115,11 +1103,10 @@ async fn new_side(
                     let reason = r.reason.clone();
                     write_log(&d, r, &entries);
                     let rep = if ok {
-                        mk(GreetStatus::Moved, None, moved)
+                        h.answer(mh, &g, GreetStatus::Moved, None, moved)
                     } else {
-                        mk(GreetStatus::Failed, reason, 0)
+                        h.answer(mh, &g, GreetStatus::Failed, reason, 0)
                     };
-                    remember(&rep);
                     reply(&sock, mh_addr, &rep).await;
                 }
                 other => debug!(action = ?other, "not a new-side action"),

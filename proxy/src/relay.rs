@@ -101,10 +101,10 @@ async fn or_pause<T>(
     }
 }
 
-/// Writes `buf` to `dst`, unless paused: then returns what is left.
+/// Writes `buf` to `dst`, unless paused: then returns (a copy of) what is left.
 async fn write_pending(
     dst: &TcpStream,
-    mut buf: Vec<u8>,
+    buf: &[u8],
     pause: &mut watch::Receiver<bool>,
     count: &AtomicU64,
 ) -> Result<Option<Vec<u8>>, Failure> {
@@ -117,7 +117,8 @@ async fn write_pending(
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                 match or_pause(dst.writable(), pause).await {
-                    None => return Ok(Some(buf.split_off(off))),
+                    // Copied only when paused: the normal path allocates nothing.
+                    None => return Ok(Some(buf[off..].to_vec())),
                     Some(r) => r.map_err(Failure::Dst)?,
                 }
             }
@@ -136,7 +137,7 @@ async fn pump(
     pending: Vec<u8>,
     mut pause: watch::Receiver<bool>,
 ) -> Result<Flow, Failure> {
-    if let Some(left) = write_pending(dst, pending, &mut pause, count).await? {
+    if let Some(left) = write_pending(dst, &pending, &mut pause, count).await? {
         return Ok(Flow::Paused(left));
     }
     let flow = match opts.splice {
@@ -314,7 +315,7 @@ async fn pump_copy(
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
             Err(e) => return Err(Failure::Src(e)),
         };
-        if let Some(left) = write_pending(dst, buf[..n].to_vec(), pause, count).await? {
+        if let Some(left) = write_pending(dst, &buf[..n], pause, count).await? {
             return Ok(Flow::Paused(left));
         }
     }

@@ -270,49 +270,43 @@ impl Sessions {
             "Relayed connections now open.",
             self.len() as u64,
         );
-        m(
-            "connections_total",
-            "counter",
-            "Relayed connections opened.",
-            g(&st.connections_total),
-        );
-        m(
-            "connections_failed_total",
-            "counter",
-            "Requests whose fixed side could not be opened.",
-            g(&st.connections_failed),
-        );
-        m(
-            "refused_not_mh_total",
-            "counter",
-            "Requests from outside the MH prefixes.",
-            g(&st.refused_not_mh),
-        );
-        m(
-            "refused_limit_total",
-            "counter",
-            "Requests refused by connection limits.",
-            g(&st.refused_limit),
-        );
-        m(
-            "refused_rate_total",
-            "counter",
-            "Requests refused by the accept-rate limit.",
-            g(&st.refused_rate),
-        );
-        m(
-            "malformed_requests_total",
-            "counter",
-            "Requests that broke the protocol.",
-            g(&st.malformed_requests),
-        );
-        m(
-            "aborted_total",
-            "counter",
-            "Relays ended by a reset on either side.",
-            g(&st.aborted),
-        );
+        // Every plain counter, in one table.
         for (name, help, v) in [
+            (
+                "connections_total",
+                "Relayed connections opened.",
+                &st.connections_total,
+            ),
+            (
+                "connections_failed_total",
+                "Requests whose fixed side could not be opened.",
+                &st.connections_failed,
+            ),
+            (
+                "refused_not_mh_total",
+                "Requests from outside the MH prefixes.",
+                &st.refused_not_mh,
+            ),
+            (
+                "refused_limit_total",
+                "Requests refused by connection limits.",
+                &st.refused_limit,
+            ),
+            (
+                "refused_rate_total",
+                "Requests refused by the accept-rate limit.",
+                &st.refused_rate,
+            ),
+            (
+                "malformed_requests_total",
+                "Requests that broke the protocol.",
+                &st.malformed_requests,
+            ),
+            (
+                "aborted_total",
+                "Relays ended by a reset on either side.",
+                &st.aborted,
+            ),
             (
                 "handoffs_in_total",
                 "Handoffs that moved an MH's connections here.",
