@@ -19,7 +19,6 @@ pub mod log;
 pub mod machine;
 pub mod packet;
 pub mod repair;
-pub mod wire;
 
 pub use image::{
     capture, delete, restart, restore, unfreeze, DeleteError, ImageError, Keepalive, RecvImage,

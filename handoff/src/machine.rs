@@ -13,7 +13,8 @@
 use std::net::IpAddr;
 
 use crate::log::{Outcome, Phases, Record, Role};
-use crate::wire::{ConnImage, Greeting, Message};
+use itcp_proto::channel::{ConnImage, Message};
+use itcp_proto::greeting::Greeting;
 
 /// What the daemon must do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -253,7 +254,7 @@ impl OldSide {
             state: OldState::Capturing,
             phases: Phases::default(),
             ids: Vec::new(),
-            token: token.map(crate::wire::hex),
+            token: token.map(itcp_proto::hex::hex),
         };
         now_phase(&mut s.phases.mh_in, now_us);
         let refuse = |s: &mut OldSide, reason: &str| {

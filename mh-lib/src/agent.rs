@@ -17,7 +17,7 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use itcp_handoff::wire::{GreetMsg, GreetReply, GreetStatus, Greeting};
+use itcp_proto::greeting::{GreetMsg, GreetReply, GreetStatus, Greeting};
 use serde::Serialize;
 
 use crate::mobility::{Beacon, Decision, Detector, Policy};
@@ -120,7 +120,7 @@ fn unix_ms() -> u64 {
 }
 
 fn nonce() -> io::Result<[u8; 16]> {
-    Ok(Token::random()?.0)
+    Ok(crate::token::random_token()?.0)
 }
 
 /// Points the gateway address at `mac` (`ip neigh replace … nud permanent`).

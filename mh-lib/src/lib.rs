@@ -82,7 +82,8 @@ pub mod mobility;
 #[cfg(feature = "tokio")]
 pub mod nonblocking;
 pub mod options;
-pub mod socks;
+/// The request protocol's codec (re-exported from `itcp-proto`).
+pub use itcp_proto::socks;
 pub mod token;
 
 pub use blocking::{Incoming, ItcpListener, ItcpStream};

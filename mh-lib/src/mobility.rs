@@ -17,18 +17,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-/// An MSR's advertisement, as broadcast on its cell (UDP, JSON).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Beacon {
-    /// The MSR's id (as in its config and the handoff log).
-    pub msr: String,
-    /// Its cell MAC, which the MH's agent points the shared gateway address at.
-    pub mac: String,
-    /// How long this advertisement is valid.
-    pub lifetime_ms: u64,
-    /// Increases with every beacon of this MSR.
-    pub seq: u64,
-}
+pub use itcp_proto::beacon::Beacon;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

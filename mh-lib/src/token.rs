@@ -54,7 +54,7 @@ pub fn load_or_create_token_file(path: &Path) -> io::Result<Token> {
             .create(dir)
             .map_err(|e| annotate(e, "creating directory", dir))?;
     }
-    let token = Token::random()?;
+    let token = random_token()?;
     let tmp = temp_path(path);
     let _ = fs::remove_file(&tmp); // a stale leftover of a dead process with our pid
     let result = write_new(&tmp, &token).and_then(|()| match fs::hard_link(&tmp, path) {
@@ -77,6 +77,16 @@ pub(crate) fn token_from_file_or_process(path: &Path) -> io::Result<Token> {
     }
 }
 
+/// A fresh random token from `/dev/urandom`.
+pub fn random_token() -> io::Result<Token> {
+    use std::io::Read;
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| io::Error::new(e.kind(), format!("reading /dev/urandom: {e}")))?;
+    Ok(Token(bytes))
+}
+
 /// The random token of this process (drawn once, on first use), used when no shared
 /// token is available.
 pub fn process_token() -> io::Result<Token> {
@@ -84,7 +94,7 @@ pub fn process_token() -> io::Result<Token> {
     if let Some(t) = TOKEN.get() {
         return Ok(*t);
     }
-    let fresh = Token::random()?;
+    let fresh = random_token()?;
     Ok(*TOKEN.get_or_init(|| fresh))
 }
 
@@ -143,7 +153,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!(
             "itcp-mh-test-{tag}-{}-{:x}",
             std::process::id(),
-            Token::random().unwrap().0[0]
+            random_token().unwrap().0[0]
         ));
         let _ = fs::remove_dir_all(&dir);
         dir

@@ -8,7 +8,7 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use itcp_config::BeaconSection;
-use itcp_mh::mobility::Beacon;
+use itcp_proto::beacon::Beacon;
 use tokio::sync::watch;
 use tracing::{debug, warn};
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use itcp_config::{MsrdConfig, TcpTuning};
-use itcp_mh::socks::{self, Addr, Command, Method, ProtoError, Reply, Token};
+use itcp_proto::socks::{self, Addr, Command, Method, ProtoError, Reply, Token};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;

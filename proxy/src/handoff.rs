@@ -24,11 +24,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use itcp_config::{HandoffSection, UnackedPolicy};
 use itcp_handoff::log::{self as hlog, ConnEntry, Record};
 use itcp_handoff::machine::{Action, NewEvent, NewSide, OldEvent, OldSide};
-use itcp_handoff::wire::{
-    self, ConnImage, Envelope, GreetMsg, GreetReply, GreetStatus, Greeting, Message, ReplayGuard,
-    WireError,
-};
 use itcp_handoff::{RestoreOptions, SocketImage, UnackedRestore};
+use itcp_proto::channel::{self as wire, ConnImage, Envelope, Message, ReplayGuard, WireError};
+use itcp_proto::greeting::{GreetMsg, GreetReply, GreetStatus, Greeting};
+use itcp_proto::hex::{hex, unhex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use tokio::sync::oneshot;
@@ -936,7 +935,7 @@ async fn on_greeting(d: &Arc<Daemon>, sock: &Arc<UdpSocket>, from: SocketAddr, m
         let bound = h.token(mh);
         let ok = match (&bound, &msg.token) {
             (Some(t), _) => g.verify(t),
-            (None, Some(hex)) => match wire::unhex(hex) {
+            (None, Some(hex)) => match unhex(hex) {
                 Some(t) if g.verify(&t) => {
                     h.bind_token(mh, &t);
                     true
@@ -1029,7 +1028,7 @@ async fn new_side(
                         tracing::error!("MSRD_FAULT=exit_before_restore: exiting mid-handoff");
                         std::process::exit(70);
                     }
-                    if let Some(t) = m.token().and_then(wire::unhex) {
+                    if let Some(t) = m.token().and_then(unhex) {
                         let mut mm = h.mhs.lock().unwrap();
                         mm.entry(mh).or_default().token = Some(t);
                     }
@@ -1146,7 +1145,7 @@ async fn new_side(
 pub fn greeting_bytes(g: &Greeting, token: Option<&[u8]>) -> Vec<u8> {
     serde_json::to_vec(&GreetMsg {
         greeting: g.clone(),
-        token: token.map(wire::hex),
+        token: token.map(hex),
     })
     .expect("greetings serialize")
 }

@@ -227,7 +227,7 @@ fn a_greeting_without_valid_proof_moves_nothing() {
     lab.assoc(&[1, 2]).unwrap();
     std::thread::sleep(Duration::from_millis(500));
     // An impostor in cell 2 greets MSR2 for the MH, naming MSR1, with a wrong token.
-    let g = itcp_handoff::wire::Greeting::new(
+    let g = itcp_proto::greeting::Greeting::new(
         b"not the MH's token",
         "10.2.0.100".parse().unwrap(),
         "msr1",
@@ -358,7 +358,8 @@ fn killing_the_new_msr_mid_handoff_loses_nothing() {
 
 #[test]
 fn forged_and_replayed_msr_messages_are_rejected() {
-    use itcp_handoff::wire::{seal, Envelope, Greeting, Message};
+    use itcp_proto::channel::{seal, Envelope, Message};
+    use itcp_proto::greeting::Greeting;
     let mut lab = mobile_lab(2, 51);
     let bytes = 8 << 20;
     let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
@@ -387,7 +388,7 @@ fn forged_and_replayed_msr_messages_are_rejected() {
     // Forged: sealed with a key that is not the pair's.
     let forged = seal(&env(u64::MAX - 10), &[0x42; 16]);
     // Properly sealed (the lab's key for the pair msr1–msr2), then replayed.
-    let key = itcp_handoff::wire::unhex(&format!("{:032x}", 102)).unwrap();
+    let key = itcp_proto::hex::unhex(&format!("{:032x}", 102)).unwrap();
     let genuine = seal(&env(u64::MAX - 5), &key);
     let send = |frame: &[u8]| {
         let frame = frame.to_vec();

@@ -263,16 +263,6 @@ impl fmt::Display for Reply {
 pub struct Token(pub [u8; 16]);
 
 impl Token {
-    /// A fresh random token from `/dev/urandom`.
-    pub fn random() -> io::Result<Token> {
-        use std::io::Read;
-        let mut bytes = [0u8; 16];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| f.read_exact(&mut bytes))
-            .map_err(|e| io::Error::new(e.kind(), format!("reading /dev/urandom: {e}")))?;
-        Ok(Token(bytes))
-    }
-
     /// Parses 32 hex digits (either case; surrounding whitespace is ignored).
     pub fn from_hex(s: &str) -> Option<Token> {
         let s = s.trim().as_bytes();
@@ -1168,13 +1158,6 @@ mod tests {
         assert_eq!(format!("{t:?}"), "Token(0011…)");
         assert!(t.ct_eq(&t));
         assert!(!t.ct_eq(&Token([0; 16])));
-    }
-
-    #[test]
-    fn random_tokens_differ() {
-        let a = Token::random().unwrap();
-        let b = Token::random().unwrap();
-        assert_ne!(a, b);
     }
 
     #[test]

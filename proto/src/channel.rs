@@ -10,18 +10,16 @@
 //! addressed to someone else, whose sequence number it has already seen from that
 //! sender (replayed) or whose timestamp is too far from its own clock (stale).
 //!
-//! The MH's greeting carries its own proof: an HMAC under the MH's session token (the
-//! secret the MH presented when it opened its connections), which only the old MSR —
-//! holding that token — can check. Nobody can take another host's connections by
-//! greeting an MSR.
+//! The MH's greeting ([`crate::greeting`]) travels inside a handoff request.
 
 use std::collections::HashMap;
 use std::fmt;
-use std::net::IpAddr;
 
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
+
+use crate::greeting::Greeting;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -79,128 +77,6 @@ pub struct ConnImage {
     /// MH's listening address, re-created at the new MSR.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listen: Option<String>,
-}
-
-/// The MH's greeting to its new MSR (paper step 2), with proof of ownership.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Greeting {
-    pub mh: IpAddr,
-    pub prev_msr: String,
-    pub new_msr: String,
-    pub ts_ms: u64,
-    /// 16 random bytes, hex.
-    pub nonce: String,
-    /// HMAC-SHA256(token, "itcp-greeting" · mh · prev · new · ts · nonce), hex.
-    pub proof: String,
-}
-
-fn greeting_mac(
-    token: &[u8],
-    mh: IpAddr,
-    prev: &str,
-    new: &str,
-    ts_ms: u64,
-    nonce: &str,
-) -> HmacSha256 {
-    let mut m = HmacSha256::new_from_slice(token).expect("HMAC takes any key length");
-    for part in [
-        b"itcp-greeting".as_slice(),
-        mh.to_string().as_bytes(),
-        prev.as_bytes(),
-        new.as_bytes(),
-        &ts_ms.to_be_bytes(),
-        nonce.as_bytes(),
-    ] {
-        m.update(&(part.len() as u32).to_be_bytes());
-        m.update(part);
-    }
-    m
-}
-
-impl Greeting {
-    /// Builds a greeting proven with the MH's session `token`.
-    pub fn new(
-        token: &[u8],
-        mh: IpAddr,
-        prev_msr: &str,
-        new_msr: &str,
-        ts_ms: u64,
-        nonce: [u8; 16],
-    ) -> Greeting {
-        let nonce = hex(&nonce);
-        let proof = hex(&greeting_mac(token, mh, prev_msr, new_msr, ts_ms, &nonce)
-            .finalize()
-            .into_bytes());
-        Greeting {
-            mh,
-            prev_msr: prev_msr.into(),
-            new_msr: new_msr.into(),
-            ts_ms,
-            nonce,
-            proof,
-        }
-    }
-
-    /// True if the proof was made with `token` (constant-time comparison).
-    pub fn verify(&self, token: &[u8]) -> bool {
-        let Some(proof) = unhex(&self.proof) else {
-            return false;
-        };
-        greeting_mac(
-            token,
-            self.mh,
-            &self.prev_msr,
-            &self.new_msr,
-            self.ts_ms,
-            &self.nonce,
-        )
-        .verify_slice(&proof)
-        .is_ok()
-    }
-}
-
-/// MH → MSR, UDP to the greeting port (broadcast on the cell): "I am here now".
-/// `greeting.new_msr` names the MSR meant; others ignore it. At the first attachment
-/// (`prev_msr` empty) the MH also registers its session `token` (hex).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GreetMsg {
-    pub greeting: Greeting,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub token: Option<String>,
-}
-
-/// Where a greeting stands, as the MSR tells the MH.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum GreetStatus {
-    /// The MSR holds the MH's flows and is fetching its connections: the MH may send
-    /// through this MSR now.
-    Holding,
-    /// Attached with nothing to move (first contact, or coming back to the MSR that
-    /// still holds the connections).
-    Attached,
-    /// The connections are here and running.
-    Moved,
-    /// The handoff failed; the connections stayed at the previous MSR.
-    Failed,
-    /// Refused (bad proof, unknown previous MSR, malformed): see the reason.
-    Refused,
-}
-
-/// MSR → MH, UDP, answering a greeting (repeated for duplicate greetings).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GreetReply {
-    pub msr: String,
-    /// The greeting's nonce.
-    pub nonce: String,
-    pub status: GreetStatus,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    #[serde(default)]
-    pub connections: usize,
 }
 
 /// The signed envelope of every MSR⇄MSR message.
@@ -424,36 +300,6 @@ pub fn open(
     Ok(Some((env, total)))
 }
 
-/// Lower-case hex. Images carry queued bytes (megabytes): a table lookup per nibble,
-/// not a `format!` per byte (30× faster).
-pub fn hex(b: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = Vec::with_capacity(b.len() * 2);
-    for &x in b {
-        out.push(DIGITS[(x >> 4) as usize]);
-        out.push(DIGITS[(x & 15) as usize]);
-    }
-    String::from_utf8(out).expect("hex digits are ASCII")
-}
-
-pub fn unhex(s: &str) -> Option<Vec<u8>> {
-    fn nibble(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            b'A'..=b'F' => Some(c - b'A' + 10),
-            _ => None,
-        }
-    }
-    let b = s.as_bytes();
-    if b.len() % 2 != 0 {
-        return None;
-    }
-    b.chunks_exact(2)
-        .map(|p| Some(nibble(p[0])? << 4 | nibble(p[1])?))
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -531,31 +377,6 @@ mod tests {
             open(b"GET / HTTP/1.1\r\n", keys, &mut g, 0).unwrap_err(),
             WireError::BadMagic
         );
-    }
-
-    #[test]
-    fn greeting_proof_needs_the_token() {
-        let mh: IpAddr = "10.2.0.100".parse().unwrap();
-        let g = Greeting::new(b"0123456789abcdef", mh, "msr1", "msr2", 5, [3; 16]);
-        assert!(g.verify(b"0123456789abcdef"));
-        assert!(!g.verify(b"another token..."));
-        // Changing any field breaks the proof.
-        let mut h = g.clone();
-        h.mh = "10.2.0.101".parse().unwrap();
-        assert!(!h.verify(b"0123456789abcdef"));
-        let mut h = g;
-        h.new_msr = "msr3".into();
-        assert!(!h.verify(b"0123456789abcdef"));
-    }
-
-    #[test]
-    fn hex_round_trip() {
-        assert_eq!(
-            unhex(&hex(&[0, 1, 254, 255])).unwrap(),
-            vec![0, 1, 254, 255]
-        );
-        assert!(unhex("abc").is_none());
-        assert!(unhex("zz").is_none());
     }
 
     #[test]
