@@ -14,6 +14,7 @@
 //! forged packet (the peer's FIN, replayed to a restored half-closed socket) in
 //! [`packet`]; everything else is safe code.
 
+pub mod greet;
 pub mod image;
 pub mod log;
 pub mod machine;

@@ -1,38 +1,58 @@
 //! The handoff between two MSRs as plain state machines (paper §5.4, steps 2–10), with
-//! no sockets, clocks or syscalls: the daemon feeds events in and carries the actions
-//! out (install a flow hold, freeze and capture sockets, send a message, restore,
-//! reroute, delete, roll back). Tests drive both sides against each other.
+//! no sockets, clocks or syscalls (quinn-proto style): the daemon feeds events in with
+//! the current time, carries the actions out (hold the MH's flows, freeze and capture
+//! sockets, send a message, restore, restart, reroute, delete, roll back) and reports
+//! their results back as events. [`NewSide::poll_timeout`] / [`OldSide::poll_timeout`]
+//! give the next absolute deadline; the daemon calls `handle_timeout` once it passes.
+//! Tests drive both sides against each other.
 //!
-//! New MSR: greeting → hold the MH's flows, ask the old MSR → images → restore and
-//! restart → reroute the MH to us, release the holds, acknowledge.
-//! Old MSR: request (proof checked against the MH's session token) → freeze and capture
-//! → send images → acknowledgement → delete the old copies silently. If the
-//! acknowledgement does not come in time (or an abort does), unfreeze and keep serving:
-//! no connection is lost because a handoff failed.
+//! New MSR: greeting → ask the old MSR → `Accepted` (the proof verified) → hold the
+//! MH's flows → images → restore → reroute, release, restart → acknowledge the
+//! connections that really resumed.
+//! Old MSR: request (proof checked against the MH's session token, greeting not used
+//! before) → `Accepted`, freeze and capture → images → acknowledgement → delete the
+//! resumed copies silently, keep (unfreeze) the ones that did not resume. Without an
+//! acknowledgement in time (or with an abort), unfreeze and keep serving: no
+//! connection is lost because a handoff failed, and none is deleted that did not
+//! resume at the new MSR.
+//!
+//! Nothing an unauthenticated greeting says makes the new MSR hold anything: the hold
+//! goes up only once the old MSR (which holds the MH's token) has accepted the proof.
 
 use std::net::IpAddr;
 
-use crate::log::{Outcome, Phases, Record, Role};
 use itcp_proto::channel::{ConnImage, Message};
 use itcp_proto::greeting::Greeting;
+
+use crate::log::{Outcome, Phases, Record, Role};
 
 /// What the daemon must do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Action {
     /// Hold (queue or drop, never answer) every packet of this MH's I-TCP flows until
-    /// released; re-create its listeners.
+    /// released; tell the MH it may send through us.
     Hold(IpAddr),
     Release(IpAddr),
+    /// A proven greeting was used: later greetings of this MH must be newer.
+    GreetingUsed {
+        mh: IpAddr,
+        ts_ms: u64,
+    },
     /// Block the MH's flows at the netfilter level, then capture every socket of its
-    /// connections (the daemon answers with [`OldEvent::Captured`]).
+    /// connections (the daemon answers with [`OldEvent::Captured`] or
+    /// [`OldEvent::CaptureFailed`]).
     FreezeAndCapture(IpAddr),
-    /// Leave repair mode and unblock: the old MSR keeps serving (rollback).
+    /// Leave repair mode and unblock every connection of this MH still frozen here:
+    /// the old MSR keeps serving them.
     Unfreeze(IpAddr),
-    /// Close the frozen copies while still in repair mode (no FIN, no RST).
+    /// Close these frozen copies while still in repair mode (no FIN, no RST).
     Delete(Vec<u64>),
-    /// Restore and restart these connections (the daemon answers with
+    /// Restore these connections in repair mode (the daemon answers with
     /// [`NewEvent::Restored`]).
     Restore(Vec<ConnImage>),
+    /// Restart these restored connections and start relaying (the daemon answers with
+    /// [`NewEvent::Restarted`]; one that fails is closed silently, still in repair).
+    Restart(Vec<u64>),
     /// Make the fixed network deliver the MH's traffic here (proxy ARP + gratuitous ARP).
     Reroute(IpAddr),
     /// Send to the other MSR.
@@ -41,9 +61,22 @@ pub enum Action {
     Log(Record),
 }
 
-/// Phases are stamped in µs since the UNIX epoch (`now_us` everywhere).
-fn now_phase(p: &mut Option<u64>, now_us: u64) {
-    *p = Some(now_us);
+/// How long each side waits for the other (µs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// New MSR: from the request to the images.
+    pub images_us: u64,
+    /// Old MSR: from the images sent to the acknowledgement.
+    pub ack_us: u64,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            images_us: 5_000_000,
+            ack_us: 5_000_000,
+        }
+    }
 }
 
 /// Events at the new MSR.
@@ -55,13 +88,19 @@ pub enum NewEvent {
         restored: Vec<u64>,
         failed: Vec<(u64, String)>,
     },
-    Timeout,
+    /// Restart results: ids now running here, and failures with reasons.
+    Restarted {
+        resumed: Vec<u64>,
+        failed: Vec<(u64, String)>,
+    },
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum NewState {
+    WaitingAccept,
     WaitingImages,
     Restoring,
+    Restarting,
     Done,
 }
 
@@ -73,43 +112,53 @@ pub struct NewSide {
     greeting: Greeting,
     state: NewState,
     phases: Phases,
-    images: Vec<ConnImage>,
     token: Option<String>,
+    deadline: u64,
+    restore_failed: Vec<(u64, String)>,
 }
 
 impl NewSide {
-    /// An MH greeted us (the proof is checked by the old MSR, which holds the token).
+    /// An MH greeted us naming its previous MSR: ask that MSR (which holds the MH's
+    /// token and checks the proof). Nothing is held yet.
     pub fn start(
         handoff_id: u64,
         me: &str,
         greeting: Greeting,
         now_us: u64,
+        t: Timeouts,
     ) -> (NewSide, Vec<Action>) {
-        let mut phases = Phases::default();
-        now_phase(&mut phases.greeting, now_us);
-        now_phase(&mut phases.mh_in, now_us);
-        let mh = greeting.mh;
+        let phases = Phases {
+            greeting: Some(now_us),
+            mh_in: Some(now_us),
+            ..Phases::default()
+        };
         let s = NewSide {
             handoff_id,
             me: me.into(),
             greeting: greeting.clone(),
-            state: NewState::WaitingImages,
+            state: NewState::WaitingAccept,
             phases,
-            images: Vec::new(),
             token: None,
+            deadline: now_us + t.images_us,
+            restore_failed: Vec::new(),
         };
-        let acts = vec![
-            Action::Hold(mh),
-            Action::Send(Message::HandoffRequest {
-                handoff_id,
-                greeting,
-            }),
-        ];
+        let acts = vec![Action::Send(Message::HandoffRequest {
+            handoff_id,
+            greeting,
+        })];
         (s, acts)
     }
 
     pub fn done(&self) -> bool {
         self.state == NewState::Done
+    }
+
+    /// True once the MH's flows are held here (the proof was accepted).
+    pub fn holding(&self) -> bool {
+        matches!(
+            self.state,
+            NewState::WaitingImages | NewState::Restoring | NewState::Restarting
+        )
     }
 
     /// The MH's session token as the old MSR sent it (hex), once the images are in.
@@ -120,6 +169,15 @@ impl NewSide {
     /// The greeting this handoff started with.
     pub fn greeting(&self) -> &Greeting {
         &self.greeting
+    }
+
+    /// The next deadline (µs), while waiting for the old MSR.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        matches!(
+            self.state,
+            NewState::WaitingAccept | NewState::WaitingImages
+        )
+        .then_some(self.deadline)
     }
 
     fn record(
@@ -143,16 +201,59 @@ impl NewSide {
         }
     }
 
-    fn give_up(&mut self, reason: String) -> Vec<Action> {
+    fn give_up(&mut self, outcome: Outcome, reason: String) -> Vec<Action> {
+        let held = self.holding();
         self.state = NewState::Done;
-        vec![
-            Action::Release(self.greeting.mh),
-            Action::Log(self.record(Outcome::RolledBack, Some(reason), vec![])),
-        ]
+        let mut acts = Vec::new();
+        if held {
+            acts.push(Action::Release(self.greeting.mh));
+        }
+        acts.push(Action::Log(self.record(outcome, Some(reason), vec![])));
+        acts
+    }
+
+    /// The deadline passed (the daemon calls this once `now_us >= poll_timeout()`).
+    pub fn handle_timeout(&mut self, now_us: u64) -> Vec<Action> {
+        match self.poll_timeout() {
+            Some(d) if now_us >= d => {
+                let why = if self.state == NewState::WaitingAccept {
+                    "old MSR did not answer the request in time"
+                } else {
+                    "old MSR did not send the images in time"
+                };
+                // Tell the old MSR, which may have frozen already: it rolls back now
+                // rather than at its own deadline.
+                let mut acts = vec![Action::Send(Message::Abort {
+                    handoff_id: self.handoff_id,
+                    reason: why.into(),
+                })];
+                acts.extend(self.give_up(Outcome::RolledBack, why.into()));
+                acts
+            }
+            _ => vec![],
+        }
+    }
+
+    /// The channel to the old MSR failed (closed, unauthenticated bytes): give up now.
+    pub fn handle_channel_lost(&mut self, reason: &str) -> Vec<Action> {
+        match self.state {
+            NewState::WaitingAccept | NewState::WaitingImages => self.give_up(
+                Outcome::RolledBack,
+                format!("channel to the old MSR: {reason}"),
+            ),
+            _ => vec![],
+        }
     }
 
     pub fn handle(&mut self, ev: NewEvent, now_us: u64) -> Vec<Action> {
-        match (&self.state, ev) {
+        let id = self.handoff_id;
+        match (self.state, ev) {
+            (NewState::WaitingAccept, NewEvent::Message(Message::Accepted { handoff_id }))
+                if handoff_id == id =>
+            {
+                self.state = NewState::WaitingImages;
+                vec![Action::Hold(self.greeting.mh)]
+            }
             (
                 NewState::WaitingImages,
                 NewEvent::Message(Message::Images {
@@ -160,43 +261,55 @@ impl NewSide {
                     images,
                     token,
                 }),
-            ) if handoff_id == self.handoff_id => {
-                now_phase(&mut self.phases.images_sent, now_us);
+            ) if handoff_id == id => {
+                self.phases.images_sent = Some(now_us);
                 self.token = token;
                 self.state = NewState::Restoring;
-                self.images = images.clone();
                 vec![Action::Restore(images)]
             }
             (NewState::Restoring, NewEvent::Restored { restored, failed }) => {
-                now_phase(&mut self.phases.restored, now_us);
-                now_phase(&mut self.phases.resumed, now_us);
-                now_phase(&mut self.phases.acknowledged, now_us);
+                self.phases.restored = Some(now_us);
+                self.restore_failed = failed;
+                self.state = NewState::Restarting;
+                let mh = self.greeting.mh;
+                vec![
+                    Action::Reroute(mh),
+                    Action::Release(mh),
+                    Action::Restart(restored),
+                ]
+            }
+            (NewState::Restarting, NewEvent::Restarted { resumed, failed }) => {
+                self.phases.resumed = Some(now_us);
                 self.state = NewState::Done;
-                let outcome = if failed.is_empty() {
+                let mut all_failed = std::mem::take(&mut self.restore_failed);
+                all_failed.extend(failed);
+                let outcome = if all_failed.is_empty() {
                     Outcome::Moved
                 } else {
                     Outcome::Partial
                 };
+                self.phases.acknowledged = Some(now_us);
                 vec![
-                    Action::Reroute(self.greeting.mh),
-                    Action::Release(self.greeting.mh),
                     Action::Send(Message::Ack {
-                        handoff_id: self.handoff_id,
-                        restored,
-                        failed: failed.clone(),
+                        handoff_id: id,
+                        restored: resumed,
+                        failed: all_failed.clone(),
                     }),
-                    Action::Log(self.record(outcome, None, failed)),
+                    Action::Log(self.record(outcome, None, all_failed)),
                 ]
             }
-            (NewState::WaitingImages, NewEvent::Message(Message::Abort { handoff_id, reason }))
-                if handoff_id == self.handoff_id =>
-            {
-                self.give_up(format!("old MSR refused: {reason}"))
+            (
+                NewState::WaitingAccept | NewState::WaitingImages,
+                NewEvent::Message(Message::Abort { handoff_id, reason }),
+            ) if handoff_id == id => {
+                let outcome = if self.state == NewState::WaitingAccept {
+                    Outcome::Rejected
+                } else {
+                    Outcome::RolledBack
+                };
+                self.give_up(outcome, format!("old MSR refused: {reason}"))
             }
-            (NewState::WaitingImages, NewEvent::Timeout) => {
-                self.give_up("old MSR did not send the images in time".into())
-            }
-            // Anything else (late or duplicate messages) changes nothing.
+            // Anything else (late, duplicate or misplaced messages) changes nothing.
             _ => vec![],
         }
     }
@@ -211,14 +324,22 @@ pub enum OldEvent {
     /// MH's connections would strand the rest here).
     CaptureFailed(String),
     Message(Message),
-    Timeout,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum OldState {
     Capturing,
     WaitingAck,
     Done,
+}
+
+/// What the old MSR knows of the MH a request names.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MhKnown<'a> {
+    /// The MH's session token, if its connections here were opened with one.
+    pub token: Option<&'a [u8]>,
+    /// Timestamp of the newest greeting of this MH accepted so far.
+    pub last_greeting_ts: u64,
 }
 
 /// The old MSR's side of one handoff.
@@ -230,21 +351,23 @@ pub struct OldSide {
     mh: IpAddr,
     state: OldState,
     phases: Phases,
-    ids: Vec<u64>,
     token: Option<String>,
+    timeouts: Timeouts,
+    deadline: Option<u64>,
 }
 
 impl OldSide {
     /// A handoff request arrived from `from` (already authenticated as that peer).
-    /// `token` is the session token the MH presented when it opened its connections
-    /// here; None if we serve no connection of this MH.
+    /// The greeting must carry a proof under the MH's token and be newer than every
+    /// greeting accepted before; only then does anything change here.
     pub fn start(
         me: &str,
         from: &str,
         handoff_id: u64,
         greeting: &Greeting,
-        token: Option<&[u8]>,
+        known: MhKnown<'_>,
         now_us: u64,
+        timeouts: Timeouts,
     ) -> (OldSide, Vec<Action>) {
         let mut s = OldSide {
             handoff_id,
@@ -252,44 +375,63 @@ impl OldSide {
             new_msr: from.into(),
             mh: greeting.mh,
             state: OldState::Capturing,
-            phases: Phases::default(),
-            ids: Vec::new(),
-            token: token.map(itcp_proto::hex::hex),
+            phases: Phases {
+                mh_in: Some(now_us),
+                ..Phases::default()
+            },
+            token: known.token.map(itcp_proto::hex::hex),
+            timeouts,
+            deadline: None,
         };
-        now_phase(&mut s.phases.mh_in, now_us);
-        let refuse = |s: &mut OldSide, reason: &str| {
-            s.state = OldState::Done;
-            vec![
-                Action::Send(Message::Abort {
-                    handoff_id,
-                    reason: reason.into(),
-                }),
-                Action::Log(s.record(Outcome::Rejected, Some(reason.into()))),
-            ]
-        };
-        let acts = if greeting.new_msr != from || greeting.prev_msr != me {
-            refuse(
-                &mut s,
-                "greeting names other MSRs than the ones exchanging it",
-            )
-        } else if let Some(t) = token {
-            if greeting.verify(t) {
-                now_phase(&mut s.phases.freeze, now_us);
-                vec![Action::FreezeAndCapture(greeting.mh)]
+        let refusal = if greeting.new_msr != from || greeting.prev_msr != me {
+            Some("greeting names other MSRs than the ones exchanging it")
+        } else if let Some(t) = known.token {
+            if !greeting.verify(t) {
+                Some("greeting proof does not match the MH's session token")
+            } else if greeting.ts_ms <= known.last_greeting_ts {
+                Some("greeting already used (replayed)")
             } else {
-                refuse(
-                    &mut s,
-                    "greeting proof does not match the MH's session token",
-                )
+                None
             }
         } else {
-            refuse(&mut s, "no I-TCP connection of this MH here")
+            Some("no I-TCP connection of this MH here opened with a session token")
+        };
+        let acts = match refusal {
+            Some(reason) => {
+                s.state = OldState::Done;
+                s.token = None;
+                vec![
+                    Action::Send(Message::Abort {
+                        handoff_id,
+                        reason: reason.into(),
+                    }),
+                    Action::Log(s.record(Outcome::Rejected, Some(reason.into()))),
+                ]
+            }
+            None => {
+                s.phases.freeze = Some(now_us);
+                vec![
+                    Action::GreetingUsed {
+                        mh: greeting.mh,
+                        ts_ms: greeting.ts_ms,
+                    },
+                    Action::Send(Message::Accepted { handoff_id }),
+                    Action::FreezeAndCapture(greeting.mh),
+                ]
+            }
         };
         (s, acts)
     }
 
     pub fn done(&self) -> bool {
         self.state == OldState::Done
+    }
+
+    /// The next deadline (µs), while waiting for the acknowledgement.
+    pub fn poll_timeout(&self) -> Option<u64> {
+        (self.state == OldState::WaitingAck)
+            .then_some(self.deadline)
+            .flatten()
     }
 
     fn record(&self, outcome: Outcome, reason: Option<String>) -> Record {
@@ -316,12 +458,28 @@ impl OldSide {
         ]
     }
 
+    /// The deadline passed: nothing was acknowledged, serve on.
+    pub fn handle_timeout(&mut self, now_us: u64) -> Vec<Action> {
+        match self.poll_timeout() {
+            Some(d) if now_us >= d => self.roll_back("new MSR did not confirm in time".into()),
+            _ => vec![],
+        }
+    }
+
+    /// The channel to the new MSR failed (closed, crashed, unauthenticated bytes).
+    pub fn handle_channel_lost(&mut self, reason: &str) -> Vec<Action> {
+        match self.state {
+            OldState::WaitingAck => self.roll_back(format!("channel to the new MSR: {reason}")),
+            _ => vec![],
+        }
+    }
+
     pub fn handle(&mut self, ev: OldEvent, now_us: u64) -> Vec<Action> {
-        match (&self.state, ev) {
+        match (self.state, ev) {
             (OldState::Capturing, OldEvent::Captured(images)) => {
-                now_phase(&mut self.phases.images_sent, now_us);
-                self.ids = images.iter().map(|i| i.id).collect();
+                self.phases.images_sent = Some(now_us);
                 self.state = OldState::WaitingAck;
+                self.deadline = Some(now_us + self.timeouts.ack_us);
                 vec![Action::Send(Message::Images {
                     handoff_id: self.handoff_id,
                     images,
@@ -336,14 +494,14 @@ impl OldSide {
                     failed,
                 }),
             ) if handoff_id == self.handoff_id => {
-                now_phase(&mut self.phases.acknowledged, now_us);
+                self.phases.acknowledged = Some(now_us);
                 self.state = OldState::Done;
                 let mut acts = vec![Action::Delete(restored)];
                 let outcome = if failed.is_empty() {
                     Outcome::Moved
                 } else {
-                    // What the new MSR could not restore is lost unless we keep it:
-                    // those stay frozen here and are resumed.
+                    // What did not resume at the new MSR stays here, frozen copies
+                    // resumed: never deleted without a record.
                     acts.push(Action::Unfreeze(self.mh));
                     Outcome::Partial
                 };
@@ -366,9 +524,6 @@ impl OldSide {
             ) if handoff_id == self.handoff_id => {
                 self.roll_back(format!("new MSR aborted: {reason}"))
             }
-            (OldState::WaitingAck | OldState::Capturing, OldEvent::Timeout) => {
-                self.roll_back("new MSR did not confirm in time".into())
-            }
             _ => vec![],
         }
     }
@@ -379,6 +534,10 @@ mod tests {
     use super::*;
 
     const TOKEN: &[u8] = b"the MH's token..";
+    const T: Timeouts = Timeouts {
+        images_us: 1000,
+        ack_us: 5000,
+    };
 
     fn greeting() -> Greeting {
         Greeting::new(
@@ -386,17 +545,24 @@ mod tests {
             "10.2.0.100".parse().unwrap(),
             "msr1",
             "msr2",
-            1,
+            10,
             [1; 16],
         )
+    }
+
+    fn known() -> MhKnown<'static> {
+        MhKnown {
+            token: Some(TOKEN),
+            last_greeting_ts: 0,
+        }
     }
 
     fn img(id: u64) -> ConnImage {
         ConnImage {
             id,
             kind: "connect".into(),
-            wireless: "00".into(),
-            fixed: "00".into(),
+            wireless: b"00".to_vec(),
+            fixed: b"00".to_vec(),
             ..Default::default()
         }
     }
@@ -420,10 +586,14 @@ mod tests {
     }
 
     #[test]
-    fn both_sides_complete_a_handoff() {
+    fn both_sides_complete_a_handoff_with_every_phase_stamped_where_it_happens() {
         let mh = greeting().mh;
-        let (mut new, acts) = NewSide::start(9, "msr2", greeting(), 100);
-        assert_eq!(acts[0], Action::Hold(mh));
+        let (mut new, acts) = NewSide::start(9, "msr2", greeting(), 100, T);
+        assert_eq!(
+            acts.len(),
+            1,
+            "nothing but the request before the proof: {acts:?}"
+        );
         let Message::HandoffRequest {
             handoff_id,
             greeting: g,
@@ -431,11 +601,22 @@ mod tests {
         else {
             panic!()
         };
-        let (mut old, acts) = OldSide::start("msr1", "msr2", handoff_id, &g, Some(TOKEN), 101);
-        assert_eq!(acts, vec![Action::FreezeAndCapture(mh)]);
-        let acts = old.handle(OldEvent::Captured(vec![img(1), img(2)]), 102);
-        let images = sent(&acts);
-        let acts = new.handle(NewEvent::Message(images), 103);
+        let (mut old, acts) = OldSide::start("msr1", "msr2", handoff_id, &g, known(), 101, T);
+        assert_eq!(
+            acts,
+            vec![
+                Action::GreetingUsed { mh, ts_ms: 10 },
+                Action::Send(Message::Accepted { handoff_id: 9 }),
+                Action::FreezeAndCapture(mh)
+            ]
+        );
+        assert_eq!(
+            new.handle(NewEvent::Message(sent(&acts)), 102),
+            vec![Action::Hold(mh)]
+        );
+        let acts = old.handle(OldEvent::Captured(vec![img(1), img(2)]), 103);
+        assert_eq!(old.poll_timeout(), Some(103 + 5000));
+        let acts = new.handle(NewEvent::Message(sent(&acts)), 104);
         assert_eq!(acts, vec![Action::Restore(vec![img(1), img(2)])]);
         let acts = new.handle(
             NewEvent::Restored {
@@ -444,37 +625,107 @@ mod tests {
             },
             110,
         );
-        assert_eq!(&acts[..2], &[Action::Reroute(mh), Action::Release(mh)]);
-        assert_eq!(log(&acts).outcome, Outcome::Moved);
-        assert_eq!(log(&acts).duration_us(), Some(10));
-        let acts = old.handle(OldEvent::Message(sent(&acts)), 111);
+        assert_eq!(
+            acts,
+            vec![
+                Action::Reroute(mh),
+                Action::Release(mh),
+                Action::Restart(vec![1, 2])
+            ]
+        );
+        let acts = new.handle(
+            NewEvent::Restarted {
+                resumed: vec![1, 2],
+                failed: vec![],
+            },
+            115,
+        );
+        let r = log(&acts);
+        assert_eq!(r.outcome, Outcome::Moved);
+        assert_eq!(
+            (r.phases.images_sent, r.phases.restored, r.phases.resumed),
+            (Some(104), Some(110), Some(115))
+        );
+        let acts = old.handle(OldEvent::Message(sent(&acts)), 118);
         assert_eq!(acts[0], Action::Delete(vec![1, 2]));
         assert_eq!(log(&acts).outcome, Outcome::Moved);
+        assert_eq!(log(&acts).phases.acknowledged, Some(118));
         assert!(new.done() && old.done());
     }
 
     #[test]
-    fn a_greeting_without_valid_proof_is_refused() {
-        let (_, acts) =
-            OldSide::start("msr1", "msr2", 1, &greeting(), Some(b"some other token"), 0);
-        assert!(matches!(sent(&acts), Message::Abort { .. }));
-        assert_eq!(log(&acts).outcome, Outcome::Rejected);
+    fn a_greeting_without_valid_proof_or_already_used_changes_nothing() {
+        let only_refusal = |acts: &[Action]| {
+            assert!(matches!(sent(acts), Message::Abort { .. }));
+            assert_eq!(log(acts).outcome, Outcome::Rejected);
+            assert_eq!(acts.len(), 2, "{acts:?}");
+        };
+        let other = MhKnown {
+            token: Some(b"some other token"),
+            last_greeting_ts: 0,
+        };
+        only_refusal(&OldSide::start("msr1", "msr2", 1, &greeting(), other, 0, T).1);
+        // No connection of that MH here with a token.
+        only_refusal(&OldSide::start("msr1", "msr2", 1, &greeting(), MhKnown::default(), 0, T).1);
+        // A greeting meant for another pair of MSRs.
+        only_refusal(&OldSide::start("msr1", "msr3", 1, &greeting(), known(), 0, T).1);
+        // A greeting not newer than the last accepted one: a replay.
+        let used = MhKnown {
+            last_greeting_ts: 10,
+            ..known()
+        };
+        only_refusal(&OldSide::start("msr1", "msr2", 1, &greeting(), used, 0, T).1);
+    }
+
+    #[test]
+    fn new_msr_holds_nothing_for_a_refused_greeting() {
+        let (mut new, _) = NewSide::start(4, "msr2", greeting(), 0, T);
+        let acts = new.handle(
+            NewEvent::Message(Message::Abort {
+                handoff_id: 4,
+                reason: "no".into(),
+            }),
+            1,
+        );
         assert!(!acts
             .iter()
-            .any(|a| matches!(a, Action::FreezeAndCapture(_))));
-        // No connections of that MH here at all.
-        let (_, acts) = OldSide::start("msr1", "msr2", 1, &greeting(), None, 0);
+            .any(|a| matches!(a, Action::Hold(_) | Action::Release(_))));
         assert_eq!(log(&acts).outcome, Outcome::Rejected);
-        // A greeting meant for another pair of MSRs.
-        let (_, acts) = OldSide::start("msr1", "msr3", 1, &greeting(), Some(TOKEN), 0);
-        assert_eq!(log(&acts).outcome, Outcome::Rejected);
+        assert!(new.done());
+    }
+
+    #[test]
+    fn new_msr_times_out_at_its_own_deadline_and_releases_what_it_held() {
+        let mh = greeting().mh;
+        let (mut new, _) = NewSide::start(5, "msr2", greeting(), 0, T);
+        assert_eq!(new.poll_timeout(), Some(1000));
+        // Too early: nothing.
+        assert!(new.handle_timeout(999).is_empty());
+        // Unrelated messages do not move the deadline.
+        new.handle(
+            NewEvent::Message(Message::Images {
+                handoff_id: 7,
+                images: vec![],
+                token: None,
+            }),
+            500,
+        );
+        new.handle(NewEvent::Message(Message::Accepted { handoff_id: 5 }), 600);
+        assert_eq!(new.poll_timeout(), Some(1000));
+        let acts = new.handle_timeout(1000);
+        assert!(matches!(sent(&acts), Message::Abort { .. }));
+        assert!(acts.contains(&Action::Release(mh)));
+        assert_eq!(log(&acts).outcome, Outcome::RolledBack);
+        assert_eq!(new.poll_timeout(), None);
     }
 
     #[test]
     fn old_msr_rolls_back_when_the_new_one_goes_silent() {
-        let (mut old, _) = OldSide::start("msr1", "msr2", 1, &greeting(), Some(TOKEN), 0);
+        let (mut old, _) = OldSide::start("msr1", "msr2", 1, &greeting(), known(), 0, T);
+        assert_eq!(old.poll_timeout(), None);
         old.handle(OldEvent::Captured(vec![img(1)]), 1);
-        let acts = old.handle(OldEvent::Timeout, 5000);
+        assert!(old.handle_timeout(5000).is_empty());
+        let acts = old.handle_timeout(5001);
         assert_eq!(acts[0], Action::Unfreeze(greeting().mh));
         assert_eq!(log(&acts).outcome, Outcome::RolledBack);
         // A late ack changes nothing: the connection stays here.
@@ -491,37 +742,8 @@ mod tests {
     }
 
     #[test]
-    fn new_msr_releases_its_hold_when_the_old_one_refuses_or_times_out() {
-        let mh = greeting().mh;
-        let (mut new, _) = NewSide::start(4, "msr2", greeting(), 0);
-        let acts = new.handle(
-            NewEvent::Message(Message::Abort {
-                handoff_id: 4,
-                reason: "no".into(),
-            }),
-            1,
-        );
-        assert_eq!(acts[0], Action::Release(mh));
-        let (mut new, _) = NewSide::start(5, "msr2", greeting(), 0);
-        let acts = new.handle(NewEvent::Timeout, 1);
-        assert_eq!(log(&acts).outcome, Outcome::RolledBack);
-        // Images for another handoff are ignored.
-        let (mut new, _) = NewSide::start(6, "msr2", greeting(), 0);
-        assert!(new
-            .handle(
-                NewEvent::Message(Message::Images {
-                    handoff_id: 7,
-                    images: vec![],
-                    token: None,
-                }),
-                1
-            )
-            .is_empty());
-    }
-
-    #[test]
     fn a_failed_capture_aborts_and_unfreezes() {
-        let (mut old, _) = OldSide::start("msr1", "msr2", 1, &greeting(), Some(TOKEN), 0);
+        let (mut old, _) = OldSide::start("msr1", "msr2", 1, &greeting(), known(), 0, T);
         let acts = old.handle(OldEvent::CaptureFailed("changed".into()), 1);
         assert!(matches!(sent(&acts), Message::Abort { .. }));
         assert!(acts.contains(&Action::Unfreeze(greeting().mh)));
@@ -530,19 +752,48 @@ mod tests {
     }
 
     #[test]
-    fn partial_restore_keeps_the_rest_at_the_old_msr() {
-        let (mut old, _) = OldSide::start("msr1", "msr2", 1, &greeting(), Some(TOKEN), 0);
-        old.handle(OldEvent::Captured(vec![img(1), img(2)]), 1);
-        let acts = old.handle(
-            OldEvent::Message(Message::Ack {
-                handoff_id: 1,
-                restored: vec![1],
-                failed: vec![(2, "bind: address in use".into())],
+    fn a_connection_that_fails_to_restart_is_not_acknowledged_and_stays_at_the_old_msr() {
+        let mh = greeting().mh;
+        let (mut new, _) = NewSide::start(3, "msr2", greeting(), 0, T);
+        new.handle(NewEvent::Message(Message::Accepted { handoff_id: 3 }), 1);
+        new.handle(
+            NewEvent::Message(Message::Images {
+                handoff_id: 3,
+                images: vec![img(1), img(2), img(3)],
+                token: None,
             }),
             2,
         );
-        assert_eq!(acts[0], Action::Delete(vec![1]));
-        assert!(acts.contains(&Action::Unfreeze(greeting().mh)));
+        new.handle(
+            NewEvent::Restored {
+                restored: vec![1, 2],
+                failed: vec![(3, "bind: address in use".into())],
+            },
+            3,
+        );
+        let acts = new.handle(
+            NewEvent::Restarted {
+                resumed: vec![1],
+                failed: vec![(2, "restart: injected".into())],
+            },
+            4,
+        );
+        let Message::Ack {
+            restored, failed, ..
+        } = sent(&acts)
+        else {
+            panic!()
+        };
+        assert_eq!(restored, vec![1]);
+        assert_eq!(failed.len(), 2);
         assert_eq!(log(&acts).outcome, Outcome::Partial);
+        let (mut old, _) = OldSide::start("msr1", "msr2", 3, &greeting(), known(), 0, T);
+        old.handle(OldEvent::Captured(vec![img(1), img(2), img(3)]), 1);
+        let acts = old.handle(OldEvent::Message(sent(&acts)), 5);
+        assert_eq!(acts[0], Action::Delete(vec![1]));
+        assert!(acts.contains(&Action::Unfreeze(mh)));
+        let r = log(&acts);
+        assert_eq!(r.outcome, Outcome::Partial);
+        assert_eq!(r.failed.len(), 2, "the failures are on record: {r:?}");
     }
 }

@@ -234,8 +234,9 @@ impl Agent {
         let nonce = g.nonce.clone();
         let msg = GreetMsg {
             greeting: g,
-            // The token is registered only at the first contact; later greetings prove it.
-            token: from.is_none().then(|| self.cfg.token.to_hex()),
+            // Never sent: the MSR binds the token from the MH's SOCKS session, and a
+            // token must not cross the air in clear.
+            token: None,
         };
         Ok((
             serde_json::to_vec(&msg).expect("greetings serialize"),

@@ -1,18 +1,30 @@
-//! MSR⇄MSR handoff messages on the wire, sans-IO.
+//! MSR⇄MSR channel frames, sans-IO: authenticated before anything is parsed.
 //!
-//! A frame is `"ITH2"` · u32 JSON length · u32 attachment length · JSON envelope ·
-//! attachment · HMAC-SHA256 tag (32 bytes) over everything before it. The attachment
-//! carries the socket images' bytes (megabytes of queued data travel as they are, not
-//! as hex in JSON); the rest is the JSON envelope, keyed with the pre-shared key of the sending peer (peers are
-//! listed in the config, each with its key). The envelope carries the sender, the
-//! intended recipient, a per-sender sequence number and a timestamp: a receiver rejects
-//! a frame whose tag does not verify (forged), whose sender it does not know, that is
-//! addressed to someone else, whose sequence number it has already seen from that
-//! sender (replayed) or whose timestamp is too far from its own clock (stale).
+//! A channel is one TCP connection; its peers share a pre-shared key (configured per
+//! peer pair). It opens with a challenge-response, so a frame is bound to the
+//! connection it was sent on and nothing recorded can be replayed:
 //!
-//! The MH's greeting ([`crate::greeting`]) travels inside a handoff request.
+//! | step | bytes | size |
+//! |---|---|---|
+//! | acceptor → connector: challenge | `"ITC3"` · nonce_a (16) | 20 |
+//! | connector → acceptor: hello | `"ITC3"` · len · from · len · to · nonce_c (16) · tag (32) | ≤ 182 |
+//! | either way: frame | header · envelope (JSON) · attachment · body tag (32) | ≤ caps |
+//!
+//! The hello's tag is HMAC-SHA256(key(from), "itcp-hello" · nonce_a · from · to · nonce_c):
+//! only a peer holding the pair's key can make it, and it covers the acceptor's fresh
+//! nonce. A frame header is `"ITF3"` · seq (u64) · envelope length (u32) · attachment
+//! length (u32) · header tag (32), with the tag over the receiver's nonce, the sender's
+//! id, the sequence number and both lengths: the receiver checks it *before* it
+//! allocates or reads a byte of the body, so an unauthenticated peer can make it hold
+//! at most one header (52 bytes), and one that knows no key never gets past the 182
+//! bytes of a hello. The body tag covers the header and the whole body. Sequence
+//! numbers count up from 1 in each direction of each channel: a frame replayed,
+//! dropped or reordered within a channel fails, and one from another channel fails its
+//! tag (other nonce).
+//!
+//! The envelope is JSON ([`Message`]); socket images' bytes travel as the attachment
+//! (megabytes of queued data as they are, not as hex in JSON).
 
-use std::collections::HashMap;
 use std::fmt;
 
 use hmac::{Hmac, Mac};
@@ -23,12 +35,27 @@ use crate::greeting::Greeting;
 
 type HmacSha256 = Hmac<Sha256>;
 
-pub const MAGIC: &[u8; 4] = b"ITH2";
-/// Largest attachment accepted (the images' bytes).
-pub const MAX_ATTACHMENT: usize = 1 << 31;
-const TAG: usize = 32;
-/// Largest envelope accepted (socket images carry queued bytes).
-pub const MAX_ENVELOPE: usize = 256 << 20;
+/// Opens the challenge and the hello.
+pub const HELLO_MAGIC: &[u8; 4] = b"ITC3";
+/// Opens every frame header.
+pub const FRAME_MAGIC: &[u8; 4] = b"ITF3";
+/// Size of a nonce.
+pub const NONCE: usize = 16;
+/// Size of a tag (HMAC-SHA256).
+pub const TAG: usize = 32;
+/// The challenge's size.
+pub const CHALLENGE: usize = 4 + NONCE;
+/// Longest MSR id in a hello.
+pub const MAX_ID: usize = 64;
+/// Largest hello.
+pub const MAX_HELLO: usize = 4 + 1 + MAX_ID + 1 + MAX_ID + NONCE + TAG;
+/// A frame header's size.
+pub const HEADER: usize = 4 + 8 + 4 + 4 + TAG;
+/// Largest envelope accepted (JSON without the images' bytes: ~100 bytes per
+/// connection, so 16 MiB is far beyond 100k connections).
+pub const MAX_ENVELOPE: usize = 16 << 20;
+/// Largest attachment accepted (the images' bytes), from an authenticated peer.
+pub const MAX_ATTACHMENT: usize = (1 << 31) - 1;
 
 /// What one MSR says to another.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -36,6 +63,10 @@ pub const MAX_ENVELOPE: usize = 256 << 20;
 pub enum Message {
     /// New MSR → old MSR (paper step 4–5): the MH is here; send me its connections.
     HandoffRequest { handoff_id: u64, greeting: Greeting },
+    /// Old MSR → new MSR: the greeting's proof verified; the old MSR freezes now, so
+    /// the new MSR may hold the MH's flows and let it send (nothing is held for an
+    /// unproven greeting).
+    Accepted { handoff_id: u64 },
     /// Old MSR → new MSR (step 8): the frozen connections.
     Images {
         handoff_id: u64,
@@ -44,7 +75,9 @@ pub enum Message {
         #[serde(default)]
         token: Option<String>,
     },
-    /// New MSR → old MSR (step 10): restored and running; delete your copies.
+    /// New MSR → old MSR (step 10): `restored` are running here (restored *and*
+    /// restarted): delete your copies; `failed` did not resume here (with the reason):
+    /// keep them.
     Ack {
         handoff_id: u64,
         restored: Vec<u64>,
@@ -79,25 +112,14 @@ pub struct ConnImage {
     pub listen: Option<String>,
 }
 
-/// The signed envelope of every MSR⇄MSR message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Envelope {
-    pub from: String,
-    pub to: String,
-    pub seq: u64,
-    pub ts_ms: u64,
-    pub body: Message,
-}
-
-/// Why a frame was rejected. Each says who and what, for the handoff log.
+/// Why a channel's bytes were rejected. Each says who and what, for the log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WireError {
     BadMagic,
     TooLarge(usize),
     Malformed(String),
     UnknownPeer(String),
-    /// The tag does not verify: forged or corrupted.
+    /// A tag does not verify: forged, corrupted, replayed from another channel.
     BadTag {
         from: String,
     },
@@ -105,43 +127,36 @@ pub enum WireError {
         from: String,
         to: String,
     },
-    Replayed {
+    /// A frame out of order within its channel (replayed or dropped).
+    OutOfOrder {
         from: String,
         seq: u64,
-        last: u64,
-    },
-    Stale {
-        from: String,
-        skew_ms: i64,
+        expected: u64,
     },
 }
 
 impl fmt::Display for WireError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            WireError::BadMagic => f.write_str("not a handoff frame (bad magic)"),
+            WireError::BadMagic => f.write_str("not an I-TCP channel (bad magic)"),
             WireError::TooLarge(n) => write!(f, "frame of {n} bytes exceeds the limit"),
-            WireError::Malformed(e) => write!(f, "malformed envelope: {e}"),
-            WireError::UnknownPeer(p) => write!(f, "message from unknown peer {p:?}"),
+            WireError::Malformed(e) => write!(f, "malformed: {e}"),
+            WireError::UnknownPeer(p) => write!(f, "hello from unknown peer {p:?}"),
             WireError::BadTag { from } => write!(
                 f,
-                "message claiming to be from {from:?} fails authentication (forged?)"
+                "bytes claiming to be from {from:?} fail authentication (forged or replayed?)"
             ),
             WireError::WrongRecipient { from, to } => {
-                write!(f, "message from {from:?} is addressed to {to:?}, not us")
+                write!(f, "hello from {from:?} is addressed to {to:?}, not us")
             }
-            WireError::Replayed { from, seq, last } => {
-                write!(
-                    f,
-                    "replayed message from {from:?}: sequence {seq}, already saw {last}"
-                )
-            }
-            WireError::Stale { from, skew_ms } => {
-                write!(
-                    f,
-                    "message from {from:?} is {skew_ms} ms off our clock (stale or replayed)"
-                )
-            }
+            WireError::OutOfOrder {
+                from,
+                seq,
+                expected,
+            } => write!(
+                f,
+                "frame from {from:?} out of order: sequence {seq}, expected {expected} (replayed?)"
+            ),
         }
     }
 }
@@ -199,189 +214,413 @@ fn distribute(body: &mut Message, mut att: &[u8]) -> Result<(), WireError> {
     Ok(())
 }
 
-/// Seals an envelope with `key` into a frame.
-pub fn seal(env: &Envelope, key: &[u8]) -> Vec<u8> {
-    let body = serde_json::to_vec(env).expect("envelopes serialize");
-    let att = attachment(&env.body);
-    let mut out = Vec::with_capacity(12 + body.len() + att.len() + TAG);
-    out.extend_from_slice(MAGIC);
-    out.extend_from_slice(&(body.len() as u32).to_be_bytes());
-    out.extend_from_slice(&(att.len() as u32).to_be_bytes());
-    out.extend_from_slice(&body);
-    out.extend_from_slice(&att);
+fn mac(key: &[u8], label: &[u8], parts: &[&[u8]]) -> HmacSha256 {
     let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
-    m.update(&out);
-    out.extend_from_slice(&m.finalize().into_bytes());
+    m.update(label);
+    for p in parts {
+        m.update(&(p.len() as u32).to_be_bytes());
+        m.update(p);
+    }
+    m
+}
+
+/// The body tag's MAC: over the receiver's nonce, the header and the body, without
+/// copying megabytes of images into one buffer first.
+fn body_mac(key: &[u8], nonce: &[u8; NONCE], header: &[u8], body: &[u8]) -> HmacSha256 {
+    let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
+    m.update(b"itcp-body");
+    m.update(nonce);
+    m.update(header);
+    m.update(body);
+    m
+}
+
+/// The acceptor's first bytes on a new channel.
+pub fn challenge(nonce: &[u8; NONCE]) -> [u8; CHALLENGE] {
+    let mut out = [0u8; CHALLENGE];
+    out[..4].copy_from_slice(HELLO_MAGIC);
+    out[4..].copy_from_slice(nonce);
     out
 }
 
-/// Length of the complete frame at the start of `buf`, once its header is in.
-pub fn frame_len(buf: &[u8]) -> Result<Option<usize>, WireError> {
-    if buf.len() < 12 {
-        return Ok(None);
-    }
-    if &buf[..4] != MAGIC {
+/// The acceptor's nonce from a complete challenge.
+pub fn parse_challenge(b: &[u8; CHALLENGE]) -> Result<[u8; NONCE], WireError> {
+    if &b[..4] != HELLO_MAGIC {
         return Err(WireError::BadMagic);
     }
-    let n = u32::from_be_bytes(buf[4..8].try_into().unwrap()) as usize;
-    let a = u32::from_be_bytes(buf[8..12].try_into().unwrap()) as usize;
-    if n > MAX_ENVELOPE || a > MAX_ATTACHMENT {
-        return Err(WireError::TooLarge(n + a));
-    }
-    Ok(Some(12 + n + a + TAG))
+    Ok(b[4..].try_into().expect("16 bytes"))
 }
 
-/// Replay protection of a receiver: the last sequence number seen per sender, and how
-/// far a sender's clock may be from ours.
-#[derive(Debug, Clone)]
-pub struct ReplayGuard {
+/// One authenticated channel's state: who the peer is, the key, both nonces and both
+/// sequence counters.
+#[derive(Clone)]
+pub struct Session {
     me: String,
-    last: HashMap<String, u64>,
-    pub max_skew_ms: u64,
+    peer: String,
+    key: Vec<u8>,
+    /// The nonce our frames are bound to (the peer's).
+    send_nonce: [u8; NONCE],
+    /// The nonce the peer's frames are bound to (ours).
+    recv_nonce: [u8; NONCE],
+    send_seq: u64,
+    recv_seq: u64,
 }
 
-impl ReplayGuard {
-    pub fn new(me: &str) -> Self {
-        Self {
-            me: me.into(),
-            last: HashMap::new(),
-            max_skew_ms: 30_000,
-        }
+impl fmt::Debug for Session {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Session({} ⇄ {})", self.me, self.peer)
     }
 }
 
-/// Opens the frame at the start of `buf`: Ok(None) until it is complete; otherwise the
-/// authenticated envelope and the bytes it took. `key_of` gives a peer's key.
-pub fn open(
+/// The connector's side: the hello to send and the session it opens.
+pub fn hello(
+    me: &str,
+    peer: &str,
+    key: &[u8],
+    challenge_nonce: &[u8; NONCE],
+    my_nonce: &[u8; NONCE],
+) -> (Vec<u8>, Session) {
+    assert!(
+        me.len() <= MAX_ID && peer.len() <= MAX_ID,
+        "MSR ids are at most 64 bytes"
+    );
+    let mut out = Vec::with_capacity(MAX_HELLO);
+    out.extend_from_slice(HELLO_MAGIC);
+    out.push(me.len() as u8);
+    out.extend_from_slice(me.as_bytes());
+    out.push(peer.len() as u8);
+    out.extend_from_slice(peer.as_bytes());
+    out.extend_from_slice(my_nonce);
+    let tag = mac(
+        key,
+        b"itcp-hello",
+        &[challenge_nonce, me.as_bytes(), peer.as_bytes(), my_nonce],
+    )
+    .finalize()
+    .into_bytes();
+    out.extend_from_slice(&tag);
+    let s = Session {
+        me: me.into(),
+        peer: peer.into(),
+        key: key.to_vec(),
+        send_nonce: *challenge_nonce,
+        recv_nonce: *my_nonce,
+        send_seq: 0,
+        recv_seq: 0,
+    };
+    (out, s)
+}
+
+/// The acceptor's side: checks the hello at the start of `buf` (Ok(None): need more;
+/// never more than [`MAX_HELLO`] bytes) against our challenge `nonce`, and opens the
+/// session with the peer it authenticates. `key_of` gives a peer's key.
+pub fn open_hello(
     buf: &[u8],
+    me: &str,
     key_of: impl Fn(&str) -> Option<Vec<u8>>,
-    guard: &mut ReplayGuard,
-    now_ms: u64,
-) -> Result<Option<(Envelope, usize)>, WireError> {
-    let Some(total) = frame_len(buf)? else {
+    nonce: &[u8; NONCE],
+) -> Result<Option<(Session, usize)>, WireError> {
+    let take = |at: usize, n: usize| buf.get(at..at + n);
+    let Some(magic) = take(0, 4) else {
+        return if HELLO_MAGIC.starts_with(buf) {
+            Ok(None)
+        } else {
+            Err(WireError::BadMagic)
+        };
+    };
+    if magic != HELLO_MAGIC {
+        return Err(WireError::BadMagic);
+    }
+    let id = |at: usize| -> Result<Option<(String, usize)>, WireError> {
+        let Some(&n) = buf.get(at) else {
+            return Ok(None);
+        };
+        let n = n as usize;
+        if n == 0 || n > MAX_ID {
+            return Err(WireError::Malformed(format!("MSR id of {n} bytes")));
+        }
+        let Some(b) = take(at + 1, n) else {
+            return Ok(None);
+        };
+        let s = std::str::from_utf8(b)
+            .map_err(|_| WireError::Malformed("MSR id is not UTF-8".into()))?;
+        Ok(Some((s.to_string(), at + 1 + n)))
+    };
+    let Some((from, at)) = id(4)? else {
         return Ok(None);
     };
-    if buf.len() < total {
+    let Some((to, at)) = id(at)? else {
         return Ok(None);
+    };
+    let (Some(theirs), Some(tag)) = (take(at, NONCE), take(at + NONCE, TAG)) else {
+        return Ok(None);
+    };
+    let key = key_of(&from).ok_or_else(|| WireError::UnknownPeer(from.clone()))?;
+    mac(
+        &key,
+        b"itcp-hello",
+        &[nonce, from.as_bytes(), to.as_bytes(), theirs],
+    )
+    .verify_slice(tag)
+    .map_err(|_| WireError::BadTag { from: from.clone() })?;
+    if to != me {
+        return Err(WireError::WrongRecipient { from, to });
     }
-    let (signed, tag) = buf[..total].split_at(total - TAG);
-    let n = u32::from_be_bytes(signed[4..8].try_into().unwrap()) as usize;
-    let mut env: Envelope = serde_json::from_slice(&signed[12..12 + n])
-        .map_err(|e| WireError::Malformed(e.to_string()))?;
-    let key = key_of(&env.from).ok_or_else(|| WireError::UnknownPeer(env.from.clone()))?;
-    let mut m = HmacSha256::new_from_slice(&key).expect("HMAC takes any key length");
-    m.update(signed);
-    m.verify_slice(tag).map_err(|_| WireError::BadTag {
-        from: env.from.clone(),
-    })?;
-    distribute(&mut env.body, &signed[12 + n..])?;
-    if env.to != guard.me {
-        return Err(WireError::WrongRecipient {
-            from: env.from,
-            to: env.to,
-        });
+    let s = Session {
+        me: me.into(),
+        peer: from,
+        key,
+        send_nonce: theirs.try_into().expect("16 bytes"),
+        recv_nonce: *nonce,
+        send_seq: 0,
+        recv_seq: 0,
+    };
+    Ok(Some((s, at + NONCE + TAG)))
+}
+
+/// What a checked header announces: how many body bytes follow (tag included).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Announced {
+    seq: u64,
+    envelope: usize,
+    attachment: usize,
+}
+
+impl Announced {
+    /// Bytes to read after the header: envelope, attachment and body tag.
+    pub fn body_len(&self) -> usize {
+        self.envelope + self.attachment + TAG
     }
-    let skew = env.ts_ms as i64 - now_ms as i64;
-    if skew.unsigned_abs() > guard.max_skew_ms {
-        return Err(WireError::Stale {
-            from: env.from,
-            skew_ms: skew,
-        });
+}
+
+impl Session {
+    /// The authenticated peer's MSR id.
+    pub fn peer(&self) -> &str {
+        &self.peer
     }
-    let last = guard.last.get(&env.from).copied().unwrap_or(0);
-    if env.seq <= last {
-        return Err(WireError::Replayed {
-            from: env.from,
-            seq: env.seq,
-            last,
-        });
+
+    fn header_mac(&self, nonce: &[u8; NONCE], from: &str, fixed: &[u8]) -> HmacSha256 {
+        mac(&self.key, b"itcp-header", &[nonce, from.as_bytes(), fixed])
     }
-    guard.last.insert(env.from.clone(), env.seq);
-    Ok(Some((env, total)))
+
+    /// Seals `body` into a frame for the peer.
+    pub fn seal(&mut self, body: &Message) -> Vec<u8> {
+        self.send_seq += 1;
+        let env = serde_json::to_vec(body).expect("messages serialize");
+        let att = attachment(body);
+        let mut out = Vec::with_capacity(HEADER + env.len() + att.len() + TAG);
+        out.extend_from_slice(FRAME_MAGIC);
+        out.extend_from_slice(&self.send_seq.to_be_bytes());
+        out.extend_from_slice(&(env.len() as u32).to_be_bytes());
+        out.extend_from_slice(&(att.len() as u32).to_be_bytes());
+        let htag = self
+            .header_mac(&self.send_nonce, &self.me, &out)
+            .finalize()
+            .into_bytes();
+        out.extend_from_slice(&htag);
+        out.extend_from_slice(&env);
+        out.extend_from_slice(&att);
+        let (h, rest) = out.split_at(HEADER);
+        let tag = body_mac(&self.key, &self.send_nonce, h, rest)
+            .finalize()
+            .into_bytes();
+        out.extend_from_slice(&tag);
+        out
+    }
+
+    /// Checks a frame header before any of its body is read: its tag (bound to this
+    /// channel), its sequence number and the lengths' caps.
+    pub fn check_header(&self, h: &[u8; HEADER]) -> Result<Announced, WireError> {
+        if &h[..4] != FRAME_MAGIC {
+            return Err(WireError::BadMagic);
+        }
+        let (fixed, tag) = h.split_at(HEADER - TAG);
+        self.header_mac(&self.recv_nonce, &self.peer, fixed)
+            .verify_slice(tag)
+            .map_err(|_| WireError::BadTag {
+                from: self.peer.clone(),
+            })?;
+        let seq = u64::from_be_bytes(h[4..12].try_into().unwrap());
+        let envelope = u32::from_be_bytes(h[12..16].try_into().unwrap()) as usize;
+        let attachment = u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize;
+        if seq != self.recv_seq + 1 {
+            return Err(WireError::OutOfOrder {
+                from: self.peer.clone(),
+                seq,
+                expected: self.recv_seq + 1,
+            });
+        }
+        if envelope > MAX_ENVELOPE || attachment > MAX_ATTACHMENT {
+            return Err(WireError::TooLarge(envelope + attachment));
+        }
+        Ok(Announced {
+            seq,
+            envelope,
+            attachment,
+        })
+    }
+
+    /// Opens a frame's body (exactly [`Announced::body_len`] bytes) after its header
+    /// passed [`Session::check_header`].
+    pub fn open_body(
+        &mut self,
+        h: &[u8; HEADER],
+        a: Announced,
+        body: &[u8],
+    ) -> Result<Message, WireError> {
+        if body.len() != a.body_len() {
+            return Err(WireError::Malformed(format!(
+                "body of {} bytes, header announced {}",
+                body.len(),
+                a.body_len()
+            )));
+        }
+        let (signed, tag) = body.split_at(body.len() - TAG);
+        body_mac(&self.key, &self.recv_nonce, h, signed)
+            .verify_slice(tag)
+            .map_err(|_| WireError::BadTag {
+                from: self.peer.clone(),
+            })?;
+        self.recv_seq = a.seq;
+        let mut msg: Message = serde_json::from_slice(&signed[..a.envelope])
+            .map_err(|e| WireError::Malformed(e.to_string()))?;
+        distribute(&mut msg, &signed[a.envelope..])?;
+        Ok(msg)
+    }
+
+    /// Opens the frame at the start of `buf` (for callers that hold whole frames):
+    /// Ok(None) until it is complete.
+    pub fn open(&mut self, buf: &[u8]) -> Result<Option<(Message, usize)>, WireError> {
+        let Some(h) = buf.get(..HEADER) else {
+            return Ok(None);
+        };
+        let h: &[u8; HEADER] = h.try_into().unwrap();
+        let a = self.check_header(h)?;
+        let Some(body) = buf.get(HEADER..HEADER + a.body_len()) else {
+            return Ok(None);
+        };
+        let m = self.open_body(h, a, body)?;
+        Ok(Some((m, HEADER + a.body_len())))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const K1: &[u8] = b"psk shared by msr1 and msr2";
-
-    fn env(seq: u64, ts: u64) -> Envelope {
-        Envelope {
-            from: "msr2".into(),
-            to: "msr1".into(),
-            seq,
-            ts_ms: ts,
-            body: Message::Abort {
-                handoff_id: 7,
-                reason: "test".into(),
-            },
-        }
-    }
+    const K: &[u8] = b"psk shared by msr1 and msr2";
 
     fn keys(p: &str) -> Option<Vec<u8>> {
-        (p == "msr2").then(|| K1.to_vec())
+        (p == "msr2").then(|| K.to_vec())
     }
 
-    #[test]
-    fn seal_open_round_trip_and_incomplete() {
-        let f = seal(&env(1, 1000), K1);
-        let mut g = ReplayGuard::new("msr1");
-        for cut in [0, 3, 8, f.len() - 1] {
-            assert_eq!(open(&f[..cut], keys, &mut g, 1000).unwrap(), None);
+    /// A channel msr2 → msr1 (msr2 connects, msr1 accepts).
+    fn pair() -> (Session, Session) {
+        let na = [1u8; NONCE];
+        let ch = challenge(&na);
+        let nonce = parse_challenge(&ch).unwrap();
+        let (h, client) = hello("msr2", "msr1", K, &nonce, &[2; NONCE]);
+        let (server, n) = open_hello(&h, "msr1", keys, &na).unwrap().unwrap();
+        assert_eq!(n, h.len());
+        assert_eq!(server.peer(), "msr2");
+        (client, server)
+    }
+
+    fn abort(id: u64) -> Message {
+        Message::Abort {
+            handoff_id: id,
+            reason: "test".into(),
         }
-        let (e, n) = open(&f, keys, &mut g, 1000).unwrap().unwrap();
-        assert_eq!((e, n), (env(1, 1000), f.len()));
     }
 
     #[test]
-    fn forged_replayed_stale_and_misaddressed_frames_are_rejected() {
-        let mut g = ReplayGuard::new("msr1");
-        // Forged: wrong key, or a flipped byte in the body.
-        let forged = seal(&env(1, 1000), b"guessed key");
+    fn frames_round_trip_both_ways_and_wait_for_more_bytes() {
+        let (mut c, mut s) = pair();
+        let f = c.seal(&abort(1));
+        for cut in [0, 3, HEADER - 1, HEADER, f.len() - 1] {
+            assert_eq!(s.clone().open(&f[..cut]).unwrap(), None, "cut {cut}");
+        }
+        assert_eq!(s.open(&f).unwrap(), Some((abort(1), f.len())));
+        let back = s.seal(&abort(2));
+        assert_eq!(c.open(&back).unwrap().unwrap().0, abort(2));
+        // The next frame in order.
+        let f2 = c.seal(&abort(3));
+        assert_eq!(s.open(&f2).unwrap().unwrap().0, abort(3));
+    }
+
+    #[test]
+    fn hello_needs_the_key_and_this_challenge() {
+        let na = [1u8; NONCE];
+        // Wrong key.
+        let (h, _) = hello("msr2", "msr1", b"guessed", &na, &[2; NONCE]);
         assert!(matches!(
-            open(&forged, keys, &mut g, 1000),
+            open_hello(&h, "msr1", keys, &na),
             Err(WireError::BadTag { .. })
         ));
-        let mut flipped = seal(&env(1, 1000), K1);
-        flipped[20] ^= 1;
-        assert!(open(&flipped, keys, &mut g, 1000).is_err());
-        // Replayed: the same frame twice.
-        let f = seal(&env(5, 1000), K1);
-        open(&f, keys, &mut g, 1000).unwrap().unwrap();
-        let e = open(&f, keys, &mut g, 1000).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "replayed message from \"msr2\": sequence 5, already saw 5"
-        );
-        // Stale.
-        let old = seal(&env(6, 1000), K1);
+        // Recorded on another channel (other challenge): replay fails.
+        let (h, _) = hello("msr2", "msr1", K, &[9; NONCE], &[2; NONCE]);
         assert!(matches!(
-            open(&old, keys, &mut g, 100_000),
-            Err(WireError::Stale { .. })
+            open_hello(&h, "msr1", keys, &na),
+            Err(WireError::BadTag { .. })
         ));
-        // Unknown peer and wrong recipient.
-        let mut e = env(7, 1000);
-        e.from = "mallory".into();
+        // Unknown peer, other recipient, garbage.
+        let (h, _) = hello("mallory", "msr1", K, &na, &[2; NONCE]);
         assert_eq!(
-            open(&seal(&e, K1), keys, &mut g, 1000).unwrap_err(),
+            open_hello(&h, "msr1", keys, &na).unwrap_err(),
             WireError::UnknownPeer("mallory".into())
         );
-        let mut e = env(8, 1000);
-        e.to = "msr3".into();
+        let (h, _) = hello("msr2", "msr3", K, &na, &[2; NONCE]);
         assert!(matches!(
-            open(&seal(&e, K1), keys, &mut g, 1000),
+            open_hello(&h, "msr1", keys, &na),
             Err(WireError::WrongRecipient { .. })
         ));
         assert_eq!(
-            open(b"GET / HTTP/1.1\r\n", keys, &mut g, 0).unwrap_err(),
+            open_hello(b"GET / HTTP/1.1\r\n", "msr1", keys, &na).unwrap_err(),
             WireError::BadMagic
         );
+        assert!(open_hello(b"ITC3\x00", "msr1", keys, &na).is_err());
+        assert!(open_hello(b"IT", "msr1", keys, &na).unwrap().is_none());
+    }
+
+    #[test]
+    fn a_forged_header_is_refused_before_its_body_is_read() {
+        let (_, s) = pair();
+        // Claims a 1 GiB attachment, with a made-up tag: refused from the header alone.
+        let mut h = [0u8; HEADER];
+        h[..4].copy_from_slice(FRAME_MAGIC);
+        h[11] = 1;
+        h[16..20].copy_from_slice(&(1u32 << 30).to_be_bytes());
+        assert!(matches!(s.check_header(&h), Err(WireError::BadTag { .. })));
+    }
+
+    #[test]
+    fn replayed_reordered_and_cross_channel_frames_fail() {
+        let (mut c, mut s) = pair();
+        let f1 = c.seal(&abort(1));
+        let f2 = c.seal(&abort(2));
+        // Out of order.
+        assert!(matches!(s.open(&f2), Err(WireError::OutOfOrder { .. })));
+        s.open(&f1).unwrap().unwrap();
+        // Replayed.
+        assert!(matches!(s.open(&f1), Err(WireError::OutOfOrder { .. })));
+        // On another channel between the same peers: other nonces, bad tag.
+        let (_, mut s2) = {
+            let na = [5u8; NONCE];
+            let (h, c2) = hello("msr2", "msr1", K, &na, &[6; NONCE]);
+            (c2, open_hello(&h, "msr1", keys, &na).unwrap().unwrap().0)
+        };
+        assert!(matches!(s2.open(&f1), Err(WireError::BadTag { .. })));
+        // A flipped body byte.
+        let mut f3 = c.seal(&abort(3));
+        s.open(&f2).unwrap().unwrap();
+        let n = f3.len();
+        f3[n - TAG - 2] ^= 1;
+        assert!(matches!(s.open(&f3), Err(WireError::BadTag { .. })));
     }
 
     #[test]
     fn images_travel_in_the_attachment() {
-        let key = b"0123456789abcdef";
+        let (mut c, mut s) = pair();
         let img = |id: u64, n: usize| ConnImage {
             id,
             kind: "connect".into(),
@@ -391,34 +630,14 @@ mod tests {
             down_pending: vec![],
             listen: None,
         };
-        let env = Envelope {
-            from: "msr1".into(),
-            to: "msr2".into(),
-            seq: 1,
-            ts_ms: 1000,
-            body: Message::Images {
-                handoff_id: 3,
-                images: vec![img(1, 100_000), img(2, 0)],
-                token: None,
-            },
+        let m = Message::Images {
+            handoff_id: 3,
+            images: vec![img(1, 100_000), img(2, 0)],
+            token: None,
         };
-        let frame = seal(&env, key);
+        let f = c.seal(&m);
         // Bytes are not hex-encoded into the JSON.
-        assert!(frame.len() < 160_000, "{}", frame.len());
-        let mut g = ReplayGuard::new("msr2");
-        let (got, n) = open(&frame, |_| Some(key.to_vec()), &mut g, 1000)
-            .unwrap()
-            .unwrap();
-        assert_eq!(n, frame.len());
-        assert_eq!(got, env);
-        // A flipped attachment byte fails authentication.
-        let mut bad = frame.clone();
-        let mid = bad.len() - 1000;
-        bad[mid] ^= 1;
-        let mut g = ReplayGuard::new("msr2");
-        assert!(matches!(
-            open(&bad, |_| Some(key.to_vec()), &mut g, 1000),
-            Err(WireError::BadTag { .. })
-        ));
+        assert!(f.len() < 160_000, "{}", f.len());
+        assert_eq!(s.open(&f).unwrap().unwrap().0, m);
     }
 }

@@ -97,8 +97,9 @@ impl Greeting {
 }
 
 /// MH → MSR, UDP to the greeting port (broadcast on the cell): "I am here now".
-/// `greeting.new_msr` names the MSR meant; others ignore it. At the first attachment
-/// (`prev_msr` empty) the MH also registers its session `token` (hex).
+/// `greeting.new_msr` names the MSR meant; others ignore it. `token` is accepted for
+/// compatibility with older agents and ignored: an MSR never takes a token from a
+/// greeting (anyone can send one), and a token must not cross the air in clear.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GreetMsg {

@@ -477,6 +477,8 @@ async fn do_connect(
         Err(why) => return refuse(&mut s, peer, why).await,
     };
     sockopt::apply_post_connect(s.as_raw_fd(), &d.wireless_tuning(peer.ip()))?;
+    // The FH's answers must reach us on the fixed LAN before we connect.
+    crate::handoff::claim(d, crate::admission::canonical(peer.ip()));
     let fh = match resolve(&target).await {
         Ok(a) => a,
         Err(e) => {
@@ -545,6 +547,7 @@ async fn do_listen(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> i
         Ok(x) => x,
         Err(r) => return send_reply(&mut s, r, &unspecified_like(peer)).await,
     };
+    crate::handoff::claim(d, crate::admission::canonical(peer.ip()));
     let l = match d.listeners.listen(addr, &d.cfg.fixed) {
         Ok(l) => l,
         Err(e) => {
@@ -595,6 +598,7 @@ async fn do_bind(d: &Daemon, mut s: TcpStream, peer: SocketAddr, expected: Addr)
         .socket_addr()
         .map(|a| a.ip())
         .filter(|ip| !ip.is_unspecified());
+    crate::handoff::claim(d, crate::admission::canonical(peer.ip()));
     let l = match d
         .listeners
         .listen(SocketAddr::new(peer.ip(), want_port), &d.cfg.fixed)
@@ -641,6 +645,7 @@ async fn serve_transparent(d: Arc<Daemon>, s: TcpStream, mh: SocketAddr) {
         }
     };
     let _ = sockopt::apply_post_connect(s.as_raw_fd(), &d.wireless_tuning(mh.ip()));
+    crate::handoff::claim(&d, crate::admission::canonical(mh.ip()));
     match crate::fixed::connect_as(mh, fh, &d.cfg.fixed, d.cfg.relay.connect_timeout()).await {
         Ok(fixed) => {
             let bound = fixed.local_addr().unwrap_or(mh);
@@ -806,14 +811,10 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
             )
         })?;
         let port = cfg.handoff.greet_port;
-        let g = tokio::net::UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], port)))
-            .await
-            .map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("cannot listen on UDP port {port} ([handoff] greet_port): {e}"),
-                )
-            })?;
+        // Greetings are heard on the cells only, never from the fixed LAN.
+        let cells: Vec<String> = cfg.cells.iter().map(|c| c.interface.clone()).collect();
+        let greeters = crate::handoff::greeting::bind(&cells, port)
+            .map_err(|e| io::Error::new(e.kind(), format!("[handoff] greet_port: {e}")))?;
         if let Some(lan) = &cfg.handoff.lan_interface {
             if let Err(e) = crate::netlink::no_proxy_delay(lan) {
                 warn!(interface = %lan, error = %e, "proxied ARP replies may be delayed");
@@ -821,7 +822,9 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
         }
         info!(%listen, greet_port = port, peers = cfg.handoff.peers.len(), "handoff up");
         handoff_tasks.push(tokio::spawn(crate::handoff::serve_peers(d.clone(), l)));
-        handoff_tasks.push(tokio::spawn(crate::handoff::serve_greetings(d.clone(), g)));
+        for g in greeters {
+            handoff_tasks.push(tokio::spawn(crate::handoff::serve_greetings(d.clone(), g)));
+        }
     }
     let beacons = cfg.beacon.enabled.then(|| {
         tokio::spawn(crate::beacon::run(

@@ -1,0 +1,304 @@
+//! What an MSR does with an MH's greeting, decided without I/O.
+//!
+//! A greeting is a UDP datagram anyone on a cell can send with any source address, so
+//! what it can cause is bounded by what it proves:
+//!
+//! * **Unproven** (no token bound here, or a proof that does not verify): a reply at
+//!   most. It adds no proxy-ARP entry, sends no gratuitous ARP, installs and releases
+//!   no hold, binds no token and changes no replay state. An MH's token is bound only
+//!   through its SOCKS session (TCP from its own address on our cell), never by a
+//!   greeting.
+//! * **Proven here** (the MH's connections are here and the proof verifies under their
+//!   token, with a timestamp newer than any accepted before): the MH is back with us —
+//!   take its address over on the fixed LAN, release any hold.
+//! * **Naming a previous MSR**: ask that MSR, which holds the token and checks the
+//!   proof ([`crate::machine`]); nothing is held until it has. At most one pull per MH
+//!   is in flight, and pulls per MH are rate-limited.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use itcp_proto::greeting::Greeting;
+
+/// What this MSR knows about the MH a greeting names.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct MhView<'a> {
+    /// The token the MH's connections here were opened with (bound over TCP).
+    pub token: Option<&'a [u8]>,
+    /// Connections of this MH served here.
+    pub local: usize,
+    /// Some of them are frozen for a handoff to another MSR right now.
+    pub frozen: bool,
+    /// A pull of this MH's connections from another MSR is under way here.
+    pub pulling: bool,
+    /// Timestamp of the newest proven greeting of this MH.
+    pub last_greeting_ts: u64,
+    /// The nonce of the last greeting answered (a retransmission gets the same answer).
+    pub last_nonce: Option<&'a str>,
+}
+
+/// The greeting's context beyond the MH: who sent it and what we are.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    pub me: &'a str,
+    /// The datagram's source address is the MH's address the greeting names.
+    pub from_mh: bool,
+    /// That address is in our MH prefixes.
+    pub is_mh: bool,
+    /// `prev_msr` is a configured peer.
+    pub prev_is_peer: bool,
+    /// A pull for this MH is allowed by the rate limit now.
+    pub pull_allowed: bool,
+}
+
+/// The decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Meant for another MSR whose cell overlaps ours.
+    Ignore,
+    /// Not from the MH it names, or not an MH of ours: count, log (rate-limited), no
+    /// reply.
+    Drop(&'static str),
+    /// A retransmission of the greeting answered last: repeat that answer.
+    Repeat,
+    /// A handoff of this MH's connections (away from us, or towards us) is under way:
+    /// answer once it settles (the MH retransmits).
+    Defer,
+    /// Reply "attached". `proven`: the MH proved its token and is back with us — take
+    /// its address over and release holds, and mark `ts_ms` used.
+    Attach { proven: bool },
+    /// Reply "refused" with the reason.
+    Refuse(String),
+    /// Ask `prev_msr` for the MH's connections.
+    Pull,
+}
+
+/// Decides what to do with greeting `g`; see the module docs.
+pub fn decide(g: &Greeting, cx: Context<'_>, mh: MhView<'_>) -> Decision {
+    if g.new_msr != cx.me {
+        return Decision::Ignore;
+    }
+    if !cx.from_mh || !cx.is_mh {
+        return Decision::Drop("sender is not the MH it names, or not an MH of ours");
+    }
+    if mh.last_nonce == Some(g.nonce.as_str()) {
+        return Decision::Repeat;
+    }
+    if mh.frozen || mh.pulling {
+        return Decision::Defer;
+    }
+    let here = g.prev_msr.is_empty() || g.prev_msr == cx.me || mh.local > 0;
+    if here {
+        return match (mh.token, mh.local) {
+            (Some(t), _) if g.verify(t) && g.ts_ms > mh.last_greeting_ts => {
+                Decision::Attach { proven: true }
+            }
+            (Some(t), _) if g.verify(t) => Decision::Refuse("greeting already used".into()),
+            (Some(_), _) => Decision::Refuse("proof does not match the MH's session token".into()),
+            // Nothing here to prove ownership of: an attachment with no effect.
+            (None, 0) => Decision::Attach { proven: false },
+            (None, _) => Decision::Refuse(
+                "this MH's connections here were opened without a session token: \
+                 they move only by network detection"
+                    .into(),
+            ),
+        };
+    }
+    if !cx.prev_is_peer {
+        return Decision::Refuse(format!(
+            "previous MSR {:?} is not a peer of {}",
+            g.prev_msr, cx.me
+        ));
+    }
+    if !cx.pull_allowed {
+        return Decision::Defer;
+    }
+    Decision::Pull
+}
+
+/// A token bucket per key (an MH, a source address): `burst` events at once, then
+/// `per_s` per second. Keys idle long enough to have refilled are forgotten, so the
+/// table stays bounded by the keys active in the last `burst / per_s` seconds.
+#[derive(Debug, Clone)]
+pub struct RateLimit<K> {
+    burst: f64,
+    per_ms: f64,
+    buckets: HashMap<K, (f64, u64)>,
+    max_keys: usize,
+}
+
+impl<K: std::hash::Hash + Eq + Clone> RateLimit<K> {
+    pub fn new(burst: u32, per_s: f64, max_keys: usize) -> Self {
+        RateLimit {
+            burst: burst as f64,
+            per_ms: per_s / 1000.0,
+            buckets: HashMap::new(),
+            max_keys,
+        }
+    }
+
+    fn level(&self, b: (f64, u64), now_ms: u64) -> f64 {
+        (b.0 + now_ms.saturating_sub(b.1) as f64 * self.per_ms).min(self.burst)
+    }
+
+    /// Takes one event for `k` at `now_ms` if the bucket allows it.
+    pub fn allow(&mut self, k: &K, now_ms: u64) -> bool {
+        if !self.buckets.contains_key(k) && self.buckets.len() >= self.max_keys {
+            let (burst, per_ms) = (self.burst, self.per_ms);
+            self.buckets
+                .retain(|_, b| b.0 + now_ms.saturating_sub(b.1) as f64 * per_ms < burst);
+            if self.buckets.len() >= self.max_keys {
+                return false; // Too many sources at once: refuse rather than grow.
+            }
+        }
+        let b = self.buckets.get(k).copied().unwrap_or((self.burst, now_ms));
+        let lvl = self.level(b, now_ms);
+        let ok = lvl >= 1.0;
+        self.buckets
+            .insert(k.clone(), (if ok { lvl - 1.0 } else { lvl }, now_ms));
+        ok
+    }
+
+    /// Keys tracked now.
+    pub fn len(&self) -> usize {
+        self.buckets.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.buckets.is_empty()
+    }
+}
+
+/// Rate limit for per-MH pulls and log lines: a type alias for the common key.
+pub type PerAddr = RateLimit<IpAddr>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &[u8] = b"0123456789abcdef";
+
+    fn g(prev: &str, token: &[u8], ts: u64) -> Greeting {
+        Greeting::new(
+            token,
+            "10.2.0.100".parse().unwrap(),
+            prev,
+            "msr2",
+            ts,
+            [ts as u8; 16],
+        )
+    }
+
+    fn cx() -> Context<'static> {
+        Context {
+            me: "msr2",
+            from_mh: true,
+            is_mh: true,
+            prev_is_peer: true,
+            pull_allowed: true,
+        }
+    }
+
+    #[test]
+    fn an_unproven_first_greeting_attaches_without_effect() {
+        let d = decide(&g("", b"anything at all.", 5), cx(), MhView::default());
+        assert_eq!(d, Decision::Attach { proven: false });
+    }
+
+    #[test]
+    fn a_proven_greeting_attaches_once() {
+        let mh = MhView {
+            token: Some(TOKEN),
+            local: 2,
+            ..MhView::default()
+        };
+        assert_eq!(
+            decide(&g("msr2", TOKEN, 5), cx(), mh),
+            Decision::Attach { proven: true }
+        );
+        let used = MhView {
+            last_greeting_ts: 5,
+            ..mh
+        };
+        assert!(matches!(
+            decide(&g("msr2", TOKEN, 5), cx(), used),
+            Decision::Refuse(_)
+        ));
+        // Wrong token: refused, even naming no previous MSR.
+        assert!(matches!(
+            decide(&g("", b"a forged token..", 6), cx(), mh),
+            Decision::Refuse(_)
+        ));
+    }
+
+    #[test]
+    fn connections_opened_without_a_token_never_move_by_greeting() {
+        let mh = MhView {
+            local: 1,
+            ..MhView::default()
+        };
+        assert!(matches!(
+            decide(&g("", TOKEN, 5), cx(), mh),
+            Decision::Refuse(_)
+        ));
+        assert!(matches!(
+            decide(&g("msr1", TOKEN, 5), cx(), mh),
+            Decision::Refuse(_)
+        ));
+    }
+
+    #[test]
+    fn spoofed_senders_are_dropped_and_others_ignored() {
+        let mut c = cx();
+        c.from_mh = false;
+        assert!(matches!(
+            decide(&g("msr1", TOKEN, 5), c, MhView::default()),
+            Decision::Drop(_)
+        ));
+        let mut other = g("msr1", TOKEN, 5);
+        other.new_msr = "msr3".into();
+        assert_eq!(decide(&other, cx(), MhView::default()), Decision::Ignore);
+    }
+
+    #[test]
+    fn pulls_are_one_at_a_time_and_rate_limited() {
+        assert_eq!(
+            decide(&g("msr1", TOKEN, 5), cx(), MhView::default()),
+            Decision::Pull
+        );
+        let pulling = MhView {
+            pulling: true,
+            ..MhView::default()
+        };
+        assert_eq!(decide(&g("msr1", TOKEN, 6), cx(), pulling), Decision::Defer);
+        let mut c = cx();
+        c.pull_allowed = false;
+        assert_eq!(
+            decide(&g("msr1", TOKEN, 7), c, MhView::default()),
+            Decision::Defer
+        );
+        c = cx();
+        c.prev_is_peer = false;
+        assert!(matches!(
+            decide(&g("msr9", TOKEN, 8), c, MhView::default()),
+            Decision::Refuse(_)
+        ));
+    }
+
+    #[test]
+    fn rate_limit_refills_and_stays_bounded() {
+        let mut r: RateLimit<u32> = RateLimit::new(2, 10.0, 3);
+        assert!(r.allow(&1, 0) && r.allow(&1, 0));
+        assert!(!r.allow(&1, 0));
+        assert!(r.allow(&1, 100)); // 10/s: one more after 100 ms.
+        for k in 2..=3 {
+            assert!(r.allow(&k, 100));
+        }
+        // A fourth key while three are active: refused, the table does not grow.
+        assert!(!r.allow(&4, 100));
+        assert_eq!(r.len(), 3);
+        // Once the others have refilled, they are forgotten.
+        assert!(r.allow(&4, 10_000));
+        assert!(r.len() <= 3);
+    }
+}

@@ -1,0 +1,185 @@
+//! The MSR⇄MSR channel over TCP: the challenge and hello that authenticate the peer,
+//! then frames whose headers are checked before their bodies are read
+//! (`itcp_proto::channel`). An unauthenticated peer can make us hold at most one hello
+//! (182 bytes) for at most [`HELLO_TIMEOUT`]; nothing it sends is decoded beyond it.
+
+use std::fmt;
+use std::io;
+use std::time::Duration;
+
+use itcp_proto::channel::{
+    self as wire, Message, Session, WireError, CHALLENGE, HEADER, MAX_HELLO, NONCE,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use super::Handoffs;
+
+/// How long a connecting peer has to authenticate.
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why a channel failed.
+#[derive(Debug)]
+pub enum ChannelError {
+    Io(io::Error),
+    Closed,
+    Timeout,
+    Wire(WireError),
+}
+
+impl fmt::Display for ChannelError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ChannelError::Io(e) => write!(f, "{e}"),
+            ChannelError::Closed => f.write_str("peer closed the channel"),
+            ChannelError::Timeout => f.write_str("peer did not authenticate in time"),
+            ChannelError::Wire(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl From<io::Error> for ChannelError {
+    fn from(e: io::Error) -> Self {
+        if e.kind() == io::ErrorKind::UnexpectedEof {
+            ChannelError::Closed
+        } else {
+            ChannelError::Io(e)
+        }
+    }
+}
+
+/// 16 bytes from the kernel's CSPRNG.
+pub fn random_nonce() -> io::Result<[u8; NONCE]> {
+    let mut b = [0u8; NONCE];
+    // SAFETY: getrandom writes at most `len` bytes into the buffer we own.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != b.len() as isize {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(b)
+}
+
+/// One authenticated MSR⇄MSR connection.
+pub struct Channel {
+    s: TcpStream,
+    session: Session,
+    /// Bytes read behind the hello (the start of the first frame), read first.
+    early: Vec<u8>,
+}
+
+impl Channel {
+    /// Connects to `peer` at `addr` and authenticates (we are the connector).
+    pub async fn connect(
+        h: &Handoffs,
+        peer: &str,
+        addr: std::net::SocketAddr,
+    ) -> Result<Channel, ChannelError> {
+        let key = h.key(peer).ok_or_else(|| {
+            ChannelError::Io(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{peer:?} is not a configured [[handoff.peer]]"),
+            ))
+        })?;
+        let mut s = TcpStream::connect(addr).await?;
+        let _ = s.set_nodelay(true);
+        let mut ch = [0u8; CHALLENGE];
+        tokio::time::timeout(HELLO_TIMEOUT, s.read_exact(&mut ch))
+            .await
+            .map_err(|_| ChannelError::Timeout)??;
+        let theirs = wire::parse_challenge(&ch).map_err(ChannelError::Wire)?;
+        let (hello, session) = wire::hello(&h.me, peer, &key, &theirs, &random_nonce()?);
+        s.write_all(&hello).await?;
+        Ok(Channel {
+            s,
+            session,
+            early: Vec::new(),
+        })
+    }
+
+    /// Authenticates a peer that connected to us (we are the acceptor): at most
+    /// [`MAX_HELLO`] bytes are read, within [`HELLO_TIMEOUT`].
+    pub async fn accept(h: &Handoffs, mut s: TcpStream) -> Result<Channel, ChannelError> {
+        let _ = s.set_nodelay(true);
+        let nonce = random_nonce()?;
+        s.write_all(&wire::challenge(&nonce)).await?;
+        let auth = async {
+            let mut buf = [0u8; MAX_HELLO];
+            let mut have = 0;
+            loop {
+                match wire::open_hello(&buf[..have], &h.me, |p| h.key(p), &nonce) {
+                    // The connector may send its first frame right behind the hello.
+                    Ok(Some((session, n))) => return Ok((session, buf[n..have].to_vec())),
+                    Ok(None) => {}
+                    Err(e) => return Err(ChannelError::Wire(e)),
+                }
+                if have == buf.len() {
+                    return Err(ChannelError::Wire(WireError::TooLarge(have)));
+                }
+                let n = s.read(&mut buf[have..]).await?;
+                if n == 0 {
+                    return Err(ChannelError::Closed);
+                }
+                have += n;
+            }
+        };
+        let (session, early) = tokio::time::timeout(HELLO_TIMEOUT, auth)
+            .await
+            .map_err(|_| ChannelError::Timeout)??;
+        Ok(Channel { s, session, early })
+    }
+
+    /// The authenticated peer's MSR id.
+    pub fn peer(&self) -> &str {
+        self.session.peer()
+    }
+
+    async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.early.is_empty() {
+            return self.s.read(buf).await;
+        }
+        let n = buf.len().min(self.early.len());
+        buf[..n].copy_from_slice(&self.early[..n]);
+        self.early.drain(..n);
+        Ok(n)
+    }
+
+    async fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), ChannelError> {
+        let mut at = 0;
+        while at < buf.len() {
+            let n = self.read(&mut buf[at..]).await?;
+            if n == 0 {
+                return Err(ChannelError::Closed);
+            }
+            at += n;
+        }
+        Ok(())
+    }
+
+    pub async fn send(&mut self, m: &Message) -> io::Result<()> {
+        let f = self.session.seal(m);
+        self.s.write_all(&f).await
+    }
+
+    /// The next message. The header is authenticated before the body is read; a body
+    /// is read into a buffer that grows with what actually arrives.
+    pub async fn recv(&mut self) -> Result<Message, ChannelError> {
+        let mut h = [0u8; HEADER];
+        self.read_exact(&mut h).await?;
+        let a = self.session.check_header(&h).map_err(ChannelError::Wire)?;
+        let len = a.body_len();
+        let mut body = Vec::with_capacity(len.min(1 << 20));
+        while body.len() < len {
+            let want = (len - body.len()).min(1 << 20);
+            let at = body.len();
+            body.resize(at + want, 0);
+            let n = self.read(&mut body[at..]).await?;
+            if n == 0 {
+                return Err(ChannelError::Closed);
+            }
+            body.truncate(at + n);
+        }
+        self.session
+            .open_body(&h, a, &body)
+            .map_err(ChannelError::Wire)
+    }
+}

@@ -1,0 +1,207 @@
+//! The greeting server: one UDP socket per cell interface (a greeting from the fixed
+//! LAN or any other interface never reaches msrd). What a greeting may do is decided
+//! by `itcp_handoff::greet::decide`; this file answers and carries out the decision.
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use itcp_handoff::greet::{self, Context, Decision, MhView};
+use itcp_proto::greeting::{parse_greet_msg, GreetReply, GreetStatus, MAX_DATAGRAM};
+use tokio::net::UdpSocket;
+use tracing::{debug, info, warn};
+
+use super::{new_side, release, take_over};
+use crate::daemon::Daemon;
+use crate::sockopt;
+
+/// Binds the greeting port on each cell interface.
+pub fn bind(interfaces: &[String], port: u16) -> io::Result<Vec<UdpSocket>> {
+    let mut out = Vec::new();
+    for ifname in interfaces {
+        let s = (|| {
+            // SO_BINDTODEVICE before bind, so that every cell can have the same port.
+            let fd = socket_v4()?;
+            sockopt::set_reuseaddr(fd.as_raw_fd())?;
+            sockopt::bind_to_device(fd.as_raw_fd(), ifname)?;
+            let s = std::net::UdpSocket::from(fd);
+            bind_any(&s, port)?;
+            s.set_nonblocking(true)?;
+            Ok::<_, io::Error>(s)
+        })()
+        .map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("greeting port {port} on cell interface {ifname}: {e}"),
+            )
+        })?;
+        out.push(UdpSocket::from_std(s)?);
+    }
+    Ok(out)
+}
+
+fn socket_v4() -> io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: plain socket(2); the fd is owned by the OwnedFd from here on.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh, valid descriptor nobody else owns.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+fn bind_any(s: &std::net::UdpSocket, port: u16) -> io::Result<()> {
+    let sa = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr { s_addr: 0 },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: binding our own socket to a sockaddr_in that lives across the call.
+    let r = unsafe {
+        libc::bind(
+            s.as_raw_fd(),
+            (&sa as *const libc::sockaddr_in).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Serves MH greetings arriving on one cell interface.
+pub async fn serve_greetings(d: Arc<Daemon>, sock: UdpSocket) {
+    let sock = Arc::new(sock);
+    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+    loop {
+        let (n, from) = match sock.recv_from(&mut buf).await {
+            Ok(x) => x,
+            Err(e) => {
+                warn!(error = %e, "greeting socket failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let h = d.handoff.as_ref().unwrap();
+        match parse_greet_msg(&buf[..n]) {
+            Ok(msg) => on_greeting(&d, &sock, from, msg.greeting).await,
+            Err(e) => {
+                d.sessions
+                    .stats
+                    .greetings_rejected
+                    .fetch_add(1, Ordering::Relaxed);
+                if h.may_log(from.ip()) {
+                    warn!(%from, error = %e, "malformed greeting rejected");
+                }
+            }
+        }
+    }
+}
+
+pub(crate) async fn reply(sock: &UdpSocket, to: SocketAddr, r: &GreetReply) {
+    let b = serde_json::to_vec(r).expect("replies serialize");
+    if let Err(e) = sock.send_to(&b, to).await {
+        debug!(%to, error = %e, "greeting reply not sent");
+    }
+}
+
+fn view(st: Option<&super::MhState>, local: usize, frozen: bool) -> MhView<'_> {
+    MhView {
+        token: st.and_then(|s| s.token.as_deref()),
+        local,
+        frozen,
+        pulling: st.is_some_and(|s| s.pulling),
+        last_greeting_ts: st.map_or(0, |s| s.last_greeting_ts),
+        last_nonce: st.and_then(|s| s.last_nonce.as_deref()),
+    }
+}
+
+async fn on_greeting(
+    d: &Arc<Daemon>,
+    sock: &Arc<UdpSocket>,
+    from: SocketAddr,
+    g: itcp_proto::greeting::Greeting,
+) {
+    let h = d.handoff.as_ref().unwrap();
+    let mh = crate::admission::canonical(g.mh);
+    let sessions = d.sessions.of_mh(mh);
+    let frozen = sessions.iter().any(|s| s.frozen.load(Ordering::Relaxed));
+    let prev_is_peer = h.cfg.peer(&g.prev_msr).is_some();
+    let cx = Context {
+        me: &h.me,
+        from_mh: crate::admission::canonical(from.ip()) == mh,
+        is_mh: d.is_mh(mh),
+        prev_is_peer,
+        // Asked only when it matters (taking a token from the bucket).
+        pull_allowed: true,
+    };
+    let (decision, last_reply) = {
+        let m = h.mhs.lock().unwrap();
+        let mut dec = greet::decide(&g, cx, view(m.get(&mh), sessions.len(), frozen));
+        if dec == Decision::Pull && !h.pull_allowed(mh) {
+            dec = Decision::Defer;
+        }
+        let last = m.get(&mh).and_then(|s| s.last_reply.clone());
+        (dec, last)
+    };
+    let count_rejected = || {
+        d.sessions
+            .stats
+            .greetings_rejected
+            .fetch_add(1, Ordering::Relaxed)
+    };
+    match decision {
+        Decision::Ignore => {}
+        Decision::Repeat => {
+            if let Some(r) = last_reply {
+                reply(sock, from, &r).await;
+            }
+        }
+        Decision::Drop(why) => {
+            count_rejected();
+            if h.may_log(from.ip()) {
+                warn!(%from, mh = %g.mh, reason = why, "greeting dropped");
+            }
+        }
+        Decision::Defer => {
+            debug!(%mh, "greeting deferred: a handoff of this MH is under way or pulls are rate-limited");
+        }
+        Decision::Refuse(reason) => {
+            count_rejected();
+            if h.may_log(from.ip()) {
+                warn!(%mh, %reason, "greeting refused");
+            }
+            let r = h.answer(mh, &g, GreetStatus::Refused, Some(reason), 0);
+            reply(sock, from, &r).await;
+        }
+        Decision::Attach { proven } => {
+            if proven {
+                h.greeting_used(mh, g.ts_ms);
+                // Back with us: the MH's traffic comes here, nothing stays held.
+                h.hold_gen_bump(mh);
+                release(d, mh);
+                take_over(d, mh);
+            }
+            info!(%mh, connections = sessions.len(), proven, "MH attached");
+            let r = h.answer(mh, &g, GreetStatus::Attached, None, sessions.len());
+            reply(sock, from, &r).await;
+        }
+        Decision::Pull => {
+            let Some(peer) = h.cfg.peer(&g.prev_msr).cloned() else {
+                return;
+            };
+            h.set_pulling(mh, true);
+            let (d, sock) = (d.clone(), sock.clone());
+            tokio::spawn(async move {
+                new_side::pull(d.clone(), sock, from, g, peer.id.clone(), peer.address).await;
+                d.handoff.as_ref().unwrap().set_pulling(mh, false);
+            });
+        }
+    }
+}

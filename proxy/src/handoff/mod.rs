@@ -1,0 +1,312 @@
+//! msrd's side of handoffs (paper §5.4): thin I/O around the sans-IO decisions and
+//! machines of `itcp_handoff` (`greet`, `machine`).
+//!
+//! * [`greeting`] — the greeting server on the cells: what a greeting may do is
+//!   decided by `itcp_handoff::greet::decide`.
+//! * [`channel`] — the MSR⇄MSR channel: challenge, hello, authenticated frames.
+//! * [`old_side`] — serves the channel: freeze, capture, ship, delete or unfreeze.
+//! * [`new_side`] — pulls an MH's connections: hold, restore, take over, restart, ack.
+//! * [`sockets`] — the socket work both sides share: capture, restore, restart,
+//!   delete, resume.
+
+pub mod channel;
+pub mod greeting;
+pub mod new_side;
+pub mod old_side;
+pub mod sockets;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use itcp_config::HandoffSection;
+use itcp_handoff::greet::PerAddr;
+use itcp_handoff::log::{self as hlog, ConnEntry, Record};
+use itcp_handoff::machine::Timeouts;
+use itcp_proto::greeting::{GreetReply, GreetStatus, Greeting};
+use tokio::net::TcpStream;
+use tracing::{info, warn};
+
+use crate::daemon::{Admitted, Daemon};
+use crate::relay::Pending;
+use crate::sessions::Session;
+
+pub use greeting::serve_greetings;
+pub use old_side::serve_peers;
+
+/// A relay paused for a handoff: its sockets and the bytes it had in transit.
+pub struct Frozen {
+    pub session: Arc<Session>,
+    pub wireless: TcpStream,
+    /// None for a listener's control connection or a waiting ACCEPT.
+    pub fixed: Option<TcpStream>,
+    /// The MH's listening address (listener control connections, waiting ACCEPTs).
+    pub listen: Option<SocketAddr>,
+    pub pending: Pending,
+    /// Counted by admission (not listeners' control connections).
+    pub admitted: Option<Admitted>,
+}
+
+impl std::fmt::Debug for Frozen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Frozen(session {})", self.session.id)
+    }
+}
+
+/// What this MSR knows about one MH.
+#[derive(Default)]
+pub(crate) struct MhState {
+    /// The MH's session token: bound by its first SOCKS session with one (TCP from
+    /// its own address on our cell), or shipped with its connections by the old MSR.
+    /// Never by a greeting.
+    pub token: Option<Vec<u8>>,
+    /// Timestamp of the newest *proven* greeting: older ones are replays.
+    pub last_greeting_ts: u64,
+    /// Bumped by every hold; a delayed release applies only to its own hold.
+    pub hold_gen: u64,
+    /// The last greeting answered and the answer, repeated for retransmissions.
+    pub last_nonce: Option<String>,
+    pub last_reply: Option<GreetReply>,
+    /// A pull of this MH's connections is under way here.
+    pub pulling: bool,
+    /// We answer ARP for this MH on the fixed LAN.
+    pub claimed: bool,
+}
+
+/// Handoff state shared by the daemon's tasks.
+pub struct Handoffs {
+    pub me: String,
+    pub cfg: HandoffSection,
+    keys: HashMap<String, Vec<u8>>,
+    next_id: AtomicU64,
+    pub(crate) mhs: Mutex<HashMap<IpAddr, MhState>>,
+    /// Pulls per MH (spoofed greetings cannot make us ask peers without bound).
+    pulls: Mutex<PerAddr>,
+    /// Log lines for rejected input, per source (quiet under a flood).
+    noisy: Mutex<PerAddr>,
+    /// Channel connections not yet authenticated.
+    pub(crate) unauthenticated: AtomicU64,
+}
+
+/// Microseconds since the UNIX epoch (handoff log phases).
+pub fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as u64)
+        .unwrap_or(0)
+}
+
+impl Handoffs {
+    /// Reads the peers' keys; errors name the peer.
+    pub fn new(me: &str, cfg: &HandoffSection) -> io::Result<Handoffs> {
+        let mut keys = HashMap::new();
+        for p in &cfg.peers {
+            let k = p
+                .key_bytes()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+            keys.insert(p.id.clone(), k);
+        }
+        Ok(Handoffs {
+            me: me.into(),
+            cfg: cfg.clone(),
+            keys,
+            // Unique across restarts: handoff ids start at the clock.
+            next_id: AtomicU64::new(now_us()),
+            mhs: Mutex::new(HashMap::new()),
+            // A genuine MH moves at most a few times a second; 5 at once, 2/s after.
+            pulls: Mutex::new(PerAddr::new(5, 2.0, 4096)),
+            // One log line per source every 10 s after a burst of 3.
+            noisy: Mutex::new(PerAddr::new(3, 0.1, 4096)),
+            unauthenticated: AtomicU64::new(0),
+        })
+    }
+
+    pub fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            images_us: self.cfg.images_timeout_ms * 1000,
+            ack_us: self.cfg.ack_timeout_ms * 1000,
+        }
+    }
+
+    pub(crate) fn key(&self, peer: &str) -> Option<Vec<u8>> {
+        self.keys.get(peer).cloned()
+    }
+
+    /// Binds an MH's token when it has none yet: only from its SOCKS session (TCP,
+    /// from its own address), never from a greeting.
+    pub fn bind_token(&self, mh: IpAddr, token: &[u8]) {
+        let mut m = self.mhs.lock().unwrap();
+        let st = m.entry(mh).or_default();
+        if st.token.is_none() {
+            st.token = Some(token.to_vec());
+        }
+    }
+
+    pub(crate) fn next_handoff_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub(crate) fn pull_allowed(&self, mh: IpAddr) -> bool {
+        self.pulls.lock().unwrap().allow(&mh, now_us() / 1000)
+    }
+
+    /// True if a line about rejected input from `src` may be logged now.
+    pub(crate) fn may_log(&self, src: IpAddr) -> bool {
+        self.noisy.lock().unwrap().allow(&src, now_us() / 1000)
+    }
+
+    pub(crate) fn hold_gen_bump(&self, mh: IpAddr) -> u64 {
+        let mut m = self.mhs.lock().unwrap();
+        let st = m.entry(mh).or_default();
+        st.hold_gen += 1;
+        st.hold_gen
+    }
+
+    fn hold_gen(&self, mh: IpAddr) -> u64 {
+        self.mhs.lock().unwrap().get(&mh).map_or(0, |s| s.hold_gen)
+    }
+
+    /// The answer to greeting `g`, remembered so that a retransmitted greeting gets it
+    /// again.
+    pub(crate) fn answer(
+        &self,
+        mh: IpAddr,
+        g: &Greeting,
+        status: GreetStatus,
+        reason: Option<String>,
+        connections: usize,
+    ) -> GreetReply {
+        let r = GreetReply {
+            msr: self.me.clone(),
+            nonce: g.nonce.clone(),
+            status,
+            reason,
+            connections,
+        };
+        let mut m = self.mhs.lock().unwrap();
+        let st = m.entry(mh).or_default();
+        st.last_nonce = Some(r.nonce.clone());
+        st.last_reply = Some(r.clone());
+        r
+    }
+
+    pub(crate) fn set_pulling(&self, mh: IpAddr, on: bool) {
+        self.mhs.lock().unwrap().entry(mh).or_default().pulling = on;
+    }
+
+    pub(crate) fn greeting_used(&self, mh: IpAddr, ts_ms: u64) {
+        let mut m = self.mhs.lock().unwrap();
+        let st = m.entry(mh).or_default();
+        st.last_greeting_ts = st.last_greeting_ts.max(ts_ms);
+    }
+}
+
+// ---------------------------------------------------------------------------------
+// Routing and holds.
+
+/// Makes the fixed LAN deliver `mh`'s traffic here: proxy ARP, then a gratuitous ARP
+/// that repoints neighbours (the GW) which still have another MSR's MAC.
+pub fn take_over(d: &Daemon, mh: IpAddr) {
+    let Some(lan) = &d.handoff_cfg().lan_interface else {
+        return;
+    };
+    if let Some(h) = &d.handoff {
+        h.mhs.lock().unwrap().entry(mh).or_default().claimed = true;
+    }
+    if let Err(e) = crate::netlink::proxy_neigh(lan, mh, true) {
+        warn!(%mh, interface = %lan, error = %e, "proxy ARP entry not added");
+    }
+    if let IpAddr::V4(v4) = mh {
+        if let Err(e) = crate::netlink::send_garp(lan, v4) {
+            warn!(%mh, interface = %lan, error = %e, "gratuitous ARP not sent");
+        }
+    }
+}
+
+/// Takes `mh` over on the fixed LAN unless we already did: called when the MH opens
+/// a connection here (its traffic from the fixed side must reach us).
+pub fn claim(d: &Daemon, mh: IpAddr) {
+    let Some(h) = &d.handoff else {
+        return;
+    };
+    let claimed = h.mhs.lock().unwrap().get(&mh).is_some_and(|s| s.claimed);
+    if !claimed {
+        take_over(d, mh);
+    }
+}
+
+pub fn give_up_route(d: &Daemon, mh: IpAddr) {
+    if let Some(h) = &d.handoff {
+        if let Some(s) = h.mhs.lock().unwrap().get_mut(&mh) {
+            s.claimed = false;
+        }
+    }
+    if let Some(lan) = &d.handoff_cfg().lan_interface {
+        if let Err(e) = crate::netlink::proxy_neigh(lan, mh, false) {
+            warn!(%mh, interface = %lan, error = %e, "proxy ARP entry not removed");
+        }
+    }
+}
+
+pub fn hold(d: &Daemon, h: &Handoffs, mh: IpAddr) {
+    h.hold_gen_bump(mh);
+    if let Err(e) = d.rules.hold(mh) {
+        warn!(%mh, error = %e, "flow hold not installed");
+    }
+}
+
+pub fn release(d: &Daemon, mh: IpAddr) {
+    if let Err(e) = d.rules.release(mh) {
+        warn!(%mh, error = %e, "flow hold not released");
+    }
+}
+
+/// Releases the hold after `after` unless another hold was made meanwhile.
+pub fn release_later(d: &Arc<Daemon>, mh: IpAddr, after: Duration) {
+    let h = d.handoff.as_ref().unwrap();
+    let gen = h.hold_gen(mh);
+    let d = d.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(after).await;
+        let h = d.handoff.as_ref().unwrap();
+        if h.hold_gen(mh) == gen {
+            release(&d, mh);
+        }
+    });
+}
+
+pub fn write_log(d: &Daemon, mut r: Record, conns: &[ConnEntry]) {
+    r.connections = conns.to_vec();
+    let path = &d.handoff_cfg().log_file;
+    if let Err(e) = hlog::append(path, &r) {
+        warn!(path = %path.display(), error = %e, "handoff log not written");
+    }
+    info!(
+        handoff = r.handoff_id,
+        role = ?r.role,
+        mh = %r.mh,
+        old = %r.old_msr,
+        new = %r.new_msr,
+        outcome = ?r.outcome,
+        reason = r.reason.as_deref().unwrap_or(""),
+        connections = r.connections.len(),
+        failed = ?r.failed,
+        ms = r.duration_ms().unwrap_or(0.0),
+        "handoff"
+    );
+}
+
+/// Counts a rejected channel message or connection, logging at a bounded rate.
+pub fn rejected(d: &Daemon, peer: SocketAddr, e: &dyn std::fmt::Display) {
+    d.sessions
+        .stats
+        .handoff_messages_rejected
+        .fetch_add(1, Ordering::Relaxed);
+    let h = d.handoff.as_ref().unwrap();
+    if h.may_log(peer.ip()) {
+        warn!(%peer, error = %e, "handoff channel: rejected");
+    }
+}

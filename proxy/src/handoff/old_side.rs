@@ -1,0 +1,207 @@
+//! The old MSR: serves the MSR⇄MSR channel. A peer asks for an MH's connections; the
+//! machine (`itcp_handoff::machine::OldSide`) checks the greeting's proof and decides;
+//! this file carries out its actions against the relays and sockets.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use itcp_handoff::log::{self as hlog, ConnEntry};
+use itcp_handoff::machine::{Action, MhKnown, OldEvent, OldSide};
+use itcp_proto::channel::Message;
+use tokio::net::{TcpListener, TcpStream};
+use tracing::{debug, warn};
+
+use super::channel::{Channel, ChannelError};
+use super::sockets::{capture_one, delete, freeze, resume};
+use super::{give_up_route, hold, now_us, rejected, release, release_later, write_log, Frozen};
+use crate::daemon::Daemon;
+
+/// Channel connections still authenticating, at most: beyond it new ones are closed
+/// at once (each costs a task and 182 bytes until its hello or 2 s).
+const MAX_UNAUTHENTICATED: u64 = 64;
+
+/// Serves the MSR⇄MSR channel: each connection carries one handoff, asked by a peer.
+pub async fn serve_peers(d: Arc<Daemon>, l: TcpListener) {
+    loop {
+        match l.accept().await {
+            Ok((s, peer)) => {
+                let h = d.handoff.as_ref().unwrap();
+                if h.unauthenticated.fetch_add(1, Ordering::Relaxed) >= MAX_UNAUTHENTICATED {
+                    h.unauthenticated.fetch_sub(1, Ordering::Relaxed);
+                    rejected(&d, peer, &"too many channel connections authenticating");
+                    continue;
+                }
+                tokio::spawn(serve_one(d.clone(), s, peer));
+            }
+            Err(e) => {
+                // EMFILE and friends: back off, keep serving.
+                warn!(error = %e, "handoff channel accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn serve_one(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
+    let h = d.handoff.as_ref().unwrap();
+    let ch = Channel::accept(h, s).await;
+    h.unauthenticated.fetch_sub(1, Ordering::Relaxed);
+    let mut ch = match ch {
+        Ok(c) => c,
+        Err(ChannelError::Wire(e)) => return rejected(&d, peer, &e),
+        Err(e) => return rejected(&d, peer, &e),
+    };
+    let first = match tokio::time::timeout(Duration::from_secs(10), ch.recv()).await {
+        Ok(Ok(m)) => m,
+        Ok(Err(ChannelError::Wire(e))) => return rejected(&d, peer, &e),
+        Ok(Err(e)) => return debug!(%peer, error = %e, "handoff channel closed"),
+        Err(_) => return debug!(%peer, "handoff channel idle: closed"),
+    };
+    let Message::HandoffRequest {
+        handoff_id,
+        greeting,
+    } = first
+    else {
+        let e = format!("{:?} opened with {first:?}", ch.peer());
+        return rejected(&d, peer, &e);
+    };
+    old_side(d.clone(), ch, peer, handoff_id, greeting).await
+}
+
+async fn old_side(
+    d: Arc<Daemon>,
+    mut ch: Channel,
+    peer: SocketAddr,
+    handoff_id: u64,
+    greeting: itcp_proto::greeting::Greeting,
+) {
+    let h = d.handoff.as_ref().unwrap();
+    let from = ch.peer().to_string();
+    let mh = crate::admission::canonical(greeting.mh);
+    let (token, last_ts) = {
+        let m = h.mhs.lock().unwrap();
+        m.get(&mh)
+            .map(|s| (s.token.clone(), s.last_greeting_ts))
+            .unwrap_or_default()
+    };
+    let known = MhKnown {
+        token: token.as_deref(),
+        last_greeting_ts: last_ts,
+    };
+    let (mut m, mut acts) = OldSide::start(
+        &h.me,
+        &from,
+        handoff_id,
+        &greeting,
+        known,
+        now_us(),
+        h.timeouts(),
+    );
+    let mut frozen: Vec<Frozen> = Vec::new();
+    let mut entries: Vec<ConnEntry> = Vec::new();
+    loop {
+        let mut next: Option<OldEvent> = None;
+        for a in acts.drain(..) {
+            match a {
+                Action::GreetingUsed { mh, ts_ms } => h.greeting_used(mh, ts_ms),
+                Action::FreezeAndCapture(mh) => {
+                    let t0 = std::time::Instant::now();
+                    hold(&d, h, mh);
+                    frozen = freeze(&d, mh).await;
+                    let t_freeze = t0.elapsed();
+                    let mut images = Vec::new();
+                    let mut failure = None;
+                    for f in &frozen {
+                        f.session.frozen.store(true, Ordering::Relaxed);
+                        match capture_one(f) {
+                            Ok((img, e)) => {
+                                images.push(img);
+                                entries.push(e);
+                            }
+                            Err(e) => {
+                                warn!(id = f.session.id, error = %e, "connection cannot be captured: the handoff is off");
+                                failure = Some(format!("connection {}: {e}", f.session.id));
+                                break;
+                            }
+                        }
+                    }
+                    debug!(
+                        pause_us = t_freeze.as_micros() as u64,
+                        capture_us = (t0.elapsed() - t_freeze).as_micros() as u64,
+                        connections = images.len(),
+                        "frozen and captured"
+                    );
+                    next = Some(match failure {
+                        None => OldEvent::Captured(images),
+                        // Unfreeze (which follows) resumes every frozen connection here.
+                        Some(reason) => OldEvent::CaptureFailed(reason),
+                    });
+                }
+                Action::Send(msg) => {
+                    if let Err(e) = ch.send(&msg).await {
+                        warn!(peer = %from, error = %e, "handoff message not sent");
+                    }
+                }
+                Action::Delete(ids) => {
+                    let (gone, stay): (Vec<Frozen>, Vec<Frozen>) = std::mem::take(&mut frozen)
+                        .into_iter()
+                        .partition(|f| ids.contains(&f.session.id));
+                    frozen = stay;
+                    delete(&d, gone);
+                    // The new MSR took the MH's address over on the fixed LAN.
+                    give_up_route(&d, mh);
+                    d.sessions
+                        .stats
+                        .handoffs_out
+                        .fetch_add(1, Ordering::Relaxed);
+                    // Stray TCP of the MH that still reaches us is dropped, never
+                    // forwarded to the MH nor answered, until the LAN has moved on.
+                    release_later(&d, mh, Duration::from_millis(h.cfg.hold_after_ms));
+                }
+                Action::Unfreeze(mh) => {
+                    release(&d, mh);
+                    if !frozen.is_empty() {
+                        d.sessions
+                            .stats
+                            .handoffs_failed
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    resume(&d, std::mem::take(&mut frozen));
+                }
+                Action::Log(r) => {
+                    if r.outcome == hlog::Outcome::Rejected {
+                        d.sessions
+                            .stats
+                            .handoffs_failed
+                            .fetch_add(1, Ordering::Relaxed);
+                    }
+                    write_log(&d, r, &entries)
+                }
+                other => debug!(action = ?other, "not an old-side action"),
+            }
+        }
+        if let Some(ev) = next {
+            acts = m.handle(ev, now_us());
+            continue;
+        }
+        if m.done() {
+            return;
+        }
+        // Wait for the new MSR until the machine's own deadline: frames that change
+        // nothing do not extend it.
+        let deadline = m.poll_timeout().unwrap_or(now_us() + 10_000_000);
+        let wait = Duration::from_micros(deadline.saturating_sub(now_us()));
+        acts = match tokio::time::timeout(wait, ch.recv()).await {
+            Ok(Ok(msg)) => m.handle(OldEvent::Message(msg), now_us()),
+            Ok(Err(ChannelError::Wire(e))) => {
+                rejected(&d, peer, &e);
+                m.handle_channel_lost(&e.to_string())
+            }
+            // The new MSR went away (crashed?): nothing was acknowledged, serve on.
+            Ok(Err(e)) => m.handle_channel_lost(&e.to_string()),
+            Err(_) => m.handle_timeout(now_us()),
+        };
+    }
+}

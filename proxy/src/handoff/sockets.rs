@@ -1,0 +1,416 @@
+//! The socket work of a handoff, shared by both sides: pause relays and capture their
+//! sockets (old MSR), restore and restart them (new MSR), delete moved copies without
+//! a packet, resume what stays.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use itcp_config::UnackedPolicy;
+use itcp_handoff::log::ConnEntry;
+use itcp_handoff::{RestoreOptions, SocketImage, UnackedRestore};
+use itcp_proto::channel::ConnImage;
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+use tracing::{info, warn};
+
+use super::Frozen;
+use crate::daemon::Daemon;
+use crate::relay::Pending;
+use crate::sessions::Kind;
+
+pub fn unacked(p: UnackedPolicy) -> UnackedRestore {
+    match p {
+        UnackedPolicy::Auto => UnackedRestore::Auto,
+        UnackedPolicy::AsNew => UnackedRestore::AsNew,
+        UnackedPolicy::AsSent => UnackedRestore::AsSent,
+    }
+}
+
+/// Pauses every relay of `mh` and collects its sockets.
+pub async fn freeze(d: &Daemon, mh: IpAddr) -> Vec<Frozen> {
+    let mut waits = Vec::new();
+    for s in d.sessions.of_mh(mh) {
+        let (tx, rx) = oneshot::channel();
+        *s.frozen_to.lock().unwrap() = Some(tx);
+        s.pause.send_replace(true);
+        waits.push(rx);
+    }
+    let mut out = Vec::new();
+    for rx in waits {
+        // A relay that ended meanwhile drops its sender: nothing to move.
+        if let Ok(Ok(f)) = tokio::time::timeout(Duration::from_secs(2), rx).await {
+            out.push(f);
+        }
+    }
+    out
+}
+
+pub fn capture_one(f: &Frozen) -> io::Result<(ConnImage, ConnEntry)> {
+    let w = itcp_handoff::capture(f.wireless.as_fd())?;
+    let x = match &f.fixed {
+        Some(x) => Some(itcp_handoff::capture(x.as_fd()).inspect_err(|_| {
+            let _ = itcp_handoff::unfreeze(f.wireless.as_fd());
+        })?),
+        None => None,
+    };
+    let queued = w.queued_bytes() + x.as_ref().map_or(0, |x| x.queued_bytes()) + f.pending.len();
+    let kind = f.session.kind.as_str().to_string();
+    let entry = ConnEntry {
+        id: f.session.id,
+        kind: kind.clone(),
+        mh: x.as_ref().map_or(f.session.mh, |x| x.local),
+        fh: x.as_ref().map_or(f.session.fh, |x| x.remote),
+        queued_bytes: queued as u64,
+    };
+    Ok((
+        ConnImage {
+            id: f.session.id,
+            kind,
+            wireless: w.to_bytes(),
+            fixed: x.map(|x| x.to_bytes()).unwrap_or_default(),
+            up_pending: f.pending.up.clone(),
+            down_pending: f.pending.down.clone(),
+            listen: f.listen.map(|a| a.to_string()),
+        },
+        entry,
+    ))
+}
+
+/// Restarts a frozen connection's service task here (rollback, or a move in).
+pub fn spawn_service(d: &Arc<Daemon>, f: Frozen) {
+    let d2 = d.clone();
+    match (f.fixed, f.listen, f.admitted) {
+        (Some(x), _, Some(adm)) => {
+            tokio::spawn(async move {
+                d2.relay_session(f.session, f.wireless, x, f.pending, adm)
+                    .await
+            });
+        }
+        (None, Some(addr), None) => {
+            tokio::spawn(async move { d2.listen_wait(f.session, f.wireless, addr).await });
+        }
+        (None, Some(addr), Some(adm)) => {
+            tokio::spawn(async move {
+                let _ = d2.accept_wait(f.session, f.wireless, addr, adm).await;
+            });
+        }
+        _ => warn!(
+            id = f.session.id,
+            "frozen connection without a service: dropped"
+        ),
+    }
+}
+
+/// Puts frozen connections back to work here (rollback): the hold is already off.
+pub fn resume(d: &Arc<Daemon>, frozen: Vec<Frozen>) {
+    for f in frozen {
+        for s in std::iter::once(&f.wireless).chain(f.fixed.as_ref()) {
+            if let Ok(true) = itcp_handoff::repair::in_repair(s.as_fd()) {
+                if let Err(e) = itcp_handoff::unfreeze(s.as_fd()) {
+                    warn!(id = f.session.id, error = %e, "cannot unfreeze a socket");
+                }
+            }
+        }
+        f.session.pause.send_replace(false);
+        f.session.frozen.store(false, Ordering::Relaxed);
+        spawn_service(d, f);
+    }
+}
+
+/// Deletes the moved copies without a packet, and closes their sessions here.
+pub fn delete(d: &Daemon, frozen: Vec<Frozen>) {
+    for f in frozen {
+        if let (Kind::Listen, Some(addr)) = (f.session.kind, f.listen) {
+            d.listeners.remove(addr);
+        }
+        for s in std::iter::once(f.wireless).chain(f.fixed) {
+            match s.into_std() {
+                Ok(std) => {
+                    if let Err(e) = itcp_handoff::delete(OwnedFd::from(std)) {
+                        // Closing it now could send a FIN: keep the fd (a leak, logged).
+                        warn!(id = f.session.id, error = %e.error, "socket not deleted");
+                        std::mem::forget(e.fd);
+                    }
+                }
+                Err(e) => warn!(id = f.session.id, error = %e, "socket not deleted"),
+            }
+        }
+        d.sessions
+            .stats
+            .connections_moved_out
+            .fetch_add(1, Ordering::Relaxed);
+        d.sessions.close(&f.session);
+        drop(f.admitted);
+    }
+}
+
+/// A restored connection waiting for its restart.
+pub struct Restored {
+    pub id: u64,
+    kind: Kind,
+    wireless: (OwnedFd, SocketImage),
+    fixed: Option<(OwnedFd, SocketImage)>,
+    listen: Option<SocketAddr>,
+    pending: Pending,
+}
+
+fn decode(b: &[u8]) -> io::Result<SocketImage> {
+    SocketImage::from_bytes(b)
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
+}
+
+pub fn restore_one(c: &ConnImage, policy: UnackedRestore, fwmark: u32) -> io::Result<Restored> {
+    let kind = Kind::parse(&c.kind).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unknown connection kind {:?}", c.kind),
+        )
+    })?;
+    let listen = match &c.listen {
+        Some(a) => Some(a.parse::<SocketAddr>().map_err(|_| {
+            io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("bad listen address {a:?}"),
+            )
+        })?),
+        None => None,
+    };
+    if kind.relays() == c.fixed.is_empty() || kind.relays() == listen.is_some() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!(
+                "a {:?} image must {}have a fixed side",
+                c.kind,
+                if kind.relays() { "" } else { "not " }
+            ),
+        ));
+    }
+    let w = decode(&c.wireless)?;
+    let pending = Pending {
+        up: c.up_pending.clone(),
+        down: c.down_pending.clone(),
+    };
+    let opts = RestoreOptions {
+        transparent: w.sockopts.transparent,
+        unacked: policy,
+        nonblocking: true,
+        // A peer's FIN is replayed as a raw packet to the socket's own address; for a
+        // fixed-side socket that is the MH's address, which without msrd's mark would
+        // be routed out to the cell (and dropped by the hold) instead of to us.
+        inject_mark: fwmark,
+    };
+    let wfd = itcp_handoff::restore(&w, &opts)?;
+    let xopts = RestoreOptions {
+        transparent: true,
+        ..opts
+    };
+    // On failure `wfd` is dropped in repair mode: nothing is sent.
+    let fixed = if kind.relays() {
+        let x = decode(&c.fixed)?;
+        let xfd = itcp_handoff::restore(&x, &xopts)?;
+        Some((xfd, x))
+    } else {
+        None
+    };
+    Ok(Restored {
+        id: c.id,
+        kind,
+        wireless: (wfd, w),
+        fixed,
+        listen,
+        pending,
+    })
+}
+
+/// A restored socket starts with the initial window of its route. Bytes that were in
+/// flight are re-sent at restart only if that first flight covers all of them (else the
+/// MH's ACKs for bytes beyond it are dropped and the connection waits for an RTO,
+/// ~4 s): for the restore, the MH gets a host route whose `initcwnd` covers the largest
+/// flight. Removed again once the sockets run (they keep their window).
+pub struct FlightRoute {
+    mh: IpAddr,
+    dev: String,
+}
+
+impl FlightRoute {
+    pub fn install(mh: IpAddr, dev: Option<String>, images: &[ConnImage]) -> Option<FlightRoute> {
+        let dev = dev?;
+        let segs = images
+            .iter()
+            .filter_map(|c| SocketImage::from_bytes(&c.wireless).ok())
+            .map(|w| {
+                let mss = w.options.mss.max(536) as usize;
+                w.send.unacked.len().div_ceil(mss) + 1
+            })
+            .max()?;
+        if segs <= 10 {
+            return None; // The default initial window covers it.
+        }
+        let prefix = if mh.is_ipv4() { "32" } else { "128" };
+        let cwnd = (segs + 2).min(1000).to_string();
+        let ok = std::process::Command::new("ip")
+            .args([
+                "route",
+                "replace",
+                &format!("{mh}/{prefix}"),
+                "dev",
+                &dev,
+                "initcwnd",
+                &cwnd,
+            ])
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(false);
+        if !ok {
+            warn!(%mh, %dev, "no initcwnd route for the restore: bytes in flight wait for a timeout");
+            return None;
+        }
+        Some(FlightRoute { mh, dev })
+    }
+}
+
+impl Drop for FlightRoute {
+    fn drop(&mut self) {
+        let prefix = if self.mh.is_ipv4() { "32" } else { "128" };
+        let _ = std::process::Command::new("ip")
+            .args([
+                "route",
+                "del",
+                &format!("{}/{prefix}", self.mh),
+                "dev",
+                &self.dev,
+            ])
+            .status();
+    }
+}
+
+/// Restores every image in repair mode (nothing is sent yet). Returns the restored
+/// connections, the failures with reasons, and their log entries.
+pub fn restore_all(
+    images: &[ConnImage],
+    policy: UnackedRestore,
+    fwmark: u32,
+) -> (Vec<Restored>, Vec<(u64, String)>, Vec<ConnEntry>) {
+    let (mut ok, mut failed, mut entries) = (Vec::new(), Vec::new(), Vec::new());
+    for c in images {
+        match restore_one(c, policy, fwmark) {
+            Ok(r) => {
+                let (mh, fh, xq) = match &r.fixed {
+                    Some((_, x)) => (x.local, x.remote, x.queued_bytes()),
+                    None => {
+                        let a = r.listen.unwrap_or(r.wireless.1.remote);
+                        (a, a, 0)
+                    }
+                };
+                entries.push(ConnEntry {
+                    id: r.id,
+                    kind: c.kind.clone(),
+                    mh,
+                    fh,
+                    queued_bytes: (r.wireless.1.queued_bytes() + xq + r.pending.len()) as u64,
+                });
+                ok.push(r)
+            }
+            Err(e) => failed.push((c.id, e.to_string())),
+        }
+    }
+    (ok, failed, entries)
+}
+
+/// Closes a restored socket without a packet (back into repair mode first if a
+/// restart got it out).
+fn discard(id: u64, fd: OwnedFd) {
+    if let Err(e) = itcp_handoff::delete(fd) {
+        // Closing it now could send a FIN or RST: keep the fd (a leak, logged).
+        warn!(id, error = %e.error, "restored socket not deleted");
+        std::mem::forget(e.fd);
+    }
+}
+
+fn restart_one(r: &Restored) -> io::Result<()> {
+    // Test hook (README, testing): a restart that fails, to show the connection is
+    // kept at the old MSR and on record, never lost silently.
+    if std::env::var("MSRD_FAULT").as_deref() == Ok("fail_restart") {
+        return Err(io::Error::other(
+            "MSRD_FAULT=fail_restart: injected restart failure",
+        ));
+    }
+    itcp_handoff::restart(r.wireless.0.as_fd(), &r.wireless.1)?;
+    if let Some((fd, img)) = &r.fixed {
+        itcp_handoff::restart(fd.as_fd(), img)?;
+    }
+    Ok(())
+}
+
+/// Restarts restored sockets and starts their services (listeners first, so that
+/// waiting ACCEPTs find them). Returns the ids now running here and the failures; a
+/// connection that fails is closed without a packet (the old MSR keeps its copy).
+pub fn restart_all(d: &Arc<Daemon>, mut restored: Vec<Restored>) -> (Vec<u64>, Vec<(u64, String)>) {
+    restored.sort_by_key(|r| r.kind != Kind::Listen);
+    let (mut resumed, mut failed) = (Vec::new(), Vec::new());
+    for r in restored {
+        if let Err(e) = restart_one(&r) {
+            warn!(id = r.id, error = %e, "restored connection did not restart: kept at the old MSR");
+            failed.push((r.id, format!("restart: {e}")));
+            discard(r.id, r.wireless.0);
+            if let Some((fd, _)) = r.fixed {
+                discard(r.id, fd);
+            }
+            continue;
+        }
+        if let (Kind::Listen, Some(addr)) = (r.kind, r.listen) {
+            if let Err(e) = d.listeners.listen(addr, &d.cfg.fixed) {
+                warn!(id = r.id, %addr, error = %e, "listener not re-created");
+                failed.push((r.id, format!("listen {addr}: {e}")));
+                continue;
+            }
+        }
+        let conv = |fd: OwnedFd| {
+            let s = std::net::TcpStream::from(fd);
+            s.set_nonblocking(true)?;
+            TcpStream::from_std(s)
+        };
+        let wimg = r.wireless.1;
+        let wl = wimg.local;
+        let w = match conv(r.wireless.0) {
+            Ok(w) => w,
+            Err(e) => {
+                failed.push((r.id, e.to_string()));
+                continue;
+            }
+        };
+        let (fixed, mh, fh) = match r.fixed {
+            Some((fd, img)) => match conv(fd) {
+                Ok(x) => (Some(x), img.local, img.remote),
+                Err(e) => {
+                    failed.push((r.id, e.to_string()));
+                    continue;
+                }
+            },
+            None => {
+                let a = r.listen.unwrap_or(wimg.remote);
+                (None, a, a)
+            }
+        };
+        let s = d.sessions.open_moved(r.kind, mh, fh, wl);
+        info!(id = s.id, from_id = r.id, kind = r.kind.as_str(), %mh, %fh, "connection moved in");
+        let admitted = (r.kind != Kind::Listen).then(|| d.admit_moved(s.mh_ip()));
+        resumed.push(r.id);
+        spawn_service(
+            d,
+            Frozen {
+                session: s,
+                wireless: w,
+                fixed,
+                listen: r.listen,
+                pending: r.pending,
+                admitted,
+            },
+        );
+    }
+    (resumed, failed)
+}
