@@ -278,6 +278,12 @@ impl Daemon {
         pending: Pending,
         adm: Admitted,
     ) {
+        // A crash must look like a crash: if msrd dies, the kernel resets both halves
+        // (a plain close would end them with FIN, and an application without its own
+        // framing would take a truncated stream for a complete one). Graceful ends
+        // below clear this first.
+        sockopt::abort_on_close(wireless.as_raw_fd());
+        sockopt::abort_on_close(fixed.as_raw_fd());
         let pause = s.pause.subscribe();
         let end = relay::relay(
             &wireless,
@@ -304,14 +310,18 @@ impl Daemon {
                 }
                 return;
             }
-            End::WirelessAborted => sockopt::abort_on_close(fixed.as_raw_fd()),
+            // The other half was reset or failed: reset this one (linger 0 is on).
+            End::WirelessAborted | End::FixedAborted => {}
             // The MH stayed away past the linger: the FH gets a clean end of stream.
             End::WirelessTimedOut => {
                 info!(id = s.id, mh = %s.mh, "the MH stayed away past the linger: closing");
+                sockopt::close_gracefully(fixed.as_raw_fd());
                 let _ = sockopt::shutdown_write(fixed.as_raw_fd());
             }
-            End::FixedAborted => sockopt::abort_on_close(wireless.as_raw_fd()),
-            End::Closed => {}
+            End::Closed => {
+                sockopt::close_gracefully(wireless.as_raw_fd());
+                sockopt::close_gracefully(fixed.as_raw_fd());
+            }
         }
         if end != End::Closed {
             self.sessions.stats.aborted.fetch_add(1, Ordering::Relaxed);
@@ -772,19 +782,29 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
         }
     }
     // Rules only once every listener is ours: a second msrd that cannot bind must not
-    // replace (and on exit remove) the first one's rules.
-    let rules = d.rules.clone();
-    rules
-        .install()
-        .map_err(|e| io::Error::new(e.kind(), format!("installing interception rules: {e}")))?;
-    // From here on the rules must come off again whatever happens.
-    struct Uninstall(Rules);
-    impl Drop for Uninstall {
+    // replace (and on exit remove) the first one's rules, nor clean up after it.
+    let footprint = crate::footprint::Footprint {
+        state_file: {
+            let mut p = cfg.msr.control_socket.clone().into_os_string();
+            p.push(".state");
+            p.into()
+        },
+        rules: d.rules.clone(),
+        lan_interface: cfg.handoff.lan_interface.clone(),
+        mh_prefixes: cfg.access.mh_prefixes.clone(),
+    };
+    footprint.recover();
+    // From here on everything msrd changed must be undone whatever happens.
+    struct Undo(crate::footprint::Footprint);
+    impl Drop for Undo {
         fn drop(&mut self) {
-            self.0.remove();
+            self.0.undo();
         }
     }
-    let _uninstall = Uninstall(rules);
+    let undo = Undo(footprint);
+    d.rules
+        .install()
+        .map_err(|e| io::Error::new(e.kind(), format!("installing interception rules: {e}")))?;
 
     let tasks: Vec<_> = bound
         .into_iter()
@@ -816,7 +836,9 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
         let greeters = crate::handoff::greeting::bind(&cells, port)
             .map_err(|e| io::Error::new(e.kind(), format!("[handoff] greet_port: {e}")))?;
         if let Some(lan) = &cfg.handoff.lan_interface {
-            if let Err(e) = crate::netlink::no_proxy_delay(lan) {
+            // Proxied ARP replies are otherwise delayed by up to 0.8 s.
+            let r = crate::netlink::proxy_delay_path(lan).and_then(|p| undo.0.set_sysctl(&p, "0"));
+            if let Err(e) = r {
                 warn!(interface = %lan, error = %e, "proxied ARP replies may be delayed");
             }
         }

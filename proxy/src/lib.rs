@@ -12,7 +12,9 @@
 //! * [`admission`] — MH prefixes, connection limits, accept rate;
 //! * [`sessions`] / [`control`] — the session table, statistics and the operator socket;
 //! * [`beacon`] — advertisements on the cells;
-//! * [`sockopt`], [`cells`], [`logging`] — socket options, per-cell tuning, logs.
+//! * [`sockopt`], [`cells`], [`logging`] — socket options, per-cell tuning, logs;
+//! * [`footprint`] — everything msrd changes on the router, undone at exit and after
+//!   a crash.
 //!
 //! * [`handoff`] — moving an MH's connections between MSRs (greetings, the MSR⇄MSR
 //!   channel, freeze/capture/restore), with [`netlink`] for holds and ARP takeover.
@@ -22,6 +24,7 @@ pub mod cells;
 pub mod control;
 pub mod daemon;
 pub mod fixed;
+pub mod footprint;
 pub mod handoff;
 pub mod intercept;
 pub mod listeners;

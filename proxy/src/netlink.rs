@@ -7,7 +7,7 @@
 
 use std::cell::RefCell;
 use std::ffi::CString;
-use std::io::{self, Write};
+use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -151,8 +151,7 @@ pub fn send_garp(ifname: &str, ip: Ipv4Addr) -> io::Result<()> {
 }
 
 /// Sets /proc/sys/net/ipv4/neigh/<ifname>/proxy_delay to 0 (proxied ARP replies are otherwise delayed up to 0.8 s).
-pub fn no_proxy_delay(ifname: &str) -> io::Result<()> {
-    let what = format!("proxy_delay: set 0 on {ifname}");
+pub fn proxy_delay_path(ifname: &str) -> io::Result<String> {
     // The name becomes a path component: refuse anything that could leave the directory.
     if ifname.is_empty()
         || ifname.len() >= libc::IFNAMSIZ
@@ -162,16 +161,11 @@ pub fn no_proxy_delay(ifname: &str) -> io::Result<()> {
     {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("{what}: invalid interface name"),
+            format!("proxy_delay: invalid interface name {ifname:?}"),
         ));
     }
     // /proc/sys/net follows the calling thread's network namespace.
-    let path = format!("/proc/sys/net/ipv4/neigh/{ifname}/proxy_delay");
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .and_then(|mut f| f.write_all(b"0"))
-        .map_err(|e| context(&format!("{what}: {path}"), e))
+    Ok(format!("/proc/sys/net/ipv4/neigh/{ifname}/proxy_delay"))
 }
 
 // ---- byte builders (pure) ----

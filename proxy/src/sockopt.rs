@@ -213,6 +213,16 @@ pub fn abort_on_close(fd: RawFd) {
     let _ = setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, &l, "SO_LINGER");
 }
 
+/// Undoes [`abort_on_close`]: the next close ends the connection with FIN, after the
+/// bytes still queued.
+pub fn close_gracefully(fd: RawFd) {
+    let l = libc::linger {
+        l_onoff: 0,
+        l_linger: 0,
+    };
+    let _ = setsockopt(fd, libc::SOL_SOCKET, libc::SO_LINGER, &l, "SO_LINGER");
+}
+
 /// Raises the open-file limit as far as allowed: every relayed connection holds two
 /// sockets and, while data flows, two pipes (six fds). Root may lift the hard limit up
 /// to `fs.nr_open`; others get their hard limit.

@@ -7,7 +7,7 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use itcp_proxy::netlink::{nft_set_element, no_proxy_delay, proxy_neigh, send_garp};
+use itcp_proxy::netlink::{nft_set_element, proxy_delay_path, proxy_neigh, send_garp};
 
 const TABLE: &str = "itcp_test";
 
@@ -266,14 +266,30 @@ fn garp_errors() {
 }
 
 #[test]
-fn proxy_delay_zeroed() {
+fn proxy_delay_zeroed_and_restored() {
+    use itcp_proxy::footprint::Footprint;
+    use itcp_proxy::intercept::Rules;
     let ns = Netns::new();
     ns.sh(&[
         "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1",
     ]);
     let read = || ns.sh(&["cat", "/proc/sys/net/ipv4/neigh/v0/proxy_delay"]);
-    assert_ne!(read().trim(), "0");
-    ns.run(|| no_proxy_delay("v0")).unwrap();
+    let original = read();
+    assert_ne!(original.trim(), "0");
+    let dir = std::env::temp_dir().join(format!("itcp-footprint-{}", std::process::id()));
+    let fp = Footprint {
+        state_file: dir.join("msrd.state"),
+        rules: Rules {
+            table: "itcp_fp_test".into(),
+            fwmark: 0x4955,
+            route_table: 4955,
+            transparent: None,
+        },
+        lan_interface: Some("v0".into()),
+        mh_prefixes: vec!["10.9.0.0/24".parse().unwrap()],
+    };
+    let path = proxy_delay_path("v0").unwrap();
+    ns.run(|| fp.set_sysctl(&path, "0")).unwrap();
     assert_eq!(read().trim(), "0");
     // The peer keeps its default: the write hit exactly one interface.
     assert_ne!(
@@ -281,10 +297,26 @@ fn proxy_delay_zeroed() {
             .trim(),
         "0"
     );
+    // A crash: the next start restores the original from the state file.
+    assert!(fp.state_file.exists());
+    ns.run(|| {
+        fp.recover();
+        Ok::<(), std::io::Error>(())
+    })
+    .unwrap();
+    assert_eq!(read(), original);
+    assert!(!fp.state_file.exists());
+    // And a clean exit does too.
+    ns.run(|| fp.set_sysctl(&path, "0")).unwrap();
+    ns.run(|| {
+        fp.undo();
+        Ok::<(), std::io::Error>(())
+    })
+    .unwrap();
+    assert_eq!(read(), original);
+    let _ = std::fs::remove_dir_all(&dir);
 
-    let e = ns.run(|| no_proxy_delay("nosuch0")).unwrap_err();
-    assert!(e.to_string().contains("nosuch0"), "{e}");
-    assert!(ns.run(|| no_proxy_delay("../v0")).is_err());
+    assert!(proxy_delay_path("../v0").is_err());
 }
 
 /// Mean cost per call; run with --nocapture to see it.

@@ -747,3 +747,117 @@ fn handoff_and_paper_benches_run_smoke() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// What msrd left on MSR `k`'s router: its nftables table, policy rule, route table,
+/// proxy entries, temporary host routes, a changed proxy_delay. Empty when clean.
+fn leftovers(lab: &Lab, k: usize) -> Vec<String> {
+    let h = Host::Msr(k);
+    let mut out = Vec::new();
+    if sh(lab, h, &["nft", "list", "tables"]).contains("itcp_msrd") {
+        out.push("nftables table itcp_msrd".into());
+    }
+    for v in ["-4", "-6"] {
+        let rules = sh(lab, h, &["ip", v, "rule", "show"]);
+        if rules.contains("0x4954") {
+            out.push(format!("ip {v} rule: {rules}"));
+        }
+        let t = sh(lab, h, &["ip", v, "route", "show", "table", "4954"]);
+        if !t.trim().is_empty() {
+            out.push(format!("ip {v} route table 4954: {t}"));
+        }
+        let p = sh(lab, h, &["ip", v, "neigh", "show", "proxy"]);
+        if !p.trim().is_empty() {
+            out.push(format!("ip {v} proxy entries: {p}"));
+        }
+        let r = sh(lab, h, &["ip", v, "route", "show", "proto", "73"]);
+        if !r.trim().is_empty() {
+            out.push(format!("ip {v} host routes: {r}"));
+        }
+    }
+    let delay = sh(
+        lab,
+        h,
+        &["cat", "/proc/sys/net/ipv4/neigh/lan0/proxy_delay"],
+    );
+    // cell0 is never touched by msrd: it has the kernel default.
+    let default = sh(
+        lab,
+        h,
+        &["cat", "/proc/sys/net/ipv4/neigh/cell0/proxy_delay"],
+    );
+    if delay != default {
+        out.push(format!(
+            "proxy_delay {} (default {})",
+            delay.trim(),
+            default.trim()
+        ));
+    }
+    out
+}
+
+fn wait_exit(lab: &mut Lab, idx: usize) {
+    let (_, _, err) = lab.wait(idx, Duration::from_secs(20)).unwrap();
+    let _ = err;
+}
+
+#[test]
+fn a_crash_resets_the_relayed_stream_and_nothing_is_left_behind() {
+    let cell = lab::link(20_000_000, 2.0, 0.0);
+    let wan = lab::link(100_000_000, 1.0, 0.0);
+    let mut lab = Lab::new(LabConfig {
+        msrs: 2,
+        seed: 81,
+        wan_down: wan.clone(),
+        wan_up: wan,
+        cell_down: cell.clone(),
+        cell_up: cell,
+        initial_cells: vec![1],
+        veth: false,
+    })
+    .unwrap();
+    let (msrds, _agent) = lab
+        .start_itcp_mobility("", &["--hysteresis-ms", "0"])
+        .unwrap();
+    // A download far larger than what flows before the kill.
+    let bytes: u64 = 2 << 30;
+    let (s, r) = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        !leftovers(&lab, 1).is_empty(),
+        "msrd changes the router while it runs"
+    );
+    // SIGKILL: the MH must see a reset, not a clean end of a truncated stream.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(lab.pid(msrds[0]) as i32, libc::SIGKILL) };
+    let (_, rout, rerr) = lab.wait(r, Duration::from_secs(30)).unwrap();
+    let recv: RecvReport = serde_json::from_str(rout.trim())
+        .unwrap_or_else(|e| panic!("receiver: {e}: {rerr}\n{}", diag(&lab)));
+    let err = recv.error.clone().unwrap_or_default();
+    assert!(
+        !recv.ok && err.contains("reset"),
+        "the MH's read must fail with a reset: {recv:?}"
+    );
+    let _ = lab.wait(s, Duration::from_secs(30));
+    // A start after the crash cleans what the dead process left; SIGTERM then leaves
+    // nothing, not even the proxy entry of an MH that was served.
+    let cfg1 = format!("{}\n", lab.handoff_config(1));
+    let cfg1 = lab.msrd_config(1, &cfg1);
+    let again = lab.start_msrd(1, &cfg1).unwrap();
+    let t = start_transfer(&mut lab, Dir::Down, 1 << 20, 5002);
+    let (send, recv) = finish(&mut lab, t);
+    assert!(send.ok && recv.ok && recv.verified, "{recv:?}");
+    assert!(
+        sh(&lab, Host::Msr(1), &["ip", "neigh", "show", "proxy"]).contains("10.2.0.100"),
+        "the restarted msrd serves the MH"
+    );
+    lab.terminate(again);
+    wait_exit(&mut lab, again);
+    assert_eq!(
+        leftovers(&lab, 1),
+        Vec::<String>::new(),
+        "after SIGKILL, restart and SIGTERM"
+    );
+    lab.terminate(msrds[1]);
+    wait_exit(&mut lab, msrds[1]);
+    assert_eq!(leftovers(&lab, 2), Vec::<String>::new(), "after SIGTERM");
+}

@@ -261,6 +261,9 @@ impl FlightRoute {
                 &dev,
                 "initcwnd",
                 &cwnd,
+                // Marked as msrd's: flushed after a crash (footprint).
+                "proto",
+                &crate::footprint::ROUTE_PROTO.to_string(),
             ])
             .status()
             .map(|s| s.success())
