@@ -55,6 +55,12 @@ pub enum Action {
     Restart(Vec<u64>),
     /// Make the fixed network deliver the MH's traffic here (proxy ARP + gratuitous ARP).
     Reroute(IpAddr),
+    /// Stop answering for the MH on the fixed network (nothing of it runs here).
+    Unroute(IpAddr),
+    /// Drop the MH's TCP silently for a while, without telling it anything: its
+    /// segments for connections that did not resume here must not draw RSTs while it
+    /// goes back to the old MSR.
+    Quarantine(IpAddr),
     /// Send to the other MSR.
     Send(Message),
     /// One handoff log record.
@@ -283,20 +289,34 @@ impl NewSide {
                 self.state = NewState::Done;
                 let mut all_failed = std::mem::take(&mut self.restore_failed);
                 all_failed.extend(failed);
-                let outcome = if all_failed.is_empty() {
-                    Outcome::Moved
-                } else {
-                    Outcome::Partial
-                };
                 self.phases.acknowledged = Some(now_us);
-                vec![
-                    Action::Send(Message::Ack {
-                        handoff_id: id,
-                        restored: resumed,
-                        failed: all_failed.clone(),
-                    }),
-                    Action::Log(self.record(outcome, None, all_failed)),
-                ]
+                let none_resumed = resumed.is_empty() && !all_failed.is_empty();
+                let mut acts = vec![Action::Send(Message::Ack {
+                    handoff_id: id,
+                    restored: resumed,
+                    failed: all_failed.clone(),
+                })];
+                if none_resumed {
+                    // Nothing runs here: the old MSR keeps every connection and takes
+                    // the MH's address back; the MH is told the move failed.
+                    let mh = self.greeting.mh;
+                    acts.push(Action::Unroute(mh));
+                    acts.push(Action::Quarantine(mh));
+                    let reason = "no connection resumed here: the old MSR keeps them".into();
+                    acts.push(Action::Log(self.record(
+                        Outcome::RolledBack,
+                        Some(reason),
+                        all_failed,
+                    )));
+                } else {
+                    let outcome = if all_failed.is_empty() {
+                        Outcome::Moved
+                    } else {
+                        Outcome::Partial
+                    };
+                    acts.push(Action::Log(self.record(outcome, None, all_failed)));
+                }
+                acts
             }
             (
                 NewState::WaitingAccept | NewState::WaitingImages,
@@ -496,6 +516,20 @@ impl OldSide {
             ) if handoff_id == self.handoff_id => {
                 self.phases.acknowledged = Some(now_us);
                 self.state = OldState::Done;
+                if restored.is_empty() && !failed.is_empty() {
+                    // Nothing resumed at the new MSR: everything stays here, and the
+                    // MH's address comes back to us on the fixed LAN.
+                    let mut r = self.record(
+                        Outcome::RolledBack,
+                        Some("no connection resumed at the new MSR".into()),
+                    );
+                    r.failed = failed;
+                    return vec![
+                        Action::Unfreeze(self.mh),
+                        Action::Reroute(self.mh),
+                        Action::Log(r),
+                    ];
+                }
                 let mut acts = vec![Action::Delete(restored)];
                 let outcome = if failed.is_empty() {
                     Outcome::Moved
@@ -749,6 +783,45 @@ mod tests {
         assert!(acts.contains(&Action::Unfreeze(greeting().mh)));
         assert_eq!(log(&acts).outcome, Outcome::RolledBack);
         assert!(old.done());
+    }
+
+    #[test]
+    fn when_nothing_resumes_the_old_msr_keeps_everything_and_takes_the_mh_back() {
+        let mh = greeting().mh;
+        let (mut new, _) = NewSide::start(3, "msr2", greeting(), 0, T);
+        new.handle(NewEvent::Message(Message::Accepted { handoff_id: 3 }), 1);
+        new.handle(
+            NewEvent::Message(Message::Images {
+                handoff_id: 3,
+                images: vec![img(1)],
+                token: None,
+            }),
+            2,
+        );
+        new.handle(
+            NewEvent::Restored {
+                restored: vec![1],
+                failed: vec![],
+            },
+            3,
+        );
+        let acts = new.handle(
+            NewEvent::Restarted {
+                resumed: vec![],
+                failed: vec![(1, "restart: injected".into())],
+            },
+            4,
+        );
+        assert!(acts.contains(&Action::Unroute(mh)));
+        assert!(acts.contains(&Action::Quarantine(mh)));
+        assert_eq!(log(&acts).outcome, Outcome::RolledBack);
+        assert_eq!(log(&acts).failed.len(), 1);
+        let (mut old, _) = OldSide::start("msr1", "msr2", 3, &greeting(), known(), 0, T);
+        old.handle(OldEvent::Captured(vec![img(1)]), 1);
+        let acts = old.handle(OldEvent::Message(sent(&acts)), 5);
+        assert_eq!(&acts[..2], &[Action::Unfreeze(mh), Action::Reroute(mh)]);
+        assert!(!acts.iter().any(|a| matches!(a, Action::Delete(_))));
+        assert_eq!(log(&acts).failed.len(), 1, "the failure is on record");
     }
 
     #[test]

@@ -465,6 +465,49 @@ fn killing_the_new_msr_mid_handoff_loses_nothing() {
     );
 }
 
+#[test]
+fn a_connection_that_fails_to_restart_stays_at_the_old_msr_and_on_record() {
+    let mut lab = fast_lab(43, &[(2, "MSRD_FAULT", "fail_restart")]);
+    let bytes = 24 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    std::thread::sleep(Duration::from_millis(1000));
+    // Both cells: the MH moves to MSR2, whose restart fails; MSR2 acknowledges nothing
+    // and gives the address back, MSR1 keeps the connection, the MH goes back.
+    lab.assoc(&[1, 2]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let ev = lab.agent_events();
+        // The agent points the MH back at MSR1 when told the move failed.
+        if ev.iter().any(|e| e["event"] == "move_failed") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "MH never came back to MSR1: {ev:?}\n{}",
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    lab.assoc(&[1]).unwrap();
+    let (send, recv) = finish(&mut lab, t);
+    assert_clean(&lab, &send, &recv, bytes);
+    let new = lab.handoff_records(2);
+    assert!(!new.is_empty());
+    for r in &new {
+        assert_eq!(r.outcome, Outcome::RolledBack, "{r:?}");
+        assert!(
+            r.failed.iter().any(|(_, why)| why.contains("injected")),
+            "the failure and its reason are on record: {r:?}"
+        );
+    }
+    let old = lab.handoff_records(1);
+    assert!(
+        old.iter()
+            .all(|r| r.outcome == Outcome::RolledBack && !r.failed.is_empty()),
+        "{old:?}"
+    );
+}
+
 /// Connects to MSR1's channel from the GW (the fixed LAN) and sends what `speak`
 /// makes of the challenge; returns what was sent and whether MSR1 closed the channel.
 fn channel_attempt(

@@ -18,7 +18,7 @@ use tracing::{debug, warn};
 use super::channel::{Channel, ChannelError};
 use super::greeting::reply;
 use super::sockets::{restart_all, restore_all, unacked, FlightRoute, Restored};
-use super::{hold, now_us, rejected, release, take_over, write_log};
+use super::{give_up_route, hold, now_us, rejected, release, release_later, take_over, write_log};
 use crate::daemon::Daemon;
 
 /// Runs one pull to the end (moved, partial, refused or rolled back).
@@ -110,6 +110,11 @@ pub async fn pull(
                     restored = ok;
                 }
                 Action::Reroute(mh) => take_over(&d, mh),
+                Action::Unroute(mh) => give_up_route(&d, mh),
+                Action::Quarantine(mh) => {
+                    hold(&d, h, mh);
+                    release_later(&d, mh, Duration::from_millis(h.cfg.hold_after_ms));
+                }
                 Action::Release(mh) => release(&d, mh),
                 Action::Restart(ids) => {
                     let rs: Vec<Restored> = std::mem::take(&mut restored)

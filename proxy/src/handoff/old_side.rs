@@ -15,7 +15,9 @@ use tracing::{debug, warn};
 
 use super::channel::{Channel, ChannelError};
 use super::sockets::{capture_one, delete, freeze, resume};
-use super::{give_up_route, hold, now_us, rejected, release, release_later, write_log, Frozen};
+use super::{
+    give_up_route, hold, now_us, rejected, release, release_later, take_over, write_log, Frozen,
+};
 use crate::daemon::Daemon;
 
 /// Channel connections still authenticating, at most: beyond it new ones are closed
@@ -160,6 +162,8 @@ async fn old_side(
                     // forwarded to the MH nor answered, until the LAN has moved on.
                     release_later(&d, mh, Duration::from_millis(h.cfg.hold_after_ms));
                 }
+                // The new MSR took the address and then gave it back.
+                Action::Reroute(mh) => take_over(&d, mh),
                 Action::Unfreeze(mh) => {
                     release(&d, mh);
                     if !frozen.is_empty() {
