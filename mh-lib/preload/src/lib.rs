@@ -392,30 +392,41 @@ fn unregister(fd: RawFd) -> Option<Arc<Listening>> {
     Some(l)
 }
 
-/// After the program's listen(2) succeeded on `fd`: listen at the MSR too if the port
-/// is configured. Errors are returned (listen then fails).
-fn itcp_listen(fd: RawFd) -> io::Result<()> {
+/// Before the program's listen(2) on `fd`: if its port is configured, the MSR's
+/// listener (first, so no peer reaches the MH's own socket by plain routing meanwhile).
+/// `None`: not ours.
+fn itcp_listen_prepare(fd: RawFd) -> io::Result<Option<(ItcpListener, SocketAddr)>> {
     let s = shim();
     if s.cfg.listen_ports.is_empty() || sys::sock_type(fd)? != libc::SOCK_STREAM {
-        return Ok(());
+        return Ok(None);
     }
     let local = match sys::local_addr(fd) {
         Ok(a) => a,
-        Err(_) => return Ok(()), // not an IP socket
+        Err(_) => return Ok(None), // not an IP socket
     };
-    if !s.cfg.listen_ports.contains(local.port()) || local.ip().is_loopback() {
-        return Ok(());
+    // An unbound socket (port 0) gets its port from listen(2) itself: not ours.
+    if local.port() == 0
+        || !s.cfg.listen_ports.contains(local.port())
+        || local.ip().is_loopback()
+    {
+        return Ok(None);
     }
     let Some(opts) = s.opts.as_ref() else {
-        return Ok(());
+        return Ok(None);
     };
-    let id = sys::identity(fd)?;
     let itcp = ItcpListener::bind_with(opts, local.port())?;
     debug!(
         "listen fd {fd} on {local}: the I-TCP gateway {} listens on {}",
         itcp.gateway(),
         itcp.local_addr()?
     );
+    Ok(Some((itcp, local)))
+}
+
+/// After the program's listen(2) succeeded: registers the socket and starts the thread
+/// that accepts at the MSR.
+fn itcp_listen_start(fd: RawFd, itcp: ItcpListener, local: SocketAddr) -> io::Result<()> {
+    let id = sys::identity(fd)?;
     let l = Arc::new(Listening {
         id,
         itcp,
@@ -433,7 +444,9 @@ fn itcp_listen(fd: RawFd) -> io::Result<()> {
     } else {
         LISTENING_N.fetch_add(1, Ordering::Relaxed);
     }
-    let opts = opts.clone();
+    let Some(opts) = shim().opts.clone() else {
+        return Ok(());
+    };
     std::thread::Builder::new()
         .name("itcp-preload-accept".into())
         .spawn(move || {
@@ -646,19 +659,31 @@ pub extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
             // SAFETY: forwarding.
             return unsafe { f(fd, backlog) };
         }
-        // SAFETY: forwarding.
-        let rc = unsafe { f(fd, backlog) };
-        if rc != 0 {
-            return rc;
-        }
-        match itcp_listen(fd) {
-            Ok(()) => 0,
+        let prepared = match itcp_listen_prepare(fd) {
+            Ok(p) => p,
             Err(e) => {
                 debug!("listen fd {fd}: I-TCP listen failed: {e}");
                 set_errno(errno_of(&e));
-                -1
+                return -1;
+            }
+        };
+        // SAFETY: forwarding.
+        let rc = unsafe { f(fd, backlog) };
+        if rc != 0 {
+            // The MSR's listener (if any) closes with `prepared`; keep listen's errno.
+            let e = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+            drop(prepared);
+            set_errno(e);
+            return rc;
+        }
+        if let Some((itcp, local)) = prepared {
+            if let Err(e) = itcp_listen_start(fd, itcp, local) {
+                debug!("listen fd {fd}: {e}");
+                set_errno(errno_of(&e));
+                return -1;
             }
         }
+        0
     })
 }
 
