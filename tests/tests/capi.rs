@@ -243,16 +243,32 @@ fn c_program_connects_and_transfers_through_msrd_shared_and_static() {
             &lab,
             Host::Mh,
             prog,
-            &["connect", &addr::FH.to_string(), &port.to_string(), "1000000"],
+            &[
+                "connect",
+                &addr::FH.to_string(),
+                &port.to_string(),
+                "1000000",
+            ],
             &env,
         );
         let (ok, out, err) = p.finish(Duration::from_secs(60));
-        assert!(ok, "{}: {out}\n{err}\nmsrd:\n{}", prog.display(), msrd_log(&lab, 1));
+        assert!(
+            ok,
+            "{}: {out}\n{err}\nmsrd:\n{}",
+            prog.display(),
+            msrd_log(&lab, 1)
+        );
         let (peer, n) = fh.join().unwrap();
         assert_eq!(n, 1_000_000);
-        assert_eq!(peer.ip(), std::net::IpAddr::V4(addr::MH), "the FH sees the MH");
+        assert_eq!(
+            peer.ip(),
+            std::net::IpAddr::V4(addr::MH),
+            "the FH sees the MH"
+        );
         assert!(
-            out.contains(&format!("answer fh got 1000000 bytes (0 wrong) from {peer}")),
+            out.contains(&format!(
+                "answer fh got 1000000 bytes (0 wrong) from {peer}"
+            )),
             "{out}"
         );
         // Through msrd, as an explicit I-TCP (SOCKS CONNECT) session.
@@ -326,7 +342,10 @@ fn c_program_listens_and_accepts_through_msrd() {
     .unwrap();
     let (ok, out, err) = p.finish(Duration::from_secs(30));
     assert!(ok, "{out}\n{err}\nmsrd:\n{}", msrd_log(&lab, 1));
-    assert!(out.contains(&format!("listening {}:7200", addr::MH)), "{out}");
+    assert!(
+        out.contains(&format!("listening {}:7200", addr::MH)),
+        "{out}"
+    );
     assert!(out.contains(&format!("accepted {local}")), "{out}");
     assert_eq!(answer, format!("got {n} bytes (0 wrong) from {local}"));
     assert_eq!(
@@ -573,7 +592,9 @@ fn preload_sends_unmodified_curl_and_python_through_itcp() {
         2
     );
     let peers = server.join().unwrap();
-    assert!(peers.iter().all(|p| p.ip() == std::net::IpAddr::V4(addr::MH)));
+    assert!(peers
+        .iter()
+        .all(|p| p.ip() == std::net::IpAddr::V4(addr::MH)));
 }
 
 #[test]
@@ -629,7 +650,11 @@ fn preload_lets_an_unmodified_python_server_accept_through_itcp() {
     assert!(ok, "{out}\n{err}\nmsrd:\n{}", msrd_log(&lab, 1));
     assert_eq!(
         answer,
-        format!("python got 40000 bytes from {}:{}", local.ip(), local.port())
+        format!(
+            "python got 40000 bytes from {}:{}",
+            local.ip(),
+            local.port()
+        )
     );
     assert!(
         out.contains(&format!("peer ('{}', {})", local.ip(), local.port())),

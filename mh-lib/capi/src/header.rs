@@ -94,7 +94,11 @@ fn comment(out: &mut String, indent: &str, lines: &[&str]) {
         return;
     }
     if let [one] = lines {
-        let l = one.strip_prefix(' ').unwrap_or(one).trim_end().replace('`', "");
+        let l = one
+            .strip_prefix(' ')
+            .unwrap_or(one)
+            .trim_end()
+            .replace('`', "");
         if indent.len() + l.len() + 6 <= 88 {
             let _ = writeln!(out, "{indent}/* {l} */");
             return;
@@ -147,9 +151,7 @@ pub fn render(consts: &[Constant], structs: &[Struct], funcs: &[Function]) -> St
     out.push_str(
         "/*\n * The event callback: see itcp_set_event_callback. event and its strings are\n * valid only during the call.\n */\n",
     );
-    out.push_str(
-        "typedef void (*itcp_event_cb)(const struct itcp_event *event, void *user);\n\n",
-    );
+    out.push_str("typedef void (*itcp_event_cb)(const struct itcp_event *event, void *user);\n\n");
     for f in funcs {
         comment(&mut out, "", f.doc);
         let args = if f.args.is_empty() {
@@ -199,7 +201,11 @@ mod tests {
             let doc = f.doc.join("\n");
             let fallible = f.ret == "int" && f.name != "itcp_last_errno";
             if fallible {
-                assert!(doc.contains("errno"), "{}: document the errno values", f.name);
+                assert!(
+                    doc.contains("errno"),
+                    "{}: document the errno values",
+                    f.name
+                );
             }
         }
     }
@@ -217,7 +223,14 @@ mod tests {
         .unwrap();
         let inc = header_path().parent().unwrap().to_path_buf();
         let out = std::process::Command::new("cc")
-            .args(["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-fsyntax-only"])
+            .args([
+                "-std=c99",
+                "-Wall",
+                "-Wextra",
+                "-Werror",
+                "-pedantic",
+                "-fsyntax-only",
+            ])
             .arg("-I")
             .arg(&inc)
             .arg(&src)
@@ -237,6 +250,8 @@ mod tests {
         assert_eq!(decl("int", "fd"), "int fd");
         let text = crate::header_text();
         assert!(text.contains("int itcp_connect(const char *host, uint16_t port);"));
-        assert!(text.contains("int itcp_accept(int listen_fd, struct sockaddr_storage *peer, socklen_t *len);"));
+        assert!(text.contains(
+            "int itcp_accept(int listen_fd, struct sockaddr_storage *peer, socklen_t *len);"
+        ));
     }
 }

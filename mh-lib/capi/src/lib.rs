@@ -335,7 +335,10 @@ fn listener_of(fd: RawFd) -> io::Result<Arc<ItcpListener>> {
 }
 
 fn not_a_listener(fd: RawFd) -> io::Error {
-    err(libc::EINVAL, format!("fd {fd} is not an I-TCP listener (itcp_listen)"))
+    err(
+        libc::EINVAL,
+        format!("fd {fd} is not an I-TCP listener (itcp_listen)"),
+    )
 }
 
 // ---------------------------------------------------------------------------------
@@ -475,7 +478,9 @@ fn agent_options(cfg: &mut AgentConfig, text: &str) -> io::Result<()> {
         .filter(|s| !s.is_empty())
     {
         let bad = |why: &str| err(libc::EINVAL, format!("agent option {item:?}: {why}"));
-        let (k, v) = item.split_once('=').ok_or_else(|| bad("expected key=value"))?;
+        let (k, v) = item
+            .split_once('=')
+            .ok_or_else(|| bad("expected key=value"))?;
         let num = || v.parse::<u64>().map_err(|_| bad("not a number"));
         match k {
             "policy" => {
@@ -796,7 +801,10 @@ mod tests {
         assert_eq!(e(K::InvalidData), libc::EPROTO);
         assert_eq!(e(K::NotFound), libc::ENOENT);
         assert_eq!(e(K::Other), libc::EIO);
-        assert_eq!(errno_of(&io::Error::from_raw_os_error(libc::EMFILE)), libc::EMFILE);
+        assert_eq!(
+            errno_of(&io::Error::from_raw_os_error(libc::EMFILE)),
+            libc::EMFILE
+        );
         let (n, m) = errno_and_msg(&err(libc::EALREADY, "busy"));
         assert_eq!((n, m.as_str()), (libc::EALREADY, "busy"));
     }
@@ -805,16 +813,25 @@ mod tests {
     fn bad_arguments_set_errno_and_message() {
         // SAFETY: NULL is allowed and rejected.
         assert_eq!(unsafe { itcp_connect(std::ptr::null(), 80) }, -1);
-        assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EINVAL));
+        assert_eq!(
+            io::Error::last_os_error().raw_os_error(),
+            Some(libc::EINVAL)
+        );
         // SAFETY: itcp_last_error never returns NULL.
-        let msg = unsafe { CStr::from_ptr(itcp_last_error()) }.to_str().unwrap();
+        let msg = unsafe { CStr::from_ptr(itcp_last_error()) }
+            .to_str()
+            .unwrap();
         assert_eq!(msg, "host is NULL");
         // An fd that is open but no listener.
         let sock = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         // SAFETY: NULL peer/len are allowed.
-        let r = unsafe { itcp_accept(sock.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut()) };
+        let r =
+            unsafe { itcp_accept(sock.as_raw_fd(), std::ptr::null_mut(), std::ptr::null_mut()) };
         assert_eq!(r, -1);
-        assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EINVAL));
+        assert_eq!(
+            io::Error::last_os_error().raw_os_error(),
+            Some(libc::EINVAL)
+        );
         assert_eq!(itcp_close(-1), -1);
         assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::EBADF));
         assert_eq!(itcp_agent_stop(), -1);
@@ -835,8 +852,13 @@ mod tests {
         let host = CString::new("10.0.0.1").unwrap();
         // SAFETY: a valid C string.
         assert_eq!(unsafe { itcp_connect(host.as_ptr(), 80) }, -1);
-        assert_eq!(io::Error::last_os_error().raw_os_error(), Some(libc::ECONNREFUSED));
-        let msg = unsafe { CStr::from_ptr(itcp_last_error()) }.to_string_lossy().into_owned();
+        assert_eq!(
+            io::Error::last_os_error().raw_os_error(),
+            Some(libc::ECONNREFUSED)
+        );
+        let msg = unsafe { CStr::from_ptr(itcp_last_error()) }
+            .to_string_lossy()
+            .into_owned();
         assert!(msg.contains("cannot reach I-TCP gateway"), "{msg}");
     }
 
@@ -850,7 +872,8 @@ mod tests {
         unsafe { write_sockaddr(a, &mut ss, &mut len) };
         assert_eq!(len as usize, std::mem::size_of::<libc::sockaddr_in>());
         // SAFETY: it holds a sockaddr_in now.
-        let sin: libc::sockaddr_in = unsafe { std::ptr::read((&ss as *const sockaddr_storage).cast()) };
+        let sin: libc::sockaddr_in =
+            unsafe { std::ptr::read((&ss as *const sockaddr_storage).cast()) };
         assert_eq!(sin.sin_family as c_int, libc::AF_INET);
         assert_eq!(u16::from_be(sin.sin_port), 5001);
         assert_eq!(sin.sin_addr.s_addr.to_ne_bytes(), [10, 0, 0, 1]);
@@ -862,7 +885,12 @@ mod tests {
 
     #[test]
     fn agent_options_parse() {
-        let mut cfg = AgentConfig::new("air0", "10.2.0.100".parse().unwrap(), "10.2.0.1".parse().unwrap(), itcp_mh::Token([0; 16]));
+        let mut cfg = AgentConfig::new(
+            "air0",
+            "10.2.0.100".parse().unwrap(),
+            "10.2.0.1".parse().unwrap(),
+            itcp_mh::Token([0; 16]),
+        );
         agent_options(&mut cfg, "policy=lazy, hysteresis_ms=0 beacon_port=5000").unwrap();
         assert_eq!(cfg.policy, Policy::Lazy);
         assert_eq!(cfg.hysteresis, Duration::ZERO);
@@ -877,16 +905,45 @@ mod tests {
     fn events_map_with_reconnect() {
         let mut m = EventMapper::default();
         let kinds = |v: Vec<OwnedEvent>| v.into_iter().map(|e| e.kind).collect::<Vec<_>>();
-        assert_eq!(kinds(m.map(Event::Attached { msr: "msr1".into(), connections: 0 })), [ITCP_EVENT_ATTACHED]);
-        assert_eq!(kinds(m.map(Event::Lost { from: "msr1".into() })), [ITCP_EVENT_DISCONNECTED]);
+        assert_eq!(
+            kinds(m.map(Event::Attached {
+                msr: "msr1".into(),
+                connections: 0
+            })),
+            [ITCP_EVENT_ATTACHED]
+        );
+        assert_eq!(
+            kinds(m.map(Event::Lost {
+                from: "msr1".into()
+            })),
+            [ITCP_EVENT_DISCONNECTED]
+        );
         let back = m.map(Event::Regained { msr: "msr1".into() });
         assert_eq!(back.len(), 1);
-        assert_eq!((back[0].kind, back[0].from_msr.as_str(), back[0].to_msr.as_str()), (ITCP_EVENT_RECONNECTED, "msr1", "msr1"));
+        assert_eq!(
+            (
+                back[0].kind,
+                back[0].from_msr.as_str(),
+                back[0].to_msr.as_str()
+            ),
+            (ITCP_EVENT_RECONNECTED, "msr1", "msr1")
+        );
         // A regain without a loss says nothing; a move after a loss says both.
         assert!(m.map(Event::Regained { msr: "msr1".into() }).is_empty());
-        m.map(Event::Lost { from: "msr1".into() });
-        let moved = m.map(Event::Moved { from: "msr1".into(), to: "msr2".into(), connections: 2, holding_ms: 1.0, moved_ms: 5.0 });
-        assert_eq!(kinds(moved.clone()), [ITCP_EVENT_MOVED, ITCP_EVENT_RECONNECTED]);
+        m.map(Event::Lost {
+            from: "msr1".into(),
+        });
+        let moved = m.map(Event::Moved {
+            from: "msr1".into(),
+            to: "msr2".into(),
+            connections: 2,
+            holding_ms: 1.0,
+            moved_ms: 5.0,
+        });
+        assert_eq!(
+            kinds(moved.clone()),
+            [ITCP_EVENT_MOVED, ITCP_EVENT_RECONNECTED]
+        );
         assert_eq!(moved[0].connections, 2);
         assert_eq!(moved[0].elapsed_ms, 5.0);
     }

@@ -225,8 +225,11 @@ fn no_panic(f: impl FnOnce() -> c_int) -> c_int {
 // ---------------------------------------------------------------------------------
 // Intercepted connections: original destinations for getpeername
 
+/// A socket's (device, inode).
+type Identity = (u64, u64);
+
 /// fd → (socket identity, original destination).
-static PEERS: Mutex<BTreeMap<RawFd, ((u64, u64), SocketAddr)>> = Mutex::new(BTreeMap::new());
+static PEERS: Mutex<BTreeMap<RawFd, (Identity, SocketAddr)>> = Mutex::new(BTreeMap::new());
 
 fn remember_peer(fd: RawFd, dest: SocketAddr) {
     if let Ok(id) = sys::identity(fd) {
@@ -351,7 +354,7 @@ fn connect_through(
 
 /// A program's listening socket that also listens at the MSR.
 struct Listening {
-    id: (u64, u64),
+    id: Identity,
     itcp: ItcpListener,
     /// Connections accepted at the MSR, waiting for the program's accept.
     queue: Mutex<VecDeque<(OwnedFd, SocketAddr)>>,
@@ -405,10 +408,7 @@ fn itcp_listen_prepare(fd: RawFd) -> io::Result<Option<(ItcpListener, SocketAddr
         Err(_) => return Ok(None), // not an IP socket
     };
     // An unbound socket (port 0) gets its port from listen(2) itself: not ours.
-    if local.port() == 0
-        || !s.cfg.listen_ports.contains(local.port())
-        || local.ip().is_loopback()
-    {
+    if local.port() == 0 || !s.cfg.listen_ports.contains(local.port()) || local.ip().is_loopback() {
         return Ok(None);
     }
     let Some(opts) = s.opts.as_ref() else {
@@ -534,12 +534,20 @@ unsafe fn accept_swap(
         let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
         let mut slen = std::mem::size_of::<libc::sockaddr_storage>() as socklen_t;
         // SAFETY: ss/slen are valid out-pointers.
-        let nfd = unsafe { real_accept4(fd, (&mut ss as *mut libc::sockaddr_storage).cast(), &mut slen, flags) };
+        let nfd = unsafe {
+            real_accept4(
+                fd,
+                (&mut ss as *mut libc::sockaddr_storage).cast(),
+                &mut slen,
+                flags,
+            )
+        };
         if nfd < 0 {
             return nfd;
         }
         // SAFETY: the kernel wrote `slen` bytes.
-        let from = unsafe { sys::from_sockaddr((&ss as *const libc::sockaddr_storage).cast(), slen) };
+        let from =
+            unsafe { sys::from_sockaddr((&ss as *const libc::sockaddr_storage).cast(), slen) };
         let waker = from.and_then(|a| {
             l.wakers
                 .lock()
@@ -552,14 +560,22 @@ unsafe fn accept_swap(
                 // SAFETY: the caller's buffers, at most *len bytes.
                 unsafe {
                     let n = (*len).min(slen) as usize;
-                    std::ptr::copy_nonoverlapping((&ss as *const libc::sockaddr_storage).cast::<u8>(), addr.cast(), n);
+                    std::ptr::copy_nonoverlapping(
+                        (&ss as *const libc::sockaddr_storage).cast::<u8>(),
+                        addr.cast(),
+                        n,
+                    );
                     *len = slen;
                 }
             }
             return nfd;
         }
         drop(waker);
-        let next = l.queue.lock().unwrap_or_else(|e| e.into_inner()).pop_front();
+        let next = l
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .pop_front();
         let Some((conn, peer)) = next else {
             // Nothing queued (cannot happen: each waker follows a queued connection).
             real_close(nfd);
@@ -671,7 +687,9 @@ pub extern "C" fn listen(fd: c_int, backlog: c_int) -> c_int {
         let rc = unsafe { f(fd, backlog) };
         if rc != 0 {
             // The MSR's listener (if any) closes with `prepared`; keep listen's errno.
-            let e = io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
+            let e = io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EIO);
             drop(prepared);
             set_errno(e);
             return rc;

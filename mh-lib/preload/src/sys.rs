@@ -59,12 +59,9 @@ pub fn to_sockaddr(addr: SocketAddr, family: c_int) -> Option<(sockaddr_storage,
     // SAFETY: an all-zero sockaddr_storage is valid.
     let mut ss: sockaddr_storage = unsafe { zeroed() };
     let addr = match (addr, family) {
-        (SocketAddr::V4(a), libc::AF_INET6) => SocketAddr::V6(SocketAddrV6::new(
-            a.ip().to_ipv6_mapped(),
-            a.port(),
-            0,
-            0,
-        )),
+        (SocketAddr::V4(a), libc::AF_INET6) => {
+            SocketAddr::V6(SocketAddrV6::new(a.ip().to_ipv6_mapped(), a.port(), 0, 0))
+        }
         (SocketAddr::V6(_), libc::AF_INET) => return None,
         (a, _) => a,
     };
@@ -214,18 +211,30 @@ pub fn get_timeouts(fd: RawFd) -> io::Result<[libc::timeval; 2]> {
         tv_sec: 0,
         tv_usec: 0,
     }; 2];
-    for (i, name) in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO].into_iter().enumerate() {
+    for (i, name) in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO]
+        .into_iter()
+        .enumerate()
+    {
         let mut len = size_of::<libc::timeval>() as socklen_t;
         // SAFETY: out[i] and len are valid out-pointers of the sizes given.
         check(unsafe {
-            libc::getsockopt(fd, libc::SOL_SOCKET, name, (&mut out[i] as *mut libc::timeval).cast(), &mut len)
+            libc::getsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                name,
+                (&mut out[i] as *mut libc::timeval).cast(),
+                &mut len,
+            )
         })?;
     }
     Ok(out)
 }
 
 pub fn set_timeouts(fd: RawFd, t: &[libc::timeval; 2]) -> io::Result<()> {
-    for (i, name) in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO].into_iter().enumerate() {
+    for (i, name) in [libc::SO_RCVTIMEO, libc::SO_SNDTIMEO]
+        .into_iter()
+        .enumerate()
+    {
         // SAFETY: t[i] is a valid timeval of the size given.
         check(unsafe {
             libc::setsockopt(
