@@ -603,7 +603,7 @@ fn preload_lets_an_unmodified_python_server_accept_through_itcp() {
     let so = preload_so();
     let gw = gateway_env();
     // A plain socket server: select() for readiness, then accept(), as servers do.
-    let script = "import select, socket\n\
+    let script = "import select, socket, sys, time\n\
          s = socket.socket()\n\
          s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
          s.bind(('0.0.0.0', 7400))\n\
@@ -619,12 +619,17 @@ fn preload_lets_an_unmodified_python_server_accept_through_itcp() {
          c.sendall(b'python got %d bytes from %s:%d' % (len(data), a[0].encode(), a[1]))\n\
          print('peer', c.getpeername())\n\
          c.close()\n\
-         s.close()\n";
+         s.close()\n\
+         # Still running: only the shim's close() can have told the MSR.\n\
+         for _ in range(200):\n\
+         \x20   if any('listener closed' in l and '10.2.0.100:7400' in l for l in open(sys.argv[1])):\n\
+         \x20       print('msr listener closed'); break\n\
+         \x20   time.sleep(0.05)\n";
     let p = Proc::start(
         &lab,
         Host::Mh,
         &program("python3"),
-        &["-c", script],
+        &["-c", script, lab.dir.join("msrd1.log").to_str().unwrap()],
         &[
             ("LD_PRELOAD", so.to_str().unwrap()),
             ("ITCP_GATEWAY", &gw),
@@ -633,7 +638,7 @@ fn preload_lets_an_unmodified_python_server_accept_through_itcp() {
         ],
     );
     wait_msr_listening(&lab, 1, 7400, String::new);
-    let (local, answer) = in_netns(&lab.ns(Host::Fh), || {
+    let fh = in_netns(&lab.ns(Host::Fh), || {
         let mut s = TcpStream::connect_timeout(
             &SocketAddr::from((addr::MH, 7400)),
             Duration::from_secs(10),
@@ -644,9 +649,14 @@ fn preload_lets_an_unmodified_python_server_accept_through_itcp() {
         let mut answer = String::new();
         s.read_to_string(&mut answer)?;
         Ok((s.local_addr()?, answer))
-    })
-    .unwrap();
+    });
     let (ok, out, err) = p.finish(Duration::from_secs(30));
+    let (local, answer) = fh.unwrap_or_else(|e| {
+        panic!(
+            "FH: {e}\npython: {out}\n{err}\nmsrd:\n{}",
+            msrd_log(&lab, 1)
+        )
+    });
     assert!(ok, "{out}\n{err}\nmsrd:\n{}", msrd_log(&lab, 1));
     assert_eq!(
         answer,
@@ -668,4 +678,5 @@ fn preload_lets_an_unmodified_python_server_accept_through_itcp() {
         msrd_log(&lab, 1)
     );
     assert!(err.contains("I-TCP connection from"), "{err}");
+    assert!(out.contains("msr listener closed"), "{out}\n{err}");
 }

@@ -631,7 +631,14 @@ c_api! {
                 let mut map = listeners();
                 match map.get(&fd) {
                     Some(r) if Some(r.id) == id => map.remove(&fd),
-                    _ => None,
+                    Some(_) => {
+                        // A listener closed with close(2) earlier; the number is reused.
+                        if let Some(stale) = map.remove(&fd) {
+                            forget_stale(stale);
+                        }
+                        None
+                    }
+                    None => None,
                 }
             };
             if let Some(r) = entry {

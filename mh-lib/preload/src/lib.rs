@@ -21,7 +21,9 @@
 //!   connection and hand out the queued I-TCP connection in its place (same fd number,
 //!   the requested `SOCK_NONBLOCK`/`SOCK_CLOEXEC`), with the peer's address. Genuine
 //!   local connections to the socket are accepted as usual. `close(2)` of the listening
-//!   socket closes the listener at the MSR.
+//!   socket closes the listener at the MSR. If the MSR drops the listener (msrd
+//!   restarts), the shim does not listen again: later peers reach the program's socket
+//!   by plain routing, if at all (`ITCP_PRELOAD_DEBUG=1` says so).
 //!
 //! Calls the shim itself makes never come back into it: a thread-local flag sends every
 //! interposed call made from inside the shim straight to the C library.
@@ -358,8 +360,9 @@ struct Listening {
     itcp: ItcpListener,
     /// Connections accepted at the MSR, waiting for the program's accept.
     queue: Mutex<VecDeque<(OwnedFd, SocketAddr)>>,
-    /// Our wake-up connections to the program's socket, by their local address.
-    wakers: Mutex<HashMap<SocketAddr, TcpStream>>,
+    /// Our wake-up connections to the program's socket, by their local address
+    /// (registered before they connect; `None` until connected).
+    wakers: Mutex<HashMap<SocketAddr, Option<OwnedFd>>>,
     /// The ACCEPT request connection in progress (-1: none), to cut it on close.
     pending: AtomicI32,
     stop: AtomicBool,
@@ -387,12 +390,18 @@ fn unregister(fd: RawFd) -> Option<Arc<Listening>> {
         .unwrap_or_else(|e| e.into_inner())
         .remove(&fd)?;
     LISTENING_N.fetch_sub(1, Ordering::Relaxed);
-    l.stop.store(true, Ordering::Relaxed);
-    let p = l.pending.load(Ordering::Relaxed);
+    shut(&l);
+    Some(l)
+}
+
+/// Stops a listener's accept thread: it ends its outstanding ACCEPT and drops its
+/// reference, which closes the control connection (and the MSR's listener).
+fn shut(l: &Listening) {
+    l.stop.store(true, Ordering::SeqCst);
+    let p = l.pending.load(Ordering::SeqCst);
     if p >= 0 {
         sys::shutdown_both(p);
     }
-    Some(l)
 }
 
 /// Before the program's listen(2) on `fd`: if its port is configured, the MSR's
@@ -440,7 +449,8 @@ fn itcp_listen_start(fd: RawFd, itcp: ItcpListener, local: SocketAddr) -> io::Re
         .unwrap_or_else(|e| e.into_inner())
         .insert(fd, l.clone())
     {
-        old.stop.store(true, Ordering::Relaxed);
+        // Its fd was closed behind our back (not through close(2)) and reused.
+        shut(&old);
     } else {
         LISTENING_N.fetch_add(1, Ordering::Relaxed);
     }
@@ -478,8 +488,10 @@ fn accept_loop(l: &Listening, opts: &MhOptions, local: SocketAddr) -> io::Result
     };
     while !l.stop.load(Ordering::Relaxed) {
         let mut s = TcpStream::connect_timeout(&gateway, opts.get_connect_timeout())?;
-        l.pending.store(s.as_raw_fd(), Ordering::Relaxed);
-        if l.stop.load(Ordering::Relaxed) {
+        l.pending.store(s.as_raw_fd(), Ordering::SeqCst);
+        // close() sets `stop` then cuts `pending`; we set `pending` then check `stop`:
+        // one of the two sees the other.
+        if l.stop.load(Ordering::SeqCst) {
             break;
         }
         let r = request_on(
@@ -488,7 +500,7 @@ fn accept_loop(l: &Listening, opts: &MhOptions, local: SocketAddr) -> io::Result
             Command::Accept,
             Addr::Ip(SocketAddr::new(any, local.port())),
         );
-        l.pending.store(-1, Ordering::Relaxed);
+        l.pending.store(-1, Ordering::SeqCst);
         let peer = match r {
             Ok(Addr::Ip(p)) => p,
             Ok(a) => {
@@ -506,13 +518,39 @@ fn accept_loop(l: &Listening, opts: &MhOptions, local: SocketAddr) -> io::Result
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .push_back((OwnedFd::from(s), peer));
-        // Make the program's socket readable: its accept hands out the queued one.
-        let w = TcpStream::connect(wake_to)?;
-        let key = w.local_addr()?;
-        l.wakers
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, w);
+        wake(l, wake_to)?;
+    }
+    Ok(())
+}
+
+/// Makes the program's listening socket readable with a connection from us, whose
+/// local address is registered *before* it connects: the program's accept may return
+/// it before our connect does, and must know it as a wake-up, not a peer.
+fn wake(l: &Listening, to: SocketAddr) -> io::Result<()> {
+    let sock = sys::stream_socket(to)?;
+    sys::bind_any_port(sock.as_raw_fd(), to.ip())?;
+    let key = sys::local_addr(sock.as_raw_fd())?;
+    let wakers = || l.wakers.lock().unwrap_or_else(|e| e.into_inner());
+    wakers().insert(key, None);
+    let (sa, len) = sys::to_sockaddr(to, sys::sock_family(sock.as_raw_fd())?)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EAFNOSUPPORT))?;
+    // SAFETY: `sock` is our open socket; sa holds a sockaddr of len bytes.
+    let rc = unsafe {
+        real_connect(
+            sock.as_raw_fd(),
+            (&sa as *const libc::sockaddr_storage).cast(),
+            len,
+        )
+    };
+    if rc != 0 {
+        let e = io::Error::last_os_error();
+        wakers().remove(&key);
+        return Err(e);
+    }
+    // Keep our end open until the program has accepted the other (unless it already
+    // has: then the entry is gone and ours closes here).
+    if let Some(slot) = wakers().get_mut(&key) {
+        *slot = Some(sock);
     }
     Ok(())
 }

@@ -1,12 +1,13 @@
 //! Small safe wrappers over the socket calls the shim makes on the application's fds.
-//! None of them goes through the shim's own interposed symbols: `getsockname`,
-//! `getsockopt`, `fcntl`, `poll`, `fstat`, `dup3` and `shutdown` are not interposed,
+//! None of them goes through the shim's own interposed symbols: `socket`, `bind`,
+//! `getsockname`, `getsockopt`, `fcntl`, `poll`, `fstat`, `dup3` and `shutdown` are not
+//! interposed,
 //! and `connect`/`getpeername`/`accept4`/`close` are called through [`crate::real`].
 
 use std::io;
 use std::mem::{size_of, zeroed};
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::RawFd;
+use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
 use libc::{c_int, sockaddr, sockaddr_storage, socklen_t};
@@ -263,6 +264,32 @@ pub fn dup_onto(src: RawFd, dst: RawFd, cloexec: bool) -> io::Result<()> {
     let flags = if cloexec { libc::O_CLOEXEC } else { 0 };
     // SAFETY: dup3 on two fds; `dst` is atomically replaced (the caller owns it).
     check(unsafe { libc::dup3(src, dst, flags) }).map(|_| ())
+}
+
+/// A new blocking TCP socket (FD_CLOEXEC) of `to`'s family.
+pub fn stream_socket(to: SocketAddr) -> io::Result<OwnedFd> {
+    let family = if to.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    // SAFETY: socket(2) with constant arguments.
+    let fd = check(unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: `fd` is a new socket nobody else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Binds `fd` to `ip` with a port of the kernel's choosing.
+pub fn bind_any_port(fd: RawFd, ip: std::net::IpAddr) -> io::Result<()> {
+    let family = if ip.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    let (sa, len) = to_sockaddr(SocketAddr::new(ip, 0), family)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::EAFNOSUPPORT))?;
+    // SAFETY: sa holds a sockaddr of len bytes.
+    check(unsafe { libc::bind(fd, (&sa as *const sockaddr_storage).cast(), len) }).map(|_| ())
 }
 
 /// shutdown(2), errors ignored (used to end a socket's use, not to report).
