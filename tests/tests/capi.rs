@@ -64,7 +64,8 @@ fn compile_demo(dir: &Path, static_link: bool) -> PathBuf {
         cmd.arg("-L")
             .arg(&libs)
             .arg("-litcp")
-            .arg(format!("-Wl,-rpath,{}", libs.display()));
+            .arg(format!("-Wl,-rpath,{}", libs.display()))
+            .arg("-lpthread");
     }
     let o = cmd.output().expect("cc (a C compiler) is needed");
     assert!(
@@ -354,6 +355,24 @@ fn c_program_listens_and_accepts_through_msrd() {
         "msrd log:\n{}",
         msrd_log(&lab, 1)
     );
+
+    // itcp_close of a listener ends an itcp_accept blocked on it in another thread.
+    let p = Proc::start(
+        &lab,
+        Host::Mh,
+        &prog,
+        &["listen-close", "7201"],
+        &[("ITCP_GATEWAY", gw.as_str())],
+    );
+    let (ok, out, err) = p.finish(Duration::from_secs(30));
+    assert!(ok, "{out}\n{err}\nmsrd:\n{}", msrd_log(&lab, 1));
+    assert!(
+        out.contains("closed\naccept returned -1 errno ENOENT"),
+        "{out}"
+    );
+    assert!(msrd_log(&lab, 1)
+        .lines()
+        .any(|l| l.contains("listener closed") && l.contains(&format!("{}:7201", addr::MH))));
 }
 
 /// Two MSRs with handoff and no itcp-mh-agent: the C program runs the agent itself

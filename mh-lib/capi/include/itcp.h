@@ -222,8 +222,9 @@ void itcp_set_event_callback(itcp_event_cb cb, void *user);
  * configuration, as for itcp_connect.
  *
  * Returns 0, or -1 with errno: EALREADY (an agent runs in this process), EINVAL (a
- * bad argument or option), EADDRINUSE (the beacon port is taken), ENODEV/EPERM (the
- * interface cannot be used), ENOENT (no gateway configured).
+ * bad argument or option), EADDRINUSE (the beacon port is taken), EACCES (not
+ * permitted), EIO (the interface cannot be used, e.g. there is none of that name),
+ * ENOENT (no gateway configured).
  *
  * # Safety
  * interface and mh_addr are NULL or NUL-terminated strings; so is options.

@@ -9,6 +9,8 @@
  *   itcp_demo refused HOST PORT           expect itcp_connect to fail; print errno
  *   itcp_demo listen PORT                 accept one connection, read to EOF, answer
  *                                         "got N bytes from PEER"
+ *   itcp_demo listen-close PORT           a thread blocks in itcp_accept; itcp_close of
+ *                                         the listener from main must end it with ENOENT
  *   itcp_demo mobile LOG HOST PORT NBYTES run the mobility agent with an event
  *                                         callback; send half, wait for MOVED, send the
  *                                         rest; wait for DISCONNECTED and RECONNECTED
@@ -16,6 +18,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include <arpa/inet.h>
 #include <errno.h>
+#include <pthread.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -150,6 +153,38 @@ static int do_listen(int port) {
     return itcp_close(l) == 0 ? 0 : 1;
 }
 
+static int accept_result, accept_errno;
+
+static void *blocked_accept(void *arg) {
+    int l = *(int *)arg;
+    accept_result = itcp_accept(l, NULL, NULL);
+    accept_errno = errno;
+    return NULL;
+}
+
+static int do_listen_close(int port) {
+    static int l;
+    l = itcp_listen((uint16_t)port);
+    if (l < 0) {
+        printf("error %s %s\n", errno_name(errno), itcp_last_error());
+        return 1;
+    }
+    pthread_t t;
+    if (pthread_create(&t, NULL, blocked_accept, &l) != 0) return 1;
+    struct timespec half = {0, 500 * 1000 * 1000};
+    nanosleep(&half, NULL);
+    if (itcp_close(l) != 0) {
+        printf("error itcp_close %s\n", errno_name(errno));
+        return 1;
+    }
+    printf("closed\n");
+    pthread_join(t, NULL);
+    printf("accept returned %d errno %s\n", accept_result, errno_name(accept_errno));
+    /* The handle is gone: another itcp_accept on the number is EBADF or EINVAL. */
+    if (itcp_accept(l, NULL, NULL) != -1 || (errno != EBADF && errno != EINVAL)) return 1;
+    return 0;
+}
+
 /* --- mobile: events from the agent --- */
 
 static FILE *evlog;
@@ -228,6 +263,7 @@ int main(int argc, char **argv) {
         return do_connect(argv[2], atoi(argv[3]), atol(argv[4]));
     if (argc >= 4 && strcmp(argv[1], "refused") == 0) return do_refused(argv[2], atoi(argv[3]));
     if (argc >= 3 && strcmp(argv[1], "listen") == 0) return do_listen(atoi(argv[2]));
+    if (argc >= 3 && strcmp(argv[1], "listen-close") == 0) return do_listen_close(atoi(argv[2]));
     if (argc >= 6 && strcmp(argv[1], "mobile") == 0)
         return do_mobile(argv[2], argv[3], atoi(argv[4]), atol(argv[5]));
     fprintf(stderr, "usage: see the comment at the top of itcp_demo.c (version %s)\n",
