@@ -1,6 +1,6 @@
 //! `itcp-mh-agent`: the MH's mobility agent. Listens to MSR beacons, moves with the
 //! chosen policy, greets the new MSR and repoints the gateway; prints one JSON event
-//! per line on stdout (attached, moved, move_failed, refused, lost, regained).
+//! per line on stdout (attached, moved, move_failed, refused, lost).
 //!
 //! ```text
 //! itcp-mh-agent --interface air0 --mh 10.2.0.100 [--gateway 10.2.0.1]
