@@ -9,7 +9,7 @@
 //! repeated, so a retransmission doubles as a status poll.
 //!
 //! Applications see [`Event`]s: attached, moved, move failed, lost (no MSR heard),
-//! refused. `itcp-mh-agent` prints them as JSON lines.
+//! refused, regained. `itcp-mh-agent` prints them as JSON lines.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
@@ -95,6 +95,10 @@ pub enum Event {
     Refused { msr: String, reason: String },
     /// No MSR heard any more.
     Lost { from: String },
+    /// After [`Event::Lost`], beacons of the MSR the MH was attached to are heard again
+    /// (the MH came back into its cell; nothing to greet or move). A return to another
+    /// MSR is reported as [`Event::Moved`] (or [`Event::Attached`]) instead.
+    Regained { msr: String },
 }
 
 struct Pending {
@@ -157,6 +161,8 @@ pub struct Agent {
     macs: std::collections::HashMap<String, String>,
     pending: Option<Pending>,
     t_start: Instant,
+    /// `Lost` was reported and nothing heard of the current MSR since.
+    lost: bool,
 }
 
 impl Agent {
@@ -180,6 +186,7 @@ impl Agent {
             macs: Default::default(),
             pending: None,
             t_start: Instant::now(),
+            lost: false,
         })
     }
 
@@ -204,6 +211,9 @@ impl Agent {
                     let now = self.now_ns();
                     if let Some(d) = self.det.on_beacon(now, &b) {
                         self.decide(d, &mut on_event)?;
+                    } else if self.lost && self.det.current() == Some(b.msr.as_str()) {
+                        self.lost = false;
+                        on_event(Event::Regained { msr: b.msr });
                     }
                 }
             }
@@ -247,6 +257,7 @@ impl Agent {
     fn decide(&mut self, d: Decision, on_event: &mut impl FnMut(Event)) -> io::Result<()> {
         match d {
             Decision::Move { from, to } => {
+                self.lost = false;
                 let mac = self.macs.get(&to).cloned().unwrap_or_default();
                 let (msg, nonce) = self.greeting(from.as_deref(), &to)?;
                 self.pending = Some(Pending {
@@ -262,6 +273,7 @@ impl Agent {
                 self.retransmit(on_event)
             }
             Decision::Lost { from } => {
+                self.lost = true;
                 on_event(Event::Lost { from });
                 Ok(())
             }

@@ -337,6 +337,29 @@ impl Iterator for Incoming<'_> {
     }
 }
 
+/// Runs one I-TCP request (method negotiation, session token, request, reply) on
+/// `stream`, a TCP connection already open to the gateway — for callers that must keep
+/// their own socket, such as an `LD_PRELOAD` shim that connected an application's fd to
+/// the gateway. The token comes from `opts`; the phases use `opts`' timeouts, set as the
+/// stream's read/write timeouts, which are left unset (`None`) on return.
+///
+/// Returns the reply's BND address (for CONNECT the MSR's idea of the MH's side, for
+/// ACCEPT the peer). Errors as for [`ItcpStream::connect`].
+pub fn request_on(
+    stream: &mut TcpStream,
+    opts: &MhOptions,
+    command: Command,
+    target: Addr,
+) -> io::Result<Addr> {
+    let gateway = stream.peer_addr()?;
+    let token = opts.resolve_token()?;
+    let mut hs = Handshake::new(gateway, token, command, target);
+    let bound = drive(stream, &mut hs, opts, command)?;
+    stream.set_read_timeout(None)?;
+    stream.set_write_timeout(None)?;
+    Ok(bound)
+}
+
 /// Zero durations are invalid as socket timeouts; treat them as the smallest one.
 pub(crate) fn nonzero(d: Duration) -> Duration {
     d.max(Duration::from_millis(1))

@@ -86,7 +86,7 @@ pub mod options;
 pub use itcp_proto::socks;
 pub mod token;
 
-pub use blocking::{Incoming, ItcpListener, ItcpStream};
+pub use blocking::{request_on, Incoming, ItcpListener, ItcpStream};
 pub use options::{parse_gateway, MhOptions};
 pub use socks::{Addr, Token};
 pub use token::token;
