@@ -402,6 +402,14 @@ pub struct AccessSection {
     /// Token bucket depth (10000).
     #[serde(default = "default_accept_burst")]
     pub accept_burst: u32,
+    /// Connections still being set up (request handshake, fixed-side connect) at once,
+    /// overall (1024). Beyond it new connections are closed at accept: half-open
+    /// connections cannot exhaust msrd's file descriptors.
+    #[serde(default = "default_max_handshakes")]
+    pub max_handshakes: u32,
+    /// The same per MH address (64).
+    #[serde(default = "default_max_handshakes_per_mh")]
+    pub max_handshakes_per_mh: u32,
 }
 
 impl Default for AccessSection {
@@ -412,6 +420,8 @@ impl Default for AccessSection {
             max_connections_per_mh: default_max_connections_per_mh(),
             accept_rate: default_accept_rate(),
             accept_burst: default_accept_burst(),
+            max_handshakes: default_max_handshakes(),
+            max_handshakes_per_mh: default_max_handshakes_per_mh(),
         }
     }
 }
@@ -434,6 +444,12 @@ fn default_accept_rate() -> u32 {
 }
 fn default_accept_burst() -> u32 {
     10_000
+}
+fn default_max_handshakes() -> u32 {
+    1024
+}
+fn default_max_handshakes_per_mh() -> u32 {
+    64
 }
 
 /// `[relay]`: how bytes are moved between the two halves.
@@ -918,7 +934,24 @@ impl MsrdConfig {
             ));
         }
         at_least(src, "access.accept_rate", u64::from(a.accept_rate), 1)?;
-        at_least(src, "access.accept_burst", u64::from(a.accept_burst), 1)
+        at_least(src, "access.accept_burst", u64::from(a.accept_burst), 1)?;
+        at_least(src, "access.max_handshakes", u64::from(a.max_handshakes), 1)?;
+        at_least(
+            src,
+            "access.max_handshakes_per_mh",
+            u64::from(a.max_handshakes_per_mh),
+            1,
+        )?;
+        if a.max_handshakes_per_mh > a.max_handshakes {
+            return Err(src.invalid(
+                "access.max_handshakes_per_mh",
+                format!(
+                    "{} is more than access.max_handshakes ({})",
+                    a.max_handshakes_per_mh, a.max_handshakes
+                ),
+            ));
+        }
+        Ok(())
     }
 
     fn validate_relay(&self, src: &Source<'_>) -> Result<(), ConfigError> {

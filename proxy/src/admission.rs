@@ -59,6 +59,52 @@ impl TokenBucket {
     }
 }
 
+/// Connections still being set up (request handshake, fixed-side connect), counted
+/// overall and per source so that half-open connections cannot use up the fds.
+#[derive(Debug)]
+pub struct Setups {
+    max_total: usize,
+    max_per_src: usize,
+    total: usize,
+    per_src: HashMap<IpAddr, usize>,
+}
+
+impl Setups {
+    pub fn new(max_total: usize, max_per_src: usize) -> Self {
+        Setups {
+            max_total,
+            max_per_src,
+            total: 0,
+            per_src: HashMap::new(),
+        }
+    }
+
+    /// Counts one more setup from `ip`, unless a limit is reached.
+    pub fn begin(&mut self, ip: IpAddr) -> bool {
+        let n = self.per_src.get(&ip).copied().unwrap_or(0);
+        if self.total >= self.max_total || n >= self.max_per_src {
+            return false;
+        }
+        self.total += 1;
+        self.per_src.insert(ip, n + 1);
+        true
+    }
+
+    pub fn end(&mut self, ip: IpAddr) {
+        if let Some(n) = self.per_src.get_mut(&ip) {
+            *n -= 1;
+            self.total -= 1;
+            if *n == 0 {
+                self.per_src.remove(&ip);
+            }
+        }
+    }
+
+    pub fn total(&self) -> usize {
+        self.total
+    }
+}
+
 /// Admission state of the daemon.
 #[derive(Debug)]
 pub struct Admission {
@@ -150,6 +196,26 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn setups_are_limited_per_source_and_overall() {
+        let a: IpAddr = "10.2.0.100".parse().unwrap();
+        let b: IpAddr = "10.2.0.101".parse().unwrap();
+        let mut s = Setups::new(3, 2);
+        assert!(s.begin(a) && s.begin(a));
+        assert!(!s.begin(a), "per source");
+        assert!(s.begin(b));
+        assert!(!s.begin(b), "overall");
+        s.end(a);
+        assert!(s.begin(b));
+        for ip in [a, b, b] {
+            s.end(ip);
+        }
+        assert_eq!(s.total(), 0);
+        // An unknown source ends nothing.
+        s.end(a);
+        assert_eq!(s.total(), 0);
+    }
 
     const S: u64 = 1_000_000_000;
 

@@ -42,7 +42,16 @@ pub async fn serve(path: &Path, id: String, sessions: Arc<Sessions>) -> std::io:
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
     loop {
-        let (stream, _) = listener.accept().await?;
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(e) => {
+                // EMFILE and friends: back off and keep serving; operators need this
+                // socket most when msrd is under pressure.
+                tracing::warn!(error = %e, "control socket accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
         let (sessions, id) = (sessions.clone(), id.clone());
         tokio::spawn(async move {
             let (r, mut w) = stream.into_split();

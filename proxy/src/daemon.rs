@@ -15,7 +15,7 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use crate::admission::{Admission, Refusal};
+use crate::admission::{Admission, Refusal, Setups};
 use crate::cells::CellMap;
 use crate::handoff::{Frozen, Handoffs};
 use crate::intercept::{Rules, Transparent};
@@ -35,6 +35,8 @@ pub struct Daemon {
     pub sessions: Arc<Sessions>,
     pub listeners: Listeners,
     admission: Arc<Mutex<Admission>>,
+    /// Connections in setup (handshake, fixed-side connect), limited per source.
+    setups: Arc<Mutex<Setups>>,
     cells: CellMap,
     relay_opts: RelayOpts,
     /// msrd's nftables table and policy route (flow holds live here).
@@ -55,6 +57,18 @@ pub struct Admitted {
 impl Drop for Admitted {
     fn drop(&mut self) {
         self.admission.lock().unwrap().release(self.ip);
+    }
+}
+
+/// A connection counted as in setup until dropped.
+pub struct SetupSlot {
+    setups: Arc<Mutex<Setups>>,
+    ip: IpAddr,
+}
+
+impl Drop for SetupSlot {
+    fn drop(&mut self) {
+        self.setups.lock().unwrap().end(self.ip);
     }
 }
 
@@ -86,8 +100,10 @@ impl Daemon {
         } else {
             None
         };
+        let setups = Setups::new(a.max_handshakes as usize, a.max_handshakes_per_mh as usize);
         Ok(Arc::new(Daemon {
             admission: Arc::new(Mutex::new(admission)),
+            setups: Arc::new(Mutex::new(setups)),
             sessions: Arc::new(Sessions::default()),
             listeners: Listeners::default(),
             cells,
@@ -119,6 +135,23 @@ impl Daemon {
             admission: self.admission.clone(),
             ip,
         }
+    }
+
+    /// Counts a new connection as in setup, unless its source (or everyone) already
+    /// has too many half-open ones.
+    fn begin_setup(&self, ip: IpAddr) -> Option<SetupSlot> {
+        let ip = crate::admission::canonical(ip);
+        if !self.setups.lock().unwrap().begin(ip) {
+            self.sessions
+                .stats
+                .refused_handshakes
+                .fetch_add(1, Ordering::Relaxed);
+            return None;
+        }
+        Some(SetupSlot {
+            setups: self.setups.clone(),
+            ip,
+        })
     }
 
     fn admit(&self, ip: IpAddr) -> Result<Admitted, Refusal> {
@@ -392,9 +425,10 @@ fn unspecified_like(peer: SocketAddr) -> Addr {
 }
 
 /// Serves one connection on the request port.
-async fn serve_request(d: Arc<Daemon>, mut s: TcpStream, peer: SocketAddr) {
+async fn serve_request(d: Arc<Daemon>, mut s: TcpStream, peer: SocketAddr, setup: SetupSlot) {
     let mut buf = Vec::new();
     let hs = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut s, &mut buf)).await;
+    drop(setup);
     let (req, token) = match hs {
         Err(_) => {
             debug!(%peer, "request handshake timed out");
@@ -641,7 +675,7 @@ async fn do_bind(d: &Daemon, mut s: TcpStream, peer: SocketAddr, expected: Addr)
 }
 
 /// Serves one intercepted connection: `s` impersonates the FH towards the MH.
-async fn serve_transparent(d: Arc<Daemon>, s: TcpStream, mh: SocketAddr) {
+async fn serve_transparent(d: Arc<Daemon>, s: TcpStream, mh: SocketAddr, setup: SetupSlot) {
     let fh = match s.local_addr() {
         Ok(a) => a,
         Err(_) => return,
@@ -656,7 +690,10 @@ async fn serve_transparent(d: Arc<Daemon>, s: TcpStream, mh: SocketAddr) {
     };
     let _ = sockopt::apply_post_connect(s.as_raw_fd(), &d.wireless_tuning(mh.ip()));
     crate::handoff::claim(&d, crate::admission::canonical(mh.ip()));
-    match crate::fixed::connect_as(mh, fh, &d.cfg.fixed, d.cfg.relay.connect_timeout()).await {
+    let connected =
+        crate::fixed::connect_as(mh, fh, &d.cfg.fixed, d.cfg.relay.connect_timeout()).await;
+    drop(setup);
+    match connected {
         Ok(fixed) => {
             let bound = fixed.local_addr().unwrap_or(mh);
             d.run_session(Kind::Transparent, s, fixed, bound, fh, adm)
@@ -704,11 +741,17 @@ async fn accept_loop(d: Arc<Daemon>, l: TcpListener, transparent: bool) {
         };
         match r {
             Ok((s, peer)) => {
+                let Some(setup) = d.begin_setup(peer.ip()) else {
+                    // Too many half-open connections from there: close at once, with
+                    // a reset (nothing to finish, no TIME_WAIT kept here).
+                    sockopt::abort_on_close(s.as_raw_fd());
+                    continue;
+                };
                 let d = d.clone();
                 if transparent {
-                    tokio::spawn(serve_transparent(d, s, peer));
+                    tokio::spawn(serve_transparent(d, s, peer, setup));
                 } else {
-                    tokio::spawn(serve_request(d, s, peer));
+                    tokio::spawn(serve_request(d, s, peer, setup));
                 }
             }
             Err(e) => {
@@ -742,9 +785,31 @@ fn rules_of(cfg: &MsrdConfig) -> Rules {
     }
 }
 
+/// Caps the connection limits to what the fd limit can serve (each relayed connection
+/// holds two sockets and, while bytes are in flight, pipes; setups hold one or two),
+/// warning when the configuration asks for more.
+fn fit_to_fd_limit(mut cfg: MsrdConfig, nofile: u64) -> MsrdConfig {
+    const RESERVE: u64 = 256;
+    let a = &mut cfg.access;
+    let setups = 2 * u64::from(a.max_handshakes);
+    let budget = nofile.saturating_sub(RESERVE + setups) / 3;
+    if u64::from(a.max_connections) > budget {
+        let fit = budget.max(1) as u32;
+        warn!(
+            configured = a.max_connections,
+            nofile,
+            using = fit,
+            "access.max_connections is more than the fd limit can serve: lowered"
+        );
+        a.max_connections = fit;
+        a.max_connections_per_mh = a.max_connections_per_mh.min(fit);
+    }
+    cfg
+}
+
 async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
     let nofile = sockopt::raise_nofile_limit();
-    let d = Daemon::new(cfg)?;
+    let d = Daemon::new(fit_to_fd_limit(cfg, nofile))?;
     let cfg = &d.cfg;
     let mut bound = Vec::new();
     for addr in cfg.msr.socks_addrs() {

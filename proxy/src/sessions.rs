@@ -115,6 +115,8 @@ pub struct Stats {
     pub refused_not_mh: AtomicU64,
     pub refused_limit: AtomicU64,
     pub refused_rate: AtomicU64,
+    /// Closed at accept: too many connections in setup from that source, or overall.
+    pub refused_handshakes: AtomicU64,
     pub malformed_requests: AtomicU64,
     pub aborted: AtomicU64,
     pub bytes_up: AtomicU64,
@@ -296,6 +298,11 @@ impl Sessions {
                 "refused_rate_total",
                 "Requests refused by the accept-rate limit.",
                 &st.refused_rate,
+            ),
+            (
+                "refused_handshakes_total",
+                "Connections closed at accept: too many in setup from their source or overall.",
+                &st.refused_handshakes,
             ),
             (
                 "malformed_requests_total",

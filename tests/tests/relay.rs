@@ -653,3 +653,240 @@ fn a_flow_hold_stalls_the_mh_silently_and_release_resumes_it() {
     // Releasing what is not held is fine.
     in_netns(&lab.ns(Host::Msr(1)), || rules.release(mh)).unwrap();
 }
+
+/// Open fds and the fd limit of a process.
+fn fds_of(pid: u32) -> (usize, usize) {
+    let n = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let max = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .and_then(|l| l.split_whitespace().nth(3))
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    (n, max)
+}
+
+/// A SOCKS5 CONNECT without authentication from `src`, through the MSR, then an echo
+/// of a few bytes: a stock client on another MH.
+fn stock_socks_echo(src: std::net::IpAddr, to: SocketAddr) -> std::io::Result<()> {
+    use itcp_proto::socks::{self, Addr, Command as Cmd, Method};
+    let sock = match src {
+        std::net::IpAddr::V4(_) => TcpSocketBuilder::v4()?,
+        std::net::IpAddr::V6(_) => TcpSocketBuilder::v6()?,
+    };
+    let mut s = sock.bind_connect(
+        SocketAddr::new(src, 0),
+        SocketAddr::from((addr::CELL_GW, 1080)),
+    )?;
+    s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let mut out = Vec::new();
+    socks::encode_greeting(&mut out, &[Method::NO_AUTH]);
+    socks::encode_request(&mut out, Cmd::Connect, &Addr::Ip(to)).unwrap();
+    s.write_all(&out)?;
+    let mut buf = vec![0u8; 2 + 10];
+    s.read_exact(&mut buf)?;
+    if buf[1] != 0 || buf[3] != 0 {
+        return Err(std::io::Error::other(format!("refused: {buf:?}")));
+    }
+    s.write_all(b"ping")?;
+    let mut b = [0u8; 4];
+    s.read_exact(&mut b)?;
+    assert_eq!(&b, b"ping");
+    Ok(())
+}
+
+/// Just enough of a socket builder to bind a source address before connecting.
+struct TcpSocketBuilder(std::os::fd::OwnedFd);
+
+impl TcpSocketBuilder {
+    fn new(family: i32) -> std::io::Result<Self> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: plain socket(2); the fd is owned from here on.
+        let fd = unsafe { libc::socket(family, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: fresh descriptor owned by nobody else.
+        Ok(Self(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
+    }
+    fn v4() -> std::io::Result<Self> {
+        Self::new(libc::AF_INET)
+    }
+    fn v6() -> std::io::Result<Self> {
+        Self::new(libc::AF_INET6)
+    }
+    fn sockaddr(a: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
+        // SAFETY: all-zero is a valid sockaddr_storage.
+        let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+        let len = match a {
+            SocketAddr::V4(v) => {
+                let sin = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: v.port().to_be(),
+                    sin_addr: libc::in_addr {
+                        s_addr: u32::from(*v.ip()).to_be(),
+                    },
+                    sin_zero: [0; 8],
+                };
+                // SAFETY: sockaddr_in fits in sockaddr_storage.
+                unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
+                std::mem::size_of::<libc::sockaddr_in>()
+            }
+            SocketAddr::V6(v) => {
+                let sin6 = libc::sockaddr_in6 {
+                    sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                    sin6_port: v.port().to_be(),
+                    sin6_flowinfo: 0,
+                    sin6_addr: libc::in6_addr {
+                        s6_addr: v.ip().octets(),
+                    },
+                    sin6_scope_id: 0,
+                };
+                // SAFETY: sockaddr_in6 fits in sockaddr_storage.
+                unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
+                std::mem::size_of::<libc::sockaddr_in6>()
+            }
+        };
+        (ss, len as libc::socklen_t)
+    }
+    /// Binds `from`, starts a non-blocking connect to `to` and returns the fd.
+    fn bind_start(self, from: SocketAddr, to: SocketAddr) -> std::io::Result<std::os::fd::OwnedFd> {
+        let fd = self.0.as_raw_fd();
+        let (a, l) = Self::sockaddr(from);
+        // SAFETY: valid fd and sockaddr for the duration of each call.
+        unsafe {
+            if libc::bind(fd, (&a as *const libc::sockaddr_storage).cast(), l) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+            let (b, l) = Self::sockaddr(to);
+            if libc::connect(fd, (&b as *const libc::sockaddr_storage).cast(), l) != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EINPROGRESS) {
+                    return Err(e);
+                }
+            }
+        }
+        Ok(self.0)
+    }
+    fn bind_connect(self, from: SocketAddr, to: SocketAddr) -> std::io::Result<TcpStream> {
+        let fd = self.bind_start(from, to)?;
+        let s = TcpStream::from(fd);
+        // Wait for the connect, then back to blocking.
+        let deadline = std::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            match s.peer_addr() {
+                Ok(_) => break,
+                Err(_) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        s.set_nonblocking(false)?;
+        Ok(s)
+    }
+}
+
+#[test]
+fn half_open_connections_from_one_mh_cannot_starve_the_others() {
+    let mut lab = lab_with_msrd("");
+    let _ = &mut lab;
+    // A second MH on the same cell.
+    let ns_mh = lab.ns(Host::Mh);
+    let ok = Command::new("ip")
+        .args(["-n", &ns_mh, "addr", "add", "10.2.0.101/24", "dev", "air0"])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let ok = Command::new("ip")
+        .args([
+            "-n",
+            &lab.ns(Host::Gw),
+            "route",
+            "add",
+            "10.2.0.101/32",
+            "via",
+            "10.1.0.11",
+        ])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let echo = fh_listen(&lab, 7007);
+    std::thread::spawn(move || {
+        for c in echo.incoming() {
+            let Ok(mut c) = c else { break };
+            std::thread::spawn(move || {
+                let mut b = [0u8; 64];
+                while let Ok(n) = c.read(&mut b) {
+                    if n == 0 || c.write_all(&b[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    // The flooding MH: 20,000 connections to the request port that never say a word
+    // (two processes: one process's fd limit is 20,000 here).
+    let flood = r#"
+import socket, sys, time
+socks = []
+for _ in range(10000):
+    x = socket.socket()
+    x.setblocking(False)
+    x.bind(("10.2.0.100", 0))
+    try:
+        x.connect(("10.2.0.1", 1080))
+    except BlockingIOError:
+        pass
+    socks.append(x)
+open(sys.argv[1], "w").write("ready")
+time.sleep(60)
+"#;
+    let marks: Vec<_> = (0..2)
+        .map(|i| lab.dir.join(format!("flood{i}.ready")))
+        .collect();
+    let floods: Vec<usize> = marks
+        .iter()
+        .map(|m| {
+            lab.spawn(Host::Mh, "python3", &["-c", flood, m.to_str().unwrap()])
+                .unwrap()
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !marks.iter().all(|m| m.exists()) {
+        assert!(std::time::Instant::now() < deadline, "flood did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let pid = lab.pid(0);
+    let (open, max) = fds_of(pid);
+    // Another MH is served, and the operator socket answers.
+    let served = on(&lab, Host::Mh, || {
+        stock_socks_echo("10.2.0.101".parse().unwrap(), fh(7007))
+    })
+    .join()
+    .unwrap();
+    let st = lab.msrd(1, json!({"op": "stats"}));
+    for f in floods {
+        lab.terminate(f);
+    }
+    served.unwrap_or_else(|e| {
+        let log = std::fs::read_to_string(lab.dir.join("msrd1.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(30).collect();
+        panic!(
+            "another MH was not served: {e}; stats {st:?}\n{}",
+            tail.join("\n")
+        )
+    });
+    let st = st.unwrap_or_else(|e| panic!("itcpctl's socket did not answer: {e}"));
+    assert!(
+        st["stats"]["refused_handshakes"].as_u64().unwrap() > 0,
+        "{st}"
+    );
+    assert!(open < max / 2, "msrd holds {open} fds of {max}");
+}

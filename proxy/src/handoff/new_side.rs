@@ -127,10 +127,6 @@ pub async fn pull(
                             .await
                             .expect("restart task");
                     moved = resumed.len();
-                    d.sessions
-                        .stats
-                        .connections_moved_in
-                        .fetch_add(moved as u64, Ordering::Relaxed);
                     // The sockets run with their window now: the host route goes.
                     drop(flight_route.take());
                     next = Some(NewEvent::Restarted { resumed, failed });
