@@ -52,6 +52,21 @@ pub struct MsrdConfig {
     /// `[handoff]`: moving MHs' connections between MSRs.
     #[serde(default)]
     pub handoff: HandoffSection,
+    /// `[metrics]`: Prometheus metrics and the status page over HTTP.
+    #[serde(default)]
+    pub metrics: MetricsSection,
+}
+
+/// `[metrics]`: an HTTP listener serving Prometheus text on `/metrics` and a status
+/// page on `/`. Off unless `listen` is set.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsSection {
+    /// Address and port to serve on, e.g. `"10.1.0.11:9473"` (unset: no listener).
+    /// Only this address answers: use a management or fixed-LAN address, not the cell
+    /// gateway address the MHs reach.
+    #[serde(default)]
+    pub listen: Option<SocketAddr>,
 }
 
 /// `[handoff]`: the MSR⇄MSR channel, the MH greeting port, timeouts and the handoff
@@ -740,7 +755,43 @@ impl MsrdConfig {
         self.validate_transparent(src)?;
         self.validate_interception(src)?;
         self.validate_beacon(src)?;
-        self.validate_handoff(src)
+        self.validate_handoff(src)?;
+        self.validate_metrics(src)
+    }
+
+    fn validate_metrics(&self, src: &Source<'_>) -> Result<(), ConfigError> {
+        let Some(l) = self.metrics.listen else {
+            return Ok(());
+        };
+        if l.port() == 0 {
+            return Err(src.invalid(
+                "metrics.listen",
+                format!("{l}: port 0 is not a port to scrape; pick one (e.g. 9473)"),
+            ));
+        }
+        if l.ip().is_multicast() {
+            return Err(src.invalid(
+                "metrics.listen",
+                format!("{} is a multicast address", l.ip()),
+            ));
+        }
+        let clash = |other: SocketAddr| {
+            other.port() == l.port()
+                && (other.ip() == l.ip() || other.ip().is_unspecified() || l.ip().is_unspecified())
+        };
+        if let Some(a) = self.msr.socks_addrs().into_iter().find(|&a| clash(a)) {
+            return Err(src.invalid(
+                "metrics.listen",
+                format!("{l} is also the SOCKS listener {a} ([msr] gateway, socks_port)"),
+            ));
+        }
+        if let Some(h) = self.handoff.listen.filter(|&h| clash(h)) {
+            return Err(src.invalid(
+                "metrics.listen",
+                format!("{l} is also the handoff channel {h} ([handoff] listen)"),
+            ));
+        }
+        Ok(())
     }
 
     fn validate_handoff(&self, src: &Source<'_>) -> Result<(), ConfigError> {

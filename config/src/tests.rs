@@ -140,7 +140,8 @@ fn unknown_key_in_section() {
     assert_eq!(
         e.to_string(),
         "msrd.toml: line 5, column 1: unknown key \"max_conections\" in [access] (expected one of: \
-         mh_prefixes, max_connections, max_connections_per_mh, accept_rate, accept_burst)"
+         mh_prefixes, max_connections, max_connections_per_mh, accept_rate, accept_burst, \
+         max_handshakes, max_handshakes_per_mh)"
     );
 }
 
@@ -590,4 +591,25 @@ fn handoff_section_defaults_peers_and_errors() {
         &format!("{MIN}\n[handoff]\nlan_interface = \"a/b\"\n"),
         "handoff.lan_interface",
     );
+}
+
+#[test]
+fn metrics_section_defaults_and_errors() {
+    let c = msrd(MIN).unwrap();
+    assert_eq!(c.metrics, MetricsSection::default());
+    assert_eq!(c.metrics.listen, None);
+    let c = msrd(&format!("{MIN}\n[metrics]\nlisten = \"10.1.0.11:9473\"\n")).unwrap();
+    assert_eq!(c.metrics.listen, Some("10.1.0.11:9473".parse().unwrap()));
+    msrd_err(&format!("{MIN}\n[metrics]\nlisten = \"10.1.0.11\"\n"), "metrics.listen");
+    msrd_err(&format!("{MIN}\n[metrics]\nlisten = \"10.1.0.11:0\"\n"), "metrics.listen");
+    msrd_err(&format!("{MIN}\n[metrics]\nport = 9473\n"), "metrics");
+    let e = msrd_err(&format!("{MIN}\n[metrics]\nlisten = \"10.2.0.1:1080\"\n"), "metrics.listen");
+    assert!(e.to_string().contains("SOCKS"), "{e}");
+    let e = msrd_err(&format!("{MIN}\n[metrics]\nlisten = \"0.0.0.0:1080\"\n"), "metrics.listen");
+    assert!(e.to_string().contains("SOCKS"), "{e}");
+    let e = msrd_err(
+        &format!("{MIN}\n[handoff]\nlisten = \"10.1.0.11:4347\"\n[metrics]\nlisten = \"10.1.0.11:4347\"\n"),
+        "metrics.listen",
+    );
+    assert!(e.to_string().contains("handoff"), "{e}");
 }

@@ -9,6 +9,7 @@
 //! | [`beacon`] | MSR advertisement | MSR → cell, UDP |
 //! | [`greeting`] | greeting with proof, reply | MH ⇄ MSR, UDP |
 //! | [`channel`] | authenticated frames carrying handoff messages and images | MSR ⇄ MSR, TCP |
+//! | [`control`] | operator requests and replies (JSON lines) | msrd ⇄ `itcpctl`, Unix socket |
 //! | [`hex`] | hex text of tokens, nonces, proofs | — |
 //!
 //! Every parser takes bytes and returns a value or an error that says what was wrong;
@@ -16,6 +17,7 @@
 
 pub mod beacon;
 pub mod channel;
+pub mod control;
 pub mod greeting;
 pub mod hex;
 pub mod socks;

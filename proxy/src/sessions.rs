@@ -8,60 +8,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use serde::Serialize;
 use tokio::sync::{oneshot, watch};
 
 use crate::handoff::Frozen;
 use crate::relay::Counters;
 
-/// How a connection was opened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Kind {
-    /// MH-initiated through the request protocol (SOCKS CONNECT).
-    Connect,
-    /// Accepted on an MH listener (LISTEN/ACCEPT).
-    Accept,
-    /// SOCKS BIND.
-    Bind,
-    /// Intercepted SYN of an unmodified MH app (TPROXY).
-    Transparent,
-    /// A LISTEN's control connection (the MSR keeps a listener for the MH).
-    Listen,
-    /// An ACCEPT waiting for a connection on the MH's listener.
-    AcceptWait,
-}
-
-impl Kind {
-    /// Relays bytes (not a listener's control connection or a waiting ACCEPT).
-    pub fn relays(self) -> bool {
-        !matches!(self, Kind::Listen | Kind::AcceptWait)
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Kind::Connect => "connect",
-            Kind::Accept => "accept",
-            Kind::Bind => "bind",
-            Kind::Transparent => "transparent",
-            Kind::Listen => "listen",
-            Kind::AcceptWait => "accept_wait",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Kind> {
-        [
-            Kind::Connect,
-            Kind::Accept,
-            Kind::Bind,
-            Kind::Transparent,
-            Kind::Listen,
-            Kind::AcceptWait,
-        ]
-        .into_iter()
-        .find(|k| k.as_str() == s)
-    }
-}
+pub use itcp_proto::control::{Kind, SessionInfo};
 
 /// One relayed connection.
 #[derive(Debug)]
@@ -92,23 +44,8 @@ impl Session {
     }
 }
 
-/// A row of `itcpctl sessions`.
-#[derive(Debug, Clone, Serialize)]
-pub struct SessionInfo {
-    pub id: u64,
-    pub kind: Kind,
-    pub mh: SocketAddr,
-    pub fh: SocketAddr,
-    pub wireless_local: SocketAddr,
-    pub age_s: f64,
-    pub bytes_up: u64,
-    pub bytes_down: u64,
-    pub frozen: bool,
-    pub moved_in: bool,
-}
-
 /// Daemon-wide counters.
-#[derive(Debug, Default, Serialize)]
+#[derive(Debug, Default)]
 pub struct Stats {
     pub connections_total: AtomicU64,
     pub connections_failed: AtomicU64,
@@ -135,6 +72,34 @@ pub struct Sessions {
     next: AtomicU64,
     map: Mutex<HashMap<u64, Arc<Session>>>,
     pub stats: Stats,
+    /// Handoff durations and the recent handoff records (status page).
+    pub handoffs: crate::metrics::HandoffMetrics,
+}
+
+impl Stats {
+    /// The counters now, as the control protocol carries them.
+    pub fn snapshot(&self) -> itcp_proto::control::Stats {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        itcp_proto::control::Stats {
+            connections_total: g(&self.connections_total),
+            connections_failed: g(&self.connections_failed),
+            refused_not_mh: g(&self.refused_not_mh),
+            refused_limit: g(&self.refused_limit),
+            refused_rate: g(&self.refused_rate),
+            refused_handshakes: g(&self.refused_handshakes),
+            malformed_requests: g(&self.malformed_requests),
+            aborted: g(&self.aborted),
+            bytes_up: g(&self.bytes_up),
+            bytes_down: g(&self.bytes_down),
+            handoffs_in: g(&self.handoffs_in),
+            handoffs_out: g(&self.handoffs_out),
+            handoffs_failed: g(&self.handoffs_failed),
+            connections_moved_in: g(&self.connections_moved_in),
+            connections_moved_out: g(&self.connections_moved_out),
+            handoff_messages_rejected: g(&self.handoff_messages_rejected),
+            greetings_rejected: g(&self.greetings_rejected),
+        }
+    }
 }
 
 impl Sessions {
@@ -251,120 +216,9 @@ impl Sessions {
         v
     }
 
-    /// Prometheus text exposition of the statistics.
+    /// Prometheus text exposition of the statistics (see [`crate::metrics`]).
     pub fn metrics(&self) -> String {
-        let st = &self.stats;
-        let live: (u64, u64) = self.map.lock().unwrap().values().fold((0, 0), |a, s| {
-            (
-                a.0 + s.counters.up.load(Ordering::Relaxed),
-                a.1 + s.counters.down.load(Ordering::Relaxed),
-            )
-        });
-        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let mut out = String::new();
-        let mut m = |name: &str, kind: &str, help: &str, v: u64| {
-            out +=
-                &format!("# HELP msrd_{name} {help}\n# TYPE msrd_{name} {kind}\nmsrd_{name} {v}\n");
-        };
-        m(
-            "connections_active",
-            "gauge",
-            "Relayed connections now open.",
-            self.len() as u64,
-        );
-        // Every plain counter, in one table.
-        for (name, help, v) in [
-            (
-                "connections_total",
-                "Relayed connections opened.",
-                &st.connections_total,
-            ),
-            (
-                "connections_failed_total",
-                "Requests whose fixed side could not be opened.",
-                &st.connections_failed,
-            ),
-            (
-                "refused_not_mh_total",
-                "Requests from outside the MH prefixes.",
-                &st.refused_not_mh,
-            ),
-            (
-                "refused_limit_total",
-                "Requests refused by connection limits.",
-                &st.refused_limit,
-            ),
-            (
-                "refused_rate_total",
-                "Requests refused by the accept-rate limit.",
-                &st.refused_rate,
-            ),
-            (
-                "refused_handshakes_total",
-                "Connections closed at accept: too many in setup from their source or overall.",
-                &st.refused_handshakes,
-            ),
-            (
-                "malformed_requests_total",
-                "Requests that broke the protocol.",
-                &st.malformed_requests,
-            ),
-            (
-                "aborted_total",
-                "Relays ended by a reset on either side.",
-                &st.aborted,
-            ),
-            (
-                "handoffs_in_total",
-                "Handoffs that moved an MH's connections here.",
-                &st.handoffs_in,
-            ),
-            (
-                "handoffs_out_total",
-                "Handoffs that moved an MH's connections away.",
-                &st.handoffs_out,
-            ),
-            (
-                "handoffs_failed_total",
-                "Handoffs rolled back or refused.",
-                &st.handoffs_failed,
-            ),
-            (
-                "connections_moved_in_total",
-                "Connections restored here by handoffs.",
-                &st.connections_moved_in,
-            ),
-            (
-                "connections_moved_out_total",
-                "Connections handed to another MSR.",
-                &st.connections_moved_out,
-            ),
-            (
-                "handoff_messages_rejected_total",
-                "MSR messages rejected (forged, replayed, unknown peer, malformed).",
-                &st.handoff_messages_rejected,
-            ),
-            (
-                "greetings_rejected_total",
-                "MH greetings rejected (malformed or without valid proof).",
-                &st.greetings_rejected,
-            ),
-        ] {
-            m(name, "counter", help, g(v));
-        }
-        m(
-            "bytes_up_total",
-            "counter",
-            "Bytes relayed MH to FH.",
-            g(&st.bytes_up) + live.0,
-        );
-        m(
-            "bytes_down_total",
-            "counter",
-            "Bytes relayed FH to MH.",
-            g(&st.bytes_down) + live.1,
-        );
-        out
+        crate::metrics::render(self)
     }
 }
 
