@@ -53,8 +53,8 @@ pub use error::{ConfigError, ConfigErrorKind};
 pub use mh::{parse_gateway, MhConfig, MhSection, MobilityPolicy, MobilitySection};
 pub use msrd::{
     AccessSection, BeaconSection, CellSection, HandoffSection, InterceptionSection, LogFormat,
-    LogLevel, MetricsSection, MsrSection, MsrdConfig, PeerSection, RelaySection, TcpTuning, TransparentSection,
-    UnackedPolicy, DEFAULT_SOCKS_PORT,
+    LogLevel, MetricsSection, MsrSection, MsrdConfig, PeerSection, RelaySection, TcpTuning,
+    TransparentSection, UnackedPolicy, DEFAULT_SOCKS_PORT,
 };
 pub use prefix::{IpPrefix, ParsePrefixError};
 

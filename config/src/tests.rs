@@ -600,12 +600,24 @@ fn metrics_section_defaults_and_errors() {
     assert_eq!(c.metrics.listen, None);
     let c = msrd(&format!("{MIN}\n[metrics]\nlisten = \"10.1.0.11:9473\"\n")).unwrap();
     assert_eq!(c.metrics.listen, Some("10.1.0.11:9473".parse().unwrap()));
-    msrd_err(&format!("{MIN}\n[metrics]\nlisten = \"10.1.0.11\"\n"), "metrics.listen");
-    msrd_err(&format!("{MIN}\n[metrics]\nlisten = \"10.1.0.11:0\"\n"), "metrics.listen");
+    msrd_err(
+        &format!("{MIN}\n[metrics]\nlisten = \"10.1.0.11\"\n"),
+        "metrics.listen",
+    );
+    msrd_err(
+        &format!("{MIN}\n[metrics]\nlisten = \"10.1.0.11:0\"\n"),
+        "metrics.listen",
+    );
     msrd_err(&format!("{MIN}\n[metrics]\nport = 9473\n"), "metrics");
-    let e = msrd_err(&format!("{MIN}\n[metrics]\nlisten = \"10.2.0.1:1080\"\n"), "metrics.listen");
+    let e = msrd_err(
+        &format!("{MIN}\n[metrics]\nlisten = \"10.2.0.1:1080\"\n"),
+        "metrics.listen",
+    );
     assert!(e.to_string().contains("SOCKS"), "{e}");
-    let e = msrd_err(&format!("{MIN}\n[metrics]\nlisten = \"0.0.0.0:1080\"\n"), "metrics.listen");
+    let e = msrd_err(
+        &format!("{MIN}\n[metrics]\nlisten = \"0.0.0.0:1080\"\n"),
+        "metrics.listen",
+    );
     assert!(e.to_string().contains("SOCKS"), "{e}");
     let e = msrd_err(
         &format!("{MIN}\n[handoff]\nlisten = \"10.1.0.11:4347\"\n[metrics]\nlisten = \"10.1.0.11:4347\"\n"),

@@ -32,7 +32,9 @@ impl Request {
     pub fn parse(line: &str) -> Result<Request, String> {
         let line = line.trim();
         if line.is_empty() {
-            return Err("empty request (send one JSON object per line, e.g. {\"op\":\"stats\"})".into());
+            return Err(
+                "empty request (send one JSON object per line, e.g. {\"op\":\"stats\"})".into(),
+            );
         }
         // Syntax first, so that "not JSON" and "not a request" read differently.
         if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(line) {
@@ -332,7 +334,10 @@ mod tests {
         let e = Request::parse(r#"{"cmd":"stats"}"#).unwrap_err();
         assert!(e.contains("op"), "{e}");
         // Requests without arguments ignore extra fields (serde's rule for them).
-        assert_eq!(Request::parse(r#"{"op":"stats","x":1}"#), Ok(Request::Stats));
+        assert_eq!(
+            Request::parse(r#"{"op":"stats","x":1}"#),
+            Ok(Request::Stats)
+        );
         assert!(Request::parse("").unwrap_err().contains("empty"));
         assert!(Request::parse("[1]").is_err());
     }
@@ -374,13 +379,29 @@ mod tests {
         .into();
         let line = r.to_line();
         assert!(line.contains(r#""kind":"accept_wait""#), "{line}");
-        assert_eq!(Reply::parse(&line).unwrap().sessions().unwrap().sessions, vec![s]);
+        assert_eq!(
+            Reply::parse(&line).unwrap().sessions().unwrap().sessions,
+            vec![s]
+        );
 
         let e = Reply::error("no");
-        assert_eq!(e.to_line(), "{\"ok\":false,\"reply\":\"error\",\"error\":\"no\"}\n");
-        assert_eq!(Reply::parse(&e.to_line()).unwrap().into_result(), Err("no".into()));
-        let m: Reply = Body::Metrics(MetricsReply { text: "x 1\n".into() }).into();
-        assert!(Reply::parse(&m.to_line()).unwrap().stats().unwrap_err().contains("metrics reply"));
+        assert_eq!(
+            e.to_line(),
+            "{\"ok\":false,\"reply\":\"error\",\"error\":\"no\"}\n"
+        );
+        assert_eq!(
+            Reply::parse(&e.to_line()).unwrap().into_result(),
+            Err("no".into())
+        );
+        let m: Reply = Body::Metrics(MetricsReply {
+            text: "x 1\n".into(),
+        })
+        .into();
+        assert!(Reply::parse(&m.to_line())
+            .unwrap()
+            .stats()
+            .unwrap_err()
+            .contains("metrics reply"));
     }
 
     #[test]
@@ -395,7 +416,10 @@ mod tests {
     fn kinds_and_states() {
         for k in Kind::ALL {
             assert_eq!(Kind::parse(k.as_str()), Some(k));
-            assert_eq!(serde_json::to_string(&k).unwrap(), format!("\"{}\"", k.as_str()));
+            assert_eq!(
+                serde_json::to_string(&k).unwrap(),
+                format!("\"{}\"", k.as_str())
+            );
         }
         assert_eq!(Kind::parse("nope"), None);
         assert!(!Kind::Listen.relays() && Kind::Transparent.relays());

@@ -1,33 +1,43 @@
-//! The operator socket: JSON lines over a Unix socket, read by `itcpctl`.
+//! The operator socket: JSON lines over a Unix socket, read by `itcpctl`. The
+//! requests and replies are the typed ones of [`itcp_proto::control`].
 //!
 //! Requests: `{"op":"sessions"}`, `{"op":"stats"}`, `{"op":"metrics"}`. A malformed
-//! request gets `{"ok":false,"error":…}` and the connection stays usable.
+//! request gets `{"ok":false,"reply":"error","error":…}` and the connection stays
+//! usable.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use serde_json::{json, Value};
+use itcp_proto::control::{Body, MetricsReply, Reply, Request, SessionsReply, StatsReply};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
 
 use crate::sessions::Sessions;
 
-/// Answers one request line.
-pub fn answer(sessions: &Sessions, id: &str, line: &str) -> Value {
-    let req: Value = match serde_json::from_str(line) {
-        Ok(v) => v,
-        Err(e) => return json!({"ok": false, "error": format!("request is not JSON: {e}")}),
-    };
-    match req["op"].as_str() {
-        Some("sessions") => json!({"ok": true, "msr": id, "sessions": sessions.list()}),
-        Some("stats") => {
-            json!({"ok": true, "msr": id, "active": sessions.len(), "stats": &sessions.stats})
-        }
-        Some("metrics") => json!({"ok": true, "text": sessions.metrics()}),
-        Some(op) => {
-            json!({"ok": false, "error": format!("unknown op {op:?} (sessions, stats, metrics)")})
-        }
-        None => json!({"ok": false, "error": "request needs an \"op\" string"}),
+/// Answers one request.
+pub fn answer(sessions: &Sessions, id: &str, req: Request) -> Reply {
+    match req {
+        Request::Sessions => Body::Sessions(SessionsReply {
+            msr: id.to_string(),
+            sessions: sessions.list(),
+        }),
+        Request::Stats => Body::Stats(StatsReply {
+            msr: id.to_string(),
+            active: sessions.len() as u64,
+            stats: sessions.stats.snapshot(),
+        }),
+        Request::Metrics => Body::Metrics(MetricsReply {
+            text: sessions.metrics(),
+        }),
+    }
+    .into()
+}
+
+/// Answers one request line (malformed ones with an error reply).
+pub fn answer_line(sessions: &Sessions, id: &str, line: &str) -> Reply {
+    match Request::parse(line) {
+        Ok(req) => answer(sessions, id, req),
+        Err(e) => Reply::error(e),
     }
 }
 
@@ -57,9 +67,8 @@ pub async fn serve(path: &Path, id: String, sessions: Arc<Sessions>) -> std::io:
             let (r, mut w) = stream.into_split();
             let mut lines = BufReader::new(r).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                let mut out = serde_json::to_vec(&answer(&sessions, &id, line.trim())).unwrap();
-                out.push(b'\n');
-                if w.write_all(&out).await.is_err() {
+                let out = answer_line(&sessions, &id, &line).to_line();
+                if w.write_all(out.as_bytes()).await.is_err() {
                     break;
                 }
             }
@@ -74,15 +83,45 @@ mod tests {
     #[test]
     fn answers_and_errors() {
         let s = Sessions::default();
-        assert_eq!(answer(&s, "m", r#"{"op":"sessions"}"#)["ok"], true);
-        assert_eq!(answer(&s, "m", r#"{"op":"stats"}"#)["active"], 0);
-        assert!(answer(&s, "m", r#"{"op":"metrics"}"#)["text"]
-            .as_str()
+        let r = answer_line(&s, "m", r#"{"op":"sessions"}"#);
+        assert!(r.ok);
+        assert_eq!(r.sessions().unwrap().msr, "m");
+        let st = answer_line(&s, "m", r#"{"op":"stats"}"#).stats().unwrap();
+        assert_eq!(st.active, 0);
+        assert!(answer_line(&s, "m", r#"{"op":"metrics"}"#)
+            .metrics()
             .unwrap()
             .contains("msrd_connections_active 0"));
-        assert!(answer(&s, "m", "{nope").to_string().contains("not JSON"));
-        assert!(answer(&s, "m", r#"{"op":"dance"}"#)
-            .to_string()
-            .contains("unknown op"));
+        let e = answer_line(&s, "m", "{nope");
+        assert!(!e.ok);
+        assert!(e.into_result().unwrap_err().contains("not JSON"));
+        let e = answer_line(&s, "m", r#"{"op":"dance"}"#).to_line();
+        assert!(e.contains("unknown variant"), "{e}");
+        assert!(e.starts_with(r#"{"ok":false,"#), "{e}");
+    }
+
+    #[tokio::test]
+    async fn a_bad_line_leaves_the_connection_usable() {
+        let dir = std::env::temp_dir().join(format!("itcp-control-{}", std::process::id()));
+        let path = dir.join("c.sock");
+        let s = Arc::new(Sessions::default());
+        let server = tokio::spawn({
+            let path = path.clone();
+            async move { serve(&path, "m".into(), s).await }
+        });
+        let mut c = loop {
+            match tokio::net::UnixStream::connect(&path).await {
+                Ok(c) => break c,
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+            }
+        };
+        c.write_all(b"garbage\n{\"op\":\"stats\"}\n").await.unwrap();
+        let mut lines = BufReader::new(c).lines();
+        let first = Reply::parse(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert!(!first.ok);
+        let second = Reply::parse(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(second.stats().unwrap().msr, "m");
+        server.abort();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

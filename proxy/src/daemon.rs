@@ -887,6 +887,30 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
             }
         }
     });
+    let metrics = match cfg.metrics.listen {
+        Some(addr) => {
+            let l = TcpListener::bind(addr).await.map_err(|e| {
+                let hint = match e.kind() {
+                    io::ErrorKind::AddrNotAvailable => {
+                        "; is that address configured on this router?"
+                    }
+                    io::ErrorKind::AddrInUse => "; is another msrd or exporter on that port?",
+                    _ => "",
+                };
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on {addr} ([metrics] listen): {e}{hint}"),
+                )
+            })?;
+            info!(%addr, "metrics and status page up");
+            Some(tokio::spawn(crate::http::serve(
+                l,
+                d.sessions.clone(),
+                cfg.msr.id.clone(),
+            )))
+        }
+        None => None,
+    };
     let mut handoff_tasks = Vec::new();
     if let Some(listen) = cfg.handoff.listen {
         let l = TcpListener::bind(listen).await.map_err(|e| {
@@ -944,6 +968,9 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
         info!("drained");
     }
     control.abort();
+    if let Some(m) = metrics {
+        m.abort();
+    }
     for t in handoff_tasks {
         t.abort();
     }

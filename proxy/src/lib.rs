@@ -11,6 +11,7 @@
 //! * [`intercept`] — msrd's nftables table and policy route;
 //! * [`admission`] — MH prefixes, connection limits, accept rate;
 //! * [`sessions`] / [`control`] — the session table, statistics and the operator socket;
+//! * [`metrics`] / [`http`] — Prometheus metrics and the status page (`[metrics]`);
 //! * [`beacon`] — advertisements on the cells;
 //! * [`sockopt`], [`cells`], [`logging`] — socket options, per-cell tuning, logs;
 //! * [`footprint`] — everything msrd changes on the router, undone at exit and after
@@ -26,9 +27,11 @@ pub mod daemon;
 pub mod fixed;
 pub mod footprint;
 pub mod handoff;
+pub mod http;
 pub mod intercept;
 pub mod listeners;
 pub mod logging;
+pub mod metrics;
 pub mod netlink;
 pub mod relay;
 pub mod sessions;

@@ -179,7 +179,7 @@ async fn pump_splice(
 ) -> Result<Option<Flow>, Failure> {
     // A pipe is held only while bytes are in flight through it: idle connections hold
     // none (two fds per connection instead of six), busy ones reuse pooled pipes.
-    let mut pipe: Option<Pipe> = None;
+    let mut pipe: Option<Lease> = None;
     let mut in_pipe = 0usize;
     let mut eof = false;
     let (sfd, dfd) = (src.as_raw_fd(), dst.as_raw_fd());
@@ -271,6 +271,13 @@ async fn pump_splice(
 /// for every burst.
 struct PipePool {
     pipes: std::sync::Mutex<Vec<Pipe>>,
+    /// Pipes held by relays now (bytes in flight through them).
+    in_use: AtomicU64,
+    /// Capacity of the pipes held by relays now, in bytes.
+    in_use_bytes: AtomicU64,
+    created: AtomicU64,
+    /// Relays that found no pipe (fd limit) and copied through user space.
+    fallbacks: AtomicU64,
 }
 
 /// Pipes kept at most (each an fd pair; their buffers are freed when empty).
@@ -278,20 +285,89 @@ const POOLED_PIPES: usize = 256;
 
 static PIPES: PipePool = PipePool {
     pipes: std::sync::Mutex::new(Vec::new()),
+    in_use: AtomicU64::new(0),
+    in_use_bytes: AtomicU64::new(0),
+    created: AtomicU64::new(0),
+    fallbacks: AtomicU64::new(0),
 };
 
+/// The splice pipes of every relay in this process (metrics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PipeStats {
+    pub in_use: u64,
+    pub in_use_bytes: u64,
+    pub pooled: u64,
+    pub created: u64,
+    pub fallbacks: u64,
+}
+
+pub fn pipe_stats() -> PipeStats {
+    let pooled = PIPES.pipes.lock().unwrap().len() as u64;
+    PipeStats {
+        in_use: PIPES.in_use.load(Ordering::Relaxed),
+        in_use_bytes: PIPES.in_use_bytes.load(Ordering::Relaxed),
+        pooled,
+        created: PIPES.created.load(Ordering::Relaxed),
+        fallbacks: PIPES.fallbacks.load(Ordering::Relaxed),
+    }
+}
+
 impl PipePool {
-    fn take(&self, size: usize) -> io::Result<Pipe> {
-        if let Some(p) = self.pipes.lock().unwrap().pop() {
-            return Ok(p);
-        }
-        Pipe::new(size)
+    fn take(&'static self, size: usize) -> io::Result<Lease> {
+        let p = match self.pipes.lock().unwrap().pop() {
+            Some(p) => p,
+            None => match Pipe::new(size) {
+                Ok(p) => {
+                    self.created.fetch_add(1, Ordering::Relaxed);
+                    p
+                }
+                Err(e) => {
+                    self.fallbacks.fetch_add(1, Ordering::Relaxed);
+                    return Err(e);
+                }
+            },
+        };
+        self.in_use.fetch_add(1, Ordering::Relaxed);
+        self.in_use_bytes
+            .fetch_add(p.size as u64, Ordering::Relaxed);
+        Ok(Lease(Some(p)))
     }
 
-    fn give(&self, p: Pipe) {
+    /// An empty pipe back for reuse.
+    fn give(&self, mut l: Lease) {
+        if let Some(p) = l.0.take() {
+            self.put(p, true);
+        }
+    }
+
+    fn put(&self, p: Pipe, reuse: bool) {
+        self.in_use.fetch_sub(1, Ordering::Relaxed);
+        self.in_use_bytes
+            .fetch_sub(p.size as u64, Ordering::Relaxed);
         let mut v = self.pipes.lock().unwrap();
-        if v.len() < POOLED_PIPES {
+        if reuse && v.len() < POOLED_PIPES {
             v.push(p);
+        }
+    }
+}
+
+/// A pipe held by a relay. Dropped without [`PipePool::give`] (bytes left in it, or
+/// the relay cancelled), it is closed, not reused.
+struct Lease(Option<Pipe>);
+
+impl std::ops::Deref for Lease {
+    type Target = Pipe;
+    fn deref(&self) -> &Pipe {
+        self.0
+            .as_ref()
+            .expect("a lease holds its pipe until dropped")
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        if let Some(p) = self.0.take() {
+            PIPES.put(p, false);
         }
     }
 }

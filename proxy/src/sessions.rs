@@ -236,10 +236,14 @@ mod tests {
         let l = t.list();
         assert_eq!(l.len(), 1);
         assert_eq!(l[0].bytes_down, 100);
-        assert!(t.metrics().contains("msrd_bytes_down_total 100"));
+        assert!(t
+            .metrics()
+            .contains("msrd_bytes_total{direction=\"down\"} 100"));
         t.close(&s);
         assert!(t.is_empty());
-        assert!(t.metrics().contains("msrd_bytes_down_total 100"));
+        assert!(t
+            .metrics()
+            .contains("msrd_bytes_total{direction=\"down\"} 100"));
         assert!(t.metrics().contains("msrd_connections_total 1"));
     }
 }

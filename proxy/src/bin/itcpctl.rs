@@ -14,7 +14,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 
-use serde_json::{json, Value};
+use itcp_proto::control::{Body, Reply, Request};
 
 const USAGE: &str = "usage: itcpctl [--socket PATH | --config MSRD.toml] (sessions [--json] | stats [--json] | metrics)
        itcpctl [--log FILE | --config MSRD.toml] handoffs [--mh ADDR] [--failed] [--json]
@@ -34,24 +34,62 @@ fn main() -> ExitCode {
     }
 }
 
-fn request(path: &str, req: Value) -> Result<Value, String> {
+fn request(path: &str, req: Request) -> Result<Body, String> {
     let mut s = UnixStream::connect(path).map_err(|e| {
         format!("cannot reach msrd at {path}: {e} (is msrd running? try --socket or --config)")
     })?;
-    s.write_all(format!("{req}\n").as_bytes())
+    s.write_all(req.to_line().as_bytes())
         .map_err(|e| e.to_string())?;
     let mut line = String::new();
     BufReader::new(&s)
         .read_line(&mut line)
         .map_err(|e| e.to_string())?;
-    let v: Value = serde_json::from_str(&line).map_err(|e| format!("bad reply from msrd: {e}"))?;
-    if v["ok"] != true {
-        return Err(v["error"]
-            .as_str()
-            .unwrap_or("msrd refused the request")
-            .to_string());
+    Reply::parse(&line)?.into_result()
+}
+
+/// Prints a reply as the operator reads it (`--json`: as msrd sent it).
+fn print_reply(body: Body, as_json: bool) {
+    match body {
+        Body::Metrics(m) => print!("{}", m.text),
+        b if as_json => {
+            let r: Reply = b.into();
+            println!("{}", serde_json::to_string_pretty(&r).unwrap());
+        }
+        Body::Stats(st) => {
+            println!("msr {}: {} active connections", st.msr, st.active);
+            for (k, n) in st.stats.fields() {
+                println!("  {k:<26} {n}");
+            }
+        }
+        Body::Sessions(v) => {
+            let rows = v.sessions;
+            println!("msr {}: {} session(s)", v.msr, rows.len());
+            if !rows.is_empty() {
+                println!(
+                    "{:>6}  {:<11}  {:<22}  {:<22}  {:>8}  {:>12}  {:>12}  state",
+                    "id", "kind", "mh", "fh", "age s", "bytes up", "bytes down"
+                );
+            }
+            for r in rows {
+                let state = match (r.frozen, r.moved_in) {
+                    (true, _) => "frozen (handoff)",
+                    (false, true) => "moved in",
+                    _ => "",
+                };
+                println!(
+                    "{:>6}  {:<11}  {:<22}  {:<22}  {:>8.1}  {:>12}  {:>12}  {state}",
+                    r.id,
+                    r.kind.as_str(),
+                    r.mh.to_string(),
+                    r.fh.to_string(),
+                    r.age_s,
+                    r.bytes_up,
+                    r.bytes_down
+                );
+            }
+        }
+        Body::Error(e) => eprintln!("itcpctl: {}", e.error),
     }
-    Ok(v)
 }
 
 fn run() -> Result<(), String> {
@@ -103,53 +141,11 @@ fn run() -> Result<(), String> {
         }
         return Ok(());
     }
-    let v = request(&socket, json!({"op": cmd}))?;
-    match cmd.as_str() {
-        "metrics" => print!("{}", v["text"].as_str().unwrap_or("")),
-        _ if as_json => println!("{}", serde_json::to_string_pretty(&v).unwrap()),
-        "stats" => {
-            println!(
-                "msr {}: {} active connections",
-                v["msr"].as_str().unwrap_or("?"),
-                v["active"]
-            );
-            if let Some(m) = v["stats"].as_object() {
-                for (k, n) in m {
-                    println!("  {k:<22} {n}");
-                }
-            }
-        }
-        _ => {
-            let rows = v["sessions"].as_array().cloned().unwrap_or_default();
-            println!(
-                "msr {}: {} session(s)",
-                v["msr"].as_str().unwrap_or("?"),
-                rows.len()
-            );
-            if !rows.is_empty() {
-                println!(
-                    "{:>6}  {:<11}  {:<22}  {:<22}  {:>8}  {:>12}  {:>12}  state",
-                    "id", "kind", "mh", "fh", "age s", "bytes up", "bytes down"
-                );
-            }
-            for r in rows {
-                let state = match (r["frozen"] == true, r["moved_in"] == true) {
-                    (true, _) => "frozen (handoff)",
-                    (false, true) => "moved in",
-                    _ => "",
-                };
-                println!(
-                    "{:>6}  {:<11}  {:<22}  {:<22}  {:>8.1}  {:>12}  {:>12}  {state}",
-                    r["id"],
-                    r["kind"].as_str().unwrap_or(""),
-                    r["mh"].as_str().unwrap_or(""),
-                    r["fh"].as_str().unwrap_or(""),
-                    r["age_s"].as_f64().unwrap_or(0.0),
-                    r["bytes_up"],
-                    r["bytes_down"]
-                );
-            }
-        }
-    }
+    let req = match cmd.as_str() {
+        "stats" => Request::Stats,
+        "metrics" => Request::Metrics,
+        _ => Request::Sessions,
+    };
+    print_reply(request(&socket, req)?, as_json);
     Ok(())
 }

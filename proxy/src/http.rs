@@ -1,0 +1,411 @@
+//! The `[metrics] listen` HTTP server: Prometheus text on `/metrics`, the status page
+//! on `/` and its data on `/status.json`.
+//!
+//! Deliberately small: HTTP/1.1, GET only, one request per connection
+//! (`Connection: close`), a bounded request head read within a deadline, a bounded
+//! number of connections at once (more are closed at accept), and an accept loop that
+//! backs off on EMFILE and keeps serving. It answers on the configured address only.
+
+use std::io;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
+use tracing::{debug, warn};
+
+use crate::sessions::Sessions;
+
+/// Largest request head read (request line and headers).
+pub const MAX_REQUEST: usize = 8192;
+/// The whole request head must arrive within this.
+pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
+/// The response must be taken within this.
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; more are closed at accept.
+pub const MAX_CONNECTIONS: usize = 32;
+
+/// The status page: one self-contained document (inline CSS and JS, no external
+/// assets) that polls `/status.json`.
+pub const STATUS_PAGE: &str = include_str!("status.html");
+
+/// What a request head says that we care about.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    pub method: String,
+    /// The path, without query or fragment.
+    pub path: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Parsed {
+    /// The head has not ended yet.
+    Incomplete,
+    Done(Head),
+    /// Unusable: answer this status and close.
+    Bad(u16, &'static str),
+}
+
+/// Parses a request head from the bytes read so far.
+pub fn parse_head(buf: &[u8]) -> Parsed {
+    let end = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .or_else(|| buf.windows(2).position(|w| w == b"\n\n"));
+    if end.is_none() {
+        if buf.len() >= MAX_REQUEST {
+            return Parsed::Bad(431, "request head too large");
+        }
+        // A request line that is already wrong need not wait for the rest.
+        if let Some(nl) = buf.iter().position(|&b| b == b'\n') {
+            if let Err(bad) = request_line(&buf[..nl]) {
+                return bad;
+            }
+        }
+        return Parsed::Incomplete;
+    }
+    let nl = buf.iter().position(|&b| b == b'\n').unwrap_or(buf.len());
+    match request_line(&buf[..nl]) {
+        Ok(h) => Parsed::Done(h),
+        Err(bad) => bad,
+    }
+}
+
+fn request_line(line: &[u8]) -> Result<Head, Parsed> {
+    let bad = Parsed::Bad(400, "malformed request line");
+    let line = std::str::from_utf8(line).map_err(|_| bad.clone())?;
+    let line = line.strip_suffix('\r').unwrap_or(line);
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Err(bad);
+    };
+    if method.is_empty() || !method.bytes().all(|b| b.is_ascii_uppercase()) {
+        return Err(bad);
+    }
+    if !matches!(version, "HTTP/1.0" | "HTTP/1.1") {
+        return Err(Parsed::Bad(505, "HTTP version not supported"));
+    }
+    // Origin form ("/metrics?x") or absolute form ("http://host:port/metrics").
+    let path = if target.starts_with('/') {
+        target
+    } else if let Some(rest) = target
+        .strip_prefix("http://")
+        .or_else(|| target.strip_prefix("https://"))
+    {
+        rest.find('/').map_or("/", |i| &rest[i..])
+    } else {
+        return Err(bad);
+    };
+    let path = path.split(['?', '#']).next().unwrap_or("/");
+    Ok(Head {
+        method: method.to_string(),
+        path: path.to_string(),
+    })
+}
+
+/// One response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: Vec<u8>,
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        431 => "Request Header Fields Too Large",
+        505 => "HTTP Version Not Supported",
+        _ => "Error",
+    }
+}
+
+impl Response {
+    fn text(status: u16, body: &str) -> Response {
+        Response {
+            status,
+            content_type: "text/plain; charset=utf-8",
+            body: format!("{body}\n").into_bytes(),
+        }
+    }
+
+    /// Status line, headers and body.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut h = format!(
+            "HTTP/1.1 {} {}\r\nContent-Type: {}\r\nContent-Length: {}\r\nConnection: close\r\n\
+             Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n",
+            self.status,
+            reason(self.status),
+            self.content_type,
+            self.body.len()
+        );
+        if self.status == 405 {
+            h.push_str("Allow: GET\r\n");
+        }
+        if self.content_type.starts_with("text/html") {
+            // The page needs its own inline script and style and its JSON, nothing else.
+            h.push_str(
+                "Content-Security-Policy: default-src 'none'; script-src 'unsafe-inline'; \
+                 style-src 'unsafe-inline'; connect-src 'self'; img-src data:; \
+                 base-uri 'none'; form-action 'none'; frame-ancestors 'none'\r\n",
+            );
+        }
+        h.push_str("\r\n");
+        let mut out = h.into_bytes();
+        out.extend_from_slice(&self.body);
+        out
+    }
+}
+
+/// JSON that may sit inside a `<script>` element: no `<`, `>` or `&` (escaped as
+/// `\u003c` etc., which is the same JSON).
+pub fn script_safe_json<T: serde::Serialize>(v: &T) -> String {
+    let s = serde_json::to_string(v).expect("status serializes");
+    s.replace('<', "\\u003c")
+        .replace('>', "\\u003e")
+        .replace('&', "\\u0026")
+}
+
+/// The status page with the current status already in it (drawn before the first
+/// poll returns).
+pub fn status_page(status: &crate::metrics::Status) -> String {
+    STATUS_PAGE.replace("\"__INITIAL_STATUS__\"", &script_safe_json(status))
+}
+
+/// Answers a request.
+pub fn route(head: &Head, sessions: &Sessions, msr: &str) -> Response {
+    let known = matches!(head.path.as_str(), "/" | "/metrics" | "/status.json");
+    if !known {
+        return Response::text(404, "not found (try /metrics, / or /status.json)");
+    }
+    if head.method != "GET" {
+        return Response::text(405, "only GET is served here");
+    }
+    match head.path.as_str() {
+        "/metrics" => Response {
+            status: 200,
+            content_type: "text/plain; version=0.0.4; charset=utf-8",
+            body: sessions.metrics().into_bytes(),
+        },
+        "/status.json" => Response {
+            status: 200,
+            content_type: "application/json",
+            body: serde_json::to_vec(&crate::metrics::status(sessions, msr))
+                .expect("status serializes"),
+        },
+        _ => Response {
+            status: 200,
+            content_type: "text/html; charset=utf-8",
+            body: status_page(&crate::metrics::status(sessions, msr)).into_bytes(),
+        },
+    }
+}
+
+/// Serves HTTP on `listener` until the task is dropped.
+pub async fn serve(listener: TcpListener, sessions: Arc<Sessions>, msr: String) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let msr: Arc<str> = msr.into();
+    loop {
+        let (s, peer) = match listener.accept().await {
+            Ok(x) => x,
+            Err(e) => {
+                // EMFILE and friends: back off and keep serving.
+                warn!(error = %e, "metrics listener: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            debug!(%peer, "metrics listener: too many connections, closing");
+            continue;
+        };
+        let (sessions, msr) = (sessions.clone(), msr.clone());
+        tokio::spawn(async move {
+            if let Err(e) = handle(s, &sessions, &msr).await {
+                debug!(%peer, error = %e, "metrics request dropped");
+            }
+            drop(slot);
+        });
+    }
+}
+
+async fn handle(mut s: TcpStream, sessions: &Sessions, msr: &str) -> io::Result<()> {
+    let mut buf = Vec::with_capacity(1024);
+    let read = async {
+        let mut chunk = [0u8; 2048];
+        loop {
+            let n = s.read(&mut chunk).await?;
+            if n == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "closed before the request ended",
+                ));
+            }
+            buf.extend_from_slice(&chunk[..n]);
+            match parse_head(&buf) {
+                Parsed::Incomplete => continue,
+                p => return Ok(p),
+            }
+        }
+    };
+    let parsed = tokio::time::timeout(READ_TIMEOUT, read)
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "request too slow"))??;
+    let resp = match parsed {
+        Parsed::Done(head) => route(&head, sessions, msr),
+        Parsed::Bad(status, why) => Response::text(status, why),
+        Parsed::Incomplete => unreachable!("the read loop returns complete heads"),
+    };
+    let write = async {
+        s.write_all(&resp.to_bytes()).await?;
+        s.shutdown().await
+    };
+    tokio::time::timeout(WRITE_TIMEOUT, write)
+        .await
+        .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "response not taken"))?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(m: &str, p: &str) -> Head {
+        Head {
+            method: m.into(),
+            path: p.into(),
+        }
+    }
+
+    #[test]
+    fn parses_heads() {
+        assert_eq!(
+            parse_head(b"GET /metrics HTTP/1.1\r\nHost: x"),
+            Parsed::Incomplete
+        );
+        assert_eq!(
+            parse_head(b"GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Parsed::Done(head("GET", "/metrics"))
+        );
+        assert_eq!(
+            parse_head(b"GET http://10.1.0.11:9473/status.json HTTP/1.0\n\n"),
+            Parsed::Done(head("GET", "/status.json"))
+        );
+        assert_eq!(
+            parse_head(b"POST / HTTP/1.1\r\n\r\n"),
+            Parsed::Done(head("POST", "/"))
+        );
+        assert_eq!(
+            parse_head(b"GET / HTTP/2\r\n\r\n"),
+            Parsed::Bad(505, "HTTP version not supported")
+        );
+        for bad in [
+            &b"GET /\r\n\r\n"[..],
+            b"get / HTTP/1.1\r\n\r\n",
+            b"GET  / HTTP/1.1\r\n\r\n",
+            b"GET relative HTTP/1.1\r\n\r\n",
+            b"\xff / HTTP/1.1\r\n\r\n",
+        ] {
+            assert!(matches!(parse_head(bad), Parsed::Bad(400, _)), "{bad:?}");
+        }
+        // A wrong request line is refused before the head ends.
+        assert!(matches!(parse_head(b"HELLO\r\nmore"), Parsed::Bad(400, _)));
+        let mut big = b"GET / HTTP/1.1\r\n".to_vec();
+        big.resize(MAX_REQUEST, b'a');
+        assert_eq!(parse_head(&big), Parsed::Bad(431, "request head too large"));
+    }
+
+    #[test]
+    fn routes() {
+        let s = Sessions::default();
+        let r = route(&head("GET", "/metrics"), &s, "m");
+        assert_eq!(r.status, 200);
+        assert!(r.content_type.contains("version=0.0.4"));
+        assert!(String::from_utf8(r.body)
+            .unwrap()
+            .contains("msrd_connections_active 0"));
+        let r = route(&head("GET", "/status.json"), &s, "m<1>");
+        let j = String::from_utf8(r.body).unwrap();
+        assert!(j.contains("\"msr\":\"m<1>\""), "{j}");
+        let r = route(&head("GET", "/"), &s, "m</script><b>");
+        let page = String::from_utf8(r.body.clone()).unwrap();
+        assert!(
+            page.contains("m\\u003c/script\\u003e\\u003cb\\u003e"),
+            "not escaped"
+        );
+        assert!(!page.contains("</script><b>"));
+        assert!(!page.contains("__INITIAL_STATUS__"));
+        let bytes = String::from_utf8(r.to_bytes()).unwrap();
+        assert!(bytes.starts_with("HTTP/1.1 200 OK\r\n"));
+        assert!(bytes.contains("Content-Security-Policy: default-src 'none'"));
+        assert!(bytes.contains("Connection: close\r\n"));
+        assert_eq!(route(&head("GET", "/nope"), &s, "m").status, 404);
+        let r = route(&head("POST", "/metrics"), &s, "m");
+        assert_eq!(r.status, 405);
+        assert!(String::from_utf8(r.to_bytes())
+            .unwrap()
+            .contains("Allow: GET\r\n"));
+        assert_eq!(route(&head("HEAD", "/"), &s, "m").status, 405);
+    }
+
+    #[test]
+    fn the_page_has_no_external_assets() {
+        for needle in ["src=\"http", "href=\"http", "@import", "url(http", "<link"] {
+            assert!(!STATUS_PAGE.contains(needle), "{needle}");
+        }
+        assert!(STATUS_PAGE.contains("\"__INITIAL_STATUS__\""));
+        assert!(
+            !STATUS_PAGE.contains("innerHTML"),
+            "draw with textContent only"
+        );
+    }
+
+    async fn get(addr: std::net::SocketAddr, req: &[u8]) -> String {
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(req).await.unwrap();
+        let mut out = Vec::new();
+        c.read_to_end(&mut out).await.unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[tokio::test]
+    async fn serves_over_tcp_and_drops_slow_and_huge_requests() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(serve(l, Arc::new(Sessions::default()), "m".into()));
+        let r = get(addr, b"GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
+        assert!(r.contains("# TYPE msrd_handoff_duration_seconds histogram"));
+        let r = get(addr, b"DELETE /metrics HTTP/1.1\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 405"), "{r}");
+        let r = get(addr, b"GET /x HTTP/1.1\r\n\r\n").await;
+        assert!(r.starts_with("HTTP/1.1 404"), "{r}");
+        // Exactly MAX_REQUEST bytes without an end of head (all read: no reset).
+        let mut huge = b"GET / HTTP/1.1\r\nX: ".to_vec();
+        huge.resize(MAX_REQUEST, b'a');
+        let mut c = TcpStream::connect(addr).await.unwrap();
+        c.write_all(&huge).await.unwrap();
+        let mut out = Vec::new();
+        let _ = c.read_to_end(&mut out).await;
+        assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 431"));
+        // A slow client is dropped after READ_TIMEOUT, and others are served meanwhile.
+        let mut slow = TcpStream::connect(addr).await.unwrap();
+        slow.write_all(b"GET / HT").await.unwrap();
+        let r = get(addr, b"GET /status.json HTTP/1.1\r\n\r\n").await;
+        assert!(r.contains("\"msr\":\"m\""), "{r}");
+        let t = std::time::Instant::now();
+        let mut out = Vec::new();
+        let n = tokio::time::timeout(READ_TIMEOUT * 2, slow.read_to_end(&mut out))
+            .await
+            .expect("slow client not dropped")
+            .unwrap_or(0);
+        assert_eq!(n, 0);
+        assert!(t.elapsed() >= READ_TIMEOUT - Duration::from_millis(500));
+        server.abort();
+    }
+}
