@@ -470,8 +470,7 @@ pub fn conns(count: usize, bytes: usize, progress: impl Fn(&str)) -> io::Result<
     std::thread::sleep(Duration::from_millis(500));
     let rss_peak = rss_kib(pid);
     let fds = fd_count(pid);
-    let stats = lab.msrd(1, serde_json::json!({"op": "stats"}))?;
-    let sessions = stats["active"].as_u64().unwrap_or(0);
+    let sessions = lab.msrd_stats(1)?.active;
     progress(&format!(
         "msrd: {sessions} sessions, RSS {rss_peak} KiB, {fds} fds"
     ));
@@ -603,7 +602,7 @@ pub fn churn(total: usize, concurrency: usize, progress: impl Fn(&str)) -> io::R
     progress(&format!("{intact}/{total} intact in {seconds:.1} s"));
     // Let msrd finish closing the last ones.
     std::thread::sleep(Duration::from_millis(500));
-    let stats = lab.msrd(1, serde_json::json!({"op": "stats"}))?;
+    let stats = lab.msrd_stats(1)?;
     Ok(ChurnBench {
         total,
         concurrency,
@@ -614,6 +613,6 @@ pub fn churn(total: usize, concurrency: usize, progress: impl Fn(&str)) -> io::R
         msrd_fds_after: fd_count(pid),
         msrd_rss_kib_before: rss_before,
         msrd_rss_kib_after: rss_kib(pid),
-        sessions_after: stats["active"].as_u64().unwrap_or(u64::MAX),
+        sessions_after: stats.active,
     })
 }

@@ -24,9 +24,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
-use crate::emu::{AirSpec, CellSpec, LinkParams, PortSpec, Topology, WireSpec};
+use itcp_proto::control;
+
+use crate::emu::{
+    AirSpec, CellSpec, CountersReply, LinkParams, PortSpec, Reply, ReplyBody, Request, StatusReply,
+    Topology, WireSpec,
+};
 use crate::sys;
 
 /// Prefix of every namespace a lab creates.
@@ -591,8 +596,9 @@ impl Lab {
         reroute(&self.ns(Host::Gw), &self.ns(Host::Mh), k)
     }
 
-    /// Sends one request to the emulator and returns its reply (errors as Err).
-    pub fn emu(&self, req: Value) -> io::Result<Value> {
+    /// Sends one request line to the emulator as it is and returns its reply, an error
+    /// reply included (for tests of malformed requests).
+    pub fn emu_line(&self, line: &str) -> io::Result<Reply> {
         if self.config.veth {
             return Err(io::Error::new(
                 io::ErrorKind::Unsupported,
@@ -601,29 +607,43 @@ impl Lab {
         }
         let mut s = UnixStream::connect(&self.control)?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let mut line = serde_json::to_vec(&req).unwrap();
-        line.push(b'\n');
-        s.write_all(&line)?;
+        s.write_all(format!("{}\n", line.trim()).as_bytes())?;
         let mut reply = String::new();
         BufReader::new(&s).read_line(&mut reply)?;
-        let v: Value = serde_json::from_str(&reply)
-            .map_err(|e| io::Error::other(format!("airlink reply {reply:?}: {e}")))?;
-        if v["ok"] != true {
-            return Err(io::Error::other(format!(
-                "airlink refused {req}: {}",
-                v["error"].as_str().unwrap_or("?")
-            )));
-        }
-        Ok(v)
+        serde_json::from_str(&reply)
+            .map_err(|e| io::Error::other(format!("airlink reply {reply:?}: {e}")))
+    }
+
+    /// Sends one request to the emulator and returns its reply (errors as Err).
+    pub fn emu(&self, req: Request) -> io::Result<ReplyBody> {
+        let line = serde_json::to_string(&req).expect("requests serialize");
+        self.emu_line(&line)?
+            .into_result()
+            .map_err(|e| io::Error::other(format!("airlink refused {line}: {e}")))
     }
 
     /// Puts the MH in exactly these cells.
     pub fn assoc(&self, cells: &[usize]) -> io::Result<()> {
-        self.emu(json!({"op": "assoc", "cells": cells})).map(|_| ())
+        self.emu(Request::Assoc {
+            cells: cells.to_vec(),
+        })
+        .map(|_| ())
     }
 
-    pub fn counters(&self) -> io::Result<Value> {
-        self.emu(json!({"op": "counters"}))
+    /// Every link's counters.
+    pub fn counters(&self) -> io::Result<CountersReply> {
+        match self.emu(Request::Counters)? {
+            ReplyBody::Counters(c) => Ok(c),
+            other => Err(io::Error::other(format!("airlink answered {other:?}"))),
+        }
+    }
+
+    /// Association, its history, the schedule and the links.
+    pub fn emu_status(&self) -> io::Result<StatusReply> {
+        match self.emu(Request::Status)? {
+            ReplyBody::Status(s) => Ok(s),
+            other => Err(io::Error::other(format!("airlink answered {other:?}"))),
+        }
     }
 
     /// Pids of the processes the lab started (airlink first).
@@ -967,15 +987,37 @@ impl Lab {
         )
     }
 
-    /// Sends one request to MSR `k`'s msrd control socket.
-    pub fn msrd(&self, k: usize, req: Value) -> io::Result<Value> {
+    /// Sends one request line to MSR `k`'s msrd control socket as it is, and returns
+    /// the reply line.
+    pub fn msrd_line(&self, k: usize, line: &str) -> io::Result<String> {
         let mut s = UnixStream::connect(self.msrd_control(k))?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        s.write_all(format!("{req}\n").as_bytes())?;
+        s.write_all(format!("{}\n", line.trim()).as_bytes())?;
         let mut reply = String::new();
         BufReader::new(&s).read_line(&mut reply)?;
-        serde_json::from_str(&reply)
-            .map_err(|e| io::Error::other(format!("msrd reply {reply:?}: {e}")))
+        Ok(reply)
+    }
+
+    /// Sends one request to MSR `k`'s msrd control socket.
+    pub fn msrd(&self, k: usize, req: control::Request) -> io::Result<control::Reply> {
+        let reply = self.msrd_line(k, req.to_line().trim())?;
+        control::Reply::parse(&reply).map_err(io::Error::other)
+    }
+
+    /// MSR `k`'s counters.
+    pub fn msrd_stats(&self, k: usize) -> io::Result<control::StatsReply> {
+        self.msrd(k, control::Request::Stats)?
+            .stats()
+            .map_err(io::Error::other)
+    }
+
+    /// MSR `k`'s live connections.
+    pub fn msrd_sessions(&self, k: usize) -> io::Result<Vec<control::SessionInfo>> {
+        Ok(self
+            .msrd(k, control::Request::Sessions)?
+            .sessions()
+            .map_err(io::Error::other)?
+            .sessions)
     }
 
     /// Sends SIGTERM to a spawned process (by index).

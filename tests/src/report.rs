@@ -207,16 +207,14 @@ pub fn describe(o: &Outcome) -> String {
         "goodput per second (full bar = 1.93 Mbit/s):\n  |{}|",
         sparkline(&per_s, 1.93e6)
     );
-    if let Some(links) = o.counters.as_object() {
+    if !o.counters.is_empty() {
         let _ = writeln!(s, "emulator counters (packets):");
-        for (name, l) in links {
-            for dir in ["down", "up"] {
-                let c = &l[dir];
+        for (name, l) in &o.counters {
+            for (dir, c) in [("down", &l.down), ("up", &l.up)] {
                 let _ = writeln!(
                     s,
                     "  {name:>5} {dir:<4} in {:>6}  out {:>6}  lost {:>4}  queue-drop {:>4}  flushed {:>4}  no-cell {:>4}",
-                    c["pkts_in"], c["pkts_out"], c["drop_loss"], c["drop_queue"],
-                    c["drop_flush"], c["drop_no_cell"]
+                    c.pkts_in, c.pkts_out, c.drop_loss, c.drop_queue, c.drop_flush, c.drop_no_cell
                 );
             }
         }

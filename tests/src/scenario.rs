@@ -6,14 +6,16 @@
 //! wireless cells 2 Mbit/s, 2 ms one-way, 1 % loss per direction; FH–GW 10 Mbit/s with
 //! 1 ms (LAN) or 100 ms (WAN) one-way delay; moves every 8 s.
 
+use std::collections::BTreeMap;
 use std::io;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 
 use crate::baseline::{MobileIp, MobileIpOpts, Registration};
-use crate::emu::{AssocEvent, Crossing, LinkParams, Schedule};
+use crate::emu::{
+    AssocEvent, Crossing, Dir, LinkCounters, LinkParams, ReplyBody, Request, Schedule,
+};
 use crate::lab::{self, bin_path, Host, Lab, LabConfig};
 use crate::ttcp::{RecvReport, SendReport};
 
@@ -188,7 +190,8 @@ pub struct Outcome {
     pub rsts: Option<(u64, u64, u64, u64)>,
     /// Fraction of the transfer's time in which the MH had a cell.
     pub coverage: f64,
-    pub counters: Value,
+    /// The emulator's counters by link.
+    pub counters: BTreeMap<String, LinkCounters>,
 }
 
 impl Outcome {
@@ -218,7 +221,11 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
         veth: false,
     })?;
     for (k, p) in cell_links {
-        lab.emu(json!({"op": "link", "link": format!("cell{k}"), "dir": "both", "params": p}))?;
+        lab.emu(Request::Link {
+            link: format!("cell{k}"),
+            dir: Dir::Both,
+            params: p.clone(),
+        })?;
     }
     let mut agent = None;
     let mut itcp = false;
@@ -266,8 +273,11 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
         // would be routed on to the MH, whose kernel answers RST (counted as one).
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while !lab
-            .msrd(1, json!({"op": "sessions"}))
-            .map(|v| v.to_string().contains("\"kind\":\"accept_wait\""))
+            .msrd_sessions(1)
+            .map(|v| {
+                v.iter()
+                    .any(|s| s.kind == itcp_proto::control::Kind::AcceptWait)
+            })
             .unwrap_or(false)
         {
             if std::time::Instant::now() > deadline {
@@ -283,16 +293,21 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
             // Moves start on a whole second of the wall clock, so that the beacon phases
             // (also wall-clock aligned) relative to the moves depend only on the seed.
             let start_in_s = lab::until_wall_aligned(1000, 0).as_secs_f64() + 1.0;
-            let v = lab.emu(json!({"op": "schedule", "schedule": s, "start_in_s": start_in_s}))?;
-            v["start_ns"].as_u64().unwrap_or(0)
+            match lab.emu(Request::Schedule {
+                schedule: s,
+                start_in_s,
+            })? {
+                ReplyBody::Schedule { start_ns } => start_ns,
+                _ => 0,
+            }
         }
         None => crate::sys::mono_ns(),
     };
     let send = lab.spawn(Host::Fh, &ttcp, &strs(&send_args))?;
     let (_, rout, rerr) = lab.wait(recv, r.timeout)?;
     let (_, sout, _) = lab.wait(send, Duration::from_secs(10))?;
-    let status = lab.emu(json!({"op": "status"}))?;
-    let counters = lab.counters()?["links"].clone();
+    let status = lab.emu_status()?;
+    let counters = lab.counters()?.links;
     let registrations = agent
         .as_ref()
         .map(MobileIp::registrations)
@@ -319,8 +334,7 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
         ))
     })?;
     let send: Option<SendReport> = serde_json::from_str(sout.trim()).ok();
-    let events: Vec<AssocEvent> =
-        serde_json::from_value(status["events"].clone()).unwrap_or_default();
+    let events: Vec<AssocEvent> = status.events;
     let end_ns = recv.t0_mono_ns + (recv.duration_s * 1e9) as u64;
     let coverage = coverage(&events, start_ns.min(recv.t0_mono_ns), end_ns);
     Ok(Outcome {

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use itcp_testbed::lab::{self, addr, bin_path, Host, Lab, LabConfig};
 use itcp_testbed::sys::in_netns;
-use serde_json::json;
 
 // ---------------------------------------------------------------------------------
 // Building the C program
@@ -170,8 +169,7 @@ fn opened(lab: &Lab, k: usize, kind: &str, fh: &str) -> usize {
 }
 
 fn connections_total(lab: &Lab) -> u64 {
-    let st = lab.msrd(1, json!({"op": "stats"})).unwrap();
-    st["stats"]["connections_total"].as_u64().unwrap()
+    lab.msrd_stats(1).unwrap().stats.connections_total
 }
 
 /// Waits until msrd on MSR `k` logs that it listens for the MH on `port`.

@@ -569,18 +569,13 @@ fn forged_and_replayed_msr_messages_are_rejected() {
     channel_attempt(&lab, move |_| genuine);
     let (s, r) = finish(&mut lab, t);
     assert_clean(&lab, &s, &r, bytes);
-    let st = lab.msrd(1, json!({"op": "stats"})).unwrap();
-    assert_eq!(st["stats"]["handoff_messages_rejected"], 2, "{st}");
+    let st = lab.msrd_stats(1).unwrap();
+    assert_eq!(st.stats.handoff_messages_rejected, 2, "{st:?}");
     // The authentic request carried a greeting without the MH's proof: refused.
     let recs = lab.handoff_records(1);
     assert_eq!(recs.len(), 1, "{recs:?}");
     assert_eq!(recs[0].outcome, Outcome::Rejected);
-    assert_eq!(
-        lab.msrd(1, json!({"op": "sessions"})).unwrap()["sessions"]
-            .as_array()
-            .map(Vec::len),
-        Some(0)
-    );
+    assert_eq!(lab.msrd_sessions(1).unwrap().len(), 0);
 }
 
 #[test]
@@ -633,12 +628,11 @@ fn connections_of_every_kind_from_several_processes_move_together() {
         .spawn(Host::Fh, &ttcp, &["send", "--connect", &mh3, "--bytes", &n])
         .unwrap();
     std::thread::sleep(Duration::from_millis(700));
-    let sessions = lab.msrd(1, json!({"op": "sessions"})).unwrap();
-    let kinds: Vec<String> = sessions["sessions"]
-        .as_array()
+    let kinds: Vec<&str> = lab
+        .msrd_sessions(1)
         .unwrap()
         .iter()
-        .map(|s| s["kind"].as_str().unwrap().to_string())
+        .map(|s| s.kind.as_str())
         .collect();
     eprintln!("MSR1 sessions before the moves: {kinds:?}");
     crossing(&lab, 1, 2, Duration::from_millis(300), Duration::ZERO);

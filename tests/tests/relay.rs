@@ -12,7 +12,6 @@ use itcp_mh::{ItcpListener, ItcpStream, MhOptions, Token};
 use itcp_testbed::lab::{addr, bin_path, Host, Lab, LabConfig};
 use itcp_testbed::sys::in_netns;
 use itcp_testbed::ttcp::{RecvReport, SendReport};
-use serde_json::json;
 
 /// A lab (no emulated impairments) with msrd running on MSR1.
 fn lab_with_msrd(extra: &str) -> Lab {
@@ -157,9 +156,9 @@ fn transparent_mode_bulk_both_ways_for_unmodified_apps() {
     assert!(r.ok && s.ok, "{:?} {:?}", r.error, s.error);
     assert_eq!(r.peer, s.local);
     // It really went through msrd, as a transparent session.
-    let st = lab.msrd(1, json!({"op": "stats"})).unwrap();
-    assert_eq!(st["stats"]["connections_total"], 2, "{st}");
-    assert!(st["stats"]["bytes_up"].as_u64().unwrap() >= 20 << 20);
+    let st = lab.msrd_stats(1).unwrap();
+    assert_eq!(st.stats.connections_total, 2, "{st:?}");
+    assert!(st.stats.bytes_up >= 20 << 20);
 }
 
 #[test]
@@ -355,8 +354,8 @@ fn an_mh_outside_the_prefixes_is_refused() {
     .join()
     .unwrap();
     assert_eq!(e.kind(), ErrorKind::PermissionDenied, "{e}");
-    let st = lab.msrd(1, json!({"op": "stats"})).unwrap();
-    assert_eq!(st["stats"]["refused_not_mh"], 1);
+    let st = lab.msrd_stats(1).unwrap();
+    assert_eq!(st.stats.refused_not_mh, 1);
 }
 
 #[test]
@@ -403,8 +402,8 @@ fn malformed_requests_get_an_error_reply_and_others_are_still_served() {
     );
     assert_eq!(&replies.2[2..4], &[5, 7], "command not supported");
     assert_eq!(replies.3, "still here");
-    let st = lab.msrd(1, json!({"op": "stats"})).unwrap();
-    assert_eq!(st["stats"]["malformed_requests"], 3);
+    let st = lab.msrd_stats(1).unwrap();
+    assert_eq!(st.stats.malformed_requests, 3);
 }
 
 #[test]
@@ -906,7 +905,7 @@ time.sleep(60)
     })
     .join()
     .unwrap();
-    let st = lab.msrd(1, json!({"op": "stats"}));
+    let st = lab.msrd_stats(1);
     for f in floods {
         lab.terminate(f);
     }
@@ -919,8 +918,5 @@ time.sleep(60)
         )
     });
     let st = st.unwrap_or_else(|e| panic!("itcpctl's socket did not answer: {e}"));
-    assert!(
-        st["stats"]["refused_handshakes"].as_u64().unwrap() > 0,
-        "{st}"
-    );
+    assert!(st.stats.refused_handshakes > 0, "{st:?}");
 }

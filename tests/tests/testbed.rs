@@ -11,7 +11,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use itcp_testbed::baseline::MobileIpOpts;
-use itcp_testbed::emu::{Crossing, LinkParams, Loss, Schedule};
+use itcp_testbed::emu::{Crossing, Dir, LinkParams, Loss, Request, Schedule};
 use itcp_testbed::lab::{self, addr, bin_path, Host, Lab, LabConfig};
 use itcp_testbed::scenario::{self, Cells, Mode, Net, Run, Traffic};
 use itcp_testbed::sys;
@@ -128,7 +128,7 @@ fn udp_through_lossy_cell(seed: u64, n: usize) -> (u64, u64, u64) {
     rx.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
     let mut buf = [0u8; 2048];
     let _ = rx.recv(&mut buf);
-    lab.emu(json!({"op": "reset_counters"})).unwrap();
+    lab.emu(Request::ResetCounters).unwrap();
     let payload = [7u8; 200];
     for i in 0..n {
         tx.send_to(&payload, (addr::MH, 9000)).unwrap();
@@ -138,12 +138,8 @@ fn udp_through_lossy_cell(seed: u64, n: usize) -> (u64, u64, u64) {
     }
     std::thread::sleep(Duration::from_millis(300));
     let c = lab.counters().unwrap();
-    let d = &c["links"]["cell1"]["down"];
-    (
-        d["pkts_in"].as_u64().unwrap(),
-        d["drop_loss"].as_u64().unwrap(),
-        d["drop_queue"].as_u64().unwrap(),
-    )
+    let d = &c.links["cell1"].down;
+    (d.pkts_in, d.drop_loss, d.drop_queue)
 }
 
 #[test]
@@ -186,10 +182,16 @@ fn blackout_shows_as_a_stall_of_at_least_the_gap() {
     let gap = 1.5;
     let mut lab = Lab::new(cell_lab(3)).unwrap();
     // MH leaves cell 1 at 2 s, enters cell 2 at 3.5 s; routes follow at the gap's end.
-    lab.emu(json!({"op": "schedule", "schedule": Schedule {
-        cells: vec![1, 2], period_s: 2.0, crossing: Crossing::Gap { gap_s: gap },
-        max_switches: Some(1) }}))
-        .unwrap();
+    lab.emu(Request::Schedule {
+        schedule: Schedule {
+            cells: vec![1, 2],
+            period_s: 2.0,
+            crossing: Crossing::Gap { gap_s: gap },
+            max_switches: Some(1),
+        },
+        start_in_s: 0.0,
+    })
+    .unwrap();
     let start = Instant::now();
     let ns = (lab.ns(Host::Gw), lab.ns(Host::Mh));
     let mover = std::thread::spawn(move || {
@@ -217,10 +219,16 @@ fn overlapped_handoff_shows_no_stall() {
     let _g = serial();
     let mut lab = Lab::new(cell_lab(4)).unwrap();
     // Both cells from 2.5 s to 4.5 s; traffic moves to cell 2 at 3.5 s.
-    lab.emu(json!({"op": "schedule", "schedule": Schedule {
-        cells: vec![1, 2], period_s: 2.5, crossing: Crossing::Overlap { overlap_s: 2.0 },
-        max_switches: Some(1) }}))
-        .unwrap();
+    lab.emu(Request::Schedule {
+        schedule: Schedule {
+            cells: vec![1, 2],
+            period_s: 2.5,
+            crossing: Crossing::Overlap { overlap_s: 2.0 },
+            max_switches: Some(1),
+        },
+        start_in_s: 0.0,
+    })
+    .unwrap();
     let start = Instant::now();
     let ns = (lab.ns(Host::Gw), lab.ns(Host::Mh));
     let mover = std::thread::spawn(move || {
@@ -238,7 +246,7 @@ fn overlapped_handoff_shows_no_stall() {
     );
     let c = lab.counters().unwrap();
     assert!(
-        c["links"]["cell2"]["down"]["pkts_out"].as_u64().unwrap() > 100,
+        c.links["cell2"].down.pkts_out > 100,
         "the transfer must really have moved to cell 2"
     );
     assert!(
@@ -258,9 +266,16 @@ fn delivery_trace_sets_the_rate() {
     let trace = lab.dir.join("2mbit.trace");
     let lines: String = (1..=100).map(|i| format!("{}\n", i * 6)).collect();
     std::fs::write(&trace, lines).unwrap();
-    lab.emu(json!({"op": "link", "link": "cell1", "dir": "down",
-                   "params": {"trace_file": trace, "queue_bytes": 65536}}))
-        .unwrap();
+    lab.emu(Request::Link {
+        link: "cell1".into(),
+        dir: Dir::Down,
+        params: LinkParams {
+            trace_file: Some(trace),
+            queue_bytes: 65536,
+            ..Default::default()
+        },
+    })
+    .unwrap();
     let r = transfer(&mut lab, 1_500_000, &[]);
     assert!(r.ok, "{:?}", r.error);
     let mbps = r.goodput_bps / 1e6;
@@ -271,6 +286,7 @@ fn delivery_trace_sets_the_rate() {
 fn control_socket_rejects_bad_requests_and_keeps_serving() {
     let _g = serial();
     let lab = Lab::new(LabConfig::default()).unwrap();
+    // Raw lines, as any client could send them: typed errors come back.
     for (req, needle) in [
         (json!({"op": "assoc", "cells": [7]}), "cell 7"),
         (json!({"op": "teleport"}), "unknown variant"),
@@ -282,8 +298,14 @@ fn control_socket_rejects_bad_requests_and_keeps_serving() {
             json!({"op": "link", "link": "wan", "dir": "up", "params": {"loss": {"model": "bernoulli", "p": 2.0}}}),
             "probability",
         ),
+        (
+            json!({"op": "link", "link": "wan", "dir": "up", "params": {"trace_file": "/nonexistent.trace"}}),
+            "trace file /nonexistent.trace",
+        ),
     ] {
-        let e = lab.emu(req).unwrap_err().to_string();
+        let r = lab.emu_line(&req.to_string()).unwrap();
+        assert!(!r.ok, "{r:?}");
+        let e = r.into_result().unwrap_err();
         assert!(e.contains(needle), "{e}");
     }
     // Not even JSON: answered with an error, and the next request still works.
@@ -296,8 +318,8 @@ fn control_socket_rejects_bad_requests_and_keeps_serving() {
     let reply = String::from_utf8_lossy(&out.stdout);
     assert!(reply.contains("not JSON"), "{reply}");
     lab.assoc(&[1, 2]).unwrap();
-    let st = lab.emu(json!({"op": "status"})).unwrap();
-    assert_eq!(st["cells"], json!([1, 2]));
+    let st = lab.emu_status().unwrap();
+    assert_eq!(st.cells, vec![1, 2]);
 }
 
 #[test]

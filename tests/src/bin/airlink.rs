@@ -18,9 +18,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::ExitCode;
 
-use itcp_testbed::emu::{link::parse_trace, parse_mac, Emulator, Request, Topology};
+use itcp_testbed::emu::{parse_mac, Emulator, Reply, ReplyBody, Request, Topology};
 use itcp_testbed::sys;
-use serde_json::{json, Value};
 
 const USAGE: &str = "usage: airlink --config TOPOLOGY.json --control SOCKET";
 
@@ -31,23 +30,6 @@ fn main() -> ExitCode {
             eprintln!("airlink: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// Replaces every `"trace_file": PATH` in a JSON tree by `"trace_ms": [...]`.
-fn load_traces(v: &mut Value) -> Result<(), String> {
-    match v {
-        Value::Object(m) => {
-            if let Some(Value::String(path)) = m.remove("trace_file") {
-                let text = std::fs::read_to_string(&path)
-                    .map_err(|e| format!("trace file {path}: {e}"))?;
-                let t = parse_trace(&text).map_err(|e| format!("trace file {path}: {e}"))?;
-                m.insert("trace_ms".into(), json!(t));
-            }
-            m.values_mut().try_for_each(load_traces)
-        }
-        Value::Array(a) => a.iter_mut().try_for_each(load_traces),
-        _ => Ok(()),
     }
 }
 
@@ -79,9 +61,9 @@ fn run() -> Result<(), String> {
     sys::set_fine_timer_slack();
 
     let text = std::fs::read_to_string(&config).map_err(|e| format!("{config}: {e}"))?;
-    let mut v: Value = serde_json::from_str(&text).map_err(|e| format!("{config}: {e}"))?;
-    load_traces(&mut v)?;
-    let topo: Topology = serde_json::from_value(v).map_err(|e| format!("{config}: {e}"))?;
+    let mut topo: Topology = serde_json::from_str(&text).map_err(|e| format!("{config}: {e}"))?;
+    topo.load_trace_files()
+        .map_err(|e| format!("{config}: {e}"))?;
     let mut emu = Emulator::new(&topo, sys::mono_ns()).map_err(|e| format!("{config}: {e}"))?;
 
     let mut taps: Vec<OwnedFd> = Vec::new();
@@ -150,7 +132,7 @@ fn run() -> Result<(), String> {
                         while let Some(pos) = c.buf.iter().position(|&b| b == b'\n') {
                             let line: Vec<u8> = c.buf.drain(..=pos).collect();
                             let reply = answer(&mut emu, &line, write_errors);
-                            let mut w = serde_json::to_vec(&reply).unwrap();
+                            let mut w = serde_json::to_vec(&reply).expect("replies serialize");
                             w.push(b'\n');
                             if c.stream.write_all(&w).is_err() {
                                 closed.push(i - taps.len() - 1);
@@ -169,27 +151,18 @@ fn run() -> Result<(), String> {
     }
 }
 
-fn answer(emu: &mut Emulator, line: &[u8], write_errors: u64) -> Value {
+fn answer(emu: &mut Emulator, line: &[u8], write_errors: u64) -> Reply {
     let line = String::from_utf8_lossy(line);
-    let line = line.trim();
-    if line.is_empty() {
-        return json!({"ok": false, "error": "empty request"});
-    }
-    let mut v: Value = match serde_json::from_str(line) {
-        Ok(v) => v,
-        Err(e) => return json!({"ok": false, "error": format!("request is not JSON: {e}")}),
-    };
-    if let Err(e) = load_traces(&mut v) {
-        return json!({"ok": false, "error": e});
-    }
-    let req: Request = match serde_json::from_value(v) {
+    let mut req = match Request::parse(&line) {
         Ok(r) => r,
-        Err(e) => return json!({"ok": false, "error": format!("bad request: {e}")}),
+        Err(e) => return Reply::error(e),
     };
-    let counters = matches!(req, Request::Counters);
+    if let Err(e) = req.load_trace_files() {
+        return Reply::error(e);
+    }
     let mut reply = emu.handle(sys::mono_ns(), req);
-    if counters {
-        reply["write_errors"] = json!(write_errors);
+    if let ReplyBody::Counters(c) = &mut reply.body {
+        c.write_errors = write_errors;
     }
     reply
 }

@@ -62,6 +62,10 @@ pub struct LinkParams {
     /// replaces `rate_bps`. Loaded from a file by the `airlink` binary.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_ms: Option<Vec<u64>>,
+    /// A mahimahi trace file to read into `trace_ms` (by `airlink`, which reads it
+    /// before the emulator sees the parameters).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_file: Option<std::path::PathBuf>,
 }
 
 fn default_queue() -> u64 {
@@ -76,12 +80,27 @@ impl Default for LinkParams {
             queue_bytes: default_queue(),
             loss: Loss::None,
             trace_ms: None,
+            trace_file: None,
         }
     }
 }
 
 impl LinkParams {
+    /// Reads `trace_file` (if any) into `trace_ms`.
+    pub fn load_trace_file(&mut self) -> Result<(), String> {
+        if let Some(path) = self.trace_file.take() {
+            let p = path.display();
+            let text =
+                std::fs::read_to_string(&path).map_err(|e| format!("trace file {p}: {e}"))?;
+            self.trace_ms = Some(parse_trace(&text).map_err(|e| format!("trace file {p}: {e}"))?);
+        }
+        Ok(())
+    }
+
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(f) = &self.trace_file {
+            return Err(format!("trace file {} was not read", f.display()));
+        }
         let prob = |name: &str, p: f64| {
             if (0.0..=1.0).contains(&p) {
                 Ok(())

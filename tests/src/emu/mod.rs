@@ -4,7 +4,8 @@
 //! between FH and GW) and the *air* (one cell per MSR, and the MH). Frames come in with
 //! [`Emulator::ingress`] tagged by port, go out of [`Emulator::advance`] tagged by port,
 //! and [`Emulator::next_event`] says when to call `advance` again. Control requests (the
-//! JSON lines of the control socket) are applied by [`Emulator::handle`]. No sockets,
+//! JSON lines of the control socket, [`Request`]) are applied by [`Emulator::handle`],
+//! which answers a typed [`Reply`]; the lab reads the same types. No sockets,
 //! devices or clocks in here: the `airlink` binary supplies those.
 //!
 //! Air semantics: frames from an MSR's cell port reach the MH only while the MH is in
@@ -16,8 +17,9 @@
 pub mod link;
 pub mod schedule;
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
 
 pub use link::{Counters, LinkDir, LinkParams, Loss};
 pub use schedule::{Crossing, Running, Schedule};
@@ -86,6 +88,23 @@ pub struct Topology {
     pub air: Option<AirSpec>,
 }
 
+impl Topology {
+    /// Reads every link's `trace_file` into its `trace_ms`.
+    pub fn load_trace_files(&mut self) -> Result<(), String> {
+        for w in &mut self.wires {
+            w.down.load_trace_file()?;
+            w.up.load_trace_file()?;
+        }
+        if let Some(air) = &mut self.air {
+            for c in &mut air.cells {
+                c.down.load_trace_file()?;
+                c.up.load_trace_file()?;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// Which direction(s) of a link a request changes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -121,6 +140,123 @@ pub enum Request {
     StopSchedule,
     /// Association, association history, schedule, clock.
     Status,
+}
+
+impl Request {
+    /// Parses one request line; the error says what was wrong, for the reply.
+    pub fn parse(line: &str) -> Result<Request, String> {
+        let line = line.trim();
+        if line.is_empty() {
+            return Err("empty request".into());
+        }
+        if let Err(e) = serde_json::from_str::<serde::de::IgnoredAny>(line) {
+            return Err(format!("request is not JSON: {e}"));
+        }
+        serde_json::from_str(line).map_err(|e| format!("bad request: {e}"))
+    }
+
+    /// Reads the `trace_file`s the request names into `trace_ms`.
+    pub fn load_trace_files(&mut self) -> Result<(), String> {
+        match self {
+            Request::Link { params, .. } => params.load_trace_file(),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// One reply line: `ok` and the body, whose `reply` field says which it is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reply {
+    pub ok: bool,
+    #[serde(flatten)]
+    pub body: ReplyBody,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "reply", rename_all = "snake_case")]
+pub enum ReplyBody {
+    /// The cells the MH is in now.
+    Assoc {
+        cells: Vec<usize>,
+    },
+    /// Done, nothing to tell.
+    Done,
+    Counters(CountersReply),
+    /// When the schedule starts (CLOCK_MONOTONIC ns).
+    Schedule {
+        start_ns: u64,
+    },
+    Status(StatusReply),
+    Error {
+        error: String,
+    },
+}
+
+impl From<ReplyBody> for Reply {
+    fn from(body: ReplyBody) -> Reply {
+        Reply {
+            ok: !matches!(body, ReplyBody::Error { .. }),
+            body,
+        }
+    }
+}
+
+impl Reply {
+    pub fn error(e: impl Into<String>) -> Reply {
+        ReplyBody::Error { error: e.into() }.into()
+    }
+
+    /// The body, or the emulator's error.
+    pub fn into_result(self) -> Result<ReplyBody, String> {
+        match self.body {
+            ReplyBody::Error { error } => Err(error),
+            b if self.ok => Ok(b),
+            _ => Err("refused".into()),
+        }
+    }
+}
+
+/// Both directions of one link.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LinkCounters {
+    pub down: Counters,
+    pub up: Counters,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CountersReply {
+    pub now_ns: u64,
+    /// By link name (`wan`, `cell1`, …).
+    pub links: BTreeMap<String, LinkCounters>,
+    /// Frames of the MH addressed to no cell's MAC.
+    pub mh_unknown_dst: u64,
+    /// Frames the devices refused (airlink's count; 0 from the bare emulator).
+    #[serde(default)]
+    pub write_errors: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleStatus {
+    pub schedule: Schedule,
+    pub start_ns: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkStatus {
+    pub name: String,
+    pub down: LinkParams,
+    pub up: LinkParams,
+    pub queued_down: usize,
+    pub queued_up: usize,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StatusReply {
+    pub now_ns: u64,
+    pub cells: Vec<usize>,
+    pub events: Vec<AssocEvent>,
+    pub schedule: Option<ScheduleStatus>,
+    pub links: Vec<LinkStatus>,
 }
 
 /// An association change, as it happened on the emulator's clock (CLOCK_MONOTONIC ns).
@@ -383,32 +519,38 @@ impl Emulator {
             .ok_or_else(|| format!("unknown link {name:?} (links: {})", known.join(", ")))
     }
 
-    pub fn counters(&self) -> Value {
-        let mut m = serde_json::Map::new();
-        for l in &self.links {
-            m.insert(
-                l.name.clone(),
-                json!({"down": l.down.counters, "up": l.up.counters}),
-            );
-        }
-        Value::Object(m)
+    pub fn counters(&self) -> BTreeMap<String, LinkCounters> {
+        self.links
+            .iter()
+            .map(|l| {
+                (
+                    l.name.clone(),
+                    LinkCounters {
+                        down: l.down.counters,
+                        up: l.up.counters,
+                    },
+                )
+            })
+            .collect()
     }
 
-    /// Applies a control request and returns the reply object.
-    pub fn handle(&mut self, now: u64, req: Request) -> Value {
+    /// Applies a control request and returns the reply.
+    pub fn handle(&mut self, now: u64, req: Request) -> Reply {
         match self.apply(now, req) {
-            Ok(v) => v,
-            Err(e) => json!({"ok": false, "error": e}),
+            Ok(b) => b.into(),
+            Err(e) => Reply::error(e),
         }
     }
 
-    fn apply(&mut self, now: u64, req: Request) -> Result<Value, String> {
+    fn apply(&mut self, now: u64, req: Request) -> Result<ReplyBody, String> {
         Ok(match req {
             Request::Assoc { cells } => {
                 self.check_cells(&cells)?;
                 self.schedule = None;
                 self.set_assoc(now, &cells)?;
-                json!({"ok": true, "cells": self.current_cells()})
+                ReplyBody::Assoc {
+                    cells: self.current_cells(),
+                }
             }
             Request::Link { link, dir, params } => {
                 params.validate().map_err(|e| format!("link {link}: {e}"))?;
@@ -419,19 +561,21 @@ impl Emulator {
                 if matches!(dir, Dir::Up | Dir::Both) {
                     l.up.set_params(params);
                 }
-                json!({"ok": true})
+                ReplyBody::Done
             }
-            Request::Counters => {
-                json!({"ok": true, "now_ns": now, "links": self.counters(),
-                       "mh_unknown_dst": self.mh_unknown_dst})
-            }
+            Request::Counters => ReplyBody::Counters(CountersReply {
+                now_ns: now,
+                links: self.counters(),
+                mh_unknown_dst: self.mh_unknown_dst,
+                write_errors: 0,
+            }),
             Request::ResetCounters => {
                 for l in &mut self.links {
                     l.down.counters = Counters::default();
                     l.up.counters = Counters::default();
                 }
                 self.mh_unknown_dst = 0;
-                json!({"ok": true})
+                ReplyBody::Done
             }
             Request::Schedule {
                 schedule,
@@ -444,23 +588,31 @@ impl Emulator {
                 let start = now + schedule::secs_ns(start_in_s);
                 self.set_assoc(now, &schedule.initial())?;
                 self.schedule = Some(Running::new(schedule, start));
-                json!({"ok": true, "start_ns": start})
+                ReplyBody::Schedule { start_ns: start }
             }
             Request::StopSchedule => {
                 self.schedule = None;
-                json!({"ok": true})
+                ReplyBody::Done
             }
-            Request::Status => json!({
-                "ok": true,
-                "now_ns": now,
-                "cells": self.current_cells(),
-                "events": self.events,
-                "schedule": self.schedule.as_ref().map(|s| json!({
-                    "schedule": s.schedule, "start_ns": s.start_ns})),
-                "links": self.links.iter().map(|l| json!({
-                    "name": l.name, "down": l.down.params(), "up": l.up.params(),
-                    "queued_down": l.down.queued_frames(), "queued_up": l.up.queued_frames()
-                })).collect::<Vec<_>>(),
+            Request::Status => ReplyBody::Status(StatusReply {
+                now_ns: now,
+                cells: self.current_cells(),
+                events: self.events.clone(),
+                schedule: self.schedule.as_ref().map(|s| ScheduleStatus {
+                    schedule: s.schedule.clone(),
+                    start_ns: s.start_ns,
+                }),
+                links: self
+                    .links
+                    .iter()
+                    .map(|l| LinkStatus {
+                        name: l.name.clone(),
+                        down: l.down.params().clone(),
+                        up: l.up.params().clone(),
+                        queued_down: l.down.queued_frames(),
+                        queued_up: l.up.queued_frames(),
+                    })
+                    .collect(),
             }),
         })
     }
@@ -545,7 +697,7 @@ mod tests {
         e.ingress(0, 3, frame_to([0xff; 6])); // from MSR2: not in cell 2
         assert_eq!(step(&mut e, 1), vec![4]);
         let c = e.counters();
-        assert_eq!(c["cell2"]["down"]["drop_no_cell"], 1);
+        assert_eq!(c["cell2"].down.drop_no_cell, 1);
     }
 
     #[test]
@@ -572,7 +724,7 @@ mod tests {
         e.ingress(0, 2, frame_to([0xff; 6]));
         e.handle(1, Request::Assoc { cells: vec![2] });
         assert!(step(&mut e, 20_000_000).is_empty());
-        assert_eq!(e.counters()["cell1"]["down"]["drop_flush"], 1);
+        assert_eq!(e.counters()["cell1"].down.drop_flush, 1);
     }
 
     #[test]
@@ -590,15 +742,21 @@ mod tests {
                 start_in_s: 0.0,
             },
         );
-        assert_eq!(r["ok"], true);
+        assert!(r.ok);
         assert_eq!(e.next_event(), Some(1_000_000_000));
         step(&mut e, 1_200_000_000);
         assert!(e.current_cells().is_empty());
         step(&mut e, 1_500_000_000);
         assert_eq!(e.current_cells(), vec![2]);
         assert_eq!(e.next_event(), None);
-        let st = e.handle(2_000_000_000, Request::Status);
-        let ev: Vec<AssocEvent> = serde_json::from_value(st["events"].clone()).unwrap();
+        let ReplyBody::Status(st) = e
+            .handle(2_000_000_000, Request::Status)
+            .into_result()
+            .unwrap()
+        else {
+            panic!("not a status reply");
+        };
+        let ev = st.events;
         assert_eq!(
             ev.iter().map(|e| e.t_ns).collect::<Vec<_>>(),
             vec![0, 0, 1_000_000_000, 1_500_000_000]
@@ -609,8 +767,8 @@ mod tests {
     fn bad_requests_get_errors() {
         let mut e = Emulator::new(&topo(), 0).unwrap();
         let r = e.handle(0, Request::Assoc { cells: vec![3] });
-        assert_eq!(r["ok"], false);
-        assert!(r["error"].as_str().unwrap().contains("cell 3"));
+        assert!(!r.ok);
+        assert!(r.into_result().unwrap_err().contains("cell 3"));
         let r = e.handle(
             0,
             Request::Link {
@@ -619,9 +777,31 @@ mod tests {
                 params: LinkParams::default(),
             },
         );
-        assert!(r["error"].as_str().unwrap().contains("wan"));
+        assert!(r.into_result().unwrap_err().contains("wan"));
         let bad: Result<Request, _> = serde_json::from_str(r#"{"op":"assoc","cell":[1]}"#);
         assert!(bad.is_err());
+        assert!(Request::parse("{x").unwrap_err().contains("not JSON"));
+        assert!(Request::parse(r#"{"op":"teleport"}"#)
+            .unwrap_err()
+            .contains("unknown variant"));
+    }
+
+    #[test]
+    fn replies_round_trip_through_json() {
+        let mut e = Emulator::new(&topo(), 0).unwrap();
+        for req in [
+            Request::Assoc { cells: vec![1] },
+            Request::Counters,
+            Request::Status,
+            Request::ResetCounters,
+            Request::Assoc { cells: vec![9] },
+        ] {
+            let r = e.handle(5, req);
+            let line = serde_json::to_string(&r).unwrap();
+            assert!(line.starts_with(&format!("{{\"ok\":{}", r.ok)), "{line}");
+            let back: Reply = serde_json::from_str(&line).unwrap();
+            assert_eq!(back, r);
+        }
     }
 
     #[test]
