@@ -872,9 +872,10 @@ impl Lab {
 
     /// Sets up I-TCP mobility: the GW routes the MH prefix on-link (the MSR serving an MH
     /// answers ARP for it), msrd with `[handoff]` runs on every MSR (`msrd_extra`
-    /// appended to each config), and the MH's mobility agent runs with `agent_args`
-    /// (e.g. `--policy lazy`). Waits until the agent has attached to an MSR. Returns
-    /// the spawn indices of the msrds (MSR order) and of the agent.
+    /// appended to each config, `{MSR_LAN}` in it replaced by that MSR's LAN address),
+    /// and the MH's mobility agent runs with `agent_args` (e.g. `--policy lazy`). Waits
+    /// until the agent has attached to an MSR. Returns the spawn indices of the msrds
+    /// (MSR order) and of the agent.
     pub fn start_itcp_mobility(
         &mut self,
         msrd_extra: &str,
@@ -903,7 +904,9 @@ impl Lab {
         )?;
         let mut msrds = Vec::new();
         for k in 1..=self.config.msrs {
-            let extra = format!("{}\n{msrd_extra}", self.handoff_config(k));
+            // "{MSR_LAN}" in msrd_extra is MSR k's fixed-LAN address.
+            let mine = msrd_extra.replace("{MSR_LAN}", &addr::msr_lan(k).to_string());
+            let extra = format!("{}\n{mine}", self.handoff_config(k));
             let cfg = self.msrd_config(k, &extra);
             msrds.push(self.start_msrd(k, &cfg)?);
         }

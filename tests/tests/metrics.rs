@@ -1,0 +1,359 @@
+//! End-to-end test of `[metrics] listen`: two MSRs serve Prometheus text and the status
+//! page on their fixed-LAN addresses while a transfer moves between them. The scraped
+//! text must pass `promtool check metrics` (Debian's prometheus package) and show the
+//! handoff; the endpoint must not answer on the cell gateway address; headless
+//! Chromium (Debian's chromium) loads the status page from the GW and must show the
+//! handoff. A screenshot of the page is kept under target/tmp. Needs root, promtool
+//! and chromium (scripts/setup.sh installs them); never skipped.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use itcp_handoff::log::{Outcome, Record, Role};
+use itcp_testbed::lab::{self, addr, bin_path, Host, Lab, LabConfig};
+use itcp_testbed::sys;
+use itcp_testbed::ttcp::{RecvReport, SendReport};
+use serde::Deserialize;
+
+const PORT: u16 = 9473;
+
+fn metrics_addr(k: usize) -> SocketAddr {
+    SocketAddr::from((addr::msr_lan(k), PORT))
+}
+
+/// One HTTP/1.1 request from inside namespace `ns`: (status, body).
+fn http(ns: &str, to: SocketAddr, method: &str, path: &str) -> io::Result<(u16, String)> {
+    sys::in_netns(ns, || {
+        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(5))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        write!(s, "{method} {path} HTTP/1.1\r\nHost: {to}\r\n\r\n")?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out)?;
+        let out = String::from_utf8_lossy(&out).into_owned();
+        let (head, body) = out
+            .split_once("\r\n\r\n")
+            .ok_or_else(|| io::Error::other(format!("no HTTP head in {out:?}")))?;
+        let status = head
+            .split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| io::Error::other(format!("no status in {head:?}")))?;
+        Ok((status, body.to_string()))
+    })
+}
+
+fn scrape(lab: &Lab, k: usize) -> String {
+    let (status, body) = http(&lab.ns(Host::Gw), metrics_addr(k), "GET", "/metrics")
+        .unwrap_or_else(|e| panic!("scraping MSR{k}: {e}"));
+    assert_eq!(status, 200, "{body}");
+    body
+}
+
+/// The value of the sample written exactly as `series` (name and labels).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+fn promtool_check(text: &str, dir: &Path, name: &str) {
+    let file = dir.join(name);
+    std::fs::write(&file, text).unwrap();
+    let out = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::fs::File::open(&file).unwrap())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("promtool: {e} (install Debian's prometheus package: scripts/setup.sh)")
+        });
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success() && said.trim().is_empty(),
+        "promtool check metrics on {name}: {}\n{said}\n{text}",
+        out.status
+    );
+    eprintln!("promtool check metrics: {name} ok");
+}
+
+/// Runs headless Chromium in the GW's namespace; returns its stdout.
+fn chromium(lab: &mut Lab, profile: &Path, args: &[&str]) -> String {
+    let _ = std::fs::remove_dir_all(profile);
+    std::fs::create_dir_all(profile).unwrap();
+    let user_data = format!("--user-data-dir={}", profile.display());
+    let mut all = vec![
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+        &user_data,
+    ];
+    all.extend_from_slice(args);
+    let idx = lab
+        .spawn(Host::Gw, "chromium", &all)
+        .unwrap_or_else(|e| panic!("chromium: {e} (install Debian's chromium: scripts/setup.sh)"));
+    let (_, out, err) = lab.wait(idx, Duration::from_secs(90)).unwrap();
+    if out.trim().is_empty() && !args.iter().any(|a| a.starts_with("--screenshot")) {
+        eprintln!("chromium printed nothing; stderr:\n{err}");
+    }
+    out
+}
+
+#[derive(Deserialize)]
+struct StatusDoc {
+    msr: String,
+    handoffs: Vec<Record>,
+}
+
+#[test]
+fn metrics_and_status_page_follow_a_handoff() {
+    let cell = lab::link(20_000_000, 2.0, 0.0);
+    let wan = lab::link(100_000_000, 1.0, 0.0);
+    let mut lab = Lab::new(LabConfig {
+        msrs: 2,
+        seed: 131,
+        wan_down: wan.clone(),
+        wan_up: wan,
+        cell_down: cell.clone(),
+        cell_up: cell,
+        initial_cells: vec![1],
+        veth: false,
+    })
+    .unwrap();
+    lab.start_itcp_mobility(
+        &format!("[metrics]\nlisten = \"{{MSR_LAN}}:{PORT}\"\n"),
+        &["--hysteresis-ms", "0"],
+    )
+    .unwrap();
+    let gw = lab.ns(Host::Gw);
+
+    // Nothing yet: the families are there, every value 0, and promtool is content.
+    let before = scrape(&lab, 2);
+    promtool_check(&before, &lab.dir, "msr2-idle.prom");
+    assert_eq!(
+        sample(&before, "msrd_handoffs_total{direction=\"in\"}"),
+        Some(0.0)
+    );
+
+    // Only the configured address answers: not the cell gateway address (from the
+    // MSR itself and from the MH), not another port.
+    for (h, to) in [
+        (Host::Msr(1), SocketAddr::from((addr::CELL_GW, PORT))),
+        (Host::Mh, SocketAddr::from((addr::CELL_GW, PORT))),
+        (Host::Gw, SocketAddr::from((addr::msr_lan(1), PORT + 1))),
+    ] {
+        let r = http(&lab.ns(h), to, "GET", "/metrics");
+        assert!(r.is_err(), "{to} answered from {h:?}: {r:?}");
+        eprintln!("{to} from {h:?}: {}", r.unwrap_err());
+    }
+    assert_eq!(http(&gw, metrics_addr(1), "GET", "/nope").unwrap().0, 404);
+    assert_eq!(
+        http(&gw, metrics_addr(1), "POST", "/metrics").unwrap().0,
+        405
+    );
+
+    // A download through I-TCP, long enough to still run when the page is loaded.
+    let bytes: u64 = 64 << 20;
+    let n = bytes.to_string();
+    let fh = lab::fh_addr(5001);
+    let ttcp = bin_path("ttcp");
+    let send = lab
+        .spawn(Host::Fh, &ttcp, &["send", "--listen", &fh, "--bytes", &n])
+        .unwrap();
+    lab.wait_listening(Host::Fh, 5001).unwrap();
+    let recv = lab
+        .spawn(
+            Host::Mh,
+            &ttcp,
+            &["recv", "--connect", &fh, "--bytes", &n, "--itcp"],
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let m1 = scrape(&lab, 1);
+    assert_eq!(
+        sample(&m1, "msrd_connections{kind=\"connect\",state=\"relaying\"}"),
+        Some(1.0),
+        "{m1}"
+    );
+    assert_eq!(sample(&m1, "msrd_mhs"), Some(1.0));
+    assert!(sample(&m1, "msrd_bytes_total{direction=\"down\"}").unwrap() > 0.0);
+
+    // Scrape both MSRs continuously across the handoff: every scrape must succeed.
+    let stop = Arc::new(AtomicBool::new(false));
+    let scraper = std::thread::spawn({
+        let (stop, gw) = (stop.clone(), gw.clone());
+        move || {
+            let (mut ok, mut failed) = (0, Vec::new());
+            while !stop.load(Ordering::Relaxed) {
+                for k in 1..=2 {
+                    match http(&gw, metrics_addr(k), "GET", "/metrics") {
+                        Ok((200, b)) if b.contains("msrd_handoff_duration_seconds_count") => {
+                            ok += 1
+                        }
+                        other => failed.push(format!("MSR{k}: {other:?}")),
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (ok, failed)
+        }
+    });
+    lab.assoc(&[1, 2]).unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    lab.assoc(&[2]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let id = loop {
+        if let Some(r) = lab
+            .handoff_records(2)
+            .into_iter()
+            .find(|r| r.role == Role::New)
+        {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "MSR2 logged no handoff");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(id.outcome, Outcome::Moved, "{id:?}");
+    let id = id.handoff_id;
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let (ok, failed) = scraper.join().unwrap();
+    assert!(
+        failed.is_empty(),
+        "scrapes failed during the handoff: {failed:?}"
+    );
+    assert!(ok >= 10, "only {ok} scrapes during the handoff");
+    eprintln!("{ok} scrapes during the handoff, none failed");
+
+    // The new MSR counts the handoff in, its duration and the moved connection, and
+    // relays the connection now.
+    let m2 = scrape(&lab, 2);
+    promtool_check(&m2, &lab.dir, "msr2-after.prom");
+    for (series, want) in [
+        ("msrd_handoffs_total{direction=\"in\"}", 1.0),
+        ("msrd_handoff_duration_seconds_count{role=\"new\"}", 1.0),
+        (
+            "msrd_handoff_duration_seconds_bucket{role=\"new\",le=\"+Inf\"}",
+            1.0,
+        ),
+        ("msrd_connections_moved_total{direction=\"in\"}", 1.0),
+        ("msrd_connections{kind=\"connect\",state=\"relaying\"}", 1.0),
+        ("msrd_mhs", 1.0),
+        ("msrd_handoffs_failed_total", 0.0),
+    ] {
+        assert_eq!(sample(&m2, series), Some(want), "{series}\n{m2}");
+    }
+    let secs = sample(&m2, "msrd_handoff_duration_seconds_sum{role=\"new\"}").unwrap();
+    assert!(secs > 0.0 && secs < 10.0, "handoff took {secs} s?");
+    eprintln!(
+        "MSR2: handoff in, greeting → resumed {:.1} ms",
+        secs * 1000.0
+    );
+    // The old MSR counts it out (its record is written once the new MSR acknowledged).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let m1 = loop {
+        let m1 = scrape(&lab, 1);
+        if sample(&m1, "msrd_handoff_duration_seconds_count{role=\"old\"}") == Some(1.0) {
+            break m1;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "MSR1 did not count the handoff\n{m1}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    promtool_check(&m1, &lab.dir, "msr1-after.prom");
+    for (series, want) in [
+        ("msrd_handoffs_total{direction=\"out\"}", 1.0),
+        ("msrd_connections_moved_total{direction=\"out\"}", 1.0),
+        ("msrd_connections_active", 0.0),
+    ] {
+        assert_eq!(sample(&m1, series), Some(want), "{series}\n{m1}");
+    }
+
+    // /status.json carries the record.
+    let (st, body) = http(&gw, metrics_addr(2), "GET", "/status.json").unwrap();
+    assert_eq!(st, 200);
+    let doc: StatusDoc = serde_json::from_str(&body).unwrap();
+    assert_eq!(doc.msr, "msr2");
+    assert!(doc.handoffs.iter().any(|r| r.handoff_id == id), "{body}");
+
+    // The status page, loaded by headless Chromium from the GW, shows the handoff
+    // (drawn by the page's script into the DOM) while the transfer still runs.
+    let url = format!("http://{}/", metrics_addr(2));
+    let profile = lab.dir.join("chromium-profile");
+    let needle = format!("data-handoff-id=\"{id}\"");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let dom = loop {
+        let dom = chromium(
+            &mut lab,
+            &profile,
+            &["--virtual-time-budget=3000", "--dump-dom", &url],
+        );
+        if dom.contains(&needle) {
+            break dom;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the status page never showed handoff {id}; last DOM:\n{dom}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    };
+    assert!(dom.contains(&format!("handoff #{id}")), "{dom}");
+    assert!(dom.contains("msr1 → msr2"), "{dom}");
+    assert!(dom.contains("<svg class=\"timeline\""), "{dom}");
+    eprintln!(
+        "status page shows handoff {id}; MH row present: {}",
+        dom.contains("data-mh=\"10.2.0.100\"")
+    );
+    let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&shots).unwrap();
+    let shot = shots.join("metrics-status-page.png");
+    let _ = std::fs::remove_file(&shot);
+    chromium(
+        &mut lab,
+        &profile,
+        &[
+            "--virtual-time-budget=3000",
+            "--window-size=1200,900",
+            &format!("--screenshot={}", shot.display()),
+            &url,
+        ],
+    );
+    let png =
+        std::fs::read(&shot).unwrap_or_else(|e| panic!("no screenshot at {}: {e}", shot.display()));
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 10_000,
+        "{} bytes",
+        png.len()
+    );
+    eprintln!("status page screenshot: {}", shot.display());
+
+    // The transfer itself is intact.
+    let (_, rout, rerr) = lab.wait(recv, Duration::from_secs(120)).unwrap();
+    let (_, sout, serr) = lab.wait(send, Duration::from_secs(30)).unwrap();
+    let r: RecvReport =
+        serde_json::from_str(rout.trim()).unwrap_or_else(|e| panic!("receiver: {e}: {rerr}"));
+    let s: SendReport =
+        serde_json::from_str(sout.trim()).unwrap_or_else(|e| panic!("sender: {e}: {serr}"));
+    assert!(r.ok && s.ok && r.verified, "{:?} {:?}", r.error, s.error);
+    assert_eq!(r.bytes, bytes);
+    // Bytes of the whole transfer are counted, across both MSRs.
+    let down: f64 = (1..=2)
+        .map(|k| sample(&scrape(&lab, k), "msrd_bytes_total{direction=\"down\"}").unwrap())
+        .sum();
+    assert!(down >= bytes as f64, "{down} < {bytes}");
+}
