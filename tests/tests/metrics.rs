@@ -133,11 +133,12 @@ fn metrics_and_status_page_follow_a_handoff() {
         veth: false,
     })
     .unwrap();
-    lab.start_itcp_mobility(
-        &format!("[metrics]\nlisten = \"{{MSR_LAN}}:{PORT}\"\n"),
-        &["--hysteresis-ms", "0"],
-    )
-    .unwrap();
+    let (msrds, _) = lab
+        .start_itcp_mobility(
+            &format!("[metrics]\nlisten = \"{{MSR_LAN}}:{PORT}\"\n"),
+            &["--hysteresis-ms", "0"],
+        )
+        .unwrap();
     let gw = lab.ns(Host::Gw);
 
     // Nothing yet: the families are there, every value 0, and promtool is content.
@@ -356,4 +357,68 @@ fn metrics_and_status_page_follow_a_handoff() {
         .map(|k| sample(&scrape(&lab, k), "msrd_bytes_total{direction=\"down\"}").unwrap())
         .sum();
     assert!(down >= bytes as f64, "{down} < {bytes}");
+
+    // Out of file descriptors, the listener backs off and serves again afterwards.
+    let pid = lab.pid(msrds[0]);
+    let (open, (soft, hard)) = fds_of(pid);
+    // Only the soft limit moves: raising a hard limit back needs CAP_SYS_RESOURCE.
+    let set_limit = |n: usize| {
+        let ok = Command::new("prlimit")
+            .args(["--pid", &pid.to_string(), &format!("--nofile={n}:{hard}")])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "prlimit --nofile={n}:{hard}");
+    };
+    set_limit(open + 2);
+    let idle: Vec<TcpStream> = sys::in_netns(&gw, || {
+        (0..8)
+            .map(|_| TcpStream::connect_timeout(&metrics_addr(1), Duration::from_secs(5)))
+            .collect()
+    })
+    .unwrap();
+    let log = lab.dir.join("msrd1.log");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("metrics listener: accept failed")
+    {
+        assert!(Instant::now() < deadline, "msrd never ran out of fds");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    set_limit(soft);
+    drop(idle);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        match http(&gw, metrics_addr(1), "GET", "/metrics") {
+            Ok((200, b)) if b.contains("msrd_connections_active 0") => break,
+            other => assert!(
+                Instant::now() < deadline,
+                "no answer after EMFILE: {other:?}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "MSR1's metrics listener survived EMFILE (limit {} fds)",
+        open + 2
+    );
+}
+
+/// Open fds and the (soft, hard) fd limits of a process.
+fn fds_of(pid: u32) -> (usize, (usize, usize)) {
+    let n = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap();
+    let v: Vec<usize> = line
+        .split_whitespace()
+        .skip(3)
+        .take(2)
+        .map(|v| v.parse().unwrap())
+        .collect();
+    (n, (v[0], v[1]))
 }
