@@ -107,8 +107,11 @@ fn read_token_file(path: &Path) -> io::Result<Token> {
         io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
-                "I-TCP token file {}: expected 32 hex digits",
-                path.display()
+                "I-TCP token file {}: it must hold the MH's session token as 32 hex digits \
+                 (16 bytes, e.g. 00112233445566778899aabbccddeeff), an optional newline and \
+                 nothing else; it holds {} characters",
+                path.display(),
+                text.trim().len()
             ),
         )
     })

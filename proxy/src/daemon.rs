@@ -440,8 +440,14 @@ async fn serve_request(d: Arc<Daemon>, mut s: TcpStream, peer: SocketAddr, setup
                     .stats
                     .malformed_requests
                     .fetch_add(1, Ordering::Relaxed);
-                let _ = send_reply(&mut s, p.reply(), &unspecified_like(peer)).await;
-                warn!(%peer, error = %e, "request rejected");
+                if socks::is_socks4(&buf) {
+                    // A SOCKS4 client understands only a SOCKS4 rejection.
+                    let _ = s.write_all(&socks::SOCKS4_REJECTION).await;
+                    warn!(%peer, "SOCKS4 request refused: msrd speaks SOCKS5 (RFC 1928)");
+                } else {
+                    let _ = send_reply(&mut s, p.reply(), &unspecified_like(peer)).await;
+                    warn!(%peer, error = %e, "request rejected");
+                }
             } else {
                 debug!(%peer, error = %e, "request handshake failed");
             }
@@ -494,18 +500,44 @@ async fn refuse(s: &mut TcpStream, peer: SocketAddr, why: Refusal) -> io::Result
     send_reply(s, Reply::NotAllowed, &unspecified_like(peer)).await
 }
 
-async fn resolve(a: &Addr) -> io::Result<SocketAddr> {
+/// The FH address a request names, in the MH's address family (the fixed side
+/// impersonates the MH's own address, so it cannot reach the other family). Names
+/// are resolved with the router's resolver, within `[relay] resolve_timeout_ms`.
+/// Errors carry the reply that says why.
+async fn resolve(d: &Daemon, a: &Addr, mh: SocketAddr) -> Result<SocketAddr, (Reply, String)> {
+    let family_ok = |x: &SocketAddr| x.is_ipv6() == mh.is_ipv6();
     match a {
-        Addr::Ip(sa) => Ok(*sa),
-        Addr::Domain(name, port) => tokio::net::lookup_host((name.as_str(), *port))
-            .await?
-            .next()
-            .ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::HostUnreachable,
-                    format!("{name} has no address"),
-                )
-            }),
+        Addr::Ip(sa) if family_ok(sa) => Ok(*sa),
+        Addr::Ip(sa) => Err((
+            Reply::AddressTypeNotSupported,
+            format!(
+                "{sa} is not reachable from the MH's address {}: other address family",
+                mh.ip()
+            ),
+        )),
+        Addr::Domain(..) if !d.cfg.relay.resolve_names => Err((
+            Reply::AddressTypeNotSupported,
+            "domain names are refused here ([relay] resolve_names = false)".into(),
+        )),
+        Addr::Domain(name, port) => {
+            let t = d.cfg.relay.resolve_timeout();
+            match tokio::time::timeout(t, tokio::net::lookup_host((name.as_str(), *port))).await {
+                Err(_) => Err((
+                    Reply::HostUnreachable,
+                    format!("{name} did not resolve within {} ms", t.as_millis()),
+                )),
+                Ok(Err(e)) => Err((
+                    Reply::HostUnreachable,
+                    format!("{name} does not resolve: {e}"),
+                )),
+                Ok(Ok(addrs)) => addrs.into_iter().find(family_ok).ok_or_else(|| {
+                    (
+                        Reply::HostUnreachable,
+                        format!("{name} has no address of the MH's family"),
+                    )
+                }),
+            }
+        }
     }
 }
 
@@ -523,11 +555,15 @@ async fn do_connect(
     sockopt::apply_post_connect(s.as_raw_fd(), &d.wireless_tuning(peer.ip()))?;
     // The FH's answers must reach us on the fixed LAN before we connect.
     crate::handoff::claim(d, crate::admission::canonical(peer.ip()));
-    let fh = match resolve(&target).await {
+    let fh = match resolve(d, &target, peer).await {
         Ok(a) => a,
-        Err(e) => {
-            send_reply(&mut s, Reply::from_io_error(&e), &unspecified_like(peer)).await?;
-            return Err(e);
+        Err((reply, why)) => {
+            d.sessions
+                .stats
+                .connections_failed
+                .fetch_add(1, Ordering::Relaxed);
+            info!(mh = %peer, target = %target, reply = reply.description(), reason = %why, "request refused");
+            return send_reply(&mut s, reply, &unspecified_like(peer)).await;
         }
     };
     let fixed =
