@@ -149,8 +149,9 @@ pub struct Spec {
     pub version: &'static str,
     /// One line, lower case, no final period: the man page's NAME line.
     pub about: &'static str,
-    /// Synopsis lines, each without the binary's name. Empty for a binary with
-    /// commands: the commands' synopses are used.
+    /// Synopsis lines, each without the binary's name (a long one may continue on
+    /// further lines, after `\n`). Empty for a binary with commands: the commands'
+    /// synopses are used.
     pub synopsis: &'static [&'static str],
     /// Paragraphs separated by blank lines (see [`Section::body`]).
     pub description: &'static str,
@@ -185,7 +186,9 @@ impl Spec {
         let mut s = String::new();
         for (i, l) in lines.iter().enumerate() {
             let lead = if i == 0 { "usage: " } else { "       " };
-            let _ = writeln!(s, "{lead}{l}");
+            // Continuation lines line up after the binary's name.
+            let cont = format!("\n{:1$}", "", lead.len() + self.name.len() + 1);
+            let _ = writeln!(s, "{lead}{}", l.replace('\n', &cont));
         }
         s
     }
@@ -555,8 +558,19 @@ impl Args {
     }
 
     fn unknown_flag(&self, shown: &str) -> Stop {
+        let owners: Vec<&str> = self
+            .spec
+            .commands
+            .iter()
+            .filter(|c| c.flags.iter().any(|f| shown == format!("--{}", f.long)))
+            .map(|c| c.name)
+            .collect();
         self.usage(match self.cmd {
             Some(c) => format!("unknown flag {shown} for '{} {}'", self.spec.name, c.name),
+            None if !owners.is_empty() => format!(
+                "{shown} is an option of {}: give it after the command",
+                owners.join(", ")
+            ),
             None => format!("unknown flag {shown}"),
         })
     }
@@ -626,7 +640,7 @@ pub fn check_table<T>(spec: &'static Spec, parse: impl Fn(Args) -> Result<T>) {
     let man = spec.man();
     let help = spec.help(None);
     for (_, f) in spec.all_flags() {
-        let roff = format!("\\-\\-{}", f.long);
+        let roff = format!("\\-\\-{}", f.long.replace('-', "\\-"));
         assert!(
             man.contains(&roff),
             "{}: man page lacks --{}",

@@ -103,7 +103,8 @@ pub(crate) fn help(spec: &Spec, command: Option<&Command>) -> String {
             if !spec.commands.is_empty() {
                 s.push_str("\ncommands:\n");
                 for c in spec.commands {
-                    let _ = writeln!(s, "  {} {}", c.name, c.synopsis);
+                    let line = format!("{} {}", c.name, c.synopsis);
+                    let _ = writeln!(s, "  {}", line.trim_end());
                     fill(&mut s, c.about, 6, WIDTH);
                     flag_rows(&mut s, &c.flags.iter().collect::<Vec<_>>(), 6);
                 }
@@ -179,7 +180,9 @@ fn man_synopsis(out: &mut String, spec: &Spec, line: &str, bold: &str) {
     } else {
         format!("{} {bold}", spec.name)
     };
-    let _ = writeln!(out, "\\fB{}\\fR {}", esc(&head), esc(rest));
+    let cont = format!("\n{:1$}", "", head.len() + 1);
+    let rest = rest.lines().map(esc).collect::<Vec<_>>().join(&cont);
+    let _ = writeln!(out, "\\fB{}\\fR {rest}", esc(&head));
 }
 
 pub(crate) fn man(spec: &Spec) -> String {
