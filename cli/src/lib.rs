@@ -186,31 +186,32 @@ impl Spec {
         let mut s = String::new();
         for (i, l) in lines.iter().enumerate() {
             let lead = if i == 0 { "usage: " } else { "       " };
-            // Continuation lines line up after the binary's name.
-            let cont = format!("\n{:1$}", "", lead.len() + self.name.len() + 1);
-            let _ = writeln!(s, "{lead}{}", l.replace('\n', &cont));
+            let _ = writeln!(s, "{lead}{}", l.replace('\n', "\n       "));
         }
         s
     }
 
     /// Full synopsis lines (with the binary's name).
     pub fn synopsis_lines(&self, command: Option<&Command>) -> Vec<String> {
-        let join = |a: &str, b: &str| {
-            if b.is_empty() {
-                a.to_string()
-            } else {
-                format!("{a} {b}")
+        // A long synopsis continues on further lines, indented to follow the name.
+        let join = |head: String, rest: &str| {
+            if rest.is_empty() {
+                return head;
             }
+            let cont = format!("\n{:1$}", "", head.chars().count() + 1);
+            format!("{head} {}", rest.replace('\n', &cont))
         };
         match command {
-            Some(c) => vec![join(&format!("{} {}", self.name, c.name), c.synopsis)],
-            None if !self.synopsis.is_empty() => {
-                self.synopsis.iter().map(|l| join(self.name, l)).collect()
-            }
+            Some(c) => vec![join(format!("{} {}", self.name, c.name), c.synopsis)],
+            None if !self.synopsis.is_empty() => self
+                .synopsis
+                .iter()
+                .map(|l| join(self.name.to_string(), l))
+                .collect(),
             None => self
                 .commands
                 .iter()
-                .map(|c| join(&format!("{} {}", self.name, c.name), c.synopsis))
+                .map(|c| join(format!("{} {}", self.name, c.name), c.synopsis))
                 .collect(),
         }
     }
@@ -497,10 +498,16 @@ impl Args {
     /// A whole number in `lo..=hi` (which must fit `T`).
     pub fn int_in<T: Int>(&mut self, long: &str, lo: i128, hi: i128) -> Result<T> {
         let v = self.value(long)?;
+        // Bounds past 2^32 are not worth spelling out.
+        let range = if hi < 1 << 32 {
+            format!("{lo}-{hi}")
+        } else {
+            format!("at least {lo}")
+        };
         match v.trim().parse::<i128>() {
             Ok(n) if n >= lo && n <= hi => Ok(T::from_i128(n)),
-            Ok(_) => Err(self.usage(format!("--{long}: {v} is out of range ({lo}-{hi})"))),
-            Err(_) => Err(self.usage(format!("--{long}: {v:?} is not a whole number ({lo}-{hi})"))),
+            Ok(_) => Err(self.usage(format!("--{long}: {v} is out of range ({range})"))),
+            Err(_) => Err(self.usage(format!("--{long}: {v:?} is not a whole number ({range})"))),
         }
     }
 

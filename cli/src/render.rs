@@ -102,9 +102,13 @@ pub(crate) fn help(spec: &Spec, command: Option<&Command>) -> String {
             flag_rows(&mut s, &spec.global_flags().collect::<Vec<_>>(), 2);
             if !spec.commands.is_empty() {
                 s.push_str("\ncommands:\n");
-                for c in spec.commands {
-                    let line = format!("{} {}", c.name, c.synopsis);
-                    let _ = writeln!(s, "  {}", line.trim_end());
+                for (i, c) in spec.commands.iter().enumerate() {
+                    if i > 0 {
+                        s.push('\n');
+                    }
+                    for l in spec.synopsis_lines(Some(c)).remove(0).lines() {
+                        let _ = writeln!(s, "  {l}");
+                    }
                     fill(&mut s, c.about, 6, WIDTH);
                     flag_rows(&mut s, &c.flags.iter().collect::<Vec<_>>(), 6);
                 }
@@ -171,18 +175,16 @@ fn man_flag(out: &mut String, f: &Flag) {
     man_text(out, f.help);
 }
 
-/// A synopsis line: the command in bold, the rest as written.
-fn man_synopsis(out: &mut String, spec: &Spec, line: &str, bold: &str) {
-    let rest = line[spec.name.len()..].trim_start();
-    let rest = rest.strip_prefix(bold).unwrap_or(rest).trim_start();
-    let head = if bold.is_empty() {
+/// A synopsis line: the binary and command in bold, the rest as written.
+fn man_synopsis(out: &mut String, spec: &Spec, line: &str, command: &str) {
+    let head = if command.is_empty() {
         spec.name.to_string()
     } else {
-        format!("{} {bold}", spec.name)
+        format!("{} {command}", spec.name)
     };
-    let cont = format!("\n{:1$}", "", head.len() + 1);
-    let rest = rest.lines().map(esc).collect::<Vec<_>>().join(&cont);
-    let _ = writeln!(out, "\\fB{}\\fR {rest}", esc(&head));
+    let rest = line.strip_prefix(head.as_str()).unwrap_or(line);
+    let rest: Vec<String> = rest.split('\n').map(esc).collect();
+    let _ = writeln!(out, "\\fB{}\\fR{}", esc(&head), rest.join("\n"));
 }
 
 pub(crate) fn man(spec: &Spec) -> String {
