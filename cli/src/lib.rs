@@ -417,6 +417,8 @@ impl Args {
     /// The next flag or word. `--help`, `--version` and `--man` stop parsing with the
     /// text to print; a flag that the table does not list (globally or for the chosen
     /// command) is a usage error naming it.
+    // Named as lexopt's: not an Iterator, as it stops with a Result.
+    #[allow(clippy::should_implement_trait)]
     pub fn next(&mut self) -> Result<Option<Arg>> {
         let arg = match self.p.next() {
             Ok(Some(a)) => a,

@@ -191,8 +191,8 @@ pub(crate) fn man(spec: &Spec) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        ".\\\" Generated from the command-line table of {} ({}); do not edit.",
-        spec.name, "itcp-cli"
+        ".\\\" Generated from the command-line table of {} (itcp-cli); do not edit.",
+        spec.name
     );
     let _ = writeln!(
         s,

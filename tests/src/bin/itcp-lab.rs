@@ -246,7 +246,7 @@ enum Job {
     Handoff(Vec<usize>, usize, bool),
     Conns(usize, usize),
     Churn(usize, usize),
-    Up(LabConfig),
+    Up(Box<LabConfig>),
     Echo(std::net::SocketAddr),
     Ctl(String, String),
     Cleanup(bool),
@@ -448,7 +448,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
                     other => return Err(a.unexpected(other)),
                 }
             }
-            Job::Up(cfg)
+            Job::Up(Box::new(cfg))
         }
         "echo" => {
             let mut listen = None;
@@ -502,7 +502,7 @@ fn main() -> ExitCode {
         Job::Handoff(conns, moves, gap) => bench_handoff(conns, moves, gap),
         Job::Conns(count, bytes) => bench_conns(count, bytes),
         Job::Churn(total, conc) => bench_churn(total, conc),
-        Job::Up(cfg) => up(cfg),
+        Job::Up(cfg) => up(*cfg),
         Job::Echo(addr) => itcp_testbed::bench::echo_server(addr).map_err(|e| e.to_string()),
         Job::Ctl(path, req) => ctl(&path, &req),
         Job::Cleanup(all) => {
