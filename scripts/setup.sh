@@ -10,8 +10,9 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 # iproute2: namespaces, veth, bridge; nftables/iptables: msrd's interception (later
-# issues); iperf3, socat, haproxy: benchmark peers; tcpdump: captures in tests.
-packages=(iproute2 nftables iptables iperf3 socat haproxy tcpdump curl ca-certificates build-essential pkg-config procps kmod)
+# issues); iperf3, socat, haproxy: benchmark peers; tcpdump: captures in tests;
+# dpkg-dev, binutils: scripts/deb (dpkg-shlibdeps, strip) and its test.
+packages=(iproute2 nftables iptables iperf3 socat haproxy tcpdump curl ca-certificates build-essential pkg-config procps kmod dpkg-dev binutils)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
