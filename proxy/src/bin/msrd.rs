@@ -122,7 +122,10 @@ fn main() -> ExitCode {
         println!("{path}: ok");
         return ExitCode::SUCCESS;
     }
-    itcp_proxy::logging::init(&cfg);
+    if let Err(e) = itcp_proxy::logging::init(&cfg) {
+        eprintln!("msrd: {e}");
+        return ExitCode::from(2);
+    }
     match itcp_proxy::daemon::run(cfg) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
