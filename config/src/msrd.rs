@@ -407,7 +407,7 @@ pub struct AccessSection {
     /// connections cannot exhaust msrd's file descriptors.
     #[serde(default = "default_max_handshakes")]
     pub max_handshakes: u32,
-    /// The same per MH address (64).
+    /// The same per MH address (256).
     #[serde(default = "default_max_handshakes_per_mh")]
     pub max_handshakes_per_mh: u32,
 }
@@ -449,7 +449,7 @@ fn default_max_handshakes() -> u32 {
     1024
 }
 fn default_max_handshakes_per_mh() -> u32 {
-    64
+    256
 }
 
 /// `[relay]`: how bytes are moved between the two halves.

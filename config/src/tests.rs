@@ -140,7 +140,8 @@ fn unknown_key_in_section() {
     assert_eq!(
         e.to_string(),
         "msrd.toml: line 5, column 1: unknown key \"max_conections\" in [access] (expected one of: \
-         mh_prefixes, max_connections, max_connections_per_mh, accept_rate, accept_burst)"
+         mh_prefixes, max_connections, max_connections_per_mh, accept_rate, accept_burst, \
+         max_handshakes, max_handshakes_per_mh)"
     );
 }
 

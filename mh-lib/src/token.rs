@@ -204,7 +204,7 @@ mod tests {
         fs::write(&path, "not a token\n").unwrap();
         let e = load_or_create_token_file(&path).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
-        assert!(e.to_string().contains("expected 32 hex digits"), "{e}");
+        assert!(e.to_string().contains("as 32 hex digits"), "{e}");
         let e = MhOptions::new()
             .token_file(&path)
             .resolve_token()
