@@ -1,10 +1,12 @@
-# Multi-stage build of the I-TCP appliance into a slim runtime image: msrd and itcpctl
-# for routers, itcp-mh-agent for mobile hosts, plus the testbed tools (itcp-lab,
-# airlink, ttcp). Handoff logs go to /var/log/itcp (mount it to keep them).
+# Multi-stage build of the I-TCP appliance into a slim runtime image, from the same
+# Debian package as bare-metal installs (scripts/deb): msrd and itcpctl for routers,
+# itcp-mh-agent for mobile hosts, configs in /etc/itcp, man pages; plus the testbed
+# tools (itcp-lab, airlink, ttcp). Handoff logs go to /var/log/itcp (mount it to keep
+# them).
 #
 #   docker build -t itcp .
 #   docker run -d --name msrd --network host --cap-add NET_ADMIN --cap-add NET_RAW \
-#       --cap-add SYS_RESOURCE -v /etc/msrd:/etc/msrd:ro itcp
+#       --cap-add SYS_RESOURCE -v /etc/itcp:/etc/itcp:ro itcp
 #   docker exec msrd itcpctl sessions
 #
 # msrd needs the host's network namespace (--network host: it serves the router's cell
@@ -14,17 +16,22 @@
 #   docker run --rm --privileged itcp itcp-lab demo
 
 FROM rust:1-slim-bookworm AS build
+# dpkg-dev: dpkg-shlibdeps and dpkg-architecture for scripts/deb; binutils: strip.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends dpkg-dev binutils \
+ && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
-RUN cargo build --release --workspace --bins
+# Builds the workspace (binaries and the C library) and target/deb/itcp_*.deb.
+RUN scripts/deb
 
 FROM debian:bookworm-slim
+COPY --from=build /src/target/deb/ /tmp/deb/
+# apt installs the package's dependencies (iproute2, nftables) with it.
 RUN apt-get update \
- && apt-get install -y --no-install-recommends iproute2 nftables \
- && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/target/release/msrd /src/target/release/itcpctl \
-     /src/target/release/itcp-mh-agent \
-     /src/target/release/itcp-lab /src/target/release/airlink /src/target/release/ttcp /usr/local/bin/
-COPY config/examples/ /usr/share/doc/itcp/examples/
+ && apt-get install -y --no-install-recommends /tmp/deb/itcp_*.deb \
+ && rm -rf /var/lib/apt/lists/* /tmp/deb
+COPY --from=build /src/target/release/itcp-lab /src/target/release/airlink \
+     /src/target/release/ttcp /usr/local/bin/
 ENTRYPOINT []
-CMD ["msrd", "--config", "/etc/msrd/msrd.toml"]
+CMD ["msrd", "--config", "/etc/itcp/msrd.toml"]

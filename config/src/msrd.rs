@@ -422,7 +422,7 @@ pub struct AccessSection {
     /// connections cannot exhaust msrd's file descriptors.
     #[serde(default = "default_max_handshakes")]
     pub max_handshakes: u32,
-    /// The same per MH address (64).
+    /// The same per MH address (256).
     #[serde(default = "default_max_handshakes_per_mh")]
     pub max_handshakes_per_mh: u32,
 }
@@ -464,7 +464,7 @@ fn default_max_handshakes() -> u32 {
     1024
 }
 fn default_max_handshakes_per_mh() -> u32 {
-    64
+    256
 }
 
 /// `[relay]`: how bytes are moved between the two halves.
@@ -486,6 +486,14 @@ pub struct RelaySection {
     /// On SIGTERM, how long connections may finish, in milliseconds (30000).
     #[serde(default = "default_drain_timeout_ms")]
     pub drain_timeout_ms: u64,
+    /// Resolve domain names in SOCKS requests (ATYP 03) with the router's resolver
+    /// (true); false answers them with "address type not supported" (08).
+    #[serde(default = "default_true")]
+    pub resolve_names: bool,
+    /// How long a name may take to resolve, in milliseconds (3000); then the request
+    /// gets "host unreachable" (04).
+    #[serde(default = "default_resolve_timeout_ms")]
+    pub resolve_timeout_ms: u64,
 }
 
 impl Default for RelaySection {
@@ -496,6 +504,8 @@ impl Default for RelaySection {
             buffer_size: default_buffer_size(),
             connect_timeout_ms: default_connect_timeout_ms(),
             drain_timeout_ms: default_drain_timeout_ms(),
+            resolve_names: true,
+            resolve_timeout_ms: default_resolve_timeout_ms(),
         }
     }
 }
@@ -504,6 +514,11 @@ impl RelaySection {
     /// `connect_timeout_ms` as a `Duration`.
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
+    }
+
+    /// `resolve_timeout_ms` as a `Duration`.
+    pub fn resolve_timeout(&self) -> Duration {
+        Duration::from_millis(self.resolve_timeout_ms)
     }
 
     /// `drain_timeout_ms` as a `Duration`.
@@ -526,6 +541,9 @@ fn default_connect_timeout_ms() -> u64 {
 }
 fn default_drain_timeout_ms() -> u64 {
     30_000
+}
+fn default_resolve_timeout_ms() -> u64 {
+    3000
 }
 
 /// TCP tuning of one side of the relay (`[wireless]`, `[fixed]`, or a `[[cell]]`).
@@ -1015,7 +1033,8 @@ impl MsrdConfig {
             1024,
             64 << 20,
         )?;
-        at_least(src, "relay.connect_timeout_ms", r.connect_timeout_ms, 1)
+        at_least(src, "relay.connect_timeout_ms", r.connect_timeout_ms, 1)?;
+        at_least(src, "relay.resolve_timeout_ms", r.resolve_timeout_ms, 1)
     }
 
     fn validate_transparent(&self, src: &Source<'_>) -> Result<(), ConfigError> {

@@ -107,8 +107,11 @@ fn read_token_file(path: &Path) -> io::Result<Token> {
         io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
-                "I-TCP token file {}: expected 32 hex digits",
-                path.display()
+                "I-TCP token file {}: it must hold the MH's session token as 32 hex digits \
+                 (16 bytes, e.g. 00112233445566778899aabbccddeeff), an optional newline and \
+                 nothing else; it holds {} characters",
+                path.display(),
+                text.trim().len()
             ),
         )
     })
@@ -201,7 +204,7 @@ mod tests {
         fs::write(&path, "not a token\n").unwrap();
         let e = load_or_create_token_file(&path).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
-        assert!(e.to_string().contains("expected 32 hex digits"), "{e}");
+        assert!(e.to_string().contains("as 32 hex digits"), "{e}");
         let e = MhOptions::new()
             .token_file(&path)
             .resolve_token()

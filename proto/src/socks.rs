@@ -216,6 +216,8 @@ impl Reply {
                 libc::ETIMEDOUT => return Reply::TtlExpired,
                 libc::EADDRINUSE => return Reply::AddrInUse,
                 libc::EACCES | libc::EPERM => return Reply::NotAllowed,
+                // No route or no source address for that family here.
+                libc::EADDRNOTAVAIL | libc::EAFNOSUPPORT => return Reply::NetworkUnreachable,
                 _ => {}
             }
         }
@@ -588,6 +590,16 @@ fn check_version(buf: &[u8], message: MessageKind, expected: u8) -> Result<Optio
             expected,
         }),
     }
+}
+
+/// What a SOCKS5 server answers a SOCKS4 request with: a SOCKS4 reply, `00 5B` and
+/// six zero bytes ("request rejected or failed"), which SOCKS4 clients understand
+/// (a SOCKS5 reply reads to them as a wrong version).
+pub const SOCKS4_REJECTION: [u8; 8] = [0x00, 0x5B, 0, 0, 0, 0, 0, 0];
+
+/// True if `buf` starts like a SOCKS4 or SOCKS4a request (`04 CMD`).
+pub fn is_socks4(buf: &[u8]) -> bool {
+    matches!(buf, [0x04, 0x01 | 0x02, ..])
 }
 
 /// Total length in bytes of the request or reply (`05 X 00 ADDR PORT`) starting at

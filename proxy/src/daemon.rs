@@ -37,6 +37,9 @@ pub struct Daemon {
     admission: Arc<Mutex<Admission>>,
     /// Connections in setup (handshake, fixed-side connect), limited per source.
     setups: Arc<Mutex<Setups>>,
+    /// Log lines about refused or malformed input, per source: a flood is counted in
+    /// full but logged at a bounded rate.
+    noisy: Mutex<itcp_handoff::greet::PerAddr>,
     cells: CellMap,
     relay_opts: RelayOpts,
     /// msrd's nftables table and policy route (flow holds live here).
@@ -104,6 +107,8 @@ impl Daemon {
         Ok(Arc::new(Daemon {
             admission: Arc::new(Mutex::new(admission)),
             setups: Arc::new(Mutex::new(setups)),
+            // 3 lines at once per source, then one every 10 s.
+            noisy: Mutex::new(itcp_handoff::greet::PerAddr::new(3, 0.1, 4096)),
             sessions: Arc::new(Sessions::default()),
             listeners: Listeners::default(),
             cells,
@@ -135,6 +140,11 @@ impl Daemon {
             admission: self.admission.clone(),
             ip,
         }
+    }
+
+    /// True if a line about refused or malformed input from `src` may be logged now.
+    pub fn may_log(&self, src: IpAddr) -> bool {
+        self.noisy.lock().unwrap().allow(&src, now_ns() / 1_000_000)
     }
 
     /// Counts a new connection as in setup, unless its source (or everyone) already
@@ -440,8 +450,19 @@ async fn serve_request(d: Arc<Daemon>, mut s: TcpStream, peer: SocketAddr, setup
                     .stats
                     .malformed_requests
                     .fetch_add(1, Ordering::Relaxed);
-                let _ = send_reply(&mut s, p.reply(), &unspecified_like(peer)).await;
-                warn!(%peer, error = %e, "request rejected");
+                let log = d.may_log(peer.ip());
+                if socks::is_socks4(&buf) {
+                    // A SOCKS4 client understands only a SOCKS4 rejection.
+                    let _ = s.write_all(&socks::SOCKS4_REJECTION).await;
+                    if log {
+                        warn!(%peer, "SOCKS4 request refused: msrd speaks SOCKS5 (RFC 1928)");
+                    }
+                } else {
+                    let _ = send_reply(&mut s, p.reply(), &unspecified_like(peer)).await;
+                    if log {
+                        warn!(%peer, error = %e, "request rejected");
+                    }
+                }
             } else {
                 debug!(%peer, error = %e, "request handshake failed");
             }
@@ -489,23 +510,51 @@ async fn handshake(
 }
 
 /// Refuses with NotAllowed if the admission says no.
-async fn refuse(s: &mut TcpStream, peer: SocketAddr, why: Refusal) -> io::Result<()> {
-    warn!(%peer, reason = why.as_str(), "request refused");
+async fn refuse(d: &Daemon, s: &mut TcpStream, peer: SocketAddr, why: Refusal) -> io::Result<()> {
+    if d.may_log(peer.ip()) {
+        warn!(%peer, reason = why.as_str(), "request refused");
+    }
     send_reply(s, Reply::NotAllowed, &unspecified_like(peer)).await
 }
 
-async fn resolve(a: &Addr) -> io::Result<SocketAddr> {
+/// The FH address a request names, in the MH's address family (the fixed side
+/// impersonates the MH's own address, so it cannot reach the other family). Names
+/// are resolved with the router's resolver, within `[relay] resolve_timeout_ms`.
+/// Errors carry the reply that says why.
+async fn resolve(d: &Daemon, a: &Addr, mh: SocketAddr) -> Result<SocketAddr, (Reply, String)> {
+    let family_ok = |x: &SocketAddr| x.is_ipv6() == mh.is_ipv6();
     match a {
-        Addr::Ip(sa) => Ok(*sa),
-        Addr::Domain(name, port) => tokio::net::lookup_host((name.as_str(), *port))
-            .await?
-            .next()
-            .ok_or_else(|| {
-                io::Error::new(
-                    io::ErrorKind::HostUnreachable,
-                    format!("{name} has no address"),
-                )
-            }),
+        Addr::Ip(sa) if family_ok(sa) => Ok(*sa),
+        Addr::Ip(sa) => Err((
+            Reply::AddressTypeNotSupported,
+            format!(
+                "{sa} is not reachable from the MH's address {}: other address family",
+                mh.ip()
+            ),
+        )),
+        Addr::Domain(..) if !d.cfg.relay.resolve_names => Err((
+            Reply::AddressTypeNotSupported,
+            "domain names are refused here ([relay] resolve_names = false)".into(),
+        )),
+        Addr::Domain(name, port) => {
+            let t = d.cfg.relay.resolve_timeout();
+            match tokio::time::timeout(t, tokio::net::lookup_host((name.as_str(), *port))).await {
+                Err(_) => Err((
+                    Reply::HostUnreachable,
+                    format!("{name} did not resolve within {} ms", t.as_millis()),
+                )),
+                Ok(Err(e)) => Err((
+                    Reply::HostUnreachable,
+                    format!("{name} does not resolve: {e}"),
+                )),
+                Ok(Ok(addrs)) => addrs.into_iter().find(family_ok).ok_or_else(|| {
+                    (
+                        Reply::HostUnreachable,
+                        format!("{name} has no address of the MH's family"),
+                    )
+                }),
+            }
+        }
     }
 }
 
@@ -518,16 +567,20 @@ async fn do_connect(
 ) -> io::Result<()> {
     let adm = match d.admit(peer.ip()) {
         Ok(a) => a,
-        Err(why) => return refuse(&mut s, peer, why).await,
+        Err(why) => return refuse(d, &mut s, peer, why).await,
     };
     sockopt::apply_post_connect(s.as_raw_fd(), &d.wireless_tuning(peer.ip()))?;
     // The FH's answers must reach us on the fixed LAN before we connect.
     crate::handoff::claim(d, crate::admission::canonical(peer.ip()));
-    let fh = match resolve(&target).await {
+    let fh = match resolve(d, &target, peer).await {
         Ok(a) => a,
-        Err(e) => {
-            send_reply(&mut s, Reply::from_io_error(&e), &unspecified_like(peer)).await?;
-            return Err(e);
+        Err((reply, why)) => {
+            d.sessions
+                .stats
+                .connections_failed
+                .fetch_add(1, Ordering::Relaxed);
+            info!(mh = %peer, target = %target, reply = reply.description(), reason = %why, "request refused");
+            return send_reply(&mut s, reply, &unspecified_like(peer)).await;
         }
     };
     let fixed =
@@ -585,7 +638,7 @@ async fn closed_by_client(s: &TcpStream) {
 
 async fn do_listen(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> io::Result<()> {
     if !d.admission.lock().unwrap().is_mh(peer.ip()) {
-        return refuse(&mut s, peer, Refusal::NotAnMh).await;
+        return refuse(d, &mut s, peer, Refusal::NotAnMh).await;
     }
     let addr = match mh_listen_addr(peer, &a) {
         Ok(x) => x,
@@ -610,7 +663,7 @@ async fn do_listen(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> i
 async fn do_accept(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> io::Result<()> {
     let adm = match d.admit(peer.ip()) {
         Ok(x) => x,
-        Err(why) => return refuse(&mut s, peer, why).await,
+        Err(why) => return refuse(d, &mut s, peer, why).await,
     };
     let addr = match mh_listen_addr(peer, &a) {
         Ok(x) => x,
@@ -633,7 +686,7 @@ async fn do_accept(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> i
 async fn do_bind(d: &Daemon, mut s: TcpStream, peer: SocketAddr, expected: Addr) -> io::Result<()> {
     let adm = match d.admit(peer.ip()) {
         Ok(x) => x,
-        Err(why) => return refuse(&mut s, peer, why).await,
+        Err(why) => return refuse(d, &mut s, peer, why).await,
     };
     // RFC 1928 BIND: DST is the expected peer; we listen on the MH's address at DST.PORT
     // (0: any port). Connections from other hosts than an expected one are dropped.
@@ -683,7 +736,9 @@ async fn serve_transparent(d: Arc<Daemon>, s: TcpStream, mh: SocketAddr, setup: 
     let adm = match d.admit(mh.ip()) {
         Ok(a) => a,
         Err(why) => {
-            warn!(%mh, %fh, reason = why.as_str(), "intercepted connection refused");
+            if d.may_log(mh.ip()) {
+                warn!(%mh, %fh, reason = why.as_str(), "intercepted connection refused");
+            }
             sockopt::abort_on_close(s.as_raw_fd());
             return;
         }
@@ -785,14 +840,23 @@ fn rules_of(cfg: &MsrdConfig) -> Rules {
     }
 }
 
-/// Caps the connection limits to what the fd limit can serve (each relayed connection
-/// holds two sockets and, while bytes are in flight, pipes; setups hold one or two),
-/// warning when the configuration asks for more.
+/// Caps the connection limit to what the fd limit can serve (each relayed connection
+/// holds two sockets; splice pipes come from a pool that falls back to copying when
+/// no fd is left), warning when the configuration asks for more. Connections in setup
+/// are bounded by `max_handshakes` on top.
 fn fit_to_fd_limit(mut cfg: MsrdConfig, nofile: u64) -> MsrdConfig {
-    const RESERVE: u64 = 256;
+    const RESERVE: u64 = 128;
     let a = &mut cfg.access;
-    let setups = 2 * u64::from(a.max_handshakes);
-    let budget = nofile.saturating_sub(RESERVE + setups) / 3;
+    let budget = nofile.saturating_sub(RESERVE) / 2;
+    if 2 * u64::from(a.max_connections) + u64::from(a.max_handshakes) + RESERVE > nofile {
+        warn!(
+            max_connections = a.max_connections,
+            max_handshakes = a.max_handshakes,
+            nofile,
+            "connection limits at their maximum would need more fds than msrd may open; \
+             accept backs off when fds run out"
+        );
+    }
     if u64::from(a.max_connections) > budget {
         let fit = budget.max(1) as u32;
         warn!(

@@ -374,7 +374,11 @@ pub fn conns(count: usize, bytes: usize, progress: impl Fn(&str)) -> io::Result<
 
     // One MH opens them all: lift the per-MH limit (default 4096) above the count.
     let (mut lab, cfg) =
-        veth_lab_msrd_config(&format!("max_connections_per_mh = {}", count.max(1)))?;
+        // One MH opens them all at once: its setups may all be in flight together.
+        veth_lab_msrd_config(&format!(
+            "max_connections_per_mh = {n}\nmax_handshakes = {n}\nmax_handshakes_per_mh = {n}",
+            n = count.max(1)
+        ))?;
     let idx = lab.start_msrd(1, &cfg)?;
     let pid = lab.pid(idx);
     let rss_idle = rss_kib(pid);
@@ -544,7 +548,9 @@ pub struct ChurnBench {
 /// time; afterwards msrd must hold as many fds as before and no session.
 pub fn churn(total: usize, concurrency: usize, progress: impl Fn(&str)) -> io::Result<ChurnBench> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (mut lab, cfg) = veth_lab_msrd_config("accept_rate = 1000000\naccept_burst = 1000000")?;
+    let (mut lab, cfg) = veth_lab_msrd_config(
+        "accept_rate = 1000000\naccept_burst = 1000000\nmax_handshakes_per_mh = 1024",
+    )?;
     // The MH closes first, so its ports sit in TIME_WAIT for 60 s: without reuse and a
     // wide port range, one client host runs out of ports at ~470 connections/s. msrd's
     // fixed side reuses the MH's port towards the same FH, so it needs reuse too.

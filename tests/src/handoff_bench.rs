@@ -96,7 +96,9 @@ pub fn latency(
     use tokio::io::AsyncWriteExt;
 
     let mut lab = lab(conns as u64 + u64::from(full))?;
-    lab.access_extra = format!("max_connections_per_mh = {}", conns.max(1) + 16);
+    let n = conns.max(1) + 16;
+    lab.access_extra =
+        format!("max_connections_per_mh = {n}\nmax_handshakes = {n}\nmax_handshakes_per_mh = {n}");
     lab.msrd_log_level = "info".into();
     lab.start_itcp_mobility(MSRD_EXTRA, AGENT)?;
     lab.spawn_logged(

@@ -898,3 +898,86 @@ fn a_crash_resets_the_relayed_stream_and_nothing_is_left_behind() {
     wait_exit(&mut lab, msrds[1]);
     assert_eq!(leftovers(&lab, 2), Vec::<String>::new(), "after SIGTERM");
 }
+
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn an_unauthenticated_channel_peer_costs_msrd_no_memory() {
+    let cell = lab::link(20_000_000, 2.0, 0.0);
+    let wan = lab::link(100_000_000, 1.0, 0.0);
+    let mut lab = Lab::new(LabConfig {
+        msrs: 2,
+        seed: 91,
+        wan_down: wan.clone(),
+        wan_up: wan,
+        cell_down: cell.clone(),
+        cell_up: cell,
+        initial_cells: vec![1],
+        veth: false,
+    })
+    .unwrap();
+    let (msrds, _) = lab
+        .start_itcp_mobility("", &["--hysteresis-ms", "0"])
+        .unwrap();
+    let pid = lab.pid(msrds[0]);
+    let before = rss_kib(pid);
+    // Frames announcing 1 GiB, in the previous frame format and in the current one
+    // (after the challenge), each followed by up to 1 GiB of bytes from a host on the
+    // fixed LAN that knows no key.
+    let sent = itcp_testbed::sys::in_netns(&lab.ns(Host::Gw), || {
+        use std::io::{Read, Write};
+        let mut total = 0u64;
+        for current in [false, true] {
+            let mut s = std::net::TcpStream::connect("10.1.0.11:4347")?;
+            s.set_write_timeout(Some(Duration::from_secs(5)))?;
+            let mut header = Vec::new();
+            if current {
+                let mut ch = [0u8; itcp_proto::channel::CHALLENGE];
+                s.set_read_timeout(Some(Duration::from_secs(2)))?;
+                // (A channel that sends no challenge gets the header anyway.)
+                let _ = s.read_exact(&mut ch);
+                header.extend_from_slice(itcp_proto::channel::FRAME_MAGIC);
+                header.extend_from_slice(&1u64.to_be_bytes());
+                header.extend_from_slice(&0u32.to_be_bytes());
+                header.extend_from_slice(&(1u32 << 30).to_be_bytes());
+                header.extend_from_slice(&[0u8; 32]);
+            } else {
+                header.extend_from_slice(b"ITH2");
+                header.extend_from_slice(&(256u32 << 20).to_be_bytes());
+                header.extend_from_slice(&(1u32 << 30).to_be_bytes());
+            }
+            let _ = s.write_all(&header);
+            let chunk = vec![b'{'; 1 << 20];
+            for _ in 0..1024 {
+                match s.write(&chunk) {
+                    Ok(n) => total += n as u64,
+                    Err(_) => break,
+                }
+            }
+        }
+        // 500 idle connections that never speak.
+        let idle: Vec<_> = (0..500)
+            .filter_map(|_| std::net::TcpStream::connect("10.1.0.11:4347").ok())
+            .collect();
+        std::thread::sleep(Duration::from_secs(3));
+        drop(idle);
+        Ok(total)
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let after = rss_kib(pid);
+    eprintln!("sent {sent} bytes; msrd RSS {before} KiB before, {after} KiB after");
+    assert!(
+        after < before + 4 * 1024,
+        "msrd RSS grew from {before} to {after} KiB for an unauthenticated peer"
+    );
+    let st = lab.msrd_stats(1).unwrap();
+    assert!(st.stats.handoff_messages_rejected >= 2, "{st:?}");
+}

@@ -920,3 +920,62 @@ time.sleep(60)
     let st = st.unwrap_or_else(|e| panic!("itcpctl's socket did not answer: {e}"));
     assert!(st.stats.refused_handshakes > 0, "{st:?}");
 }
+
+/// curl in the MH, through msrd; its exit status and stderr.
+fn curl_mh(lab: &Lab, args: &[&str]) -> (Option<i32>, String, Duration) {
+    let t0 = std::time::Instant::now();
+    let out = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lab.ns(Host::Mh),
+            "curl",
+            "-sS",
+            "--max-time",
+            "8",
+        ])
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        t0.elapsed(),
+    )
+}
+
+#[test]
+fn stock_clients_get_errors_they_understand() {
+    let lab = lab_with_msrd("[relay]\nresolve_names = false\n");
+    // SOCKS4: a SOCKS4 rejection (91), not a SOCKS5 reply read as a wrong version.
+    let (code, err, took) = curl_mh(
+        &lab,
+        &["--socks4", "10.2.0.1:1080", "http://10.0.0.1:7009/"],
+    );
+    eprintln!("socks4: {code:?} {err}");
+    assert!(err.contains("91") || err.contains("rejected"), "{err}");
+    assert!(!err.to_lowercase().contains("version"), "{err}");
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    // An IPv6 destination from an IPv4 MH: "address type not supported" (08) at once.
+    let (code, err, took) = curl_mh(
+        &lab,
+        &["--socks5", "10.2.0.1:1080", "http://[2001:db8::1]:80/"],
+    );
+    eprintln!("ipv6: {code:?} {err}");
+    assert!(
+        err.contains("(8)") || err.to_lowercase().contains("address type"),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(3), "{took:?}");
+    // Names refused by configuration: 08 too, at once.
+    let (code, err, took) = curl_mh(
+        &lab,
+        &["--socks5-hostname", "10.2.0.1:1080", "http://fh.example/"],
+    );
+    eprintln!("name: {code:?} {err}");
+    assert!(
+        err.contains("(8)") || err.to_lowercase().contains("address type"),
+        "{err}"
+    );
+    assert!(took < Duration::from_secs(3), "{took:?}");
+}

@@ -1,14 +1,17 @@
 //! `itcp-mh-agent`: the MH's mobility agent. Listens to MSR beacons, moves with the
 //! chosen policy, greets the new MSR and repoints the gateway; prints one JSON event
-//! per line on stdout (attached, moved, move_failed, refused, lost).
+//! per line on stdout (attached, moved, move_failed, refused, lost, regained).
 //!
 //! ```text
-//! itcp-mh-agent --interface air0 --mh 10.2.0.100 [--gateway 10.2.0.1]
-//!               [--policy eager|lazy] [--hysteresis-ms 2000] [--beacon-interval-ms 1000]
-//!               [--beacon-port 4345] [--greet-port 4346] [--token-file PATH]
+//! itcp-mh-agent --interface air0 --mh 10.2.0.100 [--config /etc/itcp/mh.toml]
+//!               [--gateway 10.2.0.1] [--policy eager|lazy] [--hysteresis-ms 2000]
+//!               [--beacon-interval-ms 1000] [--beacon-port 4345] [--greet-port 4346]
+//!               [--token-file PATH]
 //! ```
-//! The gateway defaults to the default route's; the token comes from `--token-file`,
-//! `ITCP_TOKEN`, `ITCP_TOKEN_FILE` or `/run/itcp-mh/token` (as for applications).
+//! The gateway defaults to the config file's, else the default route's; the token comes
+//! from `--token-file`, the config file's `token_file`, `ITCP_TOKEN`, `ITCP_TOKEN_FILE`
+//! or `/run/itcp-mh/token` (as for applications). The command line is the table
+//! [`SPEC`] (also `--help` and the man page).
 
 use std::io::Write;
 use std::net::IpAddr;
@@ -16,83 +19,233 @@ use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
+use itcp_cli::{Arg, Args, Flag, Section, Spec};
+use itcp_config::{MhConfig, MobilityPolicy};
 use itcp_mh::agent::{Agent, AgentConfig};
 use itcp_mh::mobility::Policy;
 use itcp_mh::MhOptions;
 
-fn usage(msg: &str) -> ExitCode {
+static SPEC: Spec = Spec {
+    name: "itcp-mh-agent",
+    version: env!("CARGO_PKG_VERSION"),
+    about: "the mobility agent of an I-TCP mobile host",
+    synopsis: &["--interface IF --mh ADDR [--config FILE] [--gateway ADDR]
+[--policy eager|lazy] [--hysteresis-ms MS] [--beacon-interval-ms MS]
+[--beacon-port PORT] [--greet-port PORT] [--token-file PATH]"],
+    description: "\
+itcp-mh-agent runs on a mobile host (MH). It listens on its wireless interface for the
+beacons of the mobility support routers (MSRs), chooses a cell with the given policy,
+greets the new cell's MSR (which then fetches the MH's connections from the old one)
+and points the MH's route to the I-TCP gateway at it.
+
+It prints one JSON object per line on stdout for each event: attached, moved,
+move_failed, refused, lost, regained. Applications reach the gateway with the MH
+library (libitcp, itcp.h) or through the LD_PRELOAD shim; they and the agent share the
+MH's session token, which lets the MSRs recognise the MH after a move.
+
+Options given on the command line win over the configuration file (--config); the
+configuration file wins over the built-in defaults.",
+    flags: &[
+        Flag::value(
+            "interface",
+            "IF",
+            "The wireless interface beacons arrive on (required).",
+        ),
+        Flag::value(
+            "mh",
+            "ADDR",
+            "The MH's own address, the one its connections use (required).",
+        ),
+        Flag::value(
+            "config",
+            "FILE",
+            "Read defaults from an MH configuration file (/etc/itcp/mh.toml): the gateway and \
+             token file of [mh], and beacon_port, policy and hysteresis_ms of [mobility].",
+        ),
+        Flag::value(
+            "gateway",
+            "ADDR",
+            "The cell gateway address every MSR shares. Default: the configuration file's \
+             [mh] gateway, else the default route's gateway.",
+        ),
+        Flag::value(
+            "policy",
+            "eager|lazy",
+            "eager: move as soon as a new MSR's beacon is heard (default); lazy: stay until \
+             the current MSR's beacons stop.",
+        ),
+        Flag::value(
+            "hysteresis-ms",
+            "MS",
+            "No eager move sooner than this after the last one (default 2000).",
+        ),
+        Flag::value(
+            "beacon-interval-ms",
+            "MS",
+            "The MSRs' beacon interval, at least 1 (default 1000); an MSR not heard for \
+             three intervals is lost.",
+        ),
+        Flag::value(
+            "beacon-port",
+            "PORT",
+            "UDP port the beacons arrive on (default 4345).",
+        ),
+        Flag::value(
+            "greet-port",
+            "PORT",
+            "UDP port of the MSRs' greeting service (default 4346).",
+        ),
+        Flag::value(
+            "token-file",
+            "PATH",
+            "Read (or create) the MH session token in this file.",
+        ),
+    ],
+    commands: &[],
+    sections: &[
+        Section {
+            title: "ENVIRONMENT",
+            body: "\
+  ITCP_GATEWAY      the gateway, when neither --gateway nor --config gives one
+  ITCP_TOKEN        the session token (32 hex digits), unless a token file is given
+  ITCP_TOKEN_FILE   the token file, unless --token-file or --config gives one",
+        },
+        Section {
+            title: "FILES",
+            body: "\
+  /etc/itcp/mh.toml         the MH configuration (--config)
+  /etc/itcp/mh-agent.env    the systemd unit's options (ITCP_AGENT_ARGS)
+  /run/itcp-mh/token        the default session token file",
+        },
+        Section {
+            title: "EXIT STATUS",
+            body: "0 when stopped, 1 when the agent cannot start (no gateway, no token, no \
+                   interface) or fails, 2 on a usage error.",
+        },
+        Section {
+            title: "EXAMPLES",
+            body: "\
+  itcp-mh-agent --interface wlan0 --mh 10.2.0.100 --config /etc/itcp/mh.toml
+  itcp-mh-agent --interface air0 --mh 10.2.0.100 --gateway 10.2.0.1 --policy lazy",
+        },
+        Section {
+            title: "SEE ALSO",
+            body: "msrd(1), itcpctl(1)",
+        },
+    ],
+};
+
+/// The command line, before the configuration file and the environment fill the gaps.
+#[derive(Debug, Default, PartialEq)]
+struct Opts {
+    interface: String,
+    mh: Option<IpAddr>,
+    config: Option<String>,
+    gateway: Option<IpAddr>,
+    policy: Option<Policy>,
+    hysteresis_ms: Option<u64>,
+    beacon_interval_ms: Option<u64>,
+    beacon_port: Option<u16>,
+    greet_port: Option<u16>,
+    token_file: Option<String>,
+}
+
+fn parse(mut a: Args) -> itcp_cli::Result<Opts> {
+    let mut o = Opts::default();
+    while let Some(arg) = a.next()? {
+        match arg {
+            Arg::Flag("interface") => o.interface = a.value("interface")?,
+            Arg::Flag("mh") => o.mh = Some(a.parse("mh", "an IP address")?),
+            Arg::Flag("config") => o.config = Some(a.value("config")?),
+            Arg::Flag("gateway") => o.gateway = Some(a.parse("gateway", "an IP address")?),
+            Arg::Flag("policy") => {
+                o.policy = Some(match a.choice("policy", &["eager", "lazy"])? {
+                    "lazy" => Policy::Lazy,
+                    _ => Policy::Eager,
+                })
+            }
+            Arg::Flag("hysteresis-ms") => o.hysteresis_ms = Some(a.int("hysteresis-ms")?),
+            Arg::Flag("beacon-interval-ms") => {
+                o.beacon_interval_ms = Some(a.int_in("beacon-interval-ms", 1, u64::MAX as i128)?)
+            }
+            Arg::Flag("beacon-port") => o.beacon_port = Some(a.port("beacon-port")?),
+            Arg::Flag("greet-port") => o.greet_port = Some(a.port("greet-port")?),
+            Arg::Flag("token-file") => o.token_file = Some(a.value("token-file")?),
+            other => return Err(a.unexpected(other)),
+        }
+    }
+    if o.interface.is_empty() {
+        return Err(a.usage("--interface IF is required"));
+    }
+    if o.mh.is_none() {
+        return Err(a.usage("--mh ADDR (the MH's address) is required"));
+    }
+    Ok(o)
+}
+
+fn fail(msg: impl std::fmt::Display) -> ExitCode {
     eprintln!("itcp-mh-agent: {msg}");
-    eprintln!("usage: itcp-mh-agent --interface IF --mh ADDR [--gateway ADDR] [--policy eager|lazy] [--hysteresis-ms N] [--beacon-interval-ms N] [--beacon-port N] [--greet-port N] [--token-file PATH]");
-    ExitCode::from(2)
+    ExitCode::FAILURE
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let get = |name: &str| -> Option<String> {
-        let i = args.iter().position(|a| a == name)?;
-        args.get(i + 1).cloned()
+    let o = match parse(Args::from_env(&SPEC)) {
+        Ok(o) => o,
+        Err(stop) => return itcp_cli::exit(&SPEC, stop),
     };
-    let Some(interface) = get("--interface") else {
-        return usage("--interface is required");
+    let file = match &o.config {
+        Some(path) => match MhConfig::load(path) {
+            Ok(c) => Some(c),
+            Err(e) => return fail(e),
+        },
+        None => None,
     };
-    let Some(mh) = get("--mh").and_then(|s| s.parse::<IpAddr>().ok()) else {
-        return usage("--mh ADDR (the MH's address) is required");
+    let mut opts = match &file {
+        Some(c) => MhOptions::from_config(c),
+        None => MhOptions::new(),
     };
-    let mut opts = MhOptions::new();
-    if let Some(f) = get("--token-file") {
+    if let Some(f) = &o.token_file {
         opts = opts.token_file(f);
     }
-    let gateway = match get("--gateway") {
-        Some(g) => match g.parse::<IpAddr>() {
-            Ok(ip) => ip,
-            Err(_) => return usage(&format!("--gateway {g:?} is not an address")),
-        },
+    let gateway = match o.gateway {
+        Some(ip) => ip,
         None => match opts.resolve_gateway() {
             Ok(sa) => sa.ip(),
-            Err(e) => return usage(&e.to_string()),
+            Err(e) => return fail(format!("{e} (or give --gateway)")),
         },
     };
     let token = match opts.resolve_token() {
         Ok(t) => t,
-        Err(e) => return usage(&format!("session token: {e}")),
+        Err(e) => return fail(format!("session token: {e}")),
     };
-    let mut cfg = AgentConfig::new(&interface, mh, gateway, token);
-    let num = |v: Option<String>, name: &str| -> Result<Option<u64>, ExitCode> {
-        v.map(|s| {
-            s.parse::<u64>()
-                .map_err(|_| usage(&format!("{name} {s:?} is not a number")))
-        })
-        .transpose()
-    };
-    match get("--policy").as_deref() {
-        None | Some("eager") => cfg.policy = Policy::Eager,
-        Some("lazy") => cfg.policy = Policy::Lazy,
-        Some(p) => return usage(&format!("--policy {p:?}: expected eager or lazy")),
+    let mh = o.mh.expect("parse requires --mh");
+    let mut cfg = AgentConfig::new(&o.interface, mh, gateway, token);
+    if let Some(m) = file.as_ref().map(|c| &c.mobility) {
+        cfg.beacon_port = m.beacon_port;
+        cfg.hysteresis = m.hysteresis();
+        cfg.policy = match m.policy {
+            MobilityPolicy::Eager => Policy::Eager,
+            MobilityPolicy::Lazy => Policy::Lazy,
+        };
     }
-    let parsed = (|| -> Result<(), ExitCode> {
-        if let Some(v) = num(get("--hysteresis-ms"), "--hysteresis-ms")? {
-            cfg.hysteresis = Duration::from_millis(v);
-        }
-        if let Some(v) = num(get("--beacon-interval-ms"), "--beacon-interval-ms")? {
-            cfg.beacon_interval = Duration::from_millis(v.max(1));
-        }
-        if let Some(v) = num(get("--beacon-port"), "--beacon-port")? {
-            cfg.beacon_port = v as u16;
-        }
-        if let Some(v) = num(get("--greet-port"), "--greet-port")? {
-            cfg.greet_port = v as u16;
-        }
-        Ok(())
-    })();
-    if let Err(c) = parsed {
-        return c;
+    if let Some(p) = o.policy {
+        cfg.policy = p;
+    }
+    if let Some(v) = o.hysteresis_ms {
+        cfg.hysteresis = Duration::from_millis(v);
+    }
+    if let Some(v) = o.beacon_interval_ms {
+        cfg.beacon_interval = Duration::from_millis(v);
+    }
+    if let Some(v) = o.beacon_port {
+        cfg.beacon_port = v;
+    }
+    if let Some(v) = o.greet_port {
+        cfg.greet_port = v;
     }
     let mut agent = match Agent::new(cfg) {
         Ok(a) => a,
-        Err(e) => {
-            eprintln!("itcp-mh-agent: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(e) => return fail(e),
     };
     let stop = AtomicBool::new(false);
     let r = agent.run(&stop, |ev| {
@@ -105,8 +258,72 @@ fn main() -> ExitCode {
         let _ = out.flush();
     });
     if let Err(e) = r {
-        eprintln!("itcp-mh-agent: {e}");
-        return ExitCode::FAILURE;
+        return fail(e);
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use itcp_cli::Stop;
+
+    fn p(a: &[&str]) -> itcp_cli::Result<Opts> {
+        parse(Args::new(&SPEC, a.iter().copied()))
+    }
+
+    fn err(a: &[&str]) -> String {
+        match p(a) {
+            Err(Stop::Usage(m, _)) => m,
+            other => panic!("{a:?}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn table_and_parser_agree() {
+        itcp_cli::check_table(&SPEC, parse);
+        let o = p(&[
+            "--interface",
+            "air0",
+            "--mh",
+            "10.2.0.100",
+            "--policy",
+            "lazy",
+            "--beacon-port",
+            "65535",
+            "--hysteresis-ms",
+            "0",
+        ])
+        .unwrap();
+        assert_eq!(o.policy, Some(Policy::Lazy));
+        assert_eq!((o.beacon_port, o.hysteresis_ms), (Some(65535), Some(0)));
+    }
+
+    #[test]
+    fn bad_values_and_unknown_flags_are_errors_naming_the_flag() {
+        let base = ["--interface", "air0", "--mh", "10.2.0.100"];
+        let with = |extra: &[&str]| {
+            let mut v = base.to_vec();
+            v.extend_from_slice(extra);
+            err(&v)
+        };
+        assert_eq!(
+            with(&["--beacon-port", "70000"]),
+            "--beacon-port: 70000 is not a port (1-65535)"
+        );
+        assert_eq!(
+            with(&["--greet-port", "0"]),
+            "--greet-port: 0 is not a port (1-65535)"
+        );
+        assert_eq!(with(&["--frobnicate"]), "unknown flag --frobnicate");
+        assert!(with(&["--beacon-interval-ms", "0"])
+            .starts_with("--beacon-interval-ms: 0 is out of range"));
+        assert!(with(&["--hysteresis-ms", "-5"]).starts_with("--hysteresis-ms: -5 is out of range"));
+        assert!(
+            with(&["--policy", "fast"]).starts_with("--policy: \"fast\" is not one of eager, lazy")
+        );
+        assert!(with(&["--gateway", "gw"]).starts_with("--gateway:"));
+        assert_eq!(err(&["--mh", "10.2.0.100"]), "--interface IF is required");
+        assert!(err(&["--interface", "air0", "--mh", "x"]).starts_with("--mh:"));
+    }
 }

@@ -8,24 +8,165 @@
 //! ```
 //!
 //! `handoffs` reads the handoff log (`[handoff] log_file`), not the daemon: it works
-//! whether or not msrd is running.
+//! whether or not msrd is running. The command line is the table [`SPEC`] (also
+//! `--help` and the man page).
 
 use std::io::{BufRead, BufReader, Write};
+use std::net::IpAddr;
 use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use itcp_cli::{Arg, Args, Command, Flag, Section, Spec};
 use itcp_proto::control::{Body, Reply, Request};
 
-const USAGE: &str = "usage: itcpctl [--socket PATH | --config MSRD.toml] (sessions [--json] | stats [--json] | metrics)
-       itcpctl [--log FILE | --config MSRD.toml] handoffs [--mh ADDR] [--failed] [--json]
-  --socket PATH   msrd's control socket (default /run/msrd/control.sock)
-  --config FILE   take the control socket and handoff log from msrd's config file
-  --log FILE      the handoff log (default /var/log/itcp/handoffs.jsonl)
-  --mh ADDR       only handoffs of this mobile host
-  --failed        only handoffs that did not move everything";
+const JSON: Flag = Flag::switch(
+    "json",
+    "Print the daemon's reply as JSON (one object) instead of a table.",
+);
+
+static SPEC: Spec = Spec {
+    name: "itcpctl",
+    version: env!("CARGO_PKG_VERSION"),
+    about: "show the sessions, counters and handoffs of a running msrd",
+    synopsis: &[
+        "[--socket PATH | --config FILE] sessions [--json]",
+        "[--socket PATH | --config FILE] stats [--json]",
+        "[--socket PATH | --config FILE] metrics",
+        "[--log FILE | --config FILE] handoffs [--mh ADDR] [--failed] [--json]",
+    ],
+    description: "\
+itcpctl asks a running msrd(1) over its control socket for its relayed connections
+(sessions), its counters (stats) or its Prometheus metrics (metrics), and reads the
+handoff log that msrd writes (handoffs), whether or not msrd is running.
+
+Global options (--socket, --config, --log) come before or after the command; the
+command's own options come after it. --socket and --log win over --config.",
+    flags: &[
+        Flag::value(
+            "socket",
+            "PATH",
+            "msrd's control socket (default /run/msrd/control.sock).",
+        ),
+        Flag::value(
+            "config",
+            "FILE",
+            "Take the control socket ([msr] control_socket) and the handoff log ([handoff] \
+             log_file) from msrd's configuration file.",
+        ),
+        Flag::value(
+            "log",
+            "FILE",
+            "The handoff log (default /var/log/itcp/handoffs.jsonl).",
+        ),
+    ],
+    commands: &[
+        Command {
+            name: "sessions",
+            synopsis: "[--json]",
+            about: "The relayed connections: id, kind, MH and fixed host, age, bytes each way, \
+                    and whether a handoff froze or moved them in.",
+            flags: &[JSON],
+        },
+        Command {
+            name: "stats",
+            synopsis: "[--json]",
+            about: "The daemon's counters (connections, bytes, refusals, handoffs).",
+            flags: &[JSON],
+        },
+        Command {
+            name: "metrics",
+            synopsis: "",
+            about: "The counters in the Prometheus text format, as /metrics serves them.",
+            flags: &[],
+        },
+        Command {
+            name: "handoffs",
+            synopsis: "[--mh ADDR] [--failed] [--json]",
+            about: "The handoff log as a table (or JSON lines): when, which MH, from which MSR \
+                    to which, how many connections moved, how long it took.",
+            flags: &[
+                Flag::value("mh", "ADDR", "Only handoffs of the MH with this address."),
+                Flag::switch(
+                    "failed",
+                    "Only handoffs that did not move every connection.",
+                ),
+                Flag::switch("json", "One JSON record per line, as in the log."),
+            ],
+        },
+    ],
+    sections: &[
+        Section {
+            title: "FILES",
+            body: "\
+  /run/msrd/control.sock            the control socket
+  /var/log/itcp/handoffs.jsonl      the handoff log
+  /etc/itcp/msrd.toml               msrd's configuration (--config)",
+        },
+        Section {
+            title: "EXIT STATUS",
+            body: "0 on success, 1 when msrd cannot be reached or refuses, or the log cannot be \
+                   read, 2 on a usage error.",
+        },
+        Section {
+            title: "EXAMPLES",
+            body: "\
+  itcpctl sessions
+  itcpctl --config /etc/itcp/msrd.toml stats --json
+  itcpctl handoffs --mh 10.2.0.100 --failed",
+        },
+        Section {
+            title: "SEE ALSO",
+            body: "msrd(1)",
+        },
+    ],
+};
+
+/// The command line.
+#[derive(Debug, Default)]
+struct Opts {
+    socket: Option<String>,
+    config: Option<String>,
+    log: Option<PathBuf>,
+    cmd: String,
+    mh: Option<IpAddr>,
+    failed: bool,
+    json: bool,
+}
+
+fn parse(mut a: Args) -> itcp_cli::Result<Opts> {
+    let mut o = Opts::default();
+    while let Some(arg) = a.next()? {
+        match arg {
+            Arg::Flag("socket") => o.socket = Some(a.value("socket")?),
+            Arg::Flag("config") => o.config = Some(a.value("config")?),
+            Arg::Flag("log") => o.log = Some(a.value("log")?.into()),
+            Arg::Flag("mh") => o.mh = Some(a.parse("mh", "an IP address")?),
+            Arg::Flag("failed") => o.failed = true,
+            Arg::Flag("json") => o.json = true,
+            Arg::Word(w) if a.current_command().is_none() => {
+                if !SPEC.commands.iter().any(|c| c.name == w) {
+                    return Err(a.usage(format!(
+                        "unknown command '{w}' (expected sessions, stats, metrics or handoffs)"
+                    )));
+                }
+                o.cmd = a.set_command(&w).name.to_string();
+            }
+            other => return Err(a.unexpected(other)),
+        }
+    }
+    if o.cmd.is_empty() {
+        return Err(a.usage("which command? (sessions, stats, metrics or handoffs)"));
+    }
+    Ok(o)
+}
 
 fn main() -> ExitCode {
-    match run() {
+    let o = match parse(Args::from_env(&SPEC)) {
+        Ok(o) => o,
+        Err(stop) => return itcp_cli::exit(&SPEC, stop),
+    };
+    match run(o) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("itcpctl: {e}");
@@ -92,41 +233,21 @@ fn print_reply(body: Body, as_json: bool) {
     }
 }
 
-fn run() -> Result<(), String> {
+fn run(o: Opts) -> Result<(), String> {
     let mut socket = "/run/msrd/control.sock".to_string();
-    let mut log = std::path::PathBuf::from("/var/log/itcp/handoffs.jsonl");
-    let mut filter = itcp_handoff::log::Filter::default();
-    let mut cmd = None;
-    let mut as_json = false;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--socket" => socket = args.next().ok_or("--socket needs a path")?,
-            "--config" => {
-                let f = args.next().ok_or("--config needs a file")?;
-                let cfg = itcp_config::MsrdConfig::load(&f).map_err(|e| e.to_string())?;
-                socket = cfg.msr.control_socket.display().to_string();
-                log = cfg.handoff.log_file.clone();
-            }
-            "--log" => log = args.next().ok_or("--log needs a file")?.into(),
-            "--mh" => {
-                let a = args.next().ok_or("--mh needs an address")?;
-                filter.mh = Some(
-                    a.parse()
-                        .map_err(|_| format!("--mh {a:?} is not an address"))?,
-                );
-            }
-            "--failed" => filter.failed_only = true,
-            "--json" => as_json = true,
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return Ok(());
-            }
-            "sessions" | "stats" | "metrics" | "handoffs" if cmd.is_none() => cmd = Some(a),
-            _ => return Err(format!("unexpected argument {a:?}\n{USAGE}")),
-        }
+    let mut log = PathBuf::from("/var/log/itcp/handoffs.jsonl");
+    if let Some(f) = &o.config {
+        let cfg = itcp_config::MsrdConfig::load(f).map_err(|e| e.to_string())?;
+        socket = cfg.msr.control_socket.display().to_string();
+        log = cfg.handoff.log_file.clone();
     }
-    let cmd = cmd.ok_or(format!("which command?\n{USAGE}"))?;
+    let socket = o.socket.unwrap_or(socket);
+    let log = o.log.unwrap_or(log);
+    let filter = itcp_handoff::log::Filter {
+        mh: o.mh,
+        failed_only: o.failed,
+    };
+    let (cmd, as_json) = (o.cmd, o.json);
     if cmd == "handoffs" {
         let (records, bad) = itcp_handoff::log::read(&log, &filter).map_err(|e| e.to_string())?;
         for b in &bad {
@@ -148,4 +269,33 @@ fn run() -> Result<(), String> {
     };
     print_reply(request(&socket, req)?, as_json);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(a: &[&str]) -> itcp_cli::Result<Opts> {
+        parse(Args::new(&SPEC, a.iter().copied()))
+    }
+
+    #[test]
+    fn table_and_parser_agree() {
+        itcp_cli::check_table(&SPEC, parse);
+        let o = p(&["--socket", "/s", "sessions", "--json"]).unwrap();
+        assert_eq!(
+            (o.socket.as_deref(), o.cmd.as_str(), o.json),
+            (Some("/s"), "sessions", true)
+        );
+        let o = p(&["handoffs", "--mh", "10.2.0.100", "--failed", "--log", "/l"]).unwrap();
+        assert_eq!(o.mh, Some("10.2.0.100".parse().unwrap()));
+        assert!(o.failed && o.log == Some("/l".into()));
+        // Command options belong to their command.
+        assert!(p(&["sessions", "--mh", "10.2.0.100"]).is_err());
+        assert!(p(&["--json", "sessions"]).is_err());
+        assert!(p(&["handoffs", "--mh", "nope"]).is_err());
+        assert!(p(&["bogus"]).is_err());
+        assert!(p(&["sessions", "stats"]).is_err());
+        assert!(p(&[]).is_err());
+    }
 }

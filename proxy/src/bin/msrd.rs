@@ -1,29 +1,115 @@
 //! `msrd`: the I-TCP mobility support router daemon.
 //!
 //! ```text
-//! msrd --config /etc/msrd/msrd.toml
-//! msrd --check-config /etc/msrd/msrd.toml
+//! msrd --config /etc/itcp/msrd.toml
+//! msrd --check-config /etc/itcp/msrd.toml
 //! ```
+//! The command line is the table [`SPEC`] (also `--help` and the man page).
 
 use std::process::ExitCode;
 
+use itcp_cli::{Arg, Args, Flag, Section, Spec};
 use itcp_config::MsrdConfig;
 
-const USAGE: &str = "usage: msrd --config FILE | --check-config FILE";
+static SPEC: Spec = Spec {
+    name: "msrd",
+    version: env!("CARGO_PKG_VERSION"),
+    about: "the I-TCP mobility support router daemon",
+    synopsis: &["--config FILE", "--check-config FILE"],
+    description: "\
+msrd runs on each mobility support router (MSR) of an I-TCP network. It is the SOCKS5
+gateway of the mobile hosts (MHs) in its cells: every connection of an MH to a fixed
+host is split in two at the MSR, a wireless part (MH to MSR) and a fixed part (MSR to
+fixed host), and msrd relays between them. When an MH moves to another cell, the new
+MSR's msrd fetches the MH's connections, with their TCP state and queued bytes, from the
+old one (TCP_REPAIR), so they survive the move without the fixed host noticing.
+
+msrd also announces its cells with beacons, can intercept the MHs' unmodified TCP
+connections transparently (nftables and TPROXY), answers itcpctl(1) on a control socket
+and records every handoff in a log.
+
+It runs in the foreground and logs to stderr (text or JSON, [msr] log_format).",
+    flags: &[
+        Flag::value(
+            "config",
+            "FILE",
+            "Run with the configuration in FILE (TOML; see /etc/itcp/msrd.toml for every key \
+             and its default).",
+        ),
+        Flag::value(
+            "check-config",
+            "FILE",
+            "Only read and validate FILE, print 'FILE: ok' and exit: 0 if it is valid, 1 with \
+             the file and the key at fault otherwise.",
+        ),
+    ],
+    commands: &[],
+    sections: &[
+        Section {
+            title: "SIGNALS",
+            body: "SIGTERM and SIGINT drain: msrd accepts no new connection and gives the open \
+                   ones [relay] drain_timeout_ms to finish, then removes its interception rules \
+                   and exits.",
+        },
+        Section {
+            title: "ENVIRONMENT",
+            body: "MSRD_LOG overrides [msr] log_level (error, warn, info, debug, trace, or a \
+                   tracing filter).",
+        },
+        Section {
+            title: "FILES",
+            body: "\
+  /etc/itcp/msrd.toml                 the configuration (systemd unit msrd.service)
+  /etc/itcp/msrd-transparent.toml     an example with transparent interception
+  /run/msrd/control.sock              the control socket ([msr] control_socket)
+  /var/log/itcp/handoffs.jsonl        the handoff log ([handoff] log_file)",
+        },
+        Section {
+            title: "EXIT STATUS",
+            body: "0 after a clean shutdown or a valid --check-config; 1 when the configuration \
+                   is invalid or the daemon fails; 2 on a usage error.",
+        },
+        Section {
+            title: "EXAMPLES",
+            body: "\
+  msrd --check-config /etc/itcp/msrd.toml
+  systemctl enable --now msrd",
+        },
+        Section {
+            title: "SEE ALSO",
+            body: "itcpctl(1), itcp-mh-agent(1)",
+        },
+    ],
+};
+
+/// What the command line asks for.
+#[derive(Debug, PartialEq)]
+enum Mode {
+    Run(String),
+    Check(String),
+}
+
+fn parse(mut a: Args) -> itcp_cli::Result<Mode> {
+    let mut mode = None;
+    while let Some(arg) = a.next()? {
+        let m = match arg {
+            Arg::Flag("config") => Mode::Run(a.value("config")?),
+            Arg::Flag("check-config") => Mode::Check(a.value("check-config")?),
+            other => return Err(a.unexpected(other)),
+        };
+        if mode.is_some() {
+            return Err(a.usage("give one of --config and --check-config, once"));
+        }
+        mode = Some(m);
+    }
+    mode.ok_or_else(|| a.usage("--config FILE or --check-config FILE is required"))
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let (check, path) = match args.as_slice() {
-        [f, p] if f == "--config" => (false, p.clone()),
-        [f, p] if f == "--check-config" => (true, p.clone()),
-        [h] if h == "-h" || h == "--help" => {
-            println!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        _ => {
-            eprintln!("msrd: {USAGE}");
-            return ExitCode::from(2);
-        }
+    let (check, path) = match parse(Args::from_env(&SPEC)) {
+        Ok(Mode::Run(p)) => (false, p),
+        Ok(Mode::Check(p)) => (true, p),
+        Err(stop) => return itcp_cli::exit(&SPEC, stop),
     };
     let cfg = match MsrdConfig::load(&path) {
         Ok(c) => c,
@@ -36,7 +122,10 @@ fn main() -> ExitCode {
         println!("{path}: ok");
         return ExitCode::SUCCESS;
     }
-    itcp_proxy::logging::init(&cfg);
+    if let Err(e) = itcp_proxy::logging::init(&cfg) {
+        eprintln!("msrd: {e}");
+        return ExitCode::from(2);
+    }
     match itcp_proxy::daemon::run(cfg) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -44,5 +133,23 @@ fn main() -> ExitCode {
             eprintln!("msrd: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(a: &[&str]) -> itcp_cli::Result<Mode> {
+        parse(Args::new(&SPEC, a.iter().copied()))
+    }
+
+    #[test]
+    fn table_and_parser_agree() {
+        itcp_cli::check_table(&SPEC, parse);
+        assert_eq!(p(&["--config", "f"]), Ok(Mode::Run("f".into())));
+        assert_eq!(p(&["--check-config=f"]), Ok(Mode::Check("f".into())));
+        assert!(p(&[]).is_err());
+        assert!(p(&["--config", "a", "--check-config", "b"]).is_err());
     }
 }

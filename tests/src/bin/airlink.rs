@@ -18,13 +18,71 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::process::ExitCode;
 
+use itcp_cli::{Arg, Args, Flag, Section, Spec};
 use itcp_testbed::emu::{parse_mac, Emulator, Reply, ReplyBody, Request, Topology};
 use itcp_testbed::sys;
 
-const USAGE: &str = "usage: airlink --config TOPOLOGY.json --control SOCKET";
+static SPEC: Spec = Spec {
+    name: "airlink",
+    version: env!("CARGO_PKG_VERSION"),
+    about: "the I-TCP testbed's user-space link emulator",
+    synopsis: &["--config TOPOLOGY.json --control SOCKET"],
+    description: "\
+airlink holds one TAP device per emulated port, created in the network namespaces of a
+testbed lab (itcp-lab(1) starts it), and carries frames between them through emulated
+links and cells: bandwidth, delay, loss models, bandwidth traces (mahimahi format, with
+\"trace_file\": PATH), and cell association of the mobile host.
+
+It prints 'ready' on stdout once every device exists and the control socket listens,
+then answers JSON-line requests on the control socket (itcp-lab ctl). It dies with its
+parent process.",
+    flags: &[
+        Flag::value(
+            "config",
+            "TOPOLOGY.json",
+            "The topology: ports (namespace, interface, MAC), links and cells (required).",
+        ),
+        Flag::value(
+            "control",
+            "SOCKET",
+            "Where to listen for control requests, a Unix socket path (required).",
+        ),
+    ],
+    commands: &[],
+    sections: &[
+        Section {
+            title: "EXIT STATUS",
+            body: "1 when the topology is invalid or a device cannot be created, 2 on a usage \
+                   error; otherwise it runs until killed.",
+        },
+        Section {
+            title: "SEE ALSO",
+            body: "itcp-lab(1), ttcp(1)",
+        },
+    ],
+};
+
+fn parse(mut a: Args) -> itcp_cli::Result<(String, String)> {
+    let (mut config, mut control) = (None, None);
+    while let Some(arg) = a.next()? {
+        match arg {
+            Arg::Flag("config") => config = Some(a.value("config")?),
+            Arg::Flag("control") => control = Some(a.value("control")?),
+            other => return Err(a.unexpected(other)),
+        }
+    }
+    match (config, control) {
+        (Some(c), Some(s)) => Ok((c, s)),
+        _ => Err(a.usage("--config and --control are required")),
+    }
+}
 
 fn main() -> ExitCode {
-    match run() {
+    let (config, control) = match parse(Args::from_env(&SPEC)) {
+        Ok(a) => a,
+        Err(stop) => return itcp_cli::exit(&SPEC, stop),
+    };
+    match run(config, control) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("airlink: {e}");
@@ -38,24 +96,7 @@ struct Client {
     buf: Vec<u8>,
 }
 
-fn run() -> Result<(), String> {
-    let mut config = None;
-    let mut control = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--config" => config = args.next(),
-            "--control" => control = args.next(),
-            "-h" | "--help" => {
-                println!("{USAGE}");
-                return Ok(());
-            }
-            other => return Err(format!("unknown argument {other:?}\n{USAGE}")),
-        }
-    }
-    let (Some(config), Some(control)) = (config, control) else {
-        return Err(format!("--config and --control are required\n{USAGE}"));
-    };
+fn run(config: String, control: String) -> Result<(), String> {
     // The lab owns us: if it dies, so do we (and with us every TAP device).
     sys::die_with_parent(libc::SIGKILL);
     sys::set_fine_timer_slack();
@@ -165,4 +206,21 @@ fn answer(emu: &mut Emulator, line: &[u8], write_errors: u64) -> Reply {
         c.write_errors = write_errors;
     }
     reply
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_and_parser_agree() {
+        itcp_cli::check_table(&SPEC, parse);
+        let p = |a: &[&str]| parse(Args::new(&SPEC, a.iter().copied()));
+        assert_eq!(
+            p(&["--config", "t.json", "--control", "c.sock"]),
+            Ok(("t.json".into(), "c.sock".into()))
+        );
+        assert!(p(&["--config", "t.json"]).is_err());
+        assert!(p(&["--config", "t.json", "--control", "c", "--bogus"]).is_err());
+    }
 }

@@ -3,107 +3,513 @@
 //! ```text
 //! itcp-lab demo [--seed S]                  the README's main job
 //! itcp-lab bench baseline [options]         the paper's regular-TCP columns, as a table
+//! itcp-lab bench {nomoves,relay,paper,handoff,conns,churn} [options]
 //! itcp-lab up [--msrs N]                    build a lab and keep it until Ctrl-C
+//! itcp-lab echo --listen ADDR:PORT          tokio echo server for load benchmarks
 //! itcp-lab ctl --control SOCKET JSON        one request to a running airlink
 //! itcp-lab cleanup [--all]                  remove labs left by killed runs
 //! ```
+//! The command line is the table [`SPEC`] (also `--help` and the man page).
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use itcp_cli::{Arg, Args, Command, Flag, Section, Spec};
 use itcp_testbed::baseline::MobileIpOpts;
 use itcp_testbed::lab::{self, Host, Lab, LabConfig};
 use itcp_testbed::report::{self, Table};
 use itcp_testbed::scenario::{self, Cells, Mode, Net, Run, Traffic};
 
-const USAGE: &str = "\
-usage:
-  itcp-lab demo [--seed S]
-      Builds the emulated network (FH, GW, 2 MSRs, MH), sends a stream from the FH
-      to the MH while it moves between the cells, and prints what happened.
-  itcp-lab bench baseline [--seeds N] [--nets lan,wan] [--scale F] [--buf BYTES|auto]
-                          [--cc NAME|default] [--json FILE]
-      Regular TCP (plain routers + Mobile-IP-like rerouting) in the paper's four
-      cell configurations. Defaults: 1 seed, both nets, 4 MB (LAN) / 2 MB (WAN)
-      scaled by F=1, 16 KiB buffers, reno.
-  itcp-lab bench nomoves [--seeds N] [--nets lan,wan] [--scale F] [--wireless 'TOML']
-      The paper's no-moves column: regular TCP vs I-TCP (msrd on the MSRs) with the
-      paper's parameters. --wireless is appended to msrd's config, e.g.
-      '[wireless]\ncongestion_control = \"cubic\"'.
-  itcp-lab bench relay [--seconds S] [--rounds N] [--json FILE]
-      Relay engine on an un-emulated veth path FH → MSR → MH: msrd vs HAProxy with
-      splice vs socat vs direct kernel forwarding (iperf3 bulk, ttcp rr latency).
-  itcp-lab bench paper [--seeds 5] [--scale 1] [--parallel 2] [--variants era,modern]
-                       [--nets lan,wan] [--others yes|no] [--sweep yes|no] [--msrd 'TOML']
-                       [--out docs]
-      the paper's Tables 1-2 (regular TCP vs I-TCP with handoffs), seeds 000/003
-      scenarios, optional sweep; writes docs/results.md and docs/results/*.svg
-  itcp-lab bench handoff [--conns 1,100,1000] [--moves N] [--gap yes|no]
-      handoff latency (greeting → resumed) with empty and full queues, and the gap
-      in bytes at the MH around one overlapped handoff
-  itcp-lab bench conns [--count N] [--bytes B]
-      N concurrent I-TCP connections (default 10000) through msrd, all held open,
-      then B bytes (default 16384) echoed and verified on each; msrd's RSS and
-      connection setup rate.
-  itcp-lab bench churn [--total N] [--concurrency C]
-      N short I-TCP connections (default 100000), C at a time (default 500); msrd
-      must end with the fds and sessions it started with (no leaks).
-  itcp-lab up [--msrs N] [--seed S]
-      Builds a lab (no emulated impairments) and keeps it until Ctrl-C.
-  itcp-lab echo --listen ADDR:PORT
-      A tokio echo server for load benchmarks (used by bench conns).
-  itcp-lab ctl --control SOCKET 'JSON'
-      Sends one request to a running airlink and prints the reply.
-  itcp-lab cleanup [--all]
-      Removes namespaces of labs whose process is gone (--all: of every lab).";
+const SEEDS: Flag = Flag::value(
+    "seeds",
+    "N",
+    "Seeds per configuration, at least 1 (default 1).",
+);
+const NETS: Flag = Flag::value(
+    "nets",
+    "lan,wan",
+    "The networks: the paper's LAN and WAN profiles (default both).",
+);
+const SCALE: Flag = Flag::value(
+    "scale",
+    "F",
+    "Transfer size factor, greater than 0: 4 MB (LAN) and 2 MB (WAN) times F (default 1).",
+);
+const JSON_OUT: Flag = Flag::value(
+    "json",
+    "FILE",
+    "Also write every run's outcome to FILE (JSON).",
+);
+
+static SPEC: Spec = Spec {
+    name: "itcp-lab",
+    version: env!("CARGO_PKG_VERSION"),
+    about: "the I-TCP testbed: emulated networks, benchmarks and the paper's tables",
+    synopsis: &[],
+    description: "\
+itcp-lab builds an emulated I-TCP network in network namespaces on this machine: a
+fixed host (FH), a gateway (GW), mobility support routers (MSRs) with their wireless
+cells, and a mobile host (MH), linked by airlink(1), the user-space link emulator. On it
+it runs msrd(1), itcp-mh-agent(1) and ttcp(1) to demonstrate and measure I-TCP against
+regular TCP with Mobile-IP-like rerouting, as in the paper's tables.
+
+It needs root (namespaces, TAP devices). Labs are removed when itcp-lab exits; a killed
+run's lab is removed by 'itcp-lab cleanup'.",
+    flags: &[],
+    commands: &[
+        Command {
+            name: "demo",
+            synopsis: "[--seed S]",
+            about: "Builds the emulated network (FH, GW, 2 MSRs, MH), sends a stream from the FH \
+                    to the MH while it moves between the cells, and prints what happened.",
+            flags: &[Flag::value("seed", "S", "Seed of the emulator's random losses (default 1).")],
+        },
+        Command {
+            name: "bench baseline",
+            synopsis: "[--seeds N] [--nets lan,wan] [--scale F] [--buf BYTES|auto]
+[--cc NAME|default] [--json FILE]",
+            about: "Regular TCP (plain routers + Mobile-IP-like rerouting) in the paper's four \
+                    cell configurations. Defaults: 1 seed, both nets, 4 MB (LAN) / 2 MB (WAN) \
+                    scaled by F=1, 16 KiB buffers, reno.",
+            flags: &[
+                SEEDS,
+                NETS,
+                SCALE,
+                Flag::value(
+                    "buf",
+                    "BYTES|auto",
+                    "Socket buffers of the transfer (default 16384; auto: kernel autotuning).",
+                ),
+                Flag::value(
+                    "cc",
+                    "NAME|default",
+                    "The FH's congestion control (default reno; default: the kernel's).",
+                ),
+                JSON_OUT,
+            ],
+        },
+        Command {
+            name: "bench nomoves",
+            synopsis: "[--seeds N] [--nets lan,wan] [--scale F] [--wireless 'TOML']",
+            about: "The paper's no-moves column: regular TCP vs I-TCP (msrd on the MSRs) with \
+                    the paper's parameters.",
+            flags: &[
+                SEEDS,
+                NETS,
+                SCALE,
+                Flag::value(
+                    "wireless",
+                    "TOML",
+                    "Appended to msrd's config, e.g. '[wireless]\\ncongestion_control = \"cubic\"'.",
+                ),
+            ],
+        },
+        Command {
+            name: "bench relay",
+            synopsis: "[--seconds S] [--rounds N] [--json FILE]",
+            about: "Relay engine on an un-emulated veth path FH → MSR → MH: msrd vs HAProxy with \
+                    splice vs socat vs direct kernel forwarding (iperf3 bulk, ttcp rr latency).",
+            flags: &[
+                Flag::value("seconds", "S", "Seconds per bulk measurement, at least 1 (default 5)."),
+                Flag::value("rounds", "N", "Rounds of every measurement, at least 1 (default 3)."),
+                JSON_OUT,
+            ],
+        },
+        Command {
+            name: "bench paper",
+            synopsis: "[--seeds 5] [--scale 1] [--parallel 2] [--variants era,modern]
+[--nets lan,wan] [--others yes|no] [--sweep yes|no] [--msrd 'TOML']
+[--out docs]",
+            about: "The paper's Tables 1-2 (regular TCP vs I-TCP with handoffs), seeds 000/003 \
+                    scenarios, optional sweep; writes docs/results.md and docs/results/*.svg.",
+            flags: &[
+                Flag::value("seeds", "N", "Seeds per configuration, at least 1 (default 5)."),
+                SCALE,
+                Flag::value("parallel", "N", "Runs at a time, each on its own lab (default 2)."),
+                Flag::value(
+                    "variants",
+                    "era,modern",
+                    "era: the paper's 1995 TCP parameters; modern: today's defaults (default both).",
+                ),
+                NETS,
+                Flag::value(
+                    "others",
+                    "yes|no",
+                    "Also run the seed 000 and 003 scenarios (default yes).",
+                ),
+                Flag::value("sweep", "yes|no", "Also run the parameter sweep (default no)."),
+                Flag::value(
+                    "msrd",
+                    "TOML",
+                    "Appended to every msrd config of the I-TCP runs ('\\n' for newlines).",
+                ),
+                Flag::value("out", "DIR", "Where results.md and results/*.svg go (default docs)."),
+            ],
+        },
+        Command {
+            name: "bench handoff",
+            synopsis: "[--conns 1,100,1000] [--moves N] [--gap yes|no]",
+            about: "Handoff latency (greeting → resumed) with empty and full queues, and the gap \
+                    in bytes at the MH around one overlapped handoff.",
+            flags: &[
+                Flag::value(
+                    "conns",
+                    "N,N,...",
+                    "Connection counts to measure (default 1,100,1000).",
+                ),
+                Flag::value("moves", "N", "Moves per measurement (default 6)."),
+                Flag::value("gap", "yes|no", "Also measure the gap (default yes)."),
+            ],
+        },
+        Command {
+            name: "bench conns",
+            synopsis: "[--count N] [--bytes B]",
+            about: "N concurrent I-TCP connections (default 10000) through msrd, all held open, \
+                    then B bytes (default 16384) echoed and verified on each; msrd's RSS and \
+                    connection setup rate.",
+            flags: &[
+                Flag::value("count", "N", "Concurrent connections (default 10000)."),
+                Flag::value("bytes", "B", "Bytes echoed on each (default 16384)."),
+            ],
+        },
+        Command {
+            name: "bench churn",
+            synopsis: "[--total N] [--concurrency C]",
+            about: "N short I-TCP connections (default 100000), C at a time (default 500); msrd \
+                    must end with the fds and sessions it started with (no leaks).",
+            flags: &[
+                Flag::value("total", "N", "Connections in all (default 100000)."),
+                Flag::value("concurrency", "C", "Connections at a time (default 500)."),
+            ],
+        },
+        Command {
+            name: "up",
+            synopsis: "[--msrs N] [--seed S]",
+            about: "Builds a lab (no emulated impairments) and keeps it until Ctrl-C.",
+            flags: &[
+                Flag::value("msrs", "N", "Number of MSRs (cells), at least 1 (default 2)."),
+                Flag::value("seed", "S", "Seed of the emulator's random losses."),
+            ],
+        },
+        Command {
+            name: "echo",
+            synopsis: "--listen ADDR:PORT",
+            about: "A tokio echo server for load benchmarks (used by bench conns).",
+            flags: &[Flag::value("listen", "ADDR:PORT", "Where to listen (required).")],
+        },
+        Command {
+            name: "ctl",
+            synopsis: "--control SOCKET 'JSON'",
+            about: "Sends one request to a running airlink and prints the reply.",
+            flags: &[Flag::value(
+                "control",
+                "SOCKET",
+                "The airlink's control socket (itcp-lab up prints it) (required).",
+            )],
+        },
+        Command {
+            name: "cleanup",
+            synopsis: "[--all]",
+            about: "Removes namespaces of labs whose process is gone.",
+            flags: &[Flag::switch("all", "Remove the namespaces of every lab, live or not.")],
+        },
+    ],
+    sections: &[
+        Section {
+            title: "EXIT STATUS",
+            body: "0 on success, 1 when a run fails or a benchmark's check fails, 2 on a usage \
+                   error.",
+        },
+        Section {
+            title: "EXAMPLES",
+            body: "\
+  itcp-lab demo
+  itcp-lab bench baseline --nets lan --scale 0.03
+  itcp-lab bench paper --seeds 5 --parallel 2 --out docs",
+        },
+        Section {
+            title: "SEE ALSO",
+            body: "msrd(1), itcp-mh-agent(1), airlink(1), ttcp(1)",
+        },
+    ],
+};
+
+/// What the command line asks for.
+enum Job {
+    Demo(u64),
+    Baseline(Baseline),
+    NoMoves(NoMoves),
+    Relay(u64, usize, Option<String>),
+    Paper(itcp_testbed::paper::PaperOpts),
+    Handoff(Vec<usize>, usize, bool),
+    Conns(usize, usize),
+    Churn(usize, usize),
+    Up(Box<LabConfig>),
+    Echo(std::net::SocketAddr),
+    Ctl(String, String),
+    Cleanup(bool),
+}
+
+struct Baseline {
+    seeds: u64,
+    nets: Vec<Net>,
+    scale: f64,
+    buf: Option<usize>,
+    cc: Option<String>,
+    json_out: Option<String>,
+}
+
+struct NoMoves {
+    seeds: u64,
+    nets: Vec<Net>,
+    scale: f64,
+    wireless: String,
+}
+
+fn yes_no(a: &mut Args, flag: &str) -> itcp_cli::Result<bool> {
+    Ok(a.choice(flag, &["yes", "no"])? == "yes")
+}
+
+fn nets(a: &mut Args) -> itcp_cli::Result<Vec<Net>> {
+    let v = a.value("nets")?;
+    parse_nets(&v).map_err(|e| a.usage(e))
+}
+
+fn parse(mut a: Args) -> itcp_cli::Result<Job> {
+    use itcp_testbed::paper::{PaperOpts, Variant};
+    let cmd = a.command()?.name;
+    let job = match cmd {
+        "demo" => {
+            let mut seed = 1;
+            while let Some(arg) = a.next()? {
+                match arg {
+                    Arg::Flag("seed") => seed = a.int("seed")?,
+                    other => return Err(a.unexpected(other)),
+                }
+            }
+            Job::Demo(seed)
+        }
+        "bench baseline" => {
+            let mut o = Baseline {
+                seeds: 1,
+                nets: vec![Net::lan(), Net::wan()],
+                scale: 1.0,
+                buf: Some(16 * 1024),
+                cc: Some("reno".to_string()),
+                json_out: None,
+            };
+            while let Some(arg) = a.next()? {
+                match arg {
+                    Arg::Flag("seeds") => o.seeds = a.int_in("seeds", 1, u64::MAX as i128)?,
+                    Arg::Flag("scale") => o.scale = a.positive_f64("scale")?,
+                    Arg::Flag("buf") => {
+                        let v = a.value("buf")?;
+                        o.buf = if v == "auto" {
+                            None
+                        } else {
+                            Some(v.parse().map_err(|_| {
+                                a.usage(format!("--buf: {v:?} is not a size in bytes or auto"))
+                            })?)
+                        }
+                    }
+                    Arg::Flag("cc") => {
+                        let v = a.value("cc")?;
+                        o.cc = if v == "default" { None } else { Some(v) }
+                    }
+                    Arg::Flag("json") => o.json_out = Some(a.value("json")?),
+                    Arg::Flag("nets") => o.nets = nets(&mut a)?,
+                    other => return Err(a.unexpected(other)),
+                }
+            }
+            Job::Baseline(o)
+        }
+        "bench nomoves" => {
+            let mut o = NoMoves {
+                seeds: 1,
+                nets: vec![Net::lan(), Net::wan()],
+                scale: 1.0,
+                wireless: String::new(),
+            };
+            while let Some(arg) = a.next()? {
+                match arg {
+                    Arg::Flag("seeds") => o.seeds = a.int_in("seeds", 1, u64::MAX as i128)?,
+                    Arg::Flag("scale") => o.scale = a.positive_f64("scale")?,
+                    Arg::Flag("nets") => o.nets = nets(&mut a)?,
+                    Arg::Flag("wireless") => o.wireless = a.value("wireless")?,
+                    other => return Err(a.unexpected(other)),
+                }
+            }
+            Job::NoMoves(o)
+        }
+        "bench relay" => {
+            let (mut seconds, mut rounds, mut json_out) = (5u64, 3usize, None);
+            while let Some(arg) = a.next()? {
+                match arg {
+                    Arg::Flag("seconds") => seconds = a.int_in("seconds", 1, u64::MAX as i128)?,
+                    Arg::Flag("rounds") => rounds = a.int_in("rounds", 1, usize::MAX as i128)?,
+                    Arg::Flag("json") => json_out = Some(a.value("json")?),
+                    other => return Err(a.unexpected(other)),
+                }
+            }
+            Job::Relay(seconds, rounds, json_out)
+        }
+        "bench paper" => {
+            let mut o = PaperOpts {
+                seeds: 5,
+                scale: 1.0,
+                parallel: 2,
+                variants: vec![Variant::Era, Variant::Modern],
+                nets: vec![Net::lan(), Net::wan()],
+                other_seeds: true,
+                sweep: false,
+                msrd_extra: String::new(),
+                out: "docs".into(),
+            };
+            while let Some(arg) = a.next()? {
+                match arg {
+                    Arg::Flag("seeds") => o.seeds = a.int_in("seeds", 1, u64::MAX as i128)?,
+                    Arg::Flag("scale") => o.scale = a.positive_f64("scale")?,
+                    Arg::Flag("parallel") => o.parallel = a.int("parallel")?,
+                    Arg::Flag("nets") => o.nets = nets(&mut a)?,
+                    Arg::Flag("variants") => {
+                        let v = a.value("variants")?;
+                        o.variants = v
+                            .split(',')
+                            .map(|x| match x {
+                                "era" => Ok(Variant::Era),
+                                "modern" => Ok(Variant::Modern),
+                                _ => Err(a.usage(format!(
+                                    "--variants: {x:?} is not a variant (era, modern)"
+                                ))),
+                            })
+                            .collect::<Result<_, _>>()?
+                    }
+                    Arg::Flag("others") => o.other_seeds = yes_no(&mut a, "others")?,
+                    Arg::Flag("sweep") => o.sweep = yes_no(&mut a, "sweep")?,
+                    Arg::Flag("msrd") => o.msrd_extra = a.value("msrd")?.replace("\\n", "\n"),
+                    Arg::Flag("out") => o.out = a.value("out")?.into(),
+                    other => return Err(a.unexpected(other)),
+                }
+            }
+            Job::Paper(o)
+        }
+        "bench handoff" => {
+            let (mut conns, mut moves, mut gap) = (vec![1usize, 100, 1000], 6usize, true);
+            while let Some(arg) = a.next()? {
+                match arg {
+                    Arg::Flag("conns") => {
+                        let v = a.value("conns")?;
+                        conns = v
+                            .split(',')
+                            .map(|n| {
+                                n.trim().parse::<usize>().map_err(|_| {
+                                    a.usage(format!("--conns: {n:?} is not a whole number"))
+                                })
+                            })
+                            .collect::<Result<_, _>>()?
+                    }
+                    Arg::Flag("moves") => moves = a.int("moves")?,
+                    Arg::Flag("gap") => gap = yes_no(&mut a, "gap")?,
+                    other => return Err(a.unexpected(other)),
+                }
+            }
+            Job::Handoff(conns, moves, gap)
+        }
+        "bench conns" => {
+            let (mut count, mut bytes) = (10_000usize, 16_384usize);
+            while let Some(arg) = a.next()? {
+                match arg {
+                    Arg::Flag("count") => count = a.int("count")?,
+                    Arg::Flag("bytes") => bytes = a.int("bytes")?,
+                    other => return Err(a.unexpected(other)),
+                }
+            }
+            Job::Conns(count, bytes)
+        }
+        "bench churn" => {
+            let (mut total, mut conc) = (100_000usize, 500usize);
+            while let Some(arg) = a.next()? {
+                match arg {
+                    Arg::Flag("total") => total = a.int("total")?,
+                    Arg::Flag("concurrency") => conc = a.int("concurrency")?,
+                    other => return Err(a.unexpected(other)),
+                }
+            }
+            Job::Churn(total, conc)
+        }
+        "up" => {
+            let mut cfg = LabConfig::default();
+            while let Some(arg) = a.next()? {
+                match arg {
+                    Arg::Flag("msrs") => cfg.msrs = a.int_in("msrs", 1, usize::MAX as i128)?,
+                    Arg::Flag("seed") => cfg.seed = a.int("seed")?,
+                    other => return Err(a.unexpected(other)),
+                }
+            }
+            Job::Up(Box::new(cfg))
+        }
+        "echo" => {
+            let mut listen = None;
+            while let Some(arg) = a.next()? {
+                match arg {
+                    Arg::Flag("listen") => listen = Some(a.parse("listen", "ADDR:PORT")?),
+                    other => return Err(a.unexpected(other)),
+                }
+            }
+            Job::Echo(listen.ok_or_else(|| a.usage("echo needs --listen ADDR:PORT"))?)
+        }
+        "ctl" => {
+            let (mut control, mut req) = (None, None);
+            while let Some(arg) = a.next()? {
+                match arg {
+                    Arg::Flag("control") => control = Some(a.value("control")?),
+                    Arg::Word(w) if req.is_none() => req = Some(w),
+                    other => return Err(a.unexpected(other)),
+                }
+            }
+            match (control, req) {
+                (Some(c), Some(r)) => Job::Ctl(c, r),
+                _ => return Err(a.usage("ctl needs --control SOCKET 'JSON'")),
+            }
+        }
+        _ => {
+            let mut all = false;
+            while let Some(arg) = a.next()? {
+                match arg {
+                    Arg::Flag("all") => all = true,
+                    other => return Err(a.unexpected(other)),
+                }
+            }
+            Job::Cleanup(all)
+        }
+    };
+    Ok(job)
+}
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let r = match args.first().map(String::as_str) {
-        Some("demo") => demo(&args[1..]),
-        Some("bench") if args.get(1).map(String::as_str) == Some("baseline") => {
-            bench_baseline(&args[2..])
-        }
-        Some("bench") if args.get(1).map(String::as_str) == Some("relay") => {
-            bench_relay(&args[2..])
-        }
-        Some("bench") if args.get(1).map(String::as_str) == Some("conns") => {
-            bench_conns(&args[2..])
-        }
-        Some("bench") if args.get(1).map(String::as_str) == Some("churn") => {
-            bench_churn(&args[2..])
-        }
-        Some("bench") if args.get(1).map(String::as_str) == Some("paper") => {
-            bench_paper(&args[2..])
-        }
-        Some("bench") if args.get(1).map(String::as_str) == Some("handoff") => {
-            bench_handoff(&args[2..])
-        }
-        Some("bench") if args.get(1).map(String::as_str) == Some("nomoves") => {
-            bench_nomoves(&args[2..])
-        }
-        Some("up") => up(&args[1..]),
-        Some("echo") => match args.get(1..3) {
-            Some([f, a]) if f == "--listen" => a
-                .parse()
-                .map_err(|_| format!("--listen: {a:?} is not ADDR:PORT"))
-                .and_then(|a| itcp_testbed::bench::echo_server(a).map_err(|e| e.to_string())),
-            _ => Err(format!("echo needs --listen ADDR:PORT\n{USAGE}")),
-        },
-        Some("ctl") => ctl(&args[1..]),
-        Some("cleanup") => {
-            let all = args.iter().any(|a| a == "--all");
+    let job = match parse(Args::from_env(&SPEC)) {
+        Ok(j) => j,
+        Err(stop) => return itcp_cli::exit(&SPEC, stop),
+    };
+    let r = match job {
+        Job::Demo(seed) => demo(seed),
+        Job::Baseline(o) => bench_baseline(o),
+        Job::NoMoves(o) => bench_nomoves(o),
+        Job::Relay(seconds, rounds, json_out) => bench_relay(seconds, rounds, json_out),
+        Job::Paper(o) => bench_paper(o),
+        Job::Handoff(conns, moves, gap) => bench_handoff(conns, moves, gap),
+        Job::Conns(count, bytes) => bench_conns(count, bytes),
+        Job::Churn(total, conc) => bench_churn(total, conc),
+        Job::Up(cfg) => up(*cfg),
+        Job::Echo(addr) => itcp_testbed::bench::echo_server(addr).map_err(|e| e.to_string()),
+        Job::Ctl(path, req) => ctl(&path, &req),
+        Job::Cleanup(all) => {
             let removed = lab::sweep(all);
             println!("removed {} lab(s) {}", removed.len(), removed.join(" "));
             Ok(())
         }
-        Some("-h" | "--help") => {
-            println!("{USAGE}");
-            Ok(())
-        }
-        _ => Err(format!("expected a command\n{USAGE}")),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -114,32 +520,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// `--flag value` pairs; unknown flags are errors.
-fn flags(args: &[String], known: &[&str]) -> Result<Vec<(String, String)>, String> {
-    let mut out = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if !known.contains(&a.as_str()) {
-            return Err(format!("unknown option {a:?}\n{USAGE}"));
-        }
-        let v = it.next().ok_or_else(|| format!("{a} needs a value"))?;
-        out.push((a.clone(), v.clone()));
-    }
-    Ok(out)
-}
-
-fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
-    v.parse()
-        .map_err(|_| format!("{flag}: {v:?} is not a valid number"))
-}
-
-fn demo(args: &[String]) -> Result<(), String> {
-    let mut seed = 1;
-    for (f, v) in flags(args, &["--seed"])? {
-        if f == "--seed" {
-            seed = num(&f, &v)?;
-        }
-    }
+fn demo(seed: u64) -> Result<(), String> {
     println!("I-TCP testbed demo: FH ── 10 Mbit/s, 1 ms ── GW ── LAN ── MSR1/MSR2 ~~ 2 Mbit/s cells, 2 ms, 1 % loss ~~ MH");
     println!("The FH sends 3 MiB to the MH (16 KiB buffers, reno) while the MH moves between");
     println!("the cells every 4 s with a 1 s blackout between them; MSRs beacon every 1 s.\n");
@@ -186,45 +567,15 @@ fn demo(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn bench_baseline(args: &[String]) -> Result<(), String> {
-    let mut seeds = 1u64;
-    let mut nets = vec![Net::lan(), Net::wan()];
-    let mut scale = 1.0f64;
-    let mut buf = Some(16 * 1024);
-    let mut cc = Some("reno".to_string());
-    let mut json_out = None;
-    for (f, v) in flags(
-        args,
-        &["--seeds", "--nets", "--scale", "--buf", "--cc", "--json"],
-    )? {
-        match f.as_str() {
-            "--seeds" => seeds = num(&f, &v)?,
-            "--scale" => scale = num(&f, &v)?,
-            "--buf" => {
-                buf = if v == "auto" {
-                    None
-                } else {
-                    Some(num(&f, &v)?)
-                }
-            }
-            "--cc" => cc = if v == "default" { None } else { Some(v) },
-            "--json" => json_out = Some(v),
-            "--nets" => {
-                nets = v
-                    .split(',')
-                    .map(|n| match n {
-                        "lan" => Ok(Net::lan()),
-                        "wan" => Ok(Net::wan()),
-                        _ => Err(format!("--nets: unknown network {n:?} (lan, wan)")),
-                    })
-                    .collect::<Result<_, _>>()?
-            }
-            _ => unreachable!(),
-        }
-    }
-    if seeds == 0 || scale.is_nan() || scale <= 0.0 {
-        return Err("--seeds and --scale must be positive".into());
-    }
+fn bench_baseline(o: Baseline) -> Result<(), String> {
+    let Baseline {
+        seeds,
+        nets,
+        scale,
+        buf,
+        cc,
+        json_out,
+    } = o;
     let mut table = Table::default();
     let mut all = Vec::new();
     for net in &nets {
@@ -285,18 +636,7 @@ fn bench_baseline(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn bench_relay(args: &[String]) -> Result<(), String> {
-    let (mut seconds, mut rounds, mut json_out) = (5u64, 3usize, None);
-    for (f, v) in flags(args, &["--seconds", "--rounds", "--json"])? {
-        match f.as_str() {
-            "--seconds" => seconds = num(&f, &v)?,
-            "--rounds" => rounds = num(&f, &v)?,
-            _ => json_out = Some(v),
-        }
-    }
-    if seconds == 0 || rounds == 0 {
-        return Err("--seconds and --rounds must be positive".into());
-    }
+fn bench_relay(seconds: u64, rounds: usize, json_out: Option<String>) -> Result<(), String> {
     let b = itcp_testbed::bench::relay(seconds, rounds, |l| eprintln!("{l}"))
         .map_err(|e| e.to_string())?;
     println!("{}", b.render());
@@ -307,14 +647,7 @@ fn bench_relay(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn bench_conns(args: &[String]) -> Result<(), String> {
-    let (mut count, mut bytes) = (10_000usize, 16_384usize);
-    for (f, v) in flags(args, &["--count", "--bytes"])? {
-        match f.as_str() {
-            "--count" => count = num(&f, &v)?,
-            _ => bytes = num(&f, &v)?,
-        }
-    }
+fn bench_conns(count: usize, bytes: usize) -> Result<(), String> {
     let b = itcp_testbed::bench::conns(count, bytes, |l| eprintln!("{l}"))
         .map_err(|e| e.to_string())?;
     println!("{}", serde_json::to_string_pretty(&b).unwrap());
@@ -339,14 +672,7 @@ fn bench_conns(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn bench_churn(args: &[String]) -> Result<(), String> {
-    let (mut total, mut conc) = (100_000usize, 500usize);
-    for (f, v) in flags(args, &["--total", "--concurrency"])? {
-        match f.as_str() {
-            "--total" => total = num(&f, &v)?,
-            _ => conc = num(&f, &v)?,
-        }
-    }
+fn bench_churn(total: usize, conc: usize) -> Result<(), String> {
     let b = itcp_testbed::bench::churn(total, conc.max(1), |l| eprintln!("{l}"))
         .map_err(|e| e.to_string())?;
     println!("{}", serde_json::to_string_pretty(&b).unwrap());
@@ -361,79 +687,15 @@ fn bench_churn(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn bench_paper(args: &[String]) -> Result<(), String> {
-    use itcp_testbed::paper::{self, PaperOpts, Variant};
-    let mut o = PaperOpts {
-        seeds: 5,
-        scale: 1.0,
-        parallel: 2,
-        variants: vec![Variant::Era, Variant::Modern],
-        nets: vec![Net::lan(), Net::wan()],
-        other_seeds: true,
-        sweep: false,
-        msrd_extra: String::new(),
-        out: "docs".into(),
-    };
-    for (f, v) in flags(
-        args,
-        &[
-            "--seeds",
-            "--scale",
-            "--parallel",
-            "--variants",
-            "--nets",
-            "--others",
-            "--sweep",
-            "--msrd",
-            "--out",
-        ],
-    )? {
-        match f.as_str() {
-            "--seeds" => o.seeds = num(&f, &v)?,
-            "--scale" => o.scale = num(&f, &v)?,
-            "--parallel" => o.parallel = num(&f, &v)?,
-            "--nets" => o.nets = parse_nets(&v)?,
-            "--variants" => {
-                o.variants = v
-                    .split(',')
-                    .map(|x| match x {
-                        "era" => Ok(Variant::Era),
-                        "modern" => Ok(Variant::Modern),
-                        _ => Err(format!("--variants: {x:?} (era, modern)")),
-                    })
-                    .collect::<Result<_, _>>()?
-            }
-            "--others" => o.other_seeds = v != "no",
-            "--sweep" => o.sweep = v != "no",
-            "--msrd" => o.msrd_extra = v.replace("\\n", "\n"),
-            _ => o.out = v.into(),
-        }
-    }
-    if o.seeds == 0 || o.scale.is_nan() || o.scale <= 0.0 || o.variants.is_empty() {
-        return Err("--seeds, --scale and --variants must be non-empty/positive".into());
-    }
+fn bench_paper(o: itcp_testbed::paper::PaperOpts) -> Result<(), String> {
+    use itcp_testbed::paper;
     let summary = paper::run(&o, &|l| eprintln!("{l}")).map_err(|e| e.to_string())?;
     print!("{summary}");
     println!("report written to {}", o.out.join("results.md").display());
     Ok(())
 }
 
-fn bench_handoff(args: &[String]) -> Result<(), String> {
-    let mut conns = vec![1usize, 100, 1000];
-    let mut moves = 6usize;
-    let mut gap = true;
-    for (f, v) in flags(args, &["--conns", "--moves", "--gap"])? {
-        match f.as_str() {
-            "--conns" => {
-                conns = v
-                    .split(',')
-                    .map(|n| num::<usize>("--conns", n.trim()))
-                    .collect::<Result<_, _>>()?
-            }
-            "--moves" => moves = num(&f, &v)?,
-            _ => gap = v != "no",
-        }
-    }
+fn bench_handoff(conns: Vec<usize>, moves: usize, gap: bool) -> Result<(), String> {
     use itcp_testbed::handoff_bench;
     let mut rows = Vec::new();
     for &n in &conns {
@@ -501,22 +763,13 @@ fn parse_nets(v: &str) -> Result<Vec<Net>, String> {
         .collect()
 }
 
-fn bench_nomoves(args: &[String]) -> Result<(), String> {
-    let mut seeds = 1u64;
-    let mut nets = vec![Net::lan(), Net::wan()];
-    let mut scale = 1.0f64;
-    let mut wireless = String::new();
-    for (f, v) in flags(args, &["--seeds", "--nets", "--scale", "--wireless"])? {
-        match f.as_str() {
-            "--seeds" => seeds = num(&f, &v)?,
-            "--scale" => scale = num(&f, &v)?,
-            "--nets" => nets = parse_nets(&v)?,
-            _ => wireless = v,
-        }
-    }
-    if seeds == 0 || scale.is_nan() || scale <= 0.0 {
-        return Err("--seeds and --scale must be positive".into());
-    }
+fn bench_nomoves(o: NoMoves) -> Result<(), String> {
+    let NoMoves {
+        seeds,
+        nets,
+        scale,
+        wireless,
+    } = o;
     let modes = [
         Mode::RegularTcp(MobileIpOpts::default()),
         Mode::Itcp {
@@ -590,14 +843,7 @@ fn bench_nomoves(args: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-fn up(args: &[String]) -> Result<(), String> {
-    let mut cfg = LabConfig::default();
-    for (f, v) in flags(args, &["--msrs", "--seed"])? {
-        match f.as_str() {
-            "--msrs" => cfg.msrs = num(&f, &v)?,
-            _ => cfg.seed = num(&f, &v)?,
-        }
-    }
+fn up(cfg: LabConfig) -> Result<(), String> {
     let lab = Lab::new(cfg).map_err(|e| e.to_string())?;
     println!("lab {} is up; namespaces:", lab.id);
     for h in [Host::Fh, Host::Gw]
@@ -619,13 +865,7 @@ fn up(args: &[String]) -> Result<(), String> {
     }
 }
 
-fn ctl(args: &[String]) -> Result<(), String> {
-    let (Some(flag), Some(path), Some(req)) = (args.first(), args.get(1), args.get(2)) else {
-        return Err(format!("ctl needs --control SOCKET 'JSON'\n{USAGE}"));
-    };
-    if flag != "--control" {
-        return Err(format!("ctl needs --control SOCKET 'JSON'\n{USAGE}"));
-    }
+fn ctl(path: &str, req: &str) -> Result<(), String> {
     let mut s = UnixStream::connect(path).map_err(|e| format!("{path}: {e}"))?;
     s.write_all(format!("{}\n", req.trim()).as_bytes())
         .map_err(|e| e.to_string())?;
@@ -635,4 +875,55 @@ fn ctl(args: &[String]) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     print!("{line}");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(a: &[&str]) -> itcp_cli::Result<Job> {
+        parse(Args::new(&SPEC, a.iter().copied()))
+    }
+
+    #[test]
+    fn table_and_parser_agree() {
+        itcp_cli::check_table(&SPEC, parse);
+        // As the tests and scripts call it.
+        assert!(matches!(
+            p(&["bench", "baseline", "--nets", "lan", "--scale", "0.03"]),
+            Ok(Job::Baseline(Baseline { ref nets, .. })) if nets.len() == 1
+        ));
+        assert!(matches!(
+            p(&["bench", "conns", "--count", "200", "--bytes", "4096"]),
+            Ok(Job::Conns(200, 4096))
+        ));
+        assert!(matches!(
+            p(&["bench", "churn", "--total", "3000", "--concurrency", "200"]),
+            Ok(Job::Churn(3000, 200))
+        ));
+        assert!(matches!(
+            p(&["bench", "relay", "--seconds", "1", "--rounds", "1"]),
+            Ok(Job::Relay(1, 1, None))
+        ));
+        assert!(matches!(
+            p(&["echo", "--listen", "10.0.0.1:9000"]),
+            Ok(Job::Echo(_))
+        ));
+        assert!(matches!(
+            p(&["ctl", "--control", "/c.sock", "{not json"]),
+            Ok(Job::Ctl(ref c, ref r)) if c == "/c.sock" && r == "{not json"
+        ));
+        assert!(matches!(p(&["cleanup", "--all"]), Ok(Job::Cleanup(true))));
+        assert!(
+            matches!(p(&["bench", "paper", "--msrd", "a\\nb"]), Ok(Job::Paper(ref o)) if o.msrd_extra == "a\nb")
+        );
+        // Errors.
+        assert!(p(&["bench", "baseline", "--scale", "0"]).is_err());
+        assert!(p(&["bench", "baseline", "--seeds", "0"]).is_err());
+        assert!(p(&["bench", "baseline", "--nets", "moon"]).is_err());
+        assert!(p(&["bench", "paper", "--sweep", "maybe"]).is_err());
+        assert!(p(&["bench", "relay", "--count", "1"]).is_err());
+        assert!(p(&["bench"]).is_err());
+        assert!(p(&["up", "--msrs", "0"]).is_err());
+    }
 }

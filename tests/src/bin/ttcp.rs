@@ -1,100 +1,175 @@
 //! `ttcp`: seeded-stream traffic tool (see `itcp_testbed::ttcp`).
 //!
 //! Exit status: 0 ok, 1 transfer failed ("ttcp: <error>" on stderr), 2 usage error.
+//! The command line is the table [`SPEC`] (also `--help` and the man page).
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
 
+use itcp_cli::{Arg, Args, Command, Flag, Section, Spec};
 use itcp_testbed::ttcp::{self, EchoOpts, Endpoint, Opts, RrOpts};
 
-const USAGE: &str = "\
-usage:
-  ttcp send (--connect ADDR:PORT | --listen ADDR:PORT) (--bytes N | --duration SECS)
-            [--seed S] [--buf BYTES] [--cc NAME] [--nodelay] [--chunk BYTES]
-            [--connect-timeout SECS] [--corrupt-at OFFSET] [--itcp] [--json FILE]
-  ttcp recv (--connect ADDR:PORT | --listen ADDR:PORT) [--bytes N] [--seed S]
-            [--buf BYTES] [--cc NAME] [--nodelay] [--chunk BYTES] [--no-verify]
-            [--connect-timeout SECS] [--itcp] [--json FILE]
-  ttcp echo --listen ADDR:PORT [--once] [--buf BYTES] [--cc NAME]
-  ttcp rr   --connect ADDR:PORT [--count N] [--size BYTES] [--interval-ms MS]
-            [--seed S] [--connect-timeout SECS] [--json FILE]
+const CONNECT: Flag = Flag::value(
+    "connect",
+    "ADDR:PORT",
+    "Connect to ADDR:PORT (retried while refused or unreachable, see --connect-timeout).",
+);
+const LISTEN: Flag = Flag::value(
+    "listen",
+    "ADDR:PORT",
+    "Listen on ADDR:PORT and serve the first connection (port 0: any free port).",
+);
+const SEED: Flag = Flag::value(
+    "seed",
+    "S",
+    "Seed of the byte stream, decimal or 0x hex (default 1); both ends must agree.",
+);
+const BUF: Flag = Flag::value(
+    "buf",
+    "BYTES",
+    "SO_SNDBUF and SO_RCVBUF, set before connect or listen (default: autotuning).",
+);
+const CC: Flag = Flag::value("cc", "NAME", "TCP congestion control (TCP_CONGESTION).");
+const NODELAY: Flag = Flag::switch("nodelay", "Set TCP_NODELAY.");
+const CHUNK: Flag = Flag::value("chunk", "BYTES", "Read and write size (default 64K).");
+const CONNECT_TIMEOUT: Flag = Flag::value(
+    "connect-timeout",
+    "SECS",
+    "How long to keep retrying a refused or unreachable connect (default 10).",
+);
+const ITCP: Flag = Flag::switch(
+    "itcp",
+    "Open the connection through the MH's I-TCP gateway (mh-lib; gateway from ITCP_GATEWAY \
+     or the default route). With --listen, the MSR listens on the MH's address (only the \
+     port is used).",
+);
+const JSON: Flag = Flag::value("json", "FILE", "Also write the JSON report line to FILE.");
 
-Sizes take binary suffixes K, M, G, T (16K = 16384). send/recv/rr print one JSON
-report line on stdout (and write it to --json FILE). A listener prints
-'ttcp: listening on ADDR:PORT' on stderr once bound (port 0 picks a free one).
---itcp opens the connection through the MH's I-TCP gateway (mh-lib; gateway from
-ITCP_GATEWAY or the default route).
-Exit status: 0 ok, 1 transfer failed, 2 usage error.";
+static SPEC: Spec = Spec {
+    name: "ttcp",
+    version: env!("CARGO_PKG_VERSION"),
+    about: "seeded-stream TCP traffic tool of the I-TCP testbed",
+    synopsis: &[],
+    description: "\
+ttcp sends and receives a seeded pseudo-random byte stream and verifies every byte at
+the receiver, so a transfer through a proxy, a handoff or an emulated link is known to
+be intact, not just complete. It also echoes and measures request-response latency.
 
-struct UsageError(String);
+Sizes take binary suffixes K, M, G, T (16K = 16384). send, recv and rr print one JSON
+report line on stdout (and write it to --json FILE). A listener prints 'ttcp: listening
+on ADDR:PORT' on stderr once bound (port 0 picks a free one).",
+    flags: &[],
+    commands: &[
+        Command {
+            name: "send",
+            synopsis: "(--connect ADDR:PORT | --listen ADDR:PORT) (--bytes N | --duration SECS)
+[--seed S] [--buf BYTES] [--cc NAME] [--nodelay] [--chunk BYTES]
+[--connect-timeout SECS] [--corrupt-at OFFSET] [--itcp] [--json FILE]",
+            about: "Send N bytes of the stream (or send for SECS seconds), then close.",
+            flags: &[
+                CONNECT,
+                LISTEN,
+                Flag::value("bytes", "N", "Bytes to send."),
+                Flag::value(
+                    "duration",
+                    "SECS",
+                    "Send for this long after the connection is up (instead of --bytes).",
+                ),
+                SEED,
+                BUF,
+                CC,
+                NODELAY,
+                CHUNK,
+                CONNECT_TIMEOUT,
+                Flag::value(
+                    "corrupt-at",
+                    "OFFSET",
+                    "Fault injection: flip the byte at this stream offset.",
+                ),
+                ITCP,
+                JSON,
+            ],
+        },
+        Command {
+            name: "recv",
+            synopsis: "(--connect ADDR:PORT | --listen ADDR:PORT) [--bytes N] [--seed S]
+[--buf BYTES] [--cc NAME] [--nodelay] [--chunk BYTES] [--no-verify]
+[--connect-timeout SECS] [--itcp] [--json FILE]",
+            about: "Receive the stream until the sender closes, verifying every byte.",
+            flags: &[
+                CONNECT,
+                LISTEN,
+                Flag::value(
+                    "bytes",
+                    "N",
+                    "Bytes expected: fewer or more is a failure (default: any).",
+                ),
+                SEED,
+                BUF,
+                CC,
+                NODELAY,
+                CHUNK,
+                Flag::switch("no-verify", "Only count the bytes."),
+                CONNECT_TIMEOUT,
+                ITCP,
+                JSON,
+            ],
+        },
+        Command {
+            name: "echo",
+            synopsis: "--listen ADDR:PORT [--once] [--buf BYTES] [--cc NAME]",
+            about: "Echo every connection's bytes back to it.",
+            flags: &[
+                LISTEN,
+                Flag::switch("once", "Serve one connection, then exit."),
+                BUF,
+                CC,
+            ],
+        },
+        Command {
+            name: "rr",
+            synopsis: "--connect ADDR:PORT [--count N] [--size BYTES] [--interval-ms MS]
+[--seed S] [--connect-timeout SECS] [--json FILE]",
+            about: "Request-response latency against ttcp echo: COUNT exchanges of SIZE bytes.",
+            flags: &[
+                CONNECT,
+                Flag::value("count", "N", "Number of exchanges (default 1000)."),
+                Flag::value("size", "BYTES", "Request and response size (default 64)."),
+                Flag::value("interval-ms", "MS", "Pause between exchanges (default 0)."),
+                SEED,
+                CONNECT_TIMEOUT,
+                JSON,
+            ],
+        },
+    ],
+    sections: &[
+        Section {
+            title: "EXIT STATUS",
+            body: "0 when the transfer is intact, 1 when it failed ('ttcp: ERROR' on stderr, \
+                   and the report says why), 2 on a usage error.",
+        },
+        Section {
+            title: "EXAMPLES",
+            body: "\
+  ttcp recv --listen 127.0.0.1:5001 --bytes 20M
+  ttcp send --connect 127.0.0.1:5001 --bytes 20M --buf 16K",
+        },
+        Section {
+            title: "SEE ALSO",
+            body: "itcp-lab(1), airlink(1)",
+        },
+    ],
+};
 
-type Res<T> = Result<T, UsageError>;
-
-fn usage_err<T>(msg: impl Into<String>) -> Res<T> {
-    Err(UsageError(msg.into()))
+fn usage_err<T>(a: &Args, msg: impl Into<String>) -> itcp_cli::Result<T> {
+    Err(a.usage(msg))
 }
 
-fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match run(&args) {
-        Ok(code) => code,
-        Err(UsageError(msg)) => {
-            eprintln!("ttcp: {msg}\n\n{USAGE}");
-            ExitCode::from(2)
-        }
-    }
-}
-
-/// Command-line flags of one invocation.
-struct Args<'a> {
-    role: &'a str,
-    rest: std::slice::Iter<'a, String>,
-}
-
-impl<'a> Args<'a> {
-    /// Next flag and its inline `=value`, if any.
-    fn next_flag(&mut self) -> Res<Option<(&'a str, Option<&'a str>)>> {
-        let Some(a) = self.rest.next() else {
-            return Ok(None);
-        };
-        if !a.starts_with('-') {
-            return usage_err(format!(
-                "unexpected argument '{a}' for 'ttcp {}'",
-                self.role
-            ));
-        }
-        Ok(Some(match a.split_once('=') {
-            Some((f, v)) if a.starts_with("--") => (f, Some(v)),
-            _ => (a.as_str(), None),
-        }))
-    }
-
-    fn value(&mut self, flag: &str, inline: Option<&'a str>) -> Res<&'a str> {
-        if let Some(v) = inline {
-            return Ok(v);
-        }
-        match self.rest.next() {
-            Some(v) => Ok(v),
-            None => usage_err(format!("{flag} needs a value")),
-        }
-    }
-
-    fn unknown<T>(&self, flag: &str) -> Res<T> {
-        usage_err(format!("unknown flag '{flag}' for 'ttcp {}'", self.role))
-    }
-}
-
-fn no_value(flag: &str, inline: Option<&str>) -> Res<()> {
-    match inline {
-        Some(_) => usage_err(format!("{flag} takes no value")),
-        None => Ok(()),
-    }
-}
-
-fn parse_size(flag: &str, s: &str) -> Res<u64> {
-    let bad = || {
-        UsageError(format!(
-            "invalid value '{s}' for {flag}: expected a number with optional suffix K, M, G or T"
+fn parse_size(a: &mut Args, flag: &str) -> itcp_cli::Result<u64> {
+    let s = a.value(flag)?;
+    let bad = |a: &Args| {
+        a.usage(format!(
+            "--{flag}: '{s}' is not a size (a number with optional suffix K, M, G or T)"
         ))
     };
     let (num, mult) = match s.chars().last() {
@@ -102,158 +177,156 @@ fn parse_size(flag: &str, s: &str) -> Res<u64> {
         Some('m' | 'M') => (&s[..s.len() - 1], 1 << 20),
         Some('g' | 'G') => (&s[..s.len() - 1], 1 << 30),
         Some('t' | 'T') => (&s[..s.len() - 1], 1 << 40),
-        _ => (s, 1),
+        _ => (s.as_str(), 1),
     };
-    let n: u64 = num.parse().map_err(|_| bad())?;
-    n.checked_mul(mult).ok_or_else(bad)
+    let n: u64 = num.parse().map_err(|_| bad(a))?;
+    n.checked_mul(mult).ok_or_else(|| bad(a))
 }
 
-fn parse_usize(flag: &str, s: &str) -> Res<usize> {
-    let n = parse_size(flag, s)?;
-    usize::try_from(n).map_err(|_| UsageError(format!("invalid value '{s}' for {flag}: too large")))
-}
-
-fn parse_positive(flag: &str, s: &str) -> Res<usize> {
-    match parse_usize(flag, s)? {
-        0 => usage_err(format!("invalid value '{s}' for {flag}: must be positive")),
-        n => Ok(n),
+fn parse_positive(a: &mut Args, flag: &str) -> itcp_cli::Result<usize> {
+    match parse_size(a, flag)? {
+        0 => usage_err(a, format!("--{flag}: must be positive")),
+        n => usize::try_from(n).or_else(|_| usage_err(a, format!("--{flag}: {n} is too large"))),
     }
 }
 
-fn parse_u64(flag: &str, s: &str) -> Res<u64> {
+fn parse_u64(a: &mut Args, flag: &str) -> itcp_cli::Result<u64> {
+    let s = a.value(flag)?;
     let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         Some(h) => u64::from_str_radix(h, 16),
         None => s.parse(),
     };
-    r.map_err(|_| {
-        UsageError(format!(
-            "invalid value '{s}' for {flag}: expected an unsigned integer"
-        ))
-    })
+    r.or_else(|_| usage_err(a, format!("--{flag}: '{s}' is not an unsigned integer")))
 }
 
-fn parse_secs(flag: &str, s: &str) -> Res<f64> {
+fn parse_secs(a: &mut Args, flag: &str) -> itcp_cli::Result<f64> {
+    let s = a.value(flag)?;
     match s.parse::<f64>() {
         Ok(v) if v.is_finite() && v >= 0.0 => Ok(v),
-        _ => usage_err(format!(
-            "invalid value '{s}' for {flag}: expected a non-negative number"
-        )),
+        _ => usage_err(a, format!("--{flag}: '{s}' is not a non-negative number")),
     }
 }
 
-fn parse_addr(flag: &str, s: &str) -> Res<SocketAddr> {
-    s.parse().map_err(|_| {
-        UsageError(format!(
-            "invalid value '{s}' for {flag}: expected ADDR:PORT (e.g. 10.0.0.1:5001 or [fd00::1]:5001)"
-        ))
+fn parse_addr(a: &mut Args, flag: &str) -> itcp_cli::Result<SocketAddr> {
+    let s = a.value(flag)?;
+    s.parse().or_else(|_| {
+        usage_err(
+            a,
+            format!("--{flag}: '{s}' is not ADDR:PORT (e.g. 10.0.0.1:5001 or [fd00::1]:5001)"),
+        )
     })
 }
 
-fn set_endpoint(ep: &mut Option<Endpoint>, new: Endpoint) -> Res<()> {
+fn set_endpoint(a: &Args, ep: &mut Option<Endpoint>, new: Endpoint) -> itcp_cli::Result<()> {
     if ep.is_some() {
-        return usage_err("give exactly one of --connect and --listen");
+        return usage_err(a, "give exactly one of --connect and --listen");
     }
     *ep = Some(new);
     Ok(())
 }
 
-fn run(args: &[String]) -> Res<ExitCode> {
-    let Some(role) = args.first() else {
-        return usage_err("missing command (send, recv, echo or rr)");
+/// What the command line asks for.
+enum Job {
+    SendRecv {
+        send: bool,
+        o: Opts,
+        json: Option<String>,
+    },
+    Echo(EchoOpts),
+    Rr(RrOpts, Option<String>),
+}
+
+fn parse(mut a: Args) -> itcp_cli::Result<Job> {
+    match a.command()?.name {
+        "send" | "recv" => send_recv(a),
+        "echo" => echo(a),
+        _ => rr(a),
+    }
+}
+
+fn main() -> ExitCode {
+    let job = match parse(Args::from_env(&SPEC)) {
+        Ok(j) => j,
+        Err(stop) => return itcp_cli::exit(&SPEC, stop),
     };
-    let mut a = Args {
-        role,
-        rest: args[1..].iter(),
-    };
-    match role.as_str() {
-        "-h" | "--help" | "help" => {
-            println!("{USAGE}");
-            Ok(ExitCode::SUCCESS)
+    match job {
+        Job::SendRecv { send, o, json } => {
+            let announce = |addr: SocketAddr| eprintln!("ttcp: listening on {addr}");
+            let (line, err) = if send {
+                let r = ttcp::run_send_with(&o, announce);
+                (serde_json::to_string(&r), r.error)
+            } else {
+                let r = ttcp::run_recv_with(&o, announce);
+                (serde_json::to_string(&r), r.error)
+            };
+            finish(line, err, json.as_deref())
         }
-        "send" | "recv" => send_recv(&mut a),
-        "echo" => echo(&mut a),
-        "rr" => rr(&mut a),
-        other => usage_err(format!(
-            "unknown command '{other}' (expected send, recv, echo or rr)"
-        )),
+        Job::Echo(o) => {
+            match ttcp::run_echo_with(&o, |addr| eprintln!("ttcp: listening on {addr}")) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("ttcp: echo: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
+        Job::Rr(o, json) => {
+            let r = ttcp::run_rr(&o);
+            finish(serde_json::to_string(&r), r.error.clone(), json.as_deref())
+        }
     }
 }
 
-fn help_requested(args: &[String]) -> bool {
-    args.iter().any(|a| a == "-h" || a == "--help")
-}
-
-fn send_recv(a: &mut Args) -> Res<ExitCode> {
-    if help_requested(a.rest.as_slice()) {
-        println!("{USAGE}");
-        return Ok(ExitCode::SUCCESS);
-    }
-    let send = a.role == "send";
+fn send_recv(mut a: Args) -> itcp_cli::Result<Job> {
+    let send = a.current_command().map(|c| c.name) == Some("send");
     let mut ep = None;
     let mut o = Opts::new(Endpoint::Connect(([0, 0, 0, 0], 0).into()));
     let mut json = None;
-    while let Some((flag, inline)) = a.next_flag()? {
-        match flag {
-            "--connect" => set_endpoint(
-                &mut ep,
-                Endpoint::Connect(parse_addr(flag, a.value(flag, inline)?)?),
-            )?,
-            "--listen" => set_endpoint(
-                &mut ep,
-                Endpoint::Listen(parse_addr(flag, a.value(flag, inline)?)?),
-            )?,
-            "--bytes" => o.bytes = Some(parse_size(flag, a.value(flag, inline)?)?),
-            "--seed" => o.seed = parse_u64(flag, a.value(flag, inline)?)?,
-            "--buf" => o.buf = Some(parse_positive(flag, a.value(flag, inline)?)?),
-            "--cc" => o.cc = Some(a.value(flag, inline)?.to_string()),
-            "--nodelay" => {
-                no_value(flag, inline)?;
-                o.nodelay = true
+    while let Some(arg) = a.next()? {
+        match arg {
+            Arg::Flag("connect") => {
+                let e = Endpoint::Connect(parse_addr(&mut a, "connect")?);
+                set_endpoint(&a, &mut ep, e)?
             }
-            "--chunk" => o.chunk = parse_positive(flag, a.value(flag, inline)?)?,
-            "--connect-timeout" => o.connect_timeout = parse_secs(flag, a.value(flag, inline)?)?,
-            "--json" => json = Some(a.value(flag, inline)?.to_string()),
-            "--itcp" => {
-                no_value(flag, inline)?;
-                o.itcp = true
+            Arg::Flag("listen") => {
+                let e = Endpoint::Listen(parse_addr(&mut a, "listen")?);
+                set_endpoint(&a, &mut ep, e)?
             }
-            "--duration" if send => {
-                let v = a.value(flag, inline)?;
-                let d = parse_secs(flag, v)?;
+            Arg::Flag("bytes") => o.bytes = Some(parse_size(&mut a, "bytes")?),
+            Arg::Flag("seed") => o.seed = parse_u64(&mut a, "seed")?,
+            Arg::Flag("buf") => o.buf = Some(parse_positive(&mut a, "buf")?),
+            Arg::Flag("cc") => o.cc = Some(a.value("cc")?),
+            Arg::Flag("nodelay") => o.nodelay = true,
+            Arg::Flag("chunk") => o.chunk = parse_positive(&mut a, "chunk")?,
+            Arg::Flag("connect-timeout") => {
+                o.connect_timeout = parse_secs(&mut a, "connect-timeout")?
+            }
+            Arg::Flag("json") => json = Some(a.value("json")?),
+            Arg::Flag("itcp") => o.itcp = true,
+            Arg::Flag("duration") => {
+                let d = parse_secs(&mut a, "duration")?;
                 if d == 0.0 {
-                    return usage_err(format!("invalid value '{v}' for {flag}: must be positive"));
+                    return usage_err(&a, "--duration: must be positive");
                 }
                 o.duration = Some(d)
             }
-            "--corrupt-at" if send => {
-                o.corrupt_at = Some(parse_size(flag, a.value(flag, inline)?)?)
-            }
-            "--no-verify" if !send => {
-                no_value(flag, inline)?;
-                o.verify = false
-            }
-            _ => return a.unknown(flag),
+            Arg::Flag("corrupt-at") => o.corrupt_at = Some(parse_size(&mut a, "corrupt-at")?),
+            Arg::Flag("no-verify") => o.verify = false,
+            other => return Err(a.unexpected(other)),
         }
     }
+    let role = if send { "send" } else { "recv" };
     let Some(ep) = ep else {
-        return usage_err(format!(
-            "ttcp {}: one of --connect or --listen is required",
-            a.role
-        ));
+        return usage_err(
+            &a,
+            format!("ttcp {role}: one of --connect or --listen is required"),
+        );
     };
     o.endpoint = ep;
     if send && o.bytes.is_none() && o.duration.is_none() {
-        return usage_err("ttcp send: one of --bytes or --duration is required");
+        return usage_err(&a, "ttcp send: one of --bytes or --duration is required");
     }
-    let announce = |addr: SocketAddr| eprintln!("ttcp: listening on {addr}");
-    let (line, err) = if send {
-        let r = ttcp::run_send_with(&o, announce);
-        (serde_json::to_string(&r), r.error)
-    } else {
-        let r = ttcp::run_recv_with(&o, announce);
-        (serde_json::to_string(&r), r.error)
-    };
-    Ok(finish(line, err, json.as_deref()))
+    Ok(Job::SendRecv { send, o, json })
 }
 
 /// Prints the report line (and writes it to `json`), the error on stderr; exit code.
@@ -280,79 +353,77 @@ fn finish(line: serde_json::Result<String>, err: Option<String>, json: Option<&s
     ExitCode::from(code)
 }
 
-fn echo(a: &mut Args) -> Res<ExitCode> {
-    if help_requested(a.rest.as_slice()) {
-        println!("{USAGE}");
-        return Ok(ExitCode::SUCCESS);
-    }
+fn echo(mut a: Args) -> itcp_cli::Result<Job> {
     let mut listen = None;
     let mut once = false;
     let mut buf = None;
     let mut cc = None;
-    while let Some((flag, inline)) = a.next_flag()? {
-        match flag {
-            "--listen" => listen = Some(parse_addr(flag, a.value(flag, inline)?)?),
-            "--once" => {
-                no_value(flag, inline)?;
-                once = true
-            }
-            "--buf" => buf = Some(parse_positive(flag, a.value(flag, inline)?)?),
-            "--cc" => cc = Some(a.value(flag, inline)?.to_string()),
-            _ => return a.unknown(flag),
+    while let Some(arg) = a.next()? {
+        match arg {
+            Arg::Flag("listen") => listen = Some(parse_addr(&mut a, "listen")?),
+            Arg::Flag("once") => once = true,
+            Arg::Flag("buf") => buf = Some(parse_positive(&mut a, "buf")?),
+            Arg::Flag("cc") => cc = Some(a.value("cc")?),
+            other => return Err(a.unexpected(other)),
         }
     }
     let Some(listen) = listen else {
-        return usage_err("ttcp echo: --listen is required");
+        return usage_err(&a, "ttcp echo: --listen is required");
     };
-    let o = EchoOpts {
+    Ok(Job::Echo(EchoOpts {
         listen,
         once,
         buf,
         cc,
-    };
-    match ttcp::run_echo_with(&o, |addr| eprintln!("ttcp: listening on {addr}")) {
-        Ok(()) => Ok(ExitCode::SUCCESS),
-        Err(e) => {
-            eprintln!("ttcp: echo: {e}");
-            Ok(ExitCode::from(1))
-        }
-    }
+    }))
 }
 
-fn rr(a: &mut Args) -> Res<ExitCode> {
-    if help_requested(a.rest.as_slice()) {
-        println!("{USAGE}");
-        return Ok(ExitCode::SUCCESS);
-    }
+fn rr(mut a: Args) -> itcp_cli::Result<Job> {
     let mut o = RrOpts::new(([0, 0, 0, 0], 0).into());
     let mut addr = None;
     let mut json = None;
-    while let Some((flag, inline)) = a.next_flag()? {
-        match flag {
-            "--connect" => addr = Some(parse_addr(flag, a.value(flag, inline)?)?),
-            "--count" => {
-                let v = a.value(flag, inline)?;
-                o.count = parse_u64(flag, v)?;
+    while let Some(arg) = a.next()? {
+        match arg {
+            Arg::Flag("connect") => addr = Some(parse_addr(&mut a, "connect")?),
+            Arg::Flag("count") => {
+                o.count = parse_u64(&mut a, "count")?;
                 if o.count == 0 {
-                    return usage_err(format!("invalid value '{v}' for {flag}: must be positive"));
+                    return usage_err(&a, "--count: must be positive");
                 }
             }
-            "--size" => o.size = parse_positive(flag, a.value(flag, inline)?)?,
-            "--interval-ms" => o.interval_ms = parse_secs(flag, a.value(flag, inline)?)?,
-            "--seed" => o.seed = parse_u64(flag, a.value(flag, inline)?)?,
-            "--connect-timeout" => o.connect_timeout = parse_secs(flag, a.value(flag, inline)?)?,
-            "--json" => json = Some(a.value(flag, inline)?.to_string()),
-            _ => return a.unknown(flag),
+            Arg::Flag("size") => o.size = parse_positive(&mut a, "size")?,
+            Arg::Flag("interval-ms") => o.interval_ms = parse_secs(&mut a, "interval-ms")?,
+            Arg::Flag("seed") => o.seed = parse_u64(&mut a, "seed")?,
+            Arg::Flag("connect-timeout") => {
+                o.connect_timeout = parse_secs(&mut a, "connect-timeout")?
+            }
+            Arg::Flag("json") => json = Some(a.value("json")?),
+            other => return Err(a.unexpected(other)),
         }
     }
     let Some(addr) = addr else {
-        return usage_err("ttcp rr: --connect is required");
+        return usage_err(&a, "ttcp rr: --connect is required");
     };
     o.addr = addr;
-    let r = ttcp::run_rr(&o);
-    Ok(finish(
-        serde_json::to_string(&r),
-        r.error.clone(),
-        json.as_deref(),
-    ))
+    Ok(Job::Rr(o, json))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use itcp_cli::Stop;
+
+    #[test]
+    fn table_and_parser_agree() {
+        itcp_cli::check_table(&SPEC, parse);
+        let p = |a: &[&str]| parse(Args::new(&SPEC, a.iter().copied()));
+        assert!(matches!(
+            p(&["send", "--connect=127.0.0.1:9", "--bytes", "16K"]),
+            Ok(Job::SendRecv { send: true, .. })
+        ));
+        match p(&["recv", "--buf", "12Q", "--listen", "127.0.0.1:0"]) {
+            Err(Stop::Usage(m, _)) => assert!(m.contains("--buf: '12Q'"), "{m}"),
+            _ => panic!(),
+        }
+    }
 }

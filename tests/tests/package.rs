@@ -1,0 +1,266 @@
+//! The Debian package, end to end on this machine: `scripts/deb` builds it from the
+//! binaries under test, `dpkg -i` installs it, the installed msrd validates the
+//! installed `/etc/itcp/msrd.toml`, `systemd-analyze verify` (where installed) accepts
+//! the units, `dpkg -r` keeps only the conffiles and `dpkg -P` leaves nothing behind.
+//!
+//! It needs root and dpkg; without them it says so and passes. It refuses to run (and
+//! fails, changing nothing) when a package `itcp` is installed that it did not install
+//! itself, or when any file of the package already exists on the machine. Whatever
+//! happens, a guard purges what it installed.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use itcp_testbed::lab::bin_path;
+
+/// Written before installing, removed after purging: a package found installed with
+/// this marker present was left by a killed run of this test, not by an operator.
+const MARKER: &str = "/var/lib/dpkg/itcp-package-test.marker";
+const PACKAGES: &[&str] = &["itcp", "itcp-dev"];
+
+fn sh(cmd: &str, args: &[&str]) -> Output {
+    Command::new(cmd)
+        .args(args)
+        .env("DEBIAN_FRONTEND", "noninteractive")
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"))
+}
+
+fn ok(cmd: &str, args: &[&str]) -> String {
+    let out = sh(cmd, args);
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn have(cmd: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {cmd}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// dpkg's status of a package (`install ok installed`, `deinstall ok config-files`),
+/// or `None` when dpkg knows nothing of it.
+fn status(pkg: &str) -> Option<String> {
+    let out = sh("dpkg-query", &["-W", "-f=${Status}", pkg]);
+    let s = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    (out.status.success() && !s.is_empty() && s != "unknown ok not-installed").then_some(s)
+}
+
+/// Purges our packages on drop, whatever state the test left them in, and removes the
+/// directory the packages were built in.
+struct Guard(PathBuf);
+
+impl Guard {
+    fn purge() {
+        for p in PACKAGES.iter().rev() {
+            if status(p).is_some() {
+                let _ = sh("dpkg", &["--purge", p]);
+            }
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        Guard::purge();
+        let _ = std::fs::remove_dir_all(&self.0);
+        if PACKAGES.iter().all(|p| status(p).is_none()) {
+            let _ = std::fs::remove_file(MARKER);
+        } else {
+            eprintln!("package test: could not purge {PACKAGES:?}; {MARKER} kept");
+        }
+    }
+}
+
+/// Paths of the package on the machine, and the directories it makes or its scripts do.
+fn existing(files: &[PathBuf]) -> Vec<PathBuf> {
+    files
+        .iter()
+        .cloned()
+        .chain(["/etc/itcp", "/var/log/itcp"].map(PathBuf::from))
+        .filter(|f| f.symlink_metadata().is_ok())
+        .collect()
+}
+
+/// The regular files and symlinks of a .deb, as absolute paths.
+fn files_of(deb: &Path) -> Vec<PathBuf> {
+    let listing = ok("dpkg-deb", &["-c", deb.to_str().unwrap()]);
+    listing
+        .lines()
+        .filter(|l| !l.starts_with('d'))
+        .filter_map(|l| l.split_whitespace().nth(5))
+        .map(|p| PathBuf::from(p.trim_start_matches('.')))
+        .collect()
+}
+
+#[test]
+fn deb_installs_checks_and_purges_cleanly() {
+    if unsafe { libc::geteuid() } != 0 || !have("dpkg") || !have("dpkg-deb") {
+        eprintln!("package test: needs root and dpkg; skipped");
+        return;
+    }
+    // Someone else's installation is never touched.
+    for p in PACKAGES {
+        if let Some(s) = status(p) {
+            assert!(
+                Path::new(MARKER).exists(),
+                "package {p} is installed ({s}) and not by this test: refusing to run"
+            );
+        }
+    }
+    if Path::new(MARKER).exists() {
+        eprintln!("package test: purging what a killed run left installed");
+        Guard::purge();
+    }
+
+    // Build the packages from the binaries under test.
+    let bins = bin_path("msrd").parent().unwrap().to_path_buf();
+    let out_dir = std::env::temp_dir().join(format!("itcp-deb-test-{}", std::process::id()));
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new(root.join("scripts/deb"))
+        .args(["--no-build", "--out", out_dir.to_str().unwrap()])
+        .env("ITCP_BIN_DIR", &bins)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "scripts/deb: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let debs: Vec<PathBuf> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(PathBuf::from)
+        .collect();
+    let version = env!("CARGO_PKG_VERSION");
+    let arch = ok("dpkg", &["--print-architecture"]).trim().to_string();
+    assert_eq!(
+        debs[0].file_name().unwrap().to_string_lossy(),
+        format!("itcp_{version}_{arch}.deb")
+    );
+    let files: Vec<PathBuf> = debs.iter().flat_map(|d| files_of(d)).collect();
+    for f in [
+        "/usr/bin/msrd",
+        "/usr/bin/itcpctl",
+        "/usr/bin/itcp-mh-agent",
+        "/lib/systemd/system/msrd.service",
+        "/lib/systemd/system/itcp-mh-agent.service",
+        "/etc/itcp/msrd.toml",
+        "/etc/itcp/mh.toml",
+        "/etc/itcp/mh-agent.env",
+        "/usr/share/man/man1/msrd.1.gz",
+        "/usr/share/man/man1/itcpctl.1.gz",
+        "/usr/share/man/man1/itcp-mh-agent.1.gz",
+    ] {
+        assert!(
+            files.contains(&PathBuf::from(f)),
+            "{f} is not in the package: {files:?}"
+        );
+    }
+    if bins.join("libitcp.a").exists() {
+        assert!(
+            debs.len() == 2,
+            "libitcp.a exists but no itcp-dev was built: {debs:?}"
+        );
+        assert!(files.contains(&PathBuf::from("/usr/include/itcp.h")));
+    }
+    let conffiles = ok(
+        "sh",
+        &[
+            "-c",
+            &format!(
+                "dpkg-deb --ctrl-tarfile {} | tar -xO ./conffiles",
+                debs[0].display()
+            ),
+        ],
+    );
+    for c in [
+        "/etc/itcp/msrd.toml",
+        "/etc/itcp/mh.toml",
+        "/etc/itcp/mh-agent.env",
+    ] {
+        assert!(
+            conffiles.lines().any(|l| l == c),
+            "{c} is not a conffile: {conffiles}"
+        );
+    }
+    // Nothing of the package may exist yet: installing must not overwrite anything.
+    let present = existing(&files);
+    assert!(
+        present.is_empty(),
+        "refusing to install over existing files: {present:?}"
+    );
+
+    // From here on the guard purges whatever happens.
+    std::fs::write(MARKER, "installed by itcp's tests/tests/package.rs\n").unwrap();
+    let guard = Guard(out_dir);
+    let mut install = vec!["-i"];
+    install.extend(debs.iter().map(|d| d.to_str().unwrap()));
+    ok("dpkg", &install);
+    assert_eq!(status("itcp").as_deref(), Some("install ok installed"));
+    assert!(
+        Path::new("/var/log/itcp").is_dir(),
+        "postinst made no /var/log/itcp"
+    );
+
+    // The installed daemon accepts the installed configuration; every binary runs.
+    let check = ok("/usr/bin/msrd", &["--check-config", "/etc/itcp/msrd.toml"]);
+    assert_eq!(check, "/etc/itcp/msrd.toml: ok\n");
+    for b in ["msrd", "itcpctl", "itcp-mh-agent"] {
+        assert_eq!(
+            ok(&format!("/usr/bin/{b}"), &["--version"]),
+            format!("{b} {version}\n")
+        );
+    }
+    // The agent's unit passes mh.toml: it must load (a bad key would fail the unit).
+    itcp_config::MhConfig::load("/etc/itcp/mh.toml").expect("/etc/itcp/mh.toml");
+    if have("systemd-analyze") {
+        let out = sh(
+            "systemd-analyze",
+            &[
+                "verify",
+                "/lib/systemd/system/msrd.service",
+                "/lib/systemd/system/itcp-mh-agent.service",
+            ],
+        );
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && !err.contains("msrd") && !err.contains("itcp"),
+            "systemd-analyze verify: {err}"
+        );
+    } else {
+        eprintln!("package test: no systemd-analyze, units not verified");
+    }
+    if have("man") {
+        let page = ok("man", &["-w", "msrd"]);
+        assert_eq!(page.trim(), "/usr/share/man/man1/msrd.1.gz");
+    }
+
+    // Remove: only the conffiles (and the logs) stay.
+    let mut remove = vec!["-r"];
+    remove.extend(PACKAGES.iter().rev().filter(|p| status(p).is_some()));
+    ok("dpkg", &remove);
+    assert_eq!(status("itcp").as_deref(), Some("deinstall ok config-files"));
+    assert!(!Path::new("/usr/bin/msrd").exists());
+    assert!(
+        Path::new("/etc/itcp/msrd.toml").exists(),
+        "dpkg -r must keep conffiles"
+    );
+
+    // Purge: nothing left.
+    let mut purge = vec!["-P"];
+    purge.extend(PACKAGES.iter().rev().filter(|p| status(p).is_some()));
+    ok("dpkg", &purge);
+    for p in PACKAGES {
+        assert_eq!(status(p), None, "{p} still known to dpkg");
+    }
+    let left = existing(&files);
+    assert!(left.is_empty(), "left after dpkg -P: {left:?}");
+    drop(guard);
+    assert!(!Path::new(MARKER).exists());
+}
