@@ -317,7 +317,10 @@ fn metrics_and_status_page_follow_a_handoff() {
     assert!(dom.contains("msr1 → msr2"), "{dom}");
     assert!(dom.contains("<svg class=\"timeline\""), "{dom}");
     // The page polls /status.json (drawn first from the status embedded in it).
-    assert!(dom.contains("data-polls=\""), "the page never polled:\n{dom}");
+    assert!(
+        dom.contains("data-polls=\""),
+        "the page never polled:\n{dom}"
+    );
     eprintln!(
         "status page shows handoff {id}; MH row present: {}",
         dom.contains("data-mh=\"10.2.0.100\"")
