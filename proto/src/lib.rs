@@ -16,6 +16,8 @@
 
 pub mod beacon;
 pub mod channel;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod greeting;
 pub mod hex;
 pub mod socks;

@@ -12,22 +12,39 @@ use tokio::net::UnixListener;
 
 use crate::sessions::Sessions;
 
+/// What an operator asked for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Op {
+    /// `{"op":"sessions"}`
+    Sessions,
+    /// `{"op":"stats"}`
+    Stats,
+    /// `{"op":"metrics"}`
+    Metrics,
+}
+
+/// Parses one request line; the error is the message sent back. Pure (no state), so
+/// it is fuzzed on its own (`fuzz/fuzz_targets/control_request.rs`).
+pub fn parse_request(line: &str) -> Result<Op, String> {
+    let req: Value = serde_json::from_str(line).map_err(|e| format!("request is not JSON: {e}"))?;
+    match req["op"].as_str() {
+        Some("sessions") => Ok(Op::Sessions),
+        Some("stats") => Ok(Op::Stats),
+        Some("metrics") => Ok(Op::Metrics),
+        Some(op) => Err(format!("unknown op {op:?} (sessions, stats, metrics)")),
+        None => Err("request needs an \"op\" string".into()),
+    }
+}
+
 /// Answers one request line.
 pub fn answer(sessions: &Sessions, id: &str, line: &str) -> Value {
-    let req: Value = match serde_json::from_str(line) {
-        Ok(v) => v,
-        Err(e) => return json!({"ok": false, "error": format!("request is not JSON: {e}")}),
-    };
-    match req["op"].as_str() {
-        Some("sessions") => json!({"ok": true, "msr": id, "sessions": sessions.list()}),
-        Some("stats") => {
+    match parse_request(line) {
+        Ok(Op::Sessions) => json!({"ok": true, "msr": id, "sessions": sessions.list()}),
+        Ok(Op::Stats) => {
             json!({"ok": true, "msr": id, "active": sessions.len(), "stats": &sessions.stats})
         }
-        Some("metrics") => json!({"ok": true, "text": sessions.metrics()}),
-        Some(op) => {
-            json!({"ok": false, "error": format!("unknown op {op:?} (sessions, stats, metrics)")})
-        }
-        None => json!({"ok": false, "error": "request needs an \"op\" string"}),
+        Ok(Op::Metrics) => json!({"ok": true, "text": sessions.metrics()}),
+        Err(error) => json!({"ok": false, "error": error}),
     }
 }
 
