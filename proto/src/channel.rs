@@ -281,8 +281,12 @@ pub fn open(
             to: env.to,
         });
     }
-    let skew = env.ts_ms as i64 - now_ms as i64;
-    if skew.unsigned_abs() > guard.max_skew_ms {
+    // Fuzzing fix: `ts_ms as i64 - now_ms as i64` overflowed (a panic with overflow
+    // checks) and, wrapped, took timestamps 2^64 away from the clock for fresh ones.
+    // The difference of two u64s always fits an i128; the message saturates to i64.
+    let skew = i128::from(env.ts_ms) - i128::from(now_ms);
+    if skew.unsigned_abs() > u128::from(guard.max_skew_ms) {
+        let skew = skew.clamp(i64::MIN.into(), i64::MAX.into()) as i64;
         return Err(WireError::Stale {
             from: env.from,
             skew_ms: skew,
@@ -377,6 +381,39 @@ mod tests {
             open(b"GET / HTTP/1.1\r\n", keys, &mut g, 0).unwrap_err(),
             WireError::BadMagic
         );
+    }
+
+    /// Found by fuzzing (`channel_frame`): the skew was computed as `ts as i64 -
+    /// now as i64`, which overflows (panics with overflow checks) and, wrapped, accepted
+    /// timestamps about 2^64 ms away from the receiver's clock.
+    #[test]
+    fn skew_at_the_ends_of_the_clock() {
+        let mut g = ReplayGuard::new("msr1");
+        // ts ≈ -1 as i64 near a clock of 1000: wrapping made it 1001 ms off.
+        let f = seal(&env(1, u64::MAX), K1);
+        assert!(matches!(
+            open(&f, keys, &mut g, 1000),
+            Err(WireError::Stale {
+                skew_ms: i64::MAX,
+                ..
+            })
+        ));
+        // now as i64 = i64::MIN: the subtraction overflowed.
+        let f = seal(&env(2, 5), K1);
+        assert!(matches!(
+            open(&f, keys, &mut g, 1 << 63),
+            Err(WireError::Stale { skew_ms, .. }) if skew_ms == i64::MIN + 5
+        ));
+        let f = seal(&env(3, 0), K1);
+        assert!(matches!(
+            open(&f, keys, &mut g, u64::MAX),
+            Err(WireError::Stale { .. })
+        ));
+        // Within the skew at both ends of the clock: accepted.
+        let f = seal(&env(4, u64::MAX - 5), K1);
+        assert!(open(&f, keys, &mut g, u64::MAX).unwrap().is_some());
+        let f = seal(&env(5, 29_000), K1);
+        assert!(open(&f, keys, &mut g, 0).unwrap().is_some());
     }
 
     #[test]

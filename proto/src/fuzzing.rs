@@ -231,11 +231,12 @@ pub fn seal_raw(json: &[u8], attachment: &[u8], key: &[u8]) -> Vec<u8> {
 
 /// `channel::open` with a fixed key function and a fresh guard at a fixed clock.
 ///
-/// The first byte picks the mode. Even: the rest is a frame as received (framing,
-/// magic, lengths, tag checks). Odd: the rest is `json_len:u16 · json · attachment`,
-/// sealed by [`seal_raw`] under the key of the peer named by the second-lowest bit
-/// (msr2 or msr3), so envelopes, attachments, recipients, clocks and sequence numbers
-/// are reached past the tag.
+/// The first byte picks the mode. Bit 0 clear: the rest is a frame as received
+/// (framing, magic, lengths, tag checks). Bit 0 set: the rest is
+/// `json_len:u16 · json · attachment`, sealed by [`seal_raw`] under the key of the peer
+/// named by bit 1 (msr2 or msr3), so envelopes, attachments, recipients, clocks and
+/// sequence numbers are reached past the tag. Bits 2–3 pick the receiver's clock:
+/// [`FUZZ_NOW_MS`], 0, `2^63` or `u64::MAX` (the skew check at its edges).
 pub fn channel_frame(data: &[u8]) {
     let Some((&mode, rest)) = data.split_first() else {
         return;
@@ -253,8 +254,9 @@ pub fn channel_frame(data: &[u8]) {
         frame = seal_raw(json, att, key);
         &frame
     };
+    let now = [FUZZ_NOW_MS, 0, 1 << 63, u64::MAX][usize::from(mode >> 2 & 3)];
     let mut guard = ReplayGuard::new(FUZZ_ME);
-    let result = channel::open(frame, fuzz_keys, &mut guard, FUZZ_NOW_MS);
+    let result = channel::open(frame, fuzz_keys, &mut guard, now);
     if let Ok(Some(n)) = channel::frame_len(frame) {
         if frame.len() >= n {
             assert!(
@@ -266,17 +268,20 @@ pub fn channel_frame(data: &[u8]) {
     match result {
         Ok(Some((env, n))) => {
             assert!(n <= frame.len());
+            // Accepted only within the allowed clock skew.
+            assert!(
+                env.ts_ms.abs_diff(now) <= guard.max_skew_ms,
+                "frame of ts_ms {} accepted at {now}",
+                env.ts_ms
+            );
             // Prefixes are incomplete, not errors.
             let mut g = ReplayGuard::new(FUZZ_ME);
             for k in [0, 11, 12, n - 1] {
-                assert_eq!(
-                    channel::open(&frame[..k], fuzz_keys, &mut g, FUZZ_NOW_MS),
-                    Ok(None)
-                );
+                assert_eq!(channel::open(&frame[..k], fuzz_keys, &mut g, now), Ok(None));
             }
             // The same frame again is a replay.
             assert!(matches!(
-                channel::open(frame, fuzz_keys, &mut guard, FUZZ_NOW_MS),
+                channel::open(frame, fuzz_keys, &mut guard, now),
                 Err(WireError::Replayed { .. })
             ));
             // What was opened seals and opens again to the same envelope.
@@ -284,7 +289,7 @@ pub fn channel_frame(data: &[u8]) {
             let again = channel::seal(&env, &key);
             let mut g = ReplayGuard::new(FUZZ_ME);
             let reopened: Option<(Envelope, usize)> =
-                channel::open(&again, fuzz_keys, &mut g, FUZZ_NOW_MS).expect("re-sealed opens");
+                channel::open(&again, fuzz_keys, &mut g, now).expect("re-sealed opens");
             assert_eq!(reopened, Some((env, again.len())));
         }
         Ok(None) => {}
