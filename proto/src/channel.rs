@@ -383,9 +383,10 @@ mod tests {
         );
     }
 
-    /// Found by fuzzing (`channel_frame`): the skew was computed as `ts as i64 -
-    /// now as i64`, which overflows (panics with overflow checks) and, wrapped, accepted
-    /// timestamps about 2^64 ms away from the receiver's clock.
+    /// Fuzzing finding (`channel_frame`, `fuzz/corpus/channel_frame/regression-*`): the
+    /// skew was computed as `ts as i64 - now as i64`, which overflows (a panic with
+    /// overflow checks) and, wrapped, accepted timestamps about 2^64 ms away from the
+    /// receiver's clock.
     #[test]
     fn skew_at_the_ends_of_the_clock() {
         let mut g = ReplayGuard::new("msr1");
