@@ -44,6 +44,9 @@
 #![warn(missing_docs)]
 
 mod error;
+#[doc(hidden)]
+#[allow(missing_docs)]
+pub mod fuzzing;
 mod load;
 mod mh;
 mod msrd;

@@ -14,6 +14,8 @@
 //! forged packet (the peer's FIN, replayed to a restored half-closed socket) in
 //! [`packet`]; everything else is safe code.
 
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod greet;
 pub mod image;
 pub mod log;

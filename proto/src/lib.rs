@@ -18,6 +18,8 @@
 pub mod beacon;
 pub mod channel;
 pub mod control;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod greeting;
 pub mod hex;
 pub mod socks;
