@@ -17,9 +17,14 @@ fn mobile_lab(msrs: usize, seed: u64) -> Lab {
 }
 
 fn mobile_lab_with(msrs: usize, seed: u64, agent_args: &[&str]) -> Lab {
+    mobile_lab_indexed(msrs, seed, agent_args).0
+}
+
+/// The lab's fast, clean links, the MH in cell 1; no msrd yet.
+fn clean_lab(msrs: usize, seed: u64) -> Lab {
     let cell = lab::link(20_000_000, 2.0, 0.0);
     let wan = lab::link(100_000_000, 1.0, 0.0);
-    let mut lab = Lab::new(LabConfig {
+    Lab::new(LabConfig {
         msrs,
         seed,
         wan_down: wan.clone(),
@@ -29,11 +34,16 @@ fn mobile_lab_with(msrs: usize, seed: u64, agent_args: &[&str]) -> Lab {
         initial_cells: vec![1],
         veth: false,
     })
-    .unwrap();
-    lab.start_itcp_mobility("", agent_args).unwrap();
+    .unwrap()
+}
+
+/// [`mobile_lab_with`], also returning the msrds' spawn indices (MSR order).
+fn mobile_lab_indexed(msrs: usize, seed: u64, agent_args: &[&str]) -> (Lab, Vec<usize>) {
+    let mut lab = clean_lab(msrs, seed);
+    let (msrds, _agent) = lab.start_itcp_mobility("", agent_args).unwrap();
     lab.watch_rsts(Host::Fh).unwrap();
     lab.watch_rsts(Host::Mh).unwrap();
-    lab
+    (lab, msrds)
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -374,19 +384,7 @@ fn fast_lab(seed: u64, env: &[(usize, &str, &str)]) -> Lab {
 }
 
 fn fast_lab_with(seed: u64, env: &[(usize, &str, &str)], extra: &str) -> Lab {
-    let cell = lab::link(20_000_000, 2.0, 0.0);
-    let wan = lab::link(100_000_000, 1.0, 0.0);
-    let mut lab = Lab::new(LabConfig {
-        msrs: 2,
-        seed,
-        wan_down: wan.clone(),
-        wan_up: wan,
-        cell_down: cell.clone(),
-        cell_up: cell,
-        initial_cells: vec![1],
-        veth: false,
-    })
-    .unwrap();
+    let mut lab = clean_lab(2, seed);
     lab.start_itcp_mobility_env(&format!("{FAST_BEACONS}{extra}"), FAST_AGENT, env)
         .unwrap();
     lab.watch_rsts(Host::Fh).unwrap();
@@ -839,22 +837,7 @@ fn wait_exit(lab: &mut Lab, idx: usize) {
 
 #[test]
 fn a_crash_resets_the_relayed_stream_and_nothing_is_left_behind() {
-    let cell = lab::link(20_000_000, 2.0, 0.0);
-    let wan = lab::link(100_000_000, 1.0, 0.0);
-    let mut lab = Lab::new(LabConfig {
-        msrs: 2,
-        seed: 81,
-        wan_down: wan.clone(),
-        wan_up: wan,
-        cell_down: cell.clone(),
-        cell_up: cell,
-        initial_cells: vec![1],
-        veth: false,
-    })
-    .unwrap();
-    let (msrds, _agent) = lab
-        .start_itcp_mobility("", &["--hysteresis-ms", "0"])
-        .unwrap();
+    let (mut lab, msrds) = mobile_lab_indexed(2, 81, &["--hysteresis-ms", "0"]);
     // A download far larger than what flows before the kill.
     let bytes: u64 = 2 << 30;
     let (s, r) = start_transfer(&mut lab, Dir::Down, bytes, 5001);
@@ -910,22 +893,7 @@ fn rss_kib(pid: u32) -> u64 {
 
 #[test]
 fn an_unauthenticated_channel_peer_costs_msrd_no_memory() {
-    let cell = lab::link(20_000_000, 2.0, 0.0);
-    let wan = lab::link(100_000_000, 1.0, 0.0);
-    let mut lab = Lab::new(LabConfig {
-        msrs: 2,
-        seed: 91,
-        wan_down: wan.clone(),
-        wan_up: wan,
-        cell_down: cell.clone(),
-        cell_up: cell,
-        initial_cells: vec![1],
-        veth: false,
-    })
-    .unwrap();
-    let (msrds, _) = lab
-        .start_itcp_mobility("", &["--hysteresis-ms", "0"])
-        .unwrap();
+    let (lab, msrds) = mobile_lab_indexed(2, 91, &["--hysteresis-ms", "0"]);
     let pid = lab.pid(msrds[0]);
     let before = rss_kib(pid);
     // Frames announcing 1 GiB, in the previous frame format and in the current one

@@ -337,7 +337,9 @@ fn discard(id: u64, fd: OwnedFd) {
 fn restart_one(r: &Restored) -> io::Result<()> {
     // Test hook (README, testing): a restart that fails, to show the connection is
     // kept at the old MSR and on record, never lost silently.
-    if std::env::var("MSRD_FAULT").as_deref() == Ok("fail_restart") {
+    static FAIL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    // Read once: this runs per connection inside the handoff.
+    if *FAIL.get_or_init(|| std::env::var("MSRD_FAULT").as_deref() == Ok("fail_restart")) {
         return Err(io::Error::other(
             "MSRD_FAULT=fail_restart: injected restart failure",
         ));
