@@ -266,6 +266,7 @@ impl NewSide {
                     handoff_id,
                     images,
                     token,
+                    ..
                 }),
             ) if handoff_id == id => {
                 self.phases.images_sent = Some(now_us);
@@ -504,6 +505,8 @@ impl OldSide {
                     handoff_id: self.handoff_id,
                     images,
                     token: self.token.clone(),
+                    // The driver adds the MH's recently closed flows (socket state).
+                    closed: Vec::new(),
                 })]
             }
             (
@@ -741,6 +744,7 @@ mod tests {
                 handoff_id: 7,
                 images: vec![],
                 token: None,
+                closed: Vec::new(),
             }),
             500,
         );
@@ -795,6 +799,7 @@ mod tests {
                 handoff_id: 3,
                 images: vec![img(1)],
                 token: None,
+                closed: Vec::new(),
             }),
             2,
         );
@@ -834,6 +839,7 @@ mod tests {
                 handoff_id: 3,
                 images: vec![img(1), img(2), img(3)],
                 token: None,
+                closed: Vec::new(),
             }),
             2,
         );

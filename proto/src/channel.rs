@@ -26,6 +26,7 @@
 //! (megabytes of queued data as they are, not as hex in JSON).
 
 use std::fmt;
+use std::net::SocketAddr;
 
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
@@ -74,6 +75,10 @@ pub enum Message {
         /// The MH's session token (hex), so the new MSR can check its next greeting.
         #[serde(default)]
         token: Option<String>,
+        /// The MH's connections that closed here lately: their TIME_WAIT and closing
+        /// states stay here, so the new MSR drops their stray segments silently.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        closed: Vec<ClosedFlow>,
     },
     /// New MSR → old MSR (step 10): `restored` are running here (restored *and*
     /// restarted): delete your copies; `failed` did not resume here (with the reason):
@@ -85,6 +90,16 @@ pub enum Message {
     },
     /// Either side: the handoff is off; the old MSR keeps (or resumes) serving.
     Abort { handoff_id: u64, reason: String },
+}
+
+/// A TCP flow of the MH that closed at the old MSR `age_ms` ago: `mh` is the MH's end
+/// (its address as the FH or the MSR sees it), `peer` the other end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClosedFlow {
+    pub mh: SocketAddr,
+    pub peer: SocketAddr,
+    pub age_ms: u64,
 }
 
 /// One I-TCP connection's state, as shipped: its identity and the two socket images
@@ -641,6 +656,11 @@ mod tests {
             handoff_id: 3,
             images: vec![img(1, 100_000), img(2, 0)],
             token: None,
+            closed: vec![ClosedFlow {
+                mh: "10.2.0.100:40000".parse().unwrap(),
+                peer: "10.0.0.1:80".parse().unwrap(),
+                age_ms: 1500,
+            }],
         };
         let f = c.seal(&m);
         // Bytes are not hex-encoded into the JSON.

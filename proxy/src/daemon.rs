@@ -49,6 +49,8 @@ pub struct Daemon {
     pub handoff: Option<Handoffs>,
     /// Fixed-side setups in flight per MH, which a handoff waits for.
     pub inflight: Arc<Inflight>,
+    /// Flows of each MH that closed here lately (handed over with its images).
+    pub strays: crate::strays::Strays,
     /// Flips to true when draining: accept loops stop.
     draining: watch::Sender<bool>,
 }
@@ -128,6 +130,7 @@ impl Daemon {
             rules: rules_of(&cfg),
             handoff,
             inflight: Arc::default(),
+            strays: Default::default(),
             draining: watch::channel(false).0,
             cfg,
         }))
@@ -390,16 +393,41 @@ impl Daemon {
                     log_closed(&s, &end);
                     return Box::pin(self.drain(c, wireless, Some(fixed), Some(adm))).await;
                 }
+                self.note_closed(Some(&wireless), Some(&fixed));
                 sockopt::close_gracefully(wireless.as_raw_fd());
                 sockopt::close_gracefully(fixed.as_raw_fd());
             }
         }
         if end != End::Closed {
             self.sessions.stats.aborted.fetch_add(1, Ordering::Relaxed);
+            self.note_closed(Some(&wireless), Some(&fixed));
         }
         drop((wireless, fixed, adm));
         self.sessions.close(&s);
         log_closed(&s, &end);
+    }
+
+    /// Records a relay's flows as closed (see [`crate::strays`]).
+    /// Call it as a socket closes, not before: a closing connection still moves.
+    pub(crate) fn note_closed(&self, wireless: Option<&TcpStream>, fixed: Option<&TcpStream>) {
+        if !self.cfg.handoff.enabled() {
+            return;
+        }
+        let window = Duration::from_secs(self.cfg.handoff.closed_window_s);
+        let mut flows = Vec::with_capacity(2);
+        let w = wireless.map(|w| (w.peer_addr(), w.local_addr()));
+        let x = fixed.map(|x| (x.local_addr(), x.peer_addr()));
+        for (mh, peer) in w.into_iter().chain(x) {
+            if let (Ok(a), Ok(z)) = (mh, peer) {
+                if !flows.contains(&(a, z)) {
+                    flows.push((a, z));
+                }
+            }
+        }
+        if let Some((a, _)) = flows.first() {
+            let mh = crate::admission::canonical(a.ip());
+            self.strays.closed(mh, &flows, window);
+        }
     }
 
     /// A closed relay whose sockets still deliver queued bytes or a FIN: each socket is
@@ -421,6 +449,7 @@ impl Daemon {
         loop {
             if fixed.as_ref().is_some_and(delivered) {
                 let x = fixed.take().unwrap();
+                self.note_closed(None, Some(&x));
                 sockopt::close_gracefully(x.as_raw_fd());
             }
             if (delivered(&wireless) && fixed.is_none()) || start.elapsed() > MOST {
@@ -448,6 +477,7 @@ impl Daemon {
             (wireless, fixed, adm) = (f.wireless, f.fixed, f.admitted);
             pause = c.pause.subscribe();
         }
+        self.note_closed(Some(&wireless), fixed.as_ref());
         sockopt::close_gracefully(wireless.as_raw_fd());
         if let Some(x) = &fixed {
             sockopt::close_gracefully(x.as_raw_fd());

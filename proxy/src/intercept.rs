@@ -72,6 +72,15 @@ impl Rules {
         // answered — in both directions, for forwarded and local traffic. Loopback is
         // exempt: a restored socket may be handed a replayed FIN through it.
         s += "  set held4 {\n    type ipv4_addr;\n  }\n  set held6 {\n    type ipv6_addr;\n  }\n";
+        // Flows of MHs that moved here, closed at the old MSR (their TIME_WAIT and
+        // closing states stay there): their stray segments are dropped, not answered
+        // with RST, until the element times out. A new connection on the same 4-tuple
+        // (a SYN either way) takes the tuple back.
+        for (set, ty) in [("strays4", "ipv4_addr"), ("strays6", "ipv6_addr")] {
+            s += &format!(
+                "  set {set} {{\n    type {ty} . inet_service . {ty} . inet_service;\n    flags dynamic, timeout;\n    size 262144;\n  }}\n"
+            );
+        }
         for (chain, hook, lo) in [
             ("hold_in", "prerouting", "iifname"),
             ("hold_out", "output", "oifname"),
@@ -79,8 +88,23 @@ impl Rules {
             s += &format!(
                 "  chain {chain} {{\n    type filter hook {hook} priority mangle - 10; policy accept;\n    {lo} \"lo\" accept\n\
                  \x20   meta l4proto tcp ip saddr @held4 drop\n    meta l4proto tcp ip daddr @held4 drop\n\
-                 \x20   meta l4proto tcp ip6 saddr @held6 drop\n    meta l4proto tcp ip6 daddr @held6 drop\n  }}\n"
+                 \x20   meta l4proto tcp ip6 saddr @held6 drop\n    meta l4proto tcp ip6 daddr @held6 drop\n"
             );
+            for (ip, set) in [("ip", "strays4"), ("ip6", "strays6")] {
+                let fwd = format!("{ip} saddr . tcp sport . {ip} daddr . tcp dport");
+                let rev = format!("{ip} daddr . tcp dport . {ip} saddr . tcp sport");
+                for k in [&fwd, &rev] {
+                    s += &format!(
+                        "    tcp flags & (syn | ack) == syn {k} @{set} delete @{set} {{ {k} }}\n"
+                    );
+                }
+                if chain == "hold_in" {
+                    for k in [&fwd, &rev] {
+                        s += &format!("    meta l4proto tcp {k} @{set} drop\n");
+                    }
+                }
+            }
+            s += "  }\n";
         }
         s += "}\n";
         s
@@ -98,6 +122,25 @@ impl Rules {
     }
 
     /// Ends a hold (no error if there was none).
+    /// Drops stray segments of `flows` (each the MH's end, the other end, and for how
+    /// long) silently (see the `strays` sets).
+    pub fn drop_strays(
+        &self,
+        flows: &[(
+            std::net::SocketAddr,
+            std::net::SocketAddr,
+            std::time::Duration,
+        )],
+    ) -> io::Result<()> {
+        let (v4, v6): (Vec<_>, Vec<_>) = flows.iter().partition(|f| f.0.is_ipv4());
+        for (set, f) in [("strays4", v4), ("strays6", v6)] {
+            if !f.is_empty() {
+                crate::netlink::nft_flow_elements(&self.table, set, &f)?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn release(&self, mh: IpAddr) -> io::Result<()> {
         let (set, _) = self.held_set(mh);
         crate::netlink::nft_set_element(&self.table, set, mh, false)

@@ -38,3 +38,4 @@ pub mod sessions;
 pub mod setup;
 pub mod sockopt;
 pub mod splice;
+pub mod strays;

@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::ffi::CString;
 use std::io;
 use std::mem::{size_of, zeroed};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -20,6 +20,7 @@ const NFTA_SET_ELEM_LIST_SET: u16 = 2;
 const NFTA_SET_ELEM_LIST_ELEMENTS: u16 = 3;
 const NFTA_LIST_ELEM: u16 = 1;
 const NFTA_SET_ELEM_KEY: u16 = 1;
+const NFTA_SET_ELEM_TIMEOUT: u16 = 4;
 const NFTA_DATA_VALUE: u16 = 1;
 
 // Extended-ack TLVs after an NLMSG_ERROR (linux/netlink.h), also missing from libc.
@@ -54,7 +55,7 @@ pub fn nft_set_element(table: &str, set: &str, ip: IpAddr, add: bool) -> io::Res
     check_name(table, "table", &what)?;
     check_name(set, "set", &what)?;
     let seq = next_seq(3);
-    let req = nft_setelem_batch(table, set, ip, add, seq);
+    let req = nft_setelem_batch(table, set, &[(ip_bytes(ip), None)], add, seq);
     let ack = nl_request(libc::NETLINK_NETFILTER, &req, seq, 3, seq.wrapping_add(1))
         .map_err(|e| context(&what, e))?;
     let (table_off, set_off) = nft_setelem_attr_offsets(table);
@@ -235,9 +236,56 @@ fn ip_bytes(ip: IpAddr) -> Vec<u8> {
     }
 }
 
+/// Adds elements with a timeout to a set whose key is `ADDR . PORT . ADDR . PORT`
+/// (the flows of `pairs`, each `(a, b)`), like `nft add element ... timeout`.
+pub fn nft_flow_elements(
+    table: &str,
+    set: &str,
+    pairs: &[(SocketAddr, SocketAddr, std::time::Duration)],
+) -> io::Result<()> {
+    let what = format!(
+        "nft: add {} flows to set {set} of table inet {table}",
+        pairs.len()
+    );
+    check_name(table, "table", &what)?;
+    check_name(set, "set", &what)?;
+    for chunk in pairs.chunks(64) {
+        let seq = next_seq(3);
+        let elems: Vec<(Vec<u8>, Option<u64>)> = chunk
+            .iter()
+            .map(|(a, z, t)| (flow_key(*a, *z), Some(t.as_millis().max(1) as u64)))
+            .collect();
+        let b = nft_setelem_batch(table, set, &elems, true, seq);
+        let ack = nl_request(libc::NETLINK_NETFILTER, &b, seq, 3, seq.wrapping_add(1))
+            .map_err(|e| context(&what, e))?;
+        if ack.errno != 0 {
+            return Err(kernel_error(&what, ack.errno, None, &ack));
+        }
+    }
+    Ok(())
+}
+
+/// `a . port . z . port` in nftables' concatenation layout: each field padded to a
+/// multiple of 4 bytes, ports in network order.
+fn flow_key(a: SocketAddr, z: SocketAddr) -> Vec<u8> {
+    let mut k = Vec::with_capacity(40);
+    for x in [a, z] {
+        k.extend_from_slice(&ip_bytes(x.ip()));
+        k.extend_from_slice(&x.port().to_be_bytes());
+        k.extend_from_slice(&[0, 0]);
+    }
+    k
+}
+
 /// The whole batch for one set-element change: BATCH_BEGIN (seq), the element
 /// message (seq + 1, the one that is acked), BATCH_END (seq + 2).
-fn nft_setelem_batch(table: &str, set: &str, ip: IpAddr, add: bool, seq: u32) -> Vec<u8> {
+fn nft_setelem_batch(
+    table: &str,
+    set: &str,
+    elems: &[(Vec<u8>, Option<u64>)],
+    add: bool,
+    seq: u32,
+) -> Vec<u8> {
     let subsys = libc::NFNL_SUBSYS_NFTABLES as u16;
     let req = libc::NLM_F_REQUEST as u16;
     let mut b = Vec::with_capacity(128);
@@ -264,11 +312,16 @@ fn nft_setelem_batch(table: &str, set: &str, ip: IpAddr, add: bool, seq: u32) ->
     put_attr_str(&mut b, NFTA_SET_ELEM_LIST_TABLE, table);
     put_attr_str(&mut b, NFTA_SET_ELEM_LIST_SET, set);
     let elements = begin_nested(&mut b, NFTA_SET_ELEM_LIST_ELEMENTS);
-    let elem = begin_nested(&mut b, NFTA_LIST_ELEM);
-    let key = begin_nested(&mut b, NFTA_SET_ELEM_KEY);
-    put_attr(&mut b, NFTA_DATA_VALUE, &ip_bytes(ip));
-    end_nested(&mut b, key);
-    end_nested(&mut b, elem);
+    for (k, timeout_ms) in elems {
+        let elem = begin_nested(&mut b, NFTA_LIST_ELEM);
+        let key = begin_nested(&mut b, NFTA_SET_ELEM_KEY);
+        put_attr(&mut b, NFTA_DATA_VALUE, k);
+        end_nested(&mut b, key);
+        if let Some(ms) = timeout_ms {
+            put_attr(&mut b, NFTA_SET_ELEM_TIMEOUT, &ms.to_be_bytes());
+        }
+        end_nested(&mut b, elem);
+    }
     end_nested(&mut b, elements);
     end_msg(&mut b, m);
 
@@ -741,7 +794,13 @@ mod tests {
 
     #[test]
     fn setelem_batch_v4_layout() {
-        let b = nft_setelem_batch("itcp_msrd", "held4", "10.2.0.100".parse().unwrap(), true, 5);
+        let b = nft_setelem_batch(
+            "itcp_msrd",
+            "held4",
+            &[(ip_bytes("10.2.0.100".parse().unwrap()), None)],
+            true,
+            5,
+        );
         let msgs = split(&b);
         assert_eq!(msgs.len(), 3);
         assert_eq!(msgs[0].0, 0x10);
@@ -783,7 +842,7 @@ mod tests {
     #[test]
     fn setelem_batch_v6_delete() {
         let ip: IpAddr = "2001:db8::64".parse().unwrap();
-        let b = nft_setelem_batch("t", "held6", ip, false, 100);
+        let b = nft_setelem_batch("t", "held6", &[(ip_bytes(ip), None)], false, 100);
         let msgs = split(&b);
         let (ty, flags, _, p) = msgs[1];
         assert_eq!(ty, (10 << 8) | 14);

@@ -36,6 +36,8 @@ pub async fn pull(
     let (mut m, mut acts) = NewSide::start(id, &h.me, g.clone(), now_us(), h.timeouts());
     let mut ch: Option<Channel> = None;
     let mut restored: Vec<Restored> = Vec::new();
+    // The MH's flows that closed at the old MSR lately (from the images).
+    let mut strays: Vec<itcp_proto::channel::ClosedFlow> = Vec::new();
     let mut flight_route: Option<FlightRoute> = None;
     let mut entries: Vec<ConnEntry> = Vec::new();
     let mut moved = 0usize;
@@ -133,6 +135,14 @@ pub async fn pull(
                 }
                 Action::Log(r) => {
                     let ok = matches!(r.outcome, hlog::Outcome::Moved | hlog::Outcome::Partial);
+                    if ok && !strays.is_empty() {
+                        // After the restart: not on the handoff's path.
+                        let w = Duration::from_secs(h.cfg.closed_window_s);
+                        let flows = crate::strays::to_drop(&strays, w);
+                        if let Err(e) = d.rules.drop_strays(&flows) {
+                            warn!(%mh, error = %e, "stray segments of closed flows will draw RSTs here");
+                        }
+                    }
                     let c = if ok {
                         &d.sessions.stats.handoffs_in
                     } else {
@@ -173,7 +183,12 @@ pub async fn pull(
         let deadline = m.poll_timeout().unwrap_or(now_us());
         let wait = Duration::from_micros(deadline.saturating_sub(now_us()));
         acts = match tokio::time::timeout(wait, c.recv()).await {
-            Ok(Ok(msg)) => m.handle(NewEvent::Message(msg), now_us()),
+            Ok(Ok(msg)) => {
+                if let itcp_proto::channel::Message::Images { closed, .. } = &msg {
+                    strays.clone_from(closed);
+                }
+                m.handle(NewEvent::Message(msg), now_us())
+            }
             Ok(Err(ChannelError::Wire(e))) => {
                 rejected(&d, peer_addr, &e);
                 m.handle_channel_lost(&e.to_string())

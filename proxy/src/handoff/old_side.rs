@@ -163,7 +163,11 @@ async fn old_side(
                         Some(reason) => OldEvent::CaptureFailed(reason),
                     });
                 }
-                Action::Send(msg) => {
+                Action::Send(mut msg) => {
+                    if let Message::Images { closed, .. } = &mut msg {
+                        let w = Duration::from_secs(h.cfg.closed_window_s);
+                        *closed = d.strays.take(mh, w);
+                    }
                     if let Err(e) = ch.send(&msg).await {
                         warn!(peer = %from, error = %e, "handoff message not sent");
                     }

@@ -60,6 +60,10 @@ pub async fn freeze(d: &Daemon, mh: IpAddr) -> Vec<Frozen> {
 pub fn capture_one(f: &Frozen) -> io::Result<(ConnImage, ConnEntry)> {
     let w = itcp_handoff::capture(f.wireless.as_fd())?;
     let x = match &f.fixed {
+        // A closing relay's fixed side stays: the FH is on the fixed LAN, reachable
+        // from here, and has its data; only its last ACK or FIN may still be due, and
+        // the new MSR drops what strays its way (the flow travels in `closed`).
+        Some(_) if f.session.kind == Kind::Closing => None,
         Some(x) => Some(itcp_handoff::capture(x.as_fd()).inspect_err(|_| {
             let _ = itcp_handoff::unfreeze(f.wireless.as_fd());
         })?),
@@ -164,7 +168,15 @@ pub fn delete(d: &Daemon, frozen: Vec<Frozen>) {
         if let (Kind::Listen, Some(addr)) = (f.session.kind, f.listen) {
             d.listeners.remove(addr);
         }
-        for s in std::iter::once(f.wireless).chain(f.fixed) {
+        let mut fixed = f.fixed;
+        if f.session.kind == Kind::Closing {
+            // Not captured (see capture_one): the kernel finishes its close here.
+            if let Some(x) = fixed.take() {
+                d.note_closed(None, Some(&x));
+                crate::sockopt::close_gracefully(std::os::fd::AsRawFd::as_raw_fd(&x));
+            }
+        }
+        for s in std::iter::once(f.wireless).chain(fixed) {
             match s.into_std() {
                 Ok(std) => {
                     if let Err(e) = itcp_handoff::delete(OwnedFd::from(std)) {
@@ -201,6 +213,15 @@ fn decode(b: &[u8]) -> io::Result<SocketImage> {
 }
 
 pub fn restore_one(c: &ConnImage, policy: UnackedRestore, fwmark: u32) -> io::Result<Restored> {
+    // A closing connection's bytes in flight have most likely arrived (only their
+    // ACK was held): re-sent all at once, each would draw an ACK, and those after the
+    // one that completes the close would meet no socket and draw RSTs. As sent, one
+    // retransmission settles it.
+    let policy = if c.kind == Kind::Closing.as_str() {
+        UnackedRestore::AsSent
+    } else {
+        policy
+    };
     let kind = Kind::parse(&c.kind).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidData,

@@ -1,0 +1,126 @@
+//! The flows of each MH that closed here lately. Their TIME_WAIT and closing states
+//! stay in this MSR's kernel, so after a handoff their stray segments (a retransmitted
+//! FIN, a last ACK) reach the new MSR, which would answer them with RST (or forward
+//! them to a host that does). The old MSR hands these flows over with the images and
+//! the new MSR drops their segments silently for what is left of the window.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use itcp_proto::channel::ClosedFlow;
+
+/// Flows kept per MH at most (the oldest go first).
+const PER_MH: usize = 4096;
+
+#[derive(Default)]
+pub struct Strays {
+    map: Mutex<HashMap<IpAddr, VecDeque<(Instant, SocketAddr, SocketAddr)>>>,
+    /// Records since the last sweep of MHs gone quiet.
+    since_prune: std::sync::atomic::AtomicU64,
+}
+
+impl Strays {
+    /// Records flows of `mh` that just closed: each the MH's end and the other end.
+    pub fn closed(&self, mh: IpAddr, flows: &[(SocketAddr, SocketAddr)], window: Duration) {
+        if window.is_zero() || flows.is_empty() {
+            return;
+        }
+        use std::sync::atomic::Ordering;
+        if self.since_prune.fetch_add(1, Ordering::Relaxed) >= 4096 {
+            self.since_prune.store(0, Ordering::Relaxed);
+            self.prune(window);
+        }
+        let now = Instant::now();
+        let mut m = self.map.lock().unwrap();
+        let q = m.entry(mh).or_default();
+        while q
+            .front()
+            .is_some_and(|(t, ..)| now.duration_since(*t) > window)
+        {
+            q.pop_front();
+        }
+        for &(a, z) in flows {
+            if q.len() >= PER_MH {
+                q.pop_front();
+            }
+            q.push_back((now, a, z));
+        }
+    }
+
+    /// Takes the flows of `mh` still within `window` (the MH is leaving).
+    pub fn take(&self, mh: IpAddr, window: Duration) -> Vec<ClosedFlow> {
+        let now = Instant::now();
+        let q = self.map.lock().unwrap().remove(&mh).unwrap_or_default();
+        q.into_iter()
+            .map(|(t, mh, peer)| (now.duration_since(t), mh, peer))
+            .filter(|(age, ..)| *age < window)
+            .map(|(age, mh, peer)| ClosedFlow {
+                mh,
+                peer,
+                age_ms: age.as_millis() as u64,
+            })
+            .collect()
+    }
+
+    /// Drops the records of MHs with nothing recent (called now and then).
+    pub fn prune(&self, window: Duration) {
+        let now = Instant::now();
+        self.map.lock().unwrap().retain(|_, q| {
+            q.back()
+                .is_some_and(|(t, ..)| now.duration_since(*t) < window)
+        });
+    }
+}
+
+/// What the new MSR drops, and for how long: the rest of each flow's window.
+pub fn to_drop(flows: &[ClosedFlow], window: Duration) -> Vec<(SocketAddr, SocketAddr, Duration)> {
+    flows
+        .iter()
+        .filter_map(|f| {
+            let left = window.checked_sub(Duration::from_millis(f.age_ms))?;
+            (!left.is_zero()).then_some((f.mh, f.peer, left))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flows_are_kept_per_mh_within_the_window() {
+        let s = Strays::default();
+        let mh: IpAddr = "10.2.0.100".parse().unwrap();
+        let a: SocketAddr = "10.2.0.100:40000".parse().unwrap();
+        let z: SocketAddr = "10.0.0.1:80".parse().unwrap();
+        s.closed(mh, &[(a, z)], Duration::from_secs(60));
+        s.closed(mh, &[(a, z)], Duration::ZERO);
+        let got = s.take(mh, Duration::from_secs(60));
+        assert_eq!(got.len(), 1);
+        assert_eq!((got[0].mh, got[0].peer), (a, z));
+        assert!(s.take(mh, Duration::from_secs(60)).is_empty(), "taken");
+        let d = to_drop(&got, Duration::from_secs(60));
+        assert!(d[0].2 <= Duration::from_secs(60) && d[0].2 > Duration::from_secs(59));
+        let old = ClosedFlow {
+            mh: a,
+            peer: z,
+            age_ms: 61_000,
+        };
+        assert!(to_drop(&[old], Duration::from_secs(60)).is_empty());
+    }
+
+    #[test]
+    fn an_mh_keeps_at_most_its_share() {
+        let s = Strays::default();
+        let mh: IpAddr = "10.2.0.100".parse().unwrap();
+        let z: SocketAddr = "10.0.0.1:80".parse().unwrap();
+        for p in 0..(PER_MH as u16 + 10) {
+            s.closed(mh, &[(SocketAddr::new(mh, p), z)], Duration::from_secs(60));
+        }
+        let got = s.take(mh, Duration::from_secs(60));
+        assert_eq!(got.len(), PER_MH);
+        assert_eq!(got[0].mh.port(), 10, "the oldest went first");
+    }
+}
