@@ -461,6 +461,7 @@ mod tests {
             connections: vec![],
             failed: vec![],
             phases,
+            bytes_moved: None,
         }
     }
 
