@@ -89,9 +89,7 @@ fn parse_ago(t: &str) -> Result<u64, String> {
             .find(|c: char| !(c.is_ascii_digit() || c == '.'))
             .ok_or_else(|| format!("a number without a unit (s, m, h, d or w); {FORMS}"))?;
         let (num, tail) = rest.split_at(n);
-        let x: f64 = num
-            .parse()
-            .map_err(|_| format!("expected {FORMS}"))?;
+        let x: f64 = num.parse().map_err(|_| format!("expected {FORMS}"))?;
         let unit = tail.chars().next().unwrap_or(' ');
         let secs = match unit {
             's' => 1.0,
@@ -175,10 +173,7 @@ fn parse_iso(t: &str) -> Result<u64, String> {
         let mi = num(mins, "minute", 0, 59)?;
         let s = ss.map_or(Ok(0), |s| num(s, "second", 0, 59))?;
         if let Some(f) = frac {
-            if ss.is_none()
-                || f.is_empty()
-                || f.len() > 9
-                || !f.bytes().all(|b| b.is_ascii_digit())
+            if ss.is_none() || f.is_empty() || f.len() > 9 || !f.bytes().all(|b| b.is_ascii_digit())
             {
                 return Err(bad());
             }
@@ -236,7 +231,10 @@ mod tests {
         assert_eq!(p("2026-11-23T05:51:39.244241+0200"), Ok(T));
         assert_eq!(p("2026-11-23T01:51:39.244241-02"), Ok(T));
         assert_eq!(p("2026-11-23T03:51Z"), Ok(T - 39_244_241));
-        assert_eq!(p("2026-11-23"), Ok(T - (3 * 3600 + 51 * 60 + 39) * US_PER_S - 244_241));
+        assert_eq!(
+            p("2026-11-23"),
+            Ok(T - (3 * 3600 + 51 * 60 + 39) * US_PER_S - 244_241)
+        );
         assert_eq!(p(&format_utc_ms(T)), Ok(T - 241), "the table's own column");
         assert_eq!(p("1970-01-01T00:00:00Z"), Ok(0));
         for bad in [

@@ -31,7 +31,9 @@ pub fn parse_line(text: &str) -> Result<Option<Record>, String> {
     if text.trim().is_empty() {
         return Ok(None);
     }
-    serde_json::from_str(text).map(Some).map_err(|e| e.to_string())
+    serde_json::from_str(text)
+        .map(Some)
+        .map_err(|e| e.to_string())
 }
 
 /// The records among numbered lines of the log `name`, and a warning naming the file
@@ -217,11 +219,9 @@ impl Entry {
     /// logged different outcomes.
     pub fn outcome(&self) -> String {
         match (&self.old, &self.new) {
-            (Some(o), Some(n)) if o.outcome != n.outcome => format!(
-                "{}/{}",
-                outcome_name(o.outcome),
-                outcome_name(n.outcome)
-            ),
+            (Some(o), Some(n)) if o.outcome != n.outcome => {
+                format!("{}/{}", outcome_name(o.outcome), outcome_name(n.outcome))
+            }
             _ => outcome_name(self.any().outcome).into(),
         }
     }
@@ -239,7 +239,10 @@ impl Entry {
     /// Queued bytes carried by the connections that moved (as the old MSR captured
     /// them, if its record is here).
     pub fn bytes_moved(&self) -> u64 {
-        self.old.as_ref().unwrap_or_else(|| self.any()).moved_bytes()
+        self.old
+            .as_ref()
+            .unwrap_or_else(|| self.any())
+            .moved_bytes()
     }
 
     /// Why it did not simply move (each MSR's reason, named, when both are here).
@@ -334,7 +337,9 @@ impl Pairer {
             .into_iter()
             .partition(|(t, _)| now_us.saturating_sub(*t) >= self.wait_us);
         self.pending = keep;
-        gone.into_iter().map(|(_, r)| Entry::single(r)).collect::<Vec<_>>()
+        gone.into_iter()
+            .map(|(_, r)| Entry::single(r))
+            .collect::<Vec<_>>()
     }
 
     /// Every record still waiting, alone (at the end).
@@ -675,7 +680,10 @@ not a record
         let t = render(&both());
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 5, "{t}");
-        assert!(lines[0].starts_with("time (UTC)                mh          role"), "{t}");
+        assert!(
+            lines[0].starts_with("time (UTC)                mh          role"),
+            "{t}"
+        );
         assert!(
             lines[0].contains("→freeze  →images  →restored  →resumed  →acked  total ms"),
             "{t}"
@@ -708,7 +716,9 @@ not a record
         assert!(lines[1].contains("rolled_back"), "{t}");
         assert!(lines[4].ends_with("channel to the new MSR: peer closed the channel"));
         // Columns line up: in every row, the outcome starts where its header does.
-        let col = lines[0][..lines[0].find("outcome").unwrap()].chars().count();
+        let col = lines[0][..lines[0].find("outcome").unwrap()]
+            .chars()
+            .count();
         for l in &lines[1..] {
             let c: Vec<char> = l.chars().collect();
             assert!(c[col - 1] == ' ' && c[col] != ' ', "{l}");
