@@ -154,7 +154,7 @@ line.",
         Section {
             title: "FILES",
             body: "\
-  /run/msrd/control.sock            the control socket
+\x20 /run/msrd/control.sock            the control socket
   /var/log/itcp/handoffs.jsonl      the handoff log
   /etc/itcp/msrd.toml               msrd's configuration (--config)",
         },
@@ -166,7 +166,7 @@ line.",
         Section {
             title: "EXAMPLES",
             body: "\
-  itcpctl sessions
+\x20 itcpctl sessions
   itcpctl --config /etc/itcp/msrd.toml stats --json
   itcpctl handoffs --since 2h
   itcpctl handoffs --mh 10.2.0.100 --failed --since 2025-03-01T14:00Z --until 15m
