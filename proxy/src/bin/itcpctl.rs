@@ -137,8 +137,9 @@ line.",
                     "follow",
                     "Keep reading: print handoffs as they are logged, across log rotation \
                      and truncation (as tail -F does); a FILE that does not exist yet is \
-                     waited for. With several FILEs, a record waits up to 10 s for the \
-                     other MSR's record of the same handoff.",
+                     waited for. First come the last 10 handoffs logged so far (all since \
+                     --since, if given). With several FILEs, a record waits up to 10 s for \
+                     the other MSR's record of the same handoff.",
                 ),
                 Flag::switch(
                     "json",
@@ -455,6 +456,9 @@ fn handoffs(o: &Opts, log: PathBuf) -> io::Result<()> {
     follow(&p, files, o.until_us)
 }
 
+/// How many of the handoffs already logged `--follow` shows first, without `--since`.
+const FOLLOW_BACKLOG: usize = 10;
+
 /// What the followed logs got since the last poll (read errors are warnings: the
 /// file may come back).
 fn poll(tails: &mut [(String, Tail)]) -> Vec<Record> {
@@ -496,6 +500,11 @@ fn follow(p: &Printer, files: Vec<PathBuf>, until_us: Option<u64>) -> io::Result
             }
             _ => shown.push(e),
         }
+    }
+    // As `tail -f`: the last few, unless --since says from when.
+    shown.retain(|e| e.selected(&p.filter));
+    if p.filter.since_us.is_none() {
+        shown.drain(..shown.len().saturating_sub(FOLLOW_BACKLOG));
     }
     for e in &shown {
         p.one(e)?;
