@@ -96,6 +96,16 @@ pub struct HandoffSection {
     /// here (never forwarded to the MH, never answered), in ms (3000).
     #[serde(default = "default_hold_after")]
     pub hold_after_ms: u64,
+    /// Old MSR: how long a handoff waits for the MH's fixed-side connects in flight to
+    /// finish, so they move as relays, in ms (1000; below `images_timeout_ms`).
+    /// Connects still in flight after it stay here (logged).
+    #[serde(default = "default_setup_wait")]
+    pub setup_wait_ms: u64,
+    /// New MSR: for this long after a handoff, segments of the MH's connections that
+    /// were closed at the old MSR (their TIME_WAIT and closing states stay there) are
+    /// dropped silently here instead of answered with RST, in seconds (60; 0: off).
+    #[serde(default = "default_closed_window")]
+    pub closed_window_s: u64,
     /// An MH that is gone for this long without coming back has its connections
     /// closed (the fixed side with FIN), in seconds (120; 0: never).
     #[serde(default = "default_linger")]
@@ -121,6 +131,8 @@ impl Default for HandoffSection {
             images_timeout_ms: default_handoff_timeout(),
             ack_timeout_ms: default_handoff_timeout(),
             hold_after_ms: default_hold_after(),
+            setup_wait_ms: default_setup_wait(),
+            closed_window_s: default_closed_window(),
             linger_s: default_linger(),
             unacked: UnackedPolicy::default(),
             log_file: default_handoff_log(),
@@ -210,6 +222,12 @@ fn default_greet_port() -> u16 {
 }
 fn default_handoff_timeout() -> u64 {
     3000
+}
+fn default_setup_wait() -> u64 {
+    1000
+}
+fn default_closed_window() -> u64 {
+    60
 }
 fn default_hold_after() -> u64 {
     3000
@@ -827,6 +845,17 @@ impl MsrdConfig {
         in_range(src, "handoff.ack_timeout_ms", h.ack_timeout_ms, 10, 600_000)?;
         in_range(src, "handoff.hold_after_ms", h.hold_after_ms, 0, 600_000)?;
         in_range(src, "handoff.linger_s", h.linger_s, 0, 2_000_000)?;
+        in_range(src, "handoff.closed_window_s", h.closed_window_s, 0, 3600)?;
+        if h.setup_wait_ms >= h.images_timeout_ms {
+            return Err(src.invalid(
+                "handoff.setup_wait_ms",
+                format!(
+                    "{} ms must be below handoff.images_timeout_ms ({} ms): the new MSR \
+                     would give up on the images while this one still waits",
+                    h.setup_wait_ms, h.images_timeout_ms
+                ),
+            ));
+        }
         if h.log_file.as_os_str().is_empty() {
             return Err(src.invalid("handoff.log_file", "must not be empty"));
         }

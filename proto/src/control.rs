@@ -180,21 +180,40 @@ pub enum Kind {
     Listen,
     /// An ACCEPT waiting for a connection on the MH's listener.
     AcceptWait,
+    /// In setup: a request handshake waiting for the MH's next message.
+    Handshake,
+    /// In setup: an intercepted connection whose fixed side is not connected yet.
+    Intercepted,
+    /// Both directions ended; the kernel still delivers what was queued (and the
+    /// FINs) before the sockets close.
+    Closing,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 6] = [
+    pub const ALL: [Kind; 9] = [
         Kind::Connect,
         Kind::Accept,
         Kind::Bind,
         Kind::Transparent,
         Kind::Listen,
         Kind::AcceptWait,
+        Kind::Handshake,
+        Kind::Intercepted,
+        Kind::Closing,
     ];
 
-    /// Relays bytes (not a listener's control connection or a waiting ACCEPT).
+    /// Relays bytes (not a listener's control connection, a waiting ACCEPT, or a
+    /// connection in setup).
     pub fn relays(self) -> bool {
-        !matches!(self, Kind::Listen | Kind::AcceptWait)
+        !matches!(
+            self,
+            Kind::Listen | Kind::AcceptWait | Kind::Handshake | Kind::Intercepted | Kind::Closing
+        )
+    }
+
+    /// Still being set up (no fixed side yet).
+    pub fn in_setup(self) -> bool {
+        matches!(self, Kind::Handshake | Kind::Intercepted)
     }
 
     pub fn as_str(self) -> &'static str {
@@ -205,6 +224,9 @@ impl Kind {
             Kind::Transparent => "transparent",
             Kind::Listen => "listen",
             Kind::AcceptWait => "accept_wait",
+            Kind::Handshake => "handshake",
+            Kind::Intercepted => "intercepted",
+            Kind::Closing => "closing",
         }
     }
 
@@ -241,6 +263,8 @@ impl SessionInfo {
             (true, _) => "frozen",
             (false, Kind::Listen) => "listening",
             (false, Kind::AcceptWait) => "waiting",
+            (false, Kind::Handshake | Kind::Intercepted) => "setup",
+            (false, Kind::Closing) => "closing",
             _ => "relaying",
         }
     }

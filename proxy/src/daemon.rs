@@ -22,6 +22,7 @@ use crate::intercept::{Rules, Transparent};
 use crate::listeners::{Listeners, Lookup};
 use crate::relay::{self, End, Pending, RelayOpts};
 use crate::sessions::{Kind, Session, Sessions};
+use crate::setup::{Connecting, Inflight, Transcript};
 use crate::sockopt;
 
 /// How long a client may take for the whole request handshake.
@@ -46,6 +47,8 @@ pub struct Daemon {
     pub rules: Rules,
     /// Handoff state, when `[handoff]` is on.
     pub handoff: Option<Handoffs>,
+    /// Fixed-side setups in flight per MH, which a handoff waits for.
+    pub inflight: Arc<Inflight>,
     /// Flips to true when draining: accept loops stop.
     draining: watch::Sender<bool>,
 }
@@ -67,6 +70,15 @@ impl Drop for Admitted {
 pub struct SetupSlot {
     setups: Arc<Mutex<Setups>>,
     ip: IpAddr,
+    /// Until the connection is in the session table, where a handoff finds it.
+    arriving: Option<crate::setup::Arriving>,
+}
+
+impl SetupSlot {
+    /// The connection is in the session table now.
+    fn registered(&mut self) {
+        self.arriving = None;
+    }
 }
 
 impl Drop for SetupSlot {
@@ -115,6 +127,7 @@ impl Daemon {
             relay_opts,
             rules: rules_of(&cfg),
             handoff,
+            inflight: Arc::default(),
             draining: watch::channel(false).0,
             cfg,
         }))
@@ -161,6 +174,7 @@ impl Daemon {
         Some(SetupSlot {
             setups: self.setups.clone(),
             ip,
+            arriving: Some(self.inflight.arriving(ip)),
         })
     }
 
@@ -200,6 +214,8 @@ impl Daemon {
     }
 
     /// Relays one admitted connection and records it in the session table and the log.
+    /// A fixed-side setup in flight (`connecting`) ends once the session is in the
+    /// table, where a handoff finds it.
     #[allow(clippy::too_many_arguments)]
     async fn run_session(
         &self,
@@ -209,9 +225,11 @@ impl Daemon {
         mh: SocketAddr,
         fh: SocketAddr,
         adm: Admitted,
+        connecting: Option<Connecting>,
     ) {
         let wl = wireless.local_addr().unwrap_or(mh);
         let s: Arc<Session> = self.sessions.open(kind, mh, fh, wl);
+        drop(connecting);
         info!(id = s.id, kind = ?kind, %mh, %fh, "connection open");
         self.relay_session(s, wireless, fixed, Pending::default(), adm)
             .await;
@@ -306,7 +324,7 @@ impl Daemon {
         sockopt::apply_post_connect(fixed.as_raw_fd(), &self.cfg.fixed)?;
         sockopt::apply_post_connect(s.as_raw_fd(), &self.wireless_tuning(peer.ip()))?;
         send_reply(&mut s, Reply::Succeeded, &Addr::Ip(fh)).await?;
-        self.run_session(Kind::Accept, s, fixed, l.addr, fh, adm)
+        self.run_session(Kind::Accept, s, fixed, l.addr, fh, adm, None)
             .await;
         Ok(())
     }
@@ -362,6 +380,16 @@ impl Daemon {
                 let _ = sockopt::shutdown_write(fixed.as_raw_fd());
             }
             End::Closed => {
+                if !delivered(&wireless) || !delivered(&fixed) {
+                    // Bytes (or a FIN) are still on their way: a handoff now must
+                    // move them, so the connection stays in the table until they land.
+                    let c = self
+                        .sessions
+                        .open(Kind::Closing, s.mh, s.fh, s.wireless_local);
+                    self.sessions.close(&s);
+                    log_closed(&s, &end);
+                    return Box::pin(self.drain(c, wireless, Some(fixed), Some(adm))).await;
+                }
                 sockopt::close_gracefully(wireless.as_raw_fd());
                 sockopt::close_gracefully(fixed.as_raw_fd());
             }
@@ -371,15 +399,81 @@ impl Daemon {
         }
         drop((wireless, fixed, adm));
         self.sessions.close(&s);
-        info!(
-            id = s.id,
-            end = ?end,
-            bytes_up = s.counters.up.load(Ordering::Relaxed),
-            bytes_down = s.counters.down.load(Ordering::Relaxed),
-            secs = s.started.elapsed().map(|d| d.as_secs_f64()).unwrap_or(0.0),
-            "connection closed"
-        );
+        log_closed(&s, &end);
     }
+
+    /// A closed relay whose sockets still deliver queued bytes or a FIN: each socket is
+    /// closed once the peer has acknowledged everything (the kernel keeps TIME_WAIT
+    /// without us). Until then a handoff moves it (kind `closing`).
+    pub async fn drain(
+        &self,
+        c: Arc<Session>,
+        mut wireless: TcpStream,
+        mut fixed: Option<TcpStream>,
+        mut adm: Option<Admitted>,
+    ) {
+        // The kernel gives up on a peer that stays silent (TCP_USER_TIMEOUT, the
+        // linger); this only bounds a socket that would never report it.
+        const MOST: Duration = Duration::from_secs(900);
+        let mut pause = c.pause.subscribe();
+        let mut delay = Duration::from_millis(1);
+        let start = Instant::now();
+        loop {
+            if fixed.as_ref().is_some_and(delivered) {
+                let x = fixed.take().unwrap();
+                sockopt::close_gracefully(x.as_raw_fd());
+            }
+            if (delivered(&wireless) && fixed.is_none()) || start.elapsed() > MOST {
+                break;
+            }
+            let paused = tokio::select! {
+                _ = tokio::time::sleep(delay) => false,
+                _ = pause.wait_for(|&p| p) => true,
+            };
+            delay = (delay * 2).min(Duration::from_millis(100));
+            if !paused {
+                continue;
+            }
+            let f = Frozen {
+                session: c.clone(),
+                wireless,
+                fixed,
+                listen: None,
+                pending: Pending::default(),
+                admitted: adm,
+            };
+            let Some(f) = self.hand_over(f) else {
+                return; // The handoff has it.
+            };
+            (wireless, fixed, adm) = (f.wireless, f.fixed, f.admitted);
+            pause = c.pause.subscribe();
+        }
+        sockopt::close_gracefully(wireless.as_raw_fd());
+        if let Some(x) = &fixed {
+            sockopt::close_gracefully(x.as_raw_fd());
+        }
+        drop((wireless, fixed, adm));
+        self.sessions.close(&c);
+    }
+}
+
+/// True when the peer has acknowledged everything sent on `s`, FIN included (or the
+/// socket is dead): nothing is left to deliver.
+fn delivered(s: &TcpStream) -> bool {
+    use std::os::fd::AsFd;
+    itcp_handoff::repair::outq(s.as_fd()).map_or(true, |n| n == 0)
+        || s.take_error().ok().flatten().is_some()
+}
+
+fn log_closed(s: &Session, end: &End) {
+    info!(
+        id = s.id,
+        end = ?end,
+        bytes_up = s.counters.up.load(Ordering::Relaxed),
+        bytes_down = s.counters.down.load(Ordering::Relaxed),
+        secs = s.started.elapsed().map(|d| d.as_secs_f64()).unwrap_or(0.0),
+        "connection closed"
+    );
 }
 
 /// Handshake failures: what to log; the reply (if any) has been sent.
@@ -389,6 +483,10 @@ enum Failed {
     Proto(ProtoError),
     Closed,
     TooLong,
+    /// Paused for a handoff while waiting for the MH.
+    Frozen,
+    /// A resumed handshake would not send what was sent before the handoff.
+    Replay(String),
 }
 
 impl std::fmt::Display for Failed {
@@ -398,6 +496,8 @@ impl std::fmt::Display for Failed {
             Failed::Proto(e) => write!(f, "malformed request: {e}"),
             Failed::Closed => f.write_str("client closed during the handshake"),
             Failed::TooLong => f.write_str("handshake message too long"),
+            Failed::Frozen => f.write_str("frozen for a handoff"),
+            Failed::Replay(e) => f.write_str(e),
         }
     }
 }
@@ -405,22 +505,42 @@ impl std::fmt::Display for Failed {
 /// A codec parser: a message and the bytes it took, or `None` for "need more".
 type Parser<T> = fn(&[u8]) -> Result<Option<(T, usize)>, ProtoError>;
 
-/// Reads until `parse` yields a message; returns it, leaving surplus bytes in `buf`.
-async fn read_msg<T>(s: &mut TcpStream, buf: &mut Vec<u8>, parse: Parser<T>) -> Result<T, Failed> {
-    loop {
-        if let Some((m, n)) = parse(buf).map_err(Failed::Proto)? {
-            buf.drain(..n);
-            return Ok(m);
+/// The socket of a request handshake, what it read and wrote so far, and the pause
+/// of a handoff, which stops it whenever it waits for the MH.
+struct Handshake<'a> {
+    s: &'a mut TcpStream,
+    t: &'a mut Transcript,
+    pause: &'a mut watch::Receiver<bool>,
+}
+
+impl Handshake<'_> {
+    /// Reads until `parse` yields a message; surplus bytes stay unparsed.
+    async fn read_msg<T>(&mut self, parse: Parser<T>) -> Result<T, Failed> {
+        loop {
+            if let Some((m, n)) = parse(self.t.unparsed()).map_err(Failed::Proto)? {
+                self.t.consume(n);
+                return Ok(m);
+            }
+            if self.t.unparsed().len() >= MAX_HANDSHAKE {
+                return Err(Failed::TooLong);
+            }
+            let mut chunk = [0u8; 512];
+            // Reads are cancel-safe: a pause loses no byte.
+            let n = tokio::select! {
+                r = self.s.read(&mut chunk) => r.map_err(Failed::Io)?,
+                _ = self.pause.wait_for(|&p| p) => return Err(Failed::Frozen),
+            };
+            if n == 0 {
+                return Err(Failed::Closed);
+            }
+            self.t.received(&chunk[..n]);
         }
-        if buf.len() >= MAX_HANDSHAKE {
-            return Err(Failed::TooLong);
-        }
-        let mut chunk = [0u8; 512];
-        let n = s.read(&mut chunk).await.map_err(Failed::Io)?;
-        if n == 0 {
-            return Err(Failed::Closed);
-        }
-        buf.extend_from_slice(&chunk[..n]);
+    }
+
+    /// Sends a reply, except what a run before a handoff already sent.
+    async fn send(&mut self, out: &[u8]) -> Result<(), Failed> {
+        let rest = self.t.reply(out).map_err(Failed::Replay)?;
+        self.s.write_all(rest).await.map_err(Failed::Io)
     }
 }
 
@@ -434,79 +554,157 @@ fn unspecified_like(peer: SocketAddr) -> Addr {
     Addr::unspecified(peer.is_ipv6(), 0)
 }
 
-/// Serves one connection on the request port.
-async fn serve_request(d: Arc<Daemon>, mut s: TcpStream, peer: SocketAddr, setup: SetupSlot) {
-    let mut buf = Vec::new();
-    let hs = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(&mut s, &mut buf)).await;
-    drop(setup);
-    let (req, token) = match hs {
-        Err(_) => {
-            debug!(%peer, "request handshake timed out");
-            return;
-        }
-        Ok(Err(e)) => {
-            if let Failed::Proto(p) = &e {
-                d.sessions
-                    .stats
-                    .malformed_requests
-                    .fetch_add(1, Ordering::Relaxed);
-                let log = d.may_log(peer.ip());
-                if socks::is_socks4(&buf) {
-                    // A SOCKS4 client understands only a SOCKS4 rejection.
-                    let _ = s.write_all(&socks::SOCKS4_REJECTION).await;
-                    if log {
-                        warn!(%peer, "SOCKS4 request refused: msrd speaks SOCKS5 (RFC 1928)");
-                    }
-                } else {
-                    let _ = send_reply(&mut s, p.reply(), &unspecified_like(peer)).await;
-                    if log {
-                        warn!(%peer, error = %e, "request rejected");
-                    }
+/// Serves one connection on the request port. While it waits for the MH it is a
+/// `handshake` session, which a handoff freezes and moves with its transcript; a
+/// handshake that moved here (`moved`) is replayed from its transcript.
+pub(crate) async fn serve_request(
+    d: Arc<Daemon>,
+    mut s: TcpStream,
+    peer: SocketAddr,
+    setup: Option<SetupSlot>,
+    moved: Option<(Arc<Session>, Transcript)>,
+) {
+    let mh = crate::admission::canonical(peer.ip());
+    let mut setup = setup;
+    let (sess, mut t) = moved.unwrap_or_else(|| {
+        let local = s.local_addr().unwrap_or(peer);
+        let sess = d.sessions.open(Kind::Handshake, peer, local, local);
+        (sess, Transcript::default())
+    });
+    if let Some(x) = setup.as_mut() {
+        x.registered();
+    }
+    let mut pause = sess.pause.subscribe();
+    let deadline = tokio::time::Instant::now() + HANDSHAKE_TIMEOUT;
+    let mut done = None;
+    let connecting = loop {
+        if done.is_none() {
+            let hs = Handshake {
+                s: &mut s,
+                t: &mut t,
+                pause: &mut pause,
+            };
+            match tokio::time::timeout_at(deadline, hs.run()).await {
+                Ok(Ok(r)) => done = Some(r),
+                Ok(Err(Failed::Frozen)) => {}
+                Err(_) => {
+                    debug!(%peer, "request handshake timed out");
+                    return d.sessions.close(&sess);
                 }
-            } else {
-                debug!(%peer, error = %e, "request handshake failed");
+                Ok(Err(e)) => {
+                    d.sessions.close(&sess);
+                    return handshake_failed(&d, &mut s, peer, &t, e).await;
+                }
             }
-            return;
         }
-        Ok(Ok(r)) => r,
+        if done.is_some() {
+            // The request is complete: its fixed side may start, unless a handoff is
+            // freezing the MH (then the request moves with it, to be served there).
+            if let Some(c) = d.inflight.begin(mh) {
+                break c;
+            }
+            if !d.inflight.wait(mh, &mut pause).await {
+                continue;
+            }
+        }
+        let (read, written) = std::mem::take(&mut t).into_parts();
+        let f = Frozen {
+            session: sess.clone(),
+            wireless: s,
+            fixed: None,
+            listen: None,
+            pending: Pending {
+                up: read,
+                down: written,
+            },
+            admitted: None,
+        };
+        let Some(f) = d.hand_over(f) else {
+            return; // The handoff has it.
+        };
+        // Nobody took it (the handoff gave up first): replay it here.
+        s = f.wireless;
+        t = Transcript::resume(f.pending.up, f.pending.down);
+        done = None;
+    };
+    drop(setup);
+    d.sessions.close(&sess);
+    let Some((req, token)) = done else {
+        unreachable!("the loop ends with a complete request")
     };
     if let (Some(t), Some(h)) = (&token, &d.handoff) {
         // The MH proves ownership of its connections in handoff greetings with it.
-        h.bind_token(crate::admission::canonical(peer.ip()), &t.0);
+        h.bind_token(mh, &t.0);
     }
+    let early = t.unparsed().to_vec();
+    let c = Some(connecting);
     let r = match req.command {
-        Command::Connect => do_connect(&d, s, peer, req.addr, buf).await,
-        Command::Listen => do_listen(&d, s, peer, req.addr).await,
-        Command::Accept => do_accept(&d, s, peer, req.addr).await,
-        Command::Bind => do_bind(&d, s, peer, req.addr).await,
+        Command::Connect => do_connect(&d, s, peer, req.addr, early, c).await,
+        Command::Listen => do_listen(&d, s, peer, req.addr, c).await,
+        Command::Accept => do_accept(&d, s, peer, req.addr, c).await,
+        Command::Bind => {
+            // A BIND waits for the FH for as long as it takes: not a setup a handoff
+            // should wait for (a waiting BIND stays here).
+            drop(c);
+            do_bind(&d, s, peer, req.addr).await
+        }
     };
     if let Err(e) = r {
         debug!(%peer, error = %e, "request ended with an error");
     }
 }
 
-/// Method negotiation, optional token, request.
-async fn handshake(
+/// Answers a failed handshake as the client understands, and logs it (rate-limited).
+async fn handshake_failed(
+    d: &Daemon,
     s: &mut TcpStream,
-    buf: &mut Vec<u8>,
-) -> Result<(socks::Request, Option<Token>), Failed> {
-    let offered = read_msg(s, buf, socks::parse_greeting).await?;
-    let method = Method::select(&offered);
-    let mut out = Vec::new();
-    socks::encode_method_choice(&mut out, method);
-    s.write_all(&out).await.map_err(Failed::Io)?;
-    if method == Method::NONE_ACCEPTABLE {
-        return Err(Failed::Closed);
+    peer: SocketAddr,
+    t: &Transcript,
+    e: Failed,
+) {
+    let Failed::Proto(p) = &e else {
+        return debug!(%peer, error = %e, "request handshake failed");
+    };
+    d.sessions
+        .stats
+        .malformed_requests
+        .fetch_add(1, Ordering::Relaxed);
+    let log = d.may_log(peer.ip());
+    if socks::is_socks4(&t.read) {
+        // A SOCKS4 client understands only a SOCKS4 rejection.
+        let _ = s.write_all(&socks::SOCKS4_REJECTION).await;
+        if log {
+            warn!(%peer, "SOCKS4 request refused: msrd speaks SOCKS5 (RFC 1928)");
+        }
+    } else {
+        let _ = send_reply(s, p.reply(), &unspecified_like(peer)).await;
+        if log {
+            warn!(%peer, error = %e, "request rejected");
+        }
     }
-    let mut token = None;
-    if method == Method::ITCP_SESSION {
-        token = Some(read_msg(s, buf, socks::parse_token).await?);
-        out.clear();
-        socks::encode_token_status(&mut out, socks::TOKEN_STATUS_OK);
-        s.write_all(&out).await.map_err(Failed::Io)?;
+}
+
+impl Handshake<'_> {
+    /// Method negotiation, optional token, request.
+    async fn run(mut self) -> Result<(socks::Request, Option<Token>), Failed> {
+        let offered = self.read_msg(socks::parse_greeting).await?;
+        let method = Method::select(&offered);
+        let mut out = Vec::new();
+        socks::encode_method_choice(&mut out, method);
+        self.send(&out).await?;
+        if method == Method::NONE_ACCEPTABLE {
+            return Err(Failed::Closed);
+        }
+        let mut token = None;
+        if method == Method::ITCP_SESSION {
+            token = Some(self.read_msg(socks::parse_token).await?);
+            out.clear();
+            socks::encode_token_status(&mut out, socks::TOKEN_STATUS_OK);
+            self.send(&out).await?;
+        }
+        let req = self.read_msg(socks::parse_request).await?;
+        Ok((req, token))
     }
-    let req = read_msg(s, buf, socks::parse_request).await?;
-    Ok((req, token))
 }
 
 /// Refuses with NotAllowed if the admission says no.
@@ -564,6 +762,7 @@ async fn do_connect(
     peer: SocketAddr,
     target: Addr,
     early: Vec<u8>,
+    connecting: Option<Connecting>,
 ) -> io::Result<()> {
     let adm = match d.admit(peer.ip()) {
         Ok(a) => a,
@@ -604,9 +803,11 @@ async fn do_connect(
     if !early.is_empty() {
         let mut f = fixed;
         f.write_all(&early).await?;
-        d.run_session(Kind::Connect, s, f, bound, fh, adm).await;
+        d.run_session(Kind::Connect, s, f, bound, fh, adm, connecting)
+            .await;
     } else {
-        d.run_session(Kind::Connect, s, fixed, bound, fh, adm).await;
+        d.run_session(Kind::Connect, s, fixed, bound, fh, adm, connecting)
+            .await;
     }
     Ok(())
 }
@@ -636,7 +837,13 @@ async fn closed_by_client(s: &TcpStream) {
     }
 }
 
-async fn do_listen(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> io::Result<()> {
+async fn do_listen(
+    d: &Daemon,
+    mut s: TcpStream,
+    peer: SocketAddr,
+    a: Addr,
+    connecting: Option<Connecting>,
+) -> io::Result<()> {
     if !d.admission.lock().unwrap().is_mh(peer.ip()) {
         return refuse(d, &mut s, peer, Refusal::NotAnMh).await;
     }
@@ -656,11 +863,18 @@ async fn do_listen(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> i
     send_reply(&mut s, Reply::Succeeded, &Addr::Ip(l.addr)).await?;
     let wl = s.local_addr().unwrap_or(l.addr);
     let sess = d.sessions.open(Kind::Listen, l.addr, l.addr, wl);
+    drop(connecting);
     d.listen_wait(sess, s, l.addr).await;
     Ok(())
 }
 
-async fn do_accept(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> io::Result<()> {
+async fn do_accept(
+    d: &Daemon,
+    mut s: TcpStream,
+    peer: SocketAddr,
+    a: Addr,
+    connecting: Option<Connecting>,
+) -> io::Result<()> {
     let adm = match d.admit(peer.ip()) {
         Ok(x) => x,
         Err(why) => return refuse(d, &mut s, peer, why).await,
@@ -680,6 +894,7 @@ async fn do_accept(d: &Daemon, mut s: TcpStream, peer: SocketAddr, a: Addr) -> i
     };
     let wl = s.local_addr().unwrap_or(l.addr);
     let sess = d.sessions.open(Kind::AcceptWait, l.addr, l.addr, wl);
+    drop(connecting);
     d.accept_wait(sess, s, l.addr, adm).await
 }
 
@@ -723,36 +938,84 @@ async fn do_bind(d: &Daemon, mut s: TcpStream, peer: SocketAddr, expected: Addr)
     };
     sockopt::apply_post_connect(fixed.as_raw_fd(), &d.cfg.fixed)?;
     send_reply(&mut s, Reply::Succeeded, &Addr::Ip(fh)).await?;
-    d.run_session(Kind::Bind, s, fixed, l.addr, fh, adm).await;
+    d.run_session(Kind::Bind, s, fixed, l.addr, fh, adm, None)
+        .await;
     Ok(())
 }
 
-/// Serves one intercepted connection: `s` impersonates the FH towards the MH.
-async fn serve_transparent(d: Arc<Daemon>, s: TcpStream, mh: SocketAddr, setup: SetupSlot) {
+/// Serves one intercepted connection: `s` impersonates the FH towards the MH. Until its
+/// fixed side starts it is an `intercepted` session, which a handoff freezes and moves
+/// (to be connected there); a fixed-side connect in flight is waited for by a handoff.
+pub(crate) async fn serve_transparent(
+    d: Arc<Daemon>,
+    mut s: TcpStream,
+    mh: SocketAddr,
+    setup: Option<SetupSlot>,
+    moved: Option<(Arc<Session>, Admitted)>,
+) {
     let fh = match s.local_addr() {
         Ok(a) => a,
         Err(_) => return,
     };
-    let adm = match d.admit(mh.ip()) {
-        Ok(a) => a,
-        Err(why) => {
-            if d.may_log(mh.ip()) {
-                warn!(%mh, %fh, reason = why.as_str(), "intercepted connection refused");
+    let mh_ip = crate::admission::canonical(mh.ip());
+    let mut setup = setup;
+    let (sess, mut adm) = match moved {
+        Some(m) => m,
+        None => match d.admit(mh.ip()) {
+            Ok(a) => (d.sessions.open(Kind::Intercepted, mh, fh, fh), a),
+            Err(why) => {
+                if d.may_log(mh.ip()) {
+                    warn!(%mh, %fh, reason = why.as_str(), "intercepted connection refused");
+                }
+                sockopt::abort_on_close(s.as_raw_fd());
+                return;
             }
-            sockopt::abort_on_close(s.as_raw_fd());
-            return;
-        }
+        },
     };
+    if let Some(x) = setup.as_mut() {
+        x.registered();
+    }
     let _ = sockopt::apply_post_connect(s.as_raw_fd(), &d.wireless_tuning(mh.ip()));
-    crate::handoff::claim(&d, crate::admission::canonical(mh.ip()));
+    crate::handoff::claim(&d, mh_ip);
+    let mut pause = sess.pause.subscribe();
+    let connecting = loop {
+        if let Some(c) = d.inflight.begin(mh_ip) {
+            break c;
+        }
+        if !d.inflight.wait(mh_ip, &mut pause).await {
+            continue;
+        }
+        let f = Frozen {
+            session: sess.clone(),
+            wireless: s,
+            fixed: None,
+            listen: None,
+            pending: Pending::default(),
+            admitted: Some(adm),
+        };
+        let Some(f) = d.hand_over(f) else {
+            return; // The handoff has it.
+        };
+        s = f.wireless;
+        adm = f.admitted.expect("an intercepted connection is admitted");
+    };
+    d.sessions.close(&sess);
     let connected =
         crate::fixed::connect_as(mh, fh, &d.cfg.fixed, d.cfg.relay.connect_timeout()).await;
     drop(setup);
     match connected {
         Ok(fixed) => {
             let bound = fixed.local_addr().unwrap_or(mh);
-            d.run_session(Kind::Transparent, s, fixed, bound, fh, adm)
-                .await;
+            d.run_session(
+                Kind::Transparent,
+                s,
+                fixed,
+                bound,
+                fh,
+                adm,
+                Some(connecting),
+            )
+            .await;
         }
         Err(e) => {
             // The MH's handshake already completed with us: a reset is how it learns.
@@ -788,11 +1051,12 @@ fn listen_socket(
 }
 
 async fn accept_loop(d: Arc<Daemon>, l: TcpListener, transparent: bool) {
+    d.inflight.add_listener(l.as_raw_fd());
     let mut drain = d.draining.subscribe();
     loop {
         let r = tokio::select! {
             r = l.accept() => r,
-            _ = drain.wait_for(|&x| x) => return,
+            _ = drain.wait_for(|&x| x) => return d.inflight.remove_listener(l.as_raw_fd()),
         };
         match r {
             Ok((s, peer)) => {
@@ -804,9 +1068,9 @@ async fn accept_loop(d: Arc<Daemon>, l: TcpListener, transparent: bool) {
                 };
                 let d = d.clone();
                 if transparent {
-                    tokio::spawn(serve_transparent(d, s, peer, setup));
+                    tokio::spawn(serve_transparent(d, s, peer, Some(setup), None));
                 } else {
-                    tokio::spawn(serve_request(d, s, peer, setup));
+                    tokio::spawn(serve_request(d, s, peer, Some(setup), None));
                 }
             }
             Err(e) => {

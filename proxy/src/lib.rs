@@ -35,5 +35,6 @@ pub mod metrics;
 pub mod netlink;
 pub mod relay;
 pub mod sessions;
+pub mod setup;
 pub mod sockopt;
 pub mod splice;

@@ -194,6 +194,8 @@ fn states(kind: Kind) -> [&'static str; 2] {
     match kind {
         Kind::Listen => ["listening", "frozen"],
         Kind::AcceptWait => ["waiting", "frozen"],
+        Kind::Handshake | Kind::Intercepted => ["setup", "frozen"],
+        Kind::Closing => ["closing", "frozen"],
         _ => ["relaying", "frozen"],
     }
 }
@@ -222,7 +224,7 @@ pub fn render_parts(
     e.single(
         "connections_active",
         "gauge",
-        "Connections in the session table now (relays, listeners, waiting accepts).",
+        "Connections in the session table now (relays, listeners, waiting accepts, setups).",
         live.len() as u64,
     );
     e.family(

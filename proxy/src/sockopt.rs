@@ -215,6 +215,28 @@ pub fn abort_on_close(fd: RawFd) {
 
 /// Undoes [`abort_on_close`]: the next close ends the connection with FIN, after the
 /// bytes still queued.
+/// Connections waiting in a listening socket's accept queue (`tcpi_unacked` of a
+/// listener's `TCP_INFO`).
+pub fn accept_backlog(fd: RawFd) -> io::Result<u32> {
+    // SAFETY: all-zero is a valid tcp_info; the kernel fills at most `len` bytes.
+    let mut ti: libc::tcp_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // SAFETY: `ti` and `len` are valid for writes of the sizes given.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_INFO,
+            (&mut ti as *mut libc::tcp_info).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ti.tcpi_unacked)
+}
+
 pub fn close_gracefully(fd: RawFd) {
     let l = libc::linger {
         l_onoff: 0,

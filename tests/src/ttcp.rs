@@ -1141,6 +1141,199 @@ pub fn run_rr(opts: &RrOpts) -> RrReport {
     rep
 }
 
+// ---------------------------------------------------------------------------------
+// churn
+
+/// Options of the `churn` client: short connections opened and closed continuously.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChurnOpts {
+    pub addr: SocketAddr,
+    /// New connections per second (default 20).
+    pub rate: f64,
+    /// Seconds to keep opening connections (default 10).
+    pub duration: f64,
+    /// Bytes each connection sends and expects echoed (default 1000).
+    pub size: usize,
+    pub seed: u64,
+    /// Through the MH's I-TCP gateway (mh-lib) instead of a plain connect.
+    pub itcp: bool,
+    /// Seconds one connection may take from connect to the echo server's FIN (30).
+    pub timeout: f64,
+}
+
+impl ChurnOpts {
+    pub fn new(addr: SocketAddr) -> Self {
+        ChurnOpts {
+            addr,
+            rate: 20.0,
+            duration: 10.0,
+            size: 1000,
+            seed: 1,
+            itcp: false,
+            timeout: 30.0,
+        }
+    }
+}
+
+/// What `churn` saw. A connection fails on a reset (ECONNRESET, ECONNREFUSED, EPIPE),
+/// a timeout, an echo that differs from what was sent, or any other error.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChurnReport {
+    pub role: String,
+    /// Every connection completed, byte-exact.
+    pub ok: bool,
+    pub attempted: u64,
+    pub completed: u64,
+    pub resets: u64,
+    pub timeouts: u64,
+    pub corrupt: u64,
+    pub other_errors: u64,
+    /// Echoed bytes that were compared with what was sent.
+    pub bytes_verified: u64,
+    /// Connect to the echo server's FIN, milliseconds.
+    pub p50_ms: f64,
+    pub max_ms: f64,
+    /// The first errors, each with its connection number and time since start.
+    pub errors: Vec<String>,
+}
+
+enum ChurnFail {
+    Reset(String),
+    Timeout(String),
+    Corrupt(String),
+    Other(String),
+}
+
+fn churn_fail(what: &str, e: io::Error) -> ChurnFail {
+    let m = format!("{what}: {e}");
+    match e.raw_os_error() {
+        Some(libc::ECONNRESET) | Some(libc::ECONNREFUSED) | Some(libc::EPIPE) => {
+            ChurnFail::Reset(m)
+        }
+        _ if matches!(e.kind(), ErrorKind::TimedOut | ErrorKind::WouldBlock) => {
+            ChurnFail::Timeout(m)
+        }
+        _ => ChurnFail::Other(m),
+    }
+}
+
+/// One short connection: connect (never retried: a refusal is a reset), send `size`
+/// bytes, close the sending half, read the echo to EOF and compare.
+fn churn_one(
+    opts: &ChurnOpts,
+    mh: Option<&itcp_mh::MhOptions>,
+    i: u64,
+) -> Result<(u64, Duration), ChurnFail> {
+    let t0 = Instant::now();
+    let timeout = secs(opts.timeout);
+    let mut s = match mh {
+        Some(mh) => itcp_mh::ItcpStream::connect_with(mh, opts.addr)
+            .map_err(|e| churn_fail("I-TCP connect", e))?
+            .into_inner(),
+        None => connect_once(&opts.addr, &SockOpts::default(), t0 + timeout)
+            .map_err(|e| churn_fail("connect", e))?,
+    };
+    let left = timeout
+        .saturating_sub(t0.elapsed())
+        .max(Duration::from_millis(1));
+    s.set_read_timeout(Some(left))
+        .and_then(|_| s.set_write_timeout(Some(left)))
+        .map_err(|e| churn_fail("setsockopt", e))?;
+    let seed = opts.seed.wrapping_mul(1_000_003).wrapping_add(i);
+    let mut data = vec![0u8; opts.size];
+    StreamGen::new(seed).fill(&mut data);
+    s.write_all(&data).map_err(|e| churn_fail("write", e))?;
+    s.shutdown(Shutdown::Write)
+        .map_err(|e| churn_fail("shutdown", e))?;
+    let mut got = Vec::with_capacity(opts.size);
+    s.read_to_end(&mut got).map_err(|e| churn_fail("read", e))?;
+    if got != data {
+        let at = got.iter().zip(&data).position(|(a, b)| a != b);
+        return Err(ChurnFail::Corrupt(format!(
+            "echo of {} bytes differs from the {} sent (first difference at {:?})",
+            got.len(),
+            data.len(),
+            at
+        )));
+    }
+    Ok((got.len() as u64, t0.elapsed()))
+}
+
+/// Opens `rate` connections per second for `duration` seconds, each in its own
+/// thread, against an echo server.
+pub fn run_churn(opts: &ChurnOpts) -> ChurnReport {
+    let mut rep = ChurnReport {
+        role: "churn".into(),
+        ..Default::default()
+    };
+    let mh = if opts.itcp {
+        match itcp_mh::MhOptions::from_env() {
+            Ok(m) => Some(std::sync::Arc::new(m)),
+            Err(e) => {
+                rep.errors.push(format!("I-TCP options: {e}"));
+                rep.other_errors = 1;
+                return rep;
+            }
+        }
+    } else {
+        None
+    };
+    let start = Instant::now();
+    let n = (opts.rate * opts.duration).ceil().max(1.0) as u64;
+    let mut threads = Vec::with_capacity(n as usize);
+    for i in 0..n {
+        let at = start + secs(i as f64 / opts.rate);
+        if let Some(d) = at.checked_duration_since(Instant::now()) {
+            thread::sleep(d);
+        }
+        let (o, mh) = (opts.clone(), mh.clone());
+        let t = start.elapsed();
+        threads.push((i, t, thread::spawn(move || churn_one(&o, mh.as_deref(), i))));
+    }
+    let mut times = Vec::new();
+    for (i, t, h) in threads {
+        rep.attempted += 1;
+        let r = h
+            .join()
+            .unwrap_or_else(|_| Err(ChurnFail::Other("thread panicked".into())));
+        let msg = match r {
+            Ok((bytes, d)) => {
+                rep.completed += 1;
+                rep.bytes_verified += bytes;
+                times.push(d.as_secs_f64() * 1000.0);
+                continue;
+            }
+            Err(ChurnFail::Reset(m)) => {
+                rep.resets += 1;
+                m
+            }
+            Err(ChurnFail::Timeout(m)) => {
+                rep.timeouts += 1;
+                m
+            }
+            Err(ChurnFail::Corrupt(m)) => {
+                rep.corrupt += 1;
+                m
+            }
+            Err(ChurnFail::Other(m)) => {
+                rep.other_errors += 1;
+                m
+            }
+        };
+        if rep.errors.len() < 20 {
+            rep.errors.push(format!(
+                "connection {i} (opened at {:.3} s): {msg}",
+                t.as_secs_f64()
+            ));
+        }
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    rep.p50_ms = percentile(&times, 0.5);
+    rep.max_ms = times.last().copied().unwrap_or(0.0);
+    rep.ok = rep.completed == rep.attempted;
+    rep
+}
+
 /// Nearest-rank percentile of sorted data.
 fn percentile(sorted: &[f64], q: f64) -> f64 {
     if sorted.is_empty() {

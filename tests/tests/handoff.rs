@@ -949,3 +949,78 @@ fn an_unauthenticated_channel_peer_costs_msrd_no_memory() {
     let st = lab.msrd_stats(1).unwrap();
     assert!(st.stats.handoff_messages_rejected >= 2, "{st:?}");
 }
+
+/// Short connections opened and closed continuously through 20 handoffs, explicit
+/// (mh-lib) and transparent (a plain connect), against echo servers at the FH: every
+/// connection completes byte-exact and nobody sees a reset. Moves alternate between
+/// overlapped cells and a short gap with no cell, so connections are caught in every
+/// phase: TCP and SOCKS handshakes, the fixed-side connect, the relay, and the close.
+#[test]
+fn short_connections_through_twenty_handoffs_see_no_reset() {
+    let mut lab = fast_lab_with(83, &[], "[transparent]\nenabled = true\nports = [5007]\n");
+    let ttcp = bin_path("ttcp");
+    let (explicit, transparent) = (lab::fh_addr(5006), lab::fh_addr(5007));
+    for (a, port) in [(&explicit, 5006), (&transparent, 5007)] {
+        lab.spawn(Host::Fh, &ttcp, &["echo", "--listen", a])
+            .unwrap();
+        lab.wait_listening(Host::Fh, port).unwrap();
+    }
+    let churn = |lab: &mut Lab, addr: &str, itcp: bool, seed: &str| {
+        let mut args = vec![
+            "churn",
+            "--connect",
+            addr,
+            "--rate",
+            "25",
+            "--duration",
+            "26",
+            "--size",
+            "3000",
+            "--seed",
+            seed,
+        ];
+        if itcp {
+            args.push("--itcp");
+        }
+        lab.spawn(Host::Mh, &ttcp, &args).unwrap()
+    };
+    let c1 = churn(&mut lab, &explicit, true, "1");
+    let c2 = churn(&mut lab, &transparent, false, "2");
+    std::thread::sleep(Duration::from_millis(700));
+    let mut at = 1;
+    for i in 1..=20 {
+        let to = 3 - at;
+        let (overlap, gap) = if i % 2 == 1 {
+            (Duration::from_millis(300), Duration::ZERO)
+        } else {
+            (Duration::ZERO, Duration::from_millis(200))
+        };
+        crossing(&lab, at, to, overlap, gap);
+        wait_moves(&lab, i, Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(400));
+        at = to;
+    }
+    let mut reports = Vec::new();
+    for (idx, what) in [(c1, "explicit"), (c2, "transparent")] {
+        let (_, out, err) = lab.wait(idx, Duration::from_secs(90)).unwrap();
+        let r: itcp_testbed::ttcp::ChurnReport = serde_json::from_str(out.trim())
+            .unwrap_or_else(|e| panic!("{what} churn: {e}: {err}\n{}", diag(&lab)));
+        eprintln!(
+            "{what}: {} of {} connections byte-exact, p50 {:.1} ms, max {:.1} ms; {:?}",
+            r.completed, r.attempted, r.p50_ms, r.max_ms, r.errors
+        );
+        reports.push((what, r));
+    }
+    for (what, r) in &reports {
+        assert!(r.attempted >= 600, "{what}: {r:?}");
+        assert!(r.ok, "{what}: {r:?}\n{}", diag(&lab));
+    }
+    let (fh_in, fh_out) = lab.rsts(Host::Fh).unwrap();
+    let (mh_in, mh_out) = lab.rsts(Host::Mh).unwrap();
+    assert_eq!(
+        (fh_in, fh_out, mh_in, mh_out),
+        (0, 0, 0, 0),
+        "RSTs (FH in, FH out, MH in, MH out)\n{}",
+        diag(&lab)
+    );
+}

@@ -103,6 +103,14 @@ async fn old_side(
     );
     let mut frozen: Vec<Frozen> = Vec::new();
     let mut entries: Vec<ConnEntry> = Vec::new();
+    // However this handoff ends, the MH's connections in setup stop waiting for it.
+    struct Thaw<'a>(&'a Daemon, std::net::IpAddr);
+    impl Drop for Thaw<'_> {
+        fn drop(&mut self) {
+            self.0.inflight.thaw(self.1);
+        }
+    }
+    let _thaw = Thaw(&d, mh);
     loop {
         let mut next: Option<OldEvent> = None;
         for a in acts.drain(..) {
@@ -115,20 +123,34 @@ async fn old_side(
                     let t_freeze = t0.elapsed();
                     let mut images = Vec::new();
                     let mut failure = None;
-                    for f in &frozen {
+                    let mut over = Vec::new();
+                    let mut live = Vec::new();
+                    for f in std::mem::take(&mut frozen) {
+                        if failure.is_some() {
+                            live.push(f);
+                            continue;
+                        }
                         f.session.frozen.store(true, Ordering::Relaxed);
-                        match capture_one(f) {
+                        match capture_one(&f) {
                             Ok((img, e)) => {
                                 images.push(img);
                                 entries.push(e);
+                                live.push(f);
+                            }
+                            // A closing connection may have finished meanwhile (TIME_WAIT
+                            // or closed): nothing to move, no reason to stop the handoff.
+                            Err(_) if f.session.kind == crate::sessions::Kind::Closing => {
+                                over.push(f)
                             }
                             Err(e) => {
                                 warn!(id = f.session.id, error = %e, "connection cannot be captured: the handoff is off");
                                 failure = Some(format!("connection {}: {e}", f.session.id));
-                                break;
+                                live.push(f);
                             }
                         }
                     }
+                    frozen = live;
+                    finish_closed(&d, over);
                     debug!(
                         pause_us = t_freeze.as_micros() as u64,
                         capture_us = (t0.elapsed() - t_freeze).as_micros() as u64,
@@ -207,5 +229,15 @@ async fn old_side(
             Ok(Err(e)) => m.handle_channel_lost(&e.to_string()),
             Err(_) => m.handle_timeout(now_us()),
         };
+    }
+}
+
+/// Closes connections that finished closing while frozen (nothing left to send).
+fn finish_closed(d: &Daemon, over: Vec<Frozen>) {
+    for f in over {
+        for s in std::iter::once(&f.wireless).chain(f.fixed.as_ref()) {
+            crate::sockopt::close_gracefully(std::os::fd::AsRawFd::as_raw_fd(s));
+        }
+        d.sessions.close(&f.session);
     }
 }

@@ -30,8 +30,16 @@ pub fn unacked(p: UnackedPolicy) -> UnackedRestore {
     }
 }
 
-/// Pauses every relay of `mh` and collects its sockets.
+/// Pauses every connection of `mh` and collects its sockets: relays, listeners, and
+/// connections in setup that wait for the MH. Fixed-side connects in flight are
+/// waited for first (`[handoff] setup_wait_ms`), so that they move as relays.
 pub async fn freeze(d: &Daemon, mh: IpAddr) -> Vec<Frozen> {
+    let wait = Duration::from_millis(d.handoff_cfg().setup_wait_ms);
+    let left = d.inflight.settle(mh, wait).await;
+    if left > 0 {
+        warn!(%mh, left, wait_ms = wait.as_millis() as u64,
+            "fixed-side connects still in flight: they stay at this MSR");
+    }
     let mut waits = Vec::new();
     for s in d.sessions.of_mh(mh) {
         let (tx, rx) = oneshot::channel();
@@ -83,6 +91,35 @@ pub fn capture_one(f: &Frozen) -> io::Result<(ConnImage, ConnEntry)> {
 /// Restarts a frozen connection's service task here (rollback, or a move in).
 pub fn spawn_service(d: &Arc<Daemon>, f: Frozen) {
     let d2 = d.clone();
+    let peer = f.session.mh;
+    match f.session.kind {
+        Kind::Handshake => {
+            let t = crate::setup::Transcript::resume(f.pending.up, f.pending.down);
+            let moved = Some((f.session, t));
+            tokio::spawn(crate::daemon::serve_request(
+                d2, f.wireless, peer, None, moved,
+            ));
+            return;
+        }
+        Kind::Intercepted => {
+            let Some(adm) = f.admitted else {
+                return warn!(
+                    id = f.session.id,
+                    "intercepted connection not admitted: dropped"
+                );
+            };
+            let moved = Some((f.session, adm));
+            tokio::spawn(crate::daemon::serve_transparent(
+                d2, f.wireless, peer, None, moved,
+            ));
+            return;
+        }
+        Kind::Closing => {
+            tokio::spawn(async move { d2.drain(f.session, f.wireless, f.fixed, f.admitted).await });
+            return;
+        }
+        _ => {}
+    }
     match (f.fixed, f.listen, f.admitted) {
         (Some(x), _, Some(adm)) => {
             tokio::spawn(async move {
@@ -179,7 +216,10 @@ pub fn restore_one(c: &ConnImage, policy: UnackedRestore, fwmark: u32) -> io::Re
         })?),
         None => None,
     };
-    if kind.relays() == c.fixed.is_empty() || kind.relays() == listen.is_some() {
+    let needs_listen = matches!(kind, Kind::Listen | Kind::AcceptWait);
+    // A closing relay may have closed its fixed side already (all delivered).
+    let fixed_ok = kind == Kind::Closing || kind.relays() != c.fixed.is_empty();
+    if !fixed_ok || needs_listen != listen.is_some() {
         return Err(io::Error::new(
             io::ErrorKind::InvalidData,
             format!(
@@ -209,7 +249,7 @@ pub fn restore_one(c: &ConnImage, policy: UnackedRestore, fwmark: u32) -> io::Re
         ..opts
     };
     // On failure `wfd` is dropped in repair mode: nothing is sent.
-    let fixed = if kind.relays() {
+    let fixed = if !c.fixed.is_empty() {
         let x = decode(&c.fixed)?;
         let xfd = itcp_handoff::restore(&x, &xopts)?;
         Some((xfd, x))
@@ -396,6 +436,9 @@ pub fn restart_all(d: &Arc<Daemon>, mut restored: Vec<Restored>) -> (Vec<u64>, V
                     continue;
                 }
             },
+            // In setup or closing: the MH and what it connected to (the FH, or our
+            // request port).
+            None if r.kind.in_setup() || r.kind == Kind::Closing => (None, wimg.remote, wimg.local),
             None => {
                 let a = r.listen.unwrap_or(wimg.remote);
                 (None, a, a)
@@ -403,7 +446,9 @@ pub fn restart_all(d: &Arc<Daemon>, mut restored: Vec<Restored>) -> (Vec<u64>, V
         };
         let s = d.sessions.open_moved(r.kind, mh, fh, wl);
         info!(id = s.id, from_id = r.id, kind = r.kind.as_str(), %mh, %fh, "connection moved in");
-        let admitted = (r.kind != Kind::Listen).then(|| d.admit_moved(s.mh_ip()));
+        // A handshake is admitted once its request is known, wherever that is.
+        let admitted =
+            (!matches!(r.kind, Kind::Listen | Kind::Handshake)).then(|| d.admit_moved(s.mh_ip()));
         resumed.push(r.id);
         spawn_service(
             d,

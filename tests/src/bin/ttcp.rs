@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::process::ExitCode;
 
 use itcp_cli::{Arg, Args, Command, Flag, Section, Spec};
-use itcp_testbed::ttcp::{self, EchoOpts, Endpoint, Opts, RrOpts};
+use itcp_testbed::ttcp::{self, ChurnOpts, EchoOpts, Endpoint, Opts, RrOpts};
 
 const CONNECT: Flag = Flag::value(
     "connect",
@@ -141,6 +141,32 @@ on ADDR:PORT' on stderr once bound (port 0 picks a free one).",
                 JSON,
             ],
         },
+        Command {
+            name: "churn",
+            synopsis: "--connect ADDR:PORT [--rate N] [--duration SECS] [--size BYTES] [--seed S]
+[--timeout SECS] [--itcp] [--json FILE]",
+            about: "Short connections against ttcp echo: RATE a second for SECS, each sending \
+                    SIZE bytes, closing its half and checking the echo; a refused connect is a \
+                    reset, never retried.",
+            flags: &[
+                CONNECT,
+                Flag::value("rate", "N", "New connections per second (default 20)."),
+                Flag::value(
+                    "duration",
+                    "SECS",
+                    "How long to open connections (default 10).",
+                ),
+                Flag::value("size", "BYTES", "Bytes per connection (default 1000)."),
+                SEED,
+                Flag::value(
+                    "timeout",
+                    "SECS",
+                    "Time one connection may take, connect to EOF (default 30).",
+                ),
+                ITCP,
+                JSON,
+            ],
+        },
     ],
     sections: &[
         Section {
@@ -234,12 +260,14 @@ enum Job {
     },
     Echo(EchoOpts),
     Rr(RrOpts, Option<String>),
+    Churn(ChurnOpts, Option<String>),
 }
 
 fn parse(mut a: Args) -> itcp_cli::Result<Job> {
     match a.command()?.name {
         "send" | "recv" => send_recv(a),
         "echo" => echo(a),
+        "churn" => churn(a),
         _ => rr(a),
     }
 }
@@ -273,6 +301,18 @@ fn main() -> ExitCode {
         Job::Rr(o, json) => {
             let r = ttcp::run_rr(&o);
             finish(serde_json::to_string(&r), r.error.clone(), json.as_deref())
+        }
+        Job::Churn(o, json) => {
+            let r = ttcp::run_churn(&o);
+            let err = (!r.ok).then(|| {
+                format!(
+                    "{} of {} connections failed: {}",
+                    r.attempted - r.completed,
+                    r.attempted,
+                    r.errors.first().map_or("", |e| e.as_str())
+                )
+            });
+            finish(serde_json::to_string(&r), err, json.as_deref())
         }
     }
 }
@@ -406,6 +446,35 @@ fn rr(mut a: Args) -> itcp_cli::Result<Job> {
     };
     o.addr = addr;
     Ok(Job::Rr(o, json))
+}
+
+fn churn(mut a: Args) -> itcp_cli::Result<Job> {
+    let mut o = ChurnOpts::new(([0, 0, 0, 0], 0).into());
+    let mut addr = None;
+    let mut json = None;
+    while let Some(arg) = a.next()? {
+        match arg {
+            Arg::Flag("connect") => addr = Some(parse_addr(&mut a, "connect")?),
+            Arg::Flag("rate") => {
+                o.rate = parse_secs(&mut a, "rate")?;
+                if o.rate <= 0.0 {
+                    return usage_err(&a, "--rate: must be positive");
+                }
+            }
+            Arg::Flag("duration") => o.duration = parse_secs(&mut a, "duration")?,
+            Arg::Flag("size") => o.size = parse_positive(&mut a, "size")?,
+            Arg::Flag("seed") => o.seed = parse_u64(&mut a, "seed")?,
+            Arg::Flag("timeout") => o.timeout = parse_secs(&mut a, "timeout")?,
+            Arg::Flag("itcp") => o.itcp = true,
+            Arg::Flag("json") => json = Some(a.value("json")?),
+            other => return Err(a.unexpected(other)),
+        }
+    }
+    let Some(addr) = addr else {
+        return usage_err(&a, "ttcp churn: --connect is required");
+    };
+    o.addr = addr;
+    Ok(Job::Churn(o, json))
 }
 
 #[cfg(test)]
