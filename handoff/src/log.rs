@@ -1,7 +1,15 @@
 //! The handoff log: one JSON line per handoff, successful or not, written by each MSR
 //! involved, and read back by `itcpctl handoffs` for an operator.
+//!
+//! Both MSRs of a handoff write a record with the same `handoff_id` (the new MSR picks
+//! it and sends it in its `handoff_request`), so [`view`] can pair the two records of
+//! one handoff from the logs of several MSRs. Fields added later are optional: a line
+//! written before them still parses.
 
-use std::fmt::Write as _;
+pub mod tail;
+pub mod time;
+pub mod view;
+
 use std::fs::OpenOptions;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{IpAddr, SocketAddr};
@@ -95,6 +103,10 @@ pub struct Record {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failed: Vec<(u64, String)>,
     pub phases: Phases,
+    /// Queued bytes carried by the connections that moved (see
+    /// [`Record::moved_bytes`]); absent in records written before it was added.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bytes_moved: Option<u64>,
 }
 
 impl Record {
@@ -110,6 +122,38 @@ impl Record {
 
     pub fn ok(&self) -> bool {
         self.outcome == Outcome::Moved
+    }
+
+    /// The earliest phase this MSR saw (µs since the epoch), 0 if none.
+    pub fn start_us(&self) -> u64 {
+        self.phases.first_last().map_or(0, |(a, _)| a)
+    }
+
+    /// True if the connections went to the new MSR (all, or some of them).
+    pub fn went_over(&self) -> bool {
+        matches!(self.outcome, Outcome::Moved | Outcome::Partial)
+    }
+
+    /// Connections that moved: listed, not failed, and the handoff went over.
+    pub fn moved_connections(&self) -> impl Iterator<Item = &ConnEntry> {
+        let over = self.went_over();
+        self.connections
+            .iter()
+            .filter(move |c| over && !self.failed.iter().any(|(id, _)| *id == c.id))
+    }
+
+    /// Queued bytes carried by the connections that moved: `bytes_moved` as written,
+    /// or, for records written without it, the same sum from `connections`.
+    pub fn moved_bytes(&self) -> u64 {
+        self.bytes_moved
+            .unwrap_or_else(|| self.moved_connections().map(|c| c.queued_bytes).sum())
+    }
+
+    /// Sets the connections and the bytes moved with them (what msrd logs).
+    pub fn set_connections(&mut self, conns: &[ConnEntry]) {
+        self.connections = conns.to_vec();
+        self.bytes_moved = None;
+        self.bytes_moved = Some(self.moved_bytes());
     }
 }
 
@@ -133,11 +177,24 @@ pub fn append(path: &Path, r: &Record) -> io::Result<()> {
 pub struct Filter {
     pub mh: Option<IpAddr>,
     pub failed_only: bool,
+    /// Only handoffs that started at or after this time (µs since the epoch).
+    pub since_us: Option<u64>,
+    /// Only handoffs that started at or before this time (µs since the epoch).
+    pub until_us: Option<u64>,
 }
 
 impl Filter {
     pub fn matches(&self, r: &Record) -> bool {
-        self.mh.is_none_or(|m| m == r.mh) && (!self.failed_only || !r.ok())
+        self.selects(r.mh, r.ok(), r.start_us())
+    }
+
+    /// The same test on what a record (or a pair of them) says: the MH, whether every
+    /// connection moved, and when the handoff started.
+    pub fn selects(&self, mh: IpAddr, ok: bool, start_us: u64) -> bool {
+        self.mh.is_none_or(|m| m == mh)
+            && (!self.failed_only || !ok)
+            && self.since_us.is_none_or(|t| start_us >= t)
+            && self.until_us.is_none_or(|t| start_us <= t)
     }
 }
 
@@ -159,33 +216,6 @@ pub fn read(path: &Path, f: &Filter) -> io::Result<(Vec<Record>, Vec<String>)> {
         }
     }
     Ok((out, bad))
-}
-
-/// A table for people.
-pub fn render(records: &[Record]) -> String {
-    let mut s = format!(
-        "{:>8}  {:<4}  {:<15}  {:<8} → {:<8}  {:<11}  {:>5}  {:>9}  {}\n",
-        "id", "role", "mh", "old", "new", "outcome", "conns", "duration", "reason"
-    );
-    for r in records {
-        let _ = writeln!(
-            s,
-            "{:>8}  {:<4}  {:<15}  {:<8} → {:<8}  {:<11}  {:>5}  {:>9}  {}",
-            r.handoff_id,
-            match r.role {
-                Role::Old => "old",
-                Role::New => "new",
-            },
-            r.mh.to_string(),
-            r.old_msr,
-            r.new_msr,
-            format!("{:?}", r.outcome).to_lowercase(),
-            r.connections.len(),
-            r.duration_ms().map_or("-".into(), |d| format!("{d:.2} ms")),
-            r.reason.as_deref().unwrap_or("")
-        );
-    }
-    s
 }
 
 #[cfg(test)]
@@ -216,11 +246,12 @@ mod tests {
                 acknowledged: Some(1_015_000),
                 ..Default::default()
             },
+            bytes_moved: None,
         }
     }
 
     #[test]
-    fn append_read_filter_render() {
+    fn append_read_filter() {
         let dir = std::env::temp_dir().join(format!("ith-log-{}", std::process::id()));
         let path = dir.join("handoffs.jsonl");
         let _ = std::fs::remove_file(&path);
@@ -243,8 +274,8 @@ mod tests {
         let (failed, _) = read(
             &path,
             &Filter {
-                mh: None,
                 failed_only: true,
+                ..Filter::default()
             },
         )
         .unwrap();
@@ -256,19 +287,46 @@ mod tests {
             &path,
             &Filter {
                 mh: Some("10.2.0.100".parse().unwrap()),
-                failed_only: false,
+                ..Filter::default()
             },
         )
         .unwrap();
         assert_eq!(one.len(), 1);
         assert_eq!(one[0].duration_us(), Some(15_000));
-        let t = render(&all);
-        assert!(
-            t.contains("rolledback")
-                && t.contains("15.00 ms")
-                && t.contains("old MSR did not answer"),
-            "{t}"
-        );
+        let (later, _) = read(
+            &path,
+            &Filter {
+                since_us: Some(1_000_001),
+                ..Filter::default()
+            },
+        )
+        .unwrap();
+        assert!(later.is_empty());
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn bytes_moved_is_written_and_derived_for_old_records() {
+        let mut r = rec(1, "10.2.0.100", Outcome::Partial);
+        let conn = |id, queued_bytes| ConnEntry {
+            id,
+            queued_bytes,
+            ..r.connections[0].clone()
+        };
+        let conns = [conn(1, 100), conn(2, 20), conn(3, 3)];
+        r.failed = vec![(2, "restart failed".into())];
+        r.set_connections(&conns);
+        assert_eq!(r.bytes_moved, Some(103));
+        assert_eq!(r.moved_connections().count(), 2);
+        let line = serde_json::to_string(&r).unwrap();
+        assert!(line.contains("\"bytes_moved\":103"), "{line}");
+        // A line written before the field existed: the same total, from the connections.
+        let old = line.replace(",\"bytes_moved\":103", "");
+        let back: Record = serde_json::from_str(&old).unwrap();
+        assert_eq!((back.bytes_moved, back.moved_bytes()), (None, 103));
+        // Nothing moves in a rollback.
+        r.outcome = Outcome::RolledBack;
+        r.set_connections(&conns);
+        assert_eq!(r.bytes_moved, Some(0));
     }
 }

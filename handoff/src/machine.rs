@@ -204,6 +204,7 @@ impl NewSide {
             connections: Vec::new(),
             failed,
             phases: self.phases.clone(),
+            bytes_moved: None,
         }
     }
 
@@ -468,6 +469,7 @@ impl OldSide {
             connections: Vec::new(),
             failed: Vec::new(),
             phases: self.phases.clone(),
+            bytes_moved: None,
         }
     }
 

@@ -463,6 +463,7 @@ mod tests {
             connections: vec![],
             failed: vec![],
             phases,
+            bytes_moved: None,
         }
     }
 

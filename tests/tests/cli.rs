@@ -131,6 +131,16 @@ fn bad_values_are_usage_errors_naming_the_flag() {
             "itcpctl: --mh: \"nowhere\" is not an IP address",
         ),
         (
+            "itcpctl",
+            &["handoffs", "--since", "yesterday"],
+            "itcpctl: --since: \"yesterday\" is not a time: expected ISO 8601",
+        ),
+        (
+            "itcpctl",
+            &["handoffs", "--until", "2025-02-30T10:00Z"],
+            "itcpctl: --until: \"2025-02-30T10:00Z\" is not a time: day \"30\" is not 1-28",
+        ),
+        (
             "itcp-lab",
             &["bench", "conns", "--count", "-3"],
             "itcp-lab: --count: -3 is out of range (at least 0)",

@@ -4,20 +4,27 @@
 //! itcpctl [--socket PATH | --config FILE] sessions [--json]
 //! itcpctl [--socket PATH | --config FILE] stats [--json]
 //! itcpctl [--socket PATH | --config FILE] metrics
-//! itcpctl [--log FILE | --config FILE] handoffs [--mh ADDR] [--failed] [--json]
+//! itcpctl [--log FILE | --config FILE] handoffs [--mh ADDR] [--failed] [--since TIME]
+//!         [--until TIME] [--follow] [--json] [FILE...]
 //! ```
 //!
-//! `handoffs` reads the handoff log (`[handoff] log_file`), not the daemon: it works
-//! whether or not msrd is running. The command line is the table [`SPEC`] (also
-//! `--help` and the man page).
+//! `handoffs` reads handoff logs (`[handoff] log_file`, or the logs of several MSRs
+//! given as FILEs), not the daemon: it works whether or not msrd is running. What it
+//! shows is [`itcp_handoff::log::view`] (pairing, filters, table, JSON, all I/O-free);
+//! here are only the reading and following of the files. The command line is the
+//! table [`SPEC`] (also `--help` and the man page).
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Write};
 use std::net::IpAddr;
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use itcp_cli::{Arg, Args, Command, Flag, Section, Spec};
+use itcp_handoff::log::tail::{self, Tail, TailEvent};
+use itcp_handoff::log::view::{self, Entry, Pairer};
+use itcp_handoff::log::{time, Filter, Record};
 use itcp_proto::control::{Body, Reply, Request};
 
 const JSON: Flag = Flag::switch(
@@ -33,12 +40,14 @@ static SPEC: Spec = Spec {
         "[--socket PATH | --config FILE] sessions [--json]",
         "[--socket PATH | --config FILE] stats [--json]",
         "[--socket PATH | --config FILE] metrics",
-        "[--log FILE | --config FILE] handoffs [--mh ADDR] [--failed] [--json]",
+        "[--log FILE | --config FILE] handoffs [--mh ADDR] [--failed]\n\
+         [--since TIME] [--until TIME] [--follow] [--json] [FILE...]",
     ],
     description: "\
 itcpctl asks a running msrd(1) over its control socket for its relayed connections
 (sessions), its counters (stats) or its Prometheus metrics (metrics), and reads the
-handoff log that msrd writes (handoffs), whether or not msrd is running.
+handoff logs that msrd writes (handoffs), whether or not msrd is running: this
+router's, or those of several routers merged into one timeline.
 
 Global options (--socket, --config, --log) come before or after the command; the
 command's own options come after it. --socket and --log win over --config.",
@@ -82,16 +91,63 @@ command's own options come after it. --socket and --log win over --config.",
         },
         Command {
             name: "handoffs",
-            synopsis: "[--mh ADDR] [--failed] [--json]",
-            about: "The handoff log as a table (or JSON lines): when, which MH, from which MSR \
-                    to which, how many connections moved, how long it took.",
+            synopsis: "[--mh ADDR] [--failed] [--since TIME] [--until TIME]\n\
+                       [--follow] [--json] [FILE...]",
+            about: "\
+The handoff log (--log, --config, or the FILEs given) as a table, oldest first, one
+line per handoff: when it started (ISO 8601, UTC, to the millisecond), the MH, whose
+records the line shows (role: old, new, or both MSRs), the old and the new MSR, the
+outcome (moved, partial, rolled_back, rejected; old/new when the two MSRs disagree),
+the connections moved and failed, the bytes queued in the moved connections, the
+milliseconds to each phase from the previous one (freeze, images, restored, resumed,
+acked), the total, the handoff id (as in msrd's own log) and why it did not simply
+move.
+
+Several FILEs (the handoff logs of several MSRs, copied or mounted) are merged into
+one timeline: the old and the new MSR's records of one handoff (same handoff id and
+MH) become one line (role both) whose phases come from the MSR that performs each
+(greeting and restore at the new MSR, freeze and acknowledgement at the old one), and
+whose total runs from the greeting at the new MSR to the acknowledgement at the old
+one. Steps between the two MSRs need their clocks in sync (NTP): a negative step means
+they are not.
+
+A line that is not a handoff record is skipped with a warning naming its file and
+line.",
             flags: &[
                 Flag::value("mh", "ADDR", "Only handoffs of the MH with this address."),
                 Flag::switch(
                     "failed",
                     "Only handoffs that did not move every connection.",
                 ),
-                Flag::switch("json", "One JSON record per line, as in the log."),
+                Flag::value(
+                    "since",
+                    "TIME",
+                    "Only handoffs that started at or after TIME: ISO 8601 \
+                     (2025-03-01T14:05:00Z, 2025-03-01 14:05, 2025-03-01; UTC unless an \
+                     offset such as +01:00 is given) or how long ago (90s, 10m, 2h, 1d, \
+                     1h30m).",
+                ),
+                Flag::value(
+                    "until",
+                    "TIME",
+                    "Only handoffs that started at or before TIME (as for --since). With \
+                     --follow, stop once TIME has passed.",
+                ),
+                Flag::switch(
+                    "follow",
+                    "Keep reading: print handoffs as they are logged, across log rotation \
+                     and truncation (as tail -F does); a FILE that does not exist yet is \
+                     waited for. First come the last 10 handoffs logged so far (all since \
+                     --since, if given). With several FILEs, a record waits up to 10 s for \
+                     the other MSR's record of the same handoff.",
+                ),
+                Flag::switch(
+                    "json",
+                    "One JSON object per handoff and line instead of the table: time, \
+                     start_us, handoff_id, mh, old_msr, new_msr, role, outcome, moved, \
+                     failed, bytes_moved, steps_us (freeze, images, restored, resumed, \
+                     acked), duration_us, reason, and the records as logged (old, new).",
+                ),
             ],
         },
     ],
@@ -99,7 +155,7 @@ command's own options come after it. --socket and --log win over --config.",
         Section {
             title: "FILES",
             body: "\
-  /run/msrd/control.sock            the control socket
+\x20 /run/msrd/control.sock            the control socket
   /var/log/itcp/handoffs.jsonl      the handoff log
   /etc/itcp/msrd.toml               msrd's configuration (--config)",
         },
@@ -111,9 +167,13 @@ command's own options come after it. --socket and --log win over --config.",
         Section {
             title: "EXAMPLES",
             body: "\
-  itcpctl sessions
+\x20 itcpctl sessions
   itcpctl --config /etc/itcp/msrd.toml stats --json
-  itcpctl handoffs --mh 10.2.0.100 --failed",
+  itcpctl handoffs --since 2h
+  itcpctl handoffs --mh 10.2.0.100 --failed --since 2025-03-01T14:00Z --until 15m
+  itcpctl handoffs --follow
+  itcpctl handoffs /srv/logs/msr1/handoffs.jsonl /srv/logs/msr2/handoffs.jsonl
+  itcpctl handoffs --json --since 1d | jq 'select(.role == \"both\") | .duration_us'",
         },
         Section {
             title: "SEE ALSO",
@@ -132,10 +192,27 @@ struct Opts {
     mh: Option<IpAddr>,
     failed: bool,
     json: bool,
+    since_us: Option<u64>,
+    until_us: Option<u64>,
+    follow: bool,
+    files: Vec<PathBuf>,
+}
+
+fn now_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// The value of `--since` or `--until`, as µs since the epoch.
+fn time_value(a: &mut Args, long: &str, now_us: u64) -> itcp_cli::Result<u64> {
+    let v = a.value(long)?;
+    time::parse(&v, now_us).map_err(|why| a.usage(format!("--{long}: {v:?} is not a time: {why}")))
 }
 
 fn parse(mut a: Args) -> itcp_cli::Result<Opts> {
     let mut o = Opts::default();
+    let now = now_us();
     while let Some(arg) = a.next()? {
         match arg {
             Arg::Flag("socket") => o.socket = Some(a.value("socket")?),
@@ -144,6 +221,10 @@ fn parse(mut a: Args) -> itcp_cli::Result<Opts> {
             Arg::Flag("mh") => o.mh = Some(a.parse("mh", "an IP address")?),
             Arg::Flag("failed") => o.failed = true,
             Arg::Flag("json") => o.json = true,
+            Arg::Flag("since") => o.since_us = Some(time_value(&mut a, "since", now)?),
+            Arg::Flag("until") => o.until_us = Some(time_value(&mut a, "until", now)?),
+            Arg::Flag("follow") => o.follow = true,
+            Arg::Word(w) if o.cmd == "handoffs" => o.files.push(w.into()),
             Arg::Word(w) if a.current_command().is_none() => {
                 if !SPEC.commands.iter().any(|c| c.name == w) {
                     return Err(a.usage(format!(
@@ -157,6 +238,15 @@ fn parse(mut a: Args) -> itcp_cli::Result<Opts> {
     }
     if o.cmd.is_empty() {
         return Err(a.usage("which command? (sessions, stats, metrics or handoffs)"));
+    }
+    if let (Some(s), Some(u)) = (o.since_us, o.until_us) {
+        if s > u {
+            return Err(a.usage(format!(
+                "--since {} is after --until {}: no handoff can match",
+                time::format_utc_ms(s),
+                time::format_utc_ms(u)
+            )));
+        }
     }
     Ok(o)
 }
@@ -241,27 +331,16 @@ fn run(o: Opts) -> Result<(), String> {
         socket = cfg.msr.control_socket.display().to_string();
         log = cfg.handoff.log_file.clone();
     }
-    let socket = o.socket.unwrap_or(socket);
-    let log = o.log.unwrap_or(log);
-    let filter = itcp_handoff::log::Filter {
-        mh: o.mh,
-        failed_only: o.failed,
-    };
-    let (cmd, as_json) = (o.cmd, o.json);
-    if cmd == "handoffs" {
-        let (records, bad) = itcp_handoff::log::read(&log, &filter).map_err(|e| e.to_string())?;
-        for b in &bad {
-            eprintln!("itcpctl: skipped a line that is not a handoff record: {b}");
-        }
-        if as_json {
-            for r in &records {
-                println!("{}", serde_json::to_string(r).unwrap());
-            }
-        } else {
-            print!("{}", itcp_handoff::log::render(&records));
-        }
-        return Ok(());
+    let socket = o.socket.clone().unwrap_or(socket);
+    let log = o.log.clone().unwrap_or(log);
+    if o.cmd == "handoffs" {
+        return match handoffs(&o, log) {
+            // `itcpctl handoffs | head`: the reader had enough.
+            Err(e) if e.kind() == io::ErrorKind::BrokenPipe => Ok(()),
+            r => r.map_err(|e| e.to_string()),
+        };
     }
+    let (cmd, as_json) = (o.cmd, o.json);
     let req = match cmd.as_str() {
         "stats" => Request::Stats,
         "metrics" => Request::Metrics,
@@ -269,6 +348,185 @@ fn run(o: Opts) -> Result<(), String> {
     };
     print_reply(request(&socket, req)?, as_json);
     Ok(())
+}
+
+/// How long, with several logs followed, a record waits for the other MSR's record
+/// of the same handoff (msrd's own deadlines are 5 s by default).
+const PAIR_WAIT_US: u64 = 10_000_000;
+const FOLLOW_POLL: Duration = Duration::from_millis(250);
+
+/// Prints handoffs as a table or JSON lines.
+struct Printer {
+    json: bool,
+    filter: Filter,
+}
+
+impl Printer {
+    fn header(&self) -> io::Result<()> {
+        if self.json {
+            return Ok(());
+        }
+        writeln!(io::stdout().lock(), "{}", view::header_line())
+    }
+
+    /// One handoff as it comes (`--follow`).
+    fn one(&self, e: &Entry) -> io::Result<()> {
+        if !e.selected(&self.filter) {
+            return Ok(());
+        }
+        let line = if self.json {
+            view::json_line(e)
+        } else {
+            view::row_line(e)
+        };
+        writeln!(io::stdout().lock(), "{line}")
+    }
+
+    /// A whole timeline: a table whose columns fit it.
+    fn all(&self, entries: &[Entry]) -> io::Result<()> {
+        let shown: Vec<Entry> = entries
+            .iter()
+            .filter(|e| e.selected(&self.filter))
+            .cloned()
+            .collect();
+        let mut out = io::stdout().lock();
+        if self.json {
+            for e in &shown {
+                writeln!(out, "{}", view::json_line(e))?;
+            }
+            Ok(())
+        } else {
+            write!(out, "{}", view::render(&shown))
+        }
+    }
+}
+
+/// The records among newly read lines, with a warning for each line that is not one.
+fn records_of(name: &str, events: Vec<TailEvent>) -> Vec<Record> {
+    let mut out = Vec::new();
+    for ev in events {
+        match ev {
+            TailEvent::Line { number, text } => match view::parse_line(&text) {
+                Ok(Some(r)) => out.push(r),
+                Ok(None) => {}
+                Err(why) => eprintln!("itcpctl: {}", view::warning(name, number, &why)),
+            },
+            TailEvent::Truncated => eprintln!("itcpctl: {name}: truncated: reading from its start"),
+            TailEvent::Reopened => eprintln!("itcpctl: {name}: rotated: reading the new file"),
+        }
+    }
+    out
+}
+
+fn handoffs(o: &Opts, log: PathBuf) -> io::Result<()> {
+    let files = if o.files.is_empty() {
+        vec![log]
+    } else {
+        o.files.clone()
+    };
+    let p = Printer {
+        json: o.json,
+        filter: Filter {
+            mh: o.mh,
+            failed_only: o.failed,
+            since_us: o.since_us,
+            until_us: o.until_us,
+        },
+    };
+    if !o.follow {
+        let mut records = Vec::new();
+        for f in &files {
+            let name = f.display().to_string();
+            let lines = tail::read_lines(f).map_err(|e| {
+                let hint = if e.kind() == io::ErrorKind::NotFound {
+                    "; has a handoff been logged there yet? (msrd creates the log at the first)"
+                } else {
+                    ""
+                };
+                io::Error::new(e.kind(), format!("{name}: {e}{hint}"))
+            })?;
+            let (r, bad) = view::parse_lines(&name, lines.iter().map(|(n, t)| (*n, t.as_str())));
+            for b in bad {
+                eprintln!("itcpctl: {b}");
+            }
+            records.extend(r);
+        }
+        return p.all(&view::merge(records));
+    }
+    follow(&p, files, o.until_us)
+}
+
+/// How many of the handoffs already logged `--follow` shows first, without `--since`.
+const FOLLOW_BACKLOG: usize = 10;
+
+/// What the followed logs got since the last poll (read errors are warnings: the
+/// file may come back).
+fn poll(tails: &mut [(String, Tail)]) -> Vec<Record> {
+    let mut out = Vec::new();
+    for (name, t) in tails.iter_mut() {
+        match t.poll() {
+            Ok(ev) => out.extend(records_of(name, ev)),
+            Err(e) => eprintln!("itcpctl: {name}: {e}"),
+        }
+    }
+    out
+}
+
+/// `--follow`: what the logs hold now, then each handoff as it is logged.
+fn follow(p: &Printer, files: Vec<PathBuf>, until_us: Option<u64>) -> io::Result<()> {
+    let mut tails: Vec<(String, Tail)> = files
+        .into_iter()
+        .map(|f| (f.display().to_string(), Tail::new(f)))
+        .collect();
+    let several = tails.len() > 1;
+    let mut pairer = Pairer::new(if several { PAIR_WAIT_US } else { 0 });
+    let first = poll(&mut tails);
+    for (name, t) in &tails {
+        if !t.is_open() {
+            eprintln!("itcpctl: {name}: not there yet: waiting for it");
+        }
+    }
+    p.header()?;
+    // The logs as they are, as one timeline; a recent record whose pair may still
+    // come waits for it.
+    let now = now_us();
+    let mut shown = Vec::new();
+    for e in view::merge(first) {
+        match (&e.old, &e.new) {
+            (Some(r), None) | (None, Some(r))
+                if several && now.saturating_sub(e.start_us()) < PAIR_WAIT_US =>
+            {
+                let _ = pairer.push(r.clone(), now);
+            }
+            _ => shown.push(e),
+        }
+    }
+    // As `tail -f`: the last few, unless --since says from when.
+    shown.retain(|e| e.selected(&p.filter));
+    if p.filter.since_us.is_none() {
+        shown.drain(..shown.len().saturating_sub(FOLLOW_BACKLOG));
+    }
+    for e in &shown {
+        p.one(e)?;
+    }
+    loop {
+        if until_us.is_some_and(|u| now_us() > u) {
+            for e in pairer.drain() {
+                p.one(&e)?;
+            }
+            return Ok(());
+        }
+        std::thread::sleep(FOLLOW_POLL);
+        let now = now_us();
+        for r in poll(&mut tails) {
+            if let Some(e) = pairer.push(r, now) {
+                p.one(&e)?;
+            }
+        }
+        for e in pairer.expire(now) {
+            p.one(&e)?;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -290,6 +548,39 @@ mod tests {
         let o = p(&["handoffs", "--mh", "10.2.0.100", "--failed", "--log", "/l"]).unwrap();
         assert_eq!(o.mh, Some("10.2.0.100".parse().unwrap()));
         assert!(o.failed && o.log == Some("/l".into()));
+        let o = p(&[
+            "handoffs",
+            "a.jsonl",
+            "--since",
+            "2025-03-01T14:05:00Z",
+            "--until=10m",
+            "b.jsonl",
+            "--follow",
+        ])
+        .unwrap();
+        assert_eq!(o.files, [PathBuf::from("a.jsonl"), "b.jsonl".into()]);
+        assert_eq!(o.since_us, Some(1_740_837_900_000_000));
+        let ago = now_us() - o.until_us.unwrap();
+        assert!((600_000_000..610_000_000).contains(&ago), "{ago}");
+        assert!(o.follow);
+        let err = |args: &[&str]| match p(args) {
+            Err(itcp_cli::Stop::Usage(m, _)) => m,
+            other => panic!("{args:?}: {other:?}"),
+        };
+        assert_eq!(
+            err(&["handoffs", "--since", "yesterday"]),
+            format!(
+                "--since: \"yesterday\" is not a time: expected {}",
+                time::FORMS
+            )
+        );
+        assert_eq!(
+            err(&["handoffs", "--until", "2025-02-30"]),
+            "--until: \"2025-02-30\" is not a time: day \"30\" is not 1-28"
+        );
+        assert!(err(&["handoffs", "--since", "1h", "--until", "2h"]).starts_with("--since 20"));
+        assert!(p(&["sessions", "a.jsonl"]).is_err());
+        assert!(p(&["sessions", "--since", "1h"]).is_err());
         // Command options belong to their command.
         assert!(p(&["sessions", "--mh", "10.2.0.100"]).is_err());
         assert!(p(&["--json", "sessions"]).is_err());

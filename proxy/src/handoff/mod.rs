@@ -279,7 +279,7 @@ pub fn release_later(d: &Arc<Daemon>, mh: IpAddr, after: Duration) {
 }
 
 pub fn write_log(d: &Daemon, mut r: Record, conns: &[ConnEntry]) {
-    r.connections = conns.to_vec();
+    r.set_connections(conns);
     d.sessions.handoffs.observe(&r);
     let path = &d.handoff_cfg().log_file;
     if let Err(e) = hlog::append(path, &r) {
