@@ -14,9 +14,12 @@ use itcp_proto::channel::ClosedFlow;
 /// Flows kept per MH at most (the oldest go first).
 const PER_MH: usize = 4096;
 
+/// When a flow closed, the MH's end, the other end.
+type Closed = (Instant, SocketAddr, SocketAddr);
+
 #[derive(Default)]
 pub struct Strays {
-    map: Mutex<HashMap<IpAddr, VecDeque<(Instant, SocketAddr, SocketAddr)>>>,
+    map: Mutex<HashMap<IpAddr, VecDeque<Closed>>>,
     /// Records since the last sweep of MHs gone quiet.
     since_prune: std::sync::atomic::AtomicU64,
 }
