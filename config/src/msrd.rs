@@ -579,7 +579,7 @@ pub struct TcpTuning {
     pub window_clamp: Option<u32>,
     /// TCP_NOTSENT_LOWAT in bytes.
     pub notsent_lowat: Option<u32>,
-    /// TCP_NODELAY.
+    /// TCP_NODELAY (msrd's relay sockets: on unless set false).
     pub nodelay: Option<bool>,
     /// SO_KEEPALIVE + TCP_KEEPIDLE in seconds (unset = no keepalive).
     pub keepalive_idle_s: Option<u32>,

@@ -120,7 +120,11 @@ pub fn apply_post_connect(fd: RawFd, t: &TcpTuning) -> io::Result<()> {
             "TCP_NOTSENT_LOWAT",
         )?;
     }
-    if let Some(n) = t.nodelay {
+    // On unless configured off: msrd cannot see whether the application turned Nagle
+    // off, and a relay that batches small writes once per round trip delays every
+    // interactive exchange (bulk writes are large and unaffected).
+    {
+        let n = t.nodelay.unwrap_or(true);
         set_int(
             fd,
             libc::IPPROTO_TCP,

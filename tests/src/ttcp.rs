@@ -135,6 +135,12 @@ pub struct RrOpts {
     pub interval_ms: f64,
     pub connect_timeout: f64,
     pub seed: u64,
+    /// Send a request every `interval_ms` without waiting for the responses (an
+    /// interactive application over a long path: several requests in flight).
+    pub pipeline: bool,
+    /// Exchanges left out of the statistics at the start (a split connection's first
+    /// requests also wait for its fixed side to connect).
+    pub warmup: u64,
 }
 
 impl RrOpts {
@@ -146,6 +152,8 @@ impl RrOpts {
             interval_ms: 0.0,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             seed: 1,
+            pipeline: false,
+            warmup: 0,
         }
     }
 }
@@ -1099,7 +1107,16 @@ pub fn run_rr(opts: &RrOpts) -> RrReport {
     let mut resp = vec![0u8; opts.size];
     let mut rtts: Vec<f64> = Vec::with_capacity(opts.count.min(1 << 20) as usize);
     let mut error = None;
+    if opts.pipeline {
+        match rr_pipelined(&s, opts) {
+            Ok(v) => rtts = v,
+            Err(e) => error = Some(e),
+        }
+    }
     for i in 0..opts.count {
+        if opts.pipeline {
+            break;
+        }
         if i > 0 && opts.interval_ms > 0.0 {
             thread::sleep(secs(opts.interval_ms / 1000.0));
         }
@@ -1126,6 +1143,8 @@ pub fn run_rr(opts: &RrOpts) -> RrReport {
             error = Some(format!("waiting for the server to close: {e}"));
         }
     }
+    let skip = (opts.warmup as usize).min(rtts.len());
+    rtts.drain(..skip);
     rep.count = rtts.len() as u64;
     if !rtts.is_empty() {
         rep.mean_us = rtts.iter().sum::<f64>() / rtts.len() as f64;
@@ -1332,6 +1351,50 @@ pub fn run_churn(opts: &ChurnOpts) -> ChurnReport {
     rep.max_ms = times.last().copied().unwrap_or(0.0);
     rep.ok = rep.completed == rep.attempted;
     rep
+}
+
+/// Pipelined exchanges: a writer sends a request every `interval_ms`; responses are
+/// matched to requests in order (TCP keeps it) and checked. Returns the round trips.
+fn rr_pipelined(s: &TcpStream, opts: &RrOpts) -> Result<Vec<f64>, String> {
+    let mut w = s.try_clone().map_err(|e| format!("dup socket: {e}"))?;
+    let (tx, rx) = std::sync::mpsc::channel::<(Instant, Vec<u8>)>();
+    let o = opts.clone();
+    let writer = thread::spawn(move || -> Result<(), String> {
+        let mut gen = StreamGen::new(o.seed);
+        let start = Instant::now();
+        for i in 0..o.count {
+            let at = start + secs(i as f64 * o.interval_ms / 1000.0);
+            if let Some(d) = at.checked_duration_since(Instant::now()) {
+                thread::sleep(d);
+            }
+            let mut req = vec![0u8; o.size];
+            gen.fill(&mut req);
+            let t = Instant::now();
+            w.write_all(&req)
+                .map_err(|e| format!("request {i}: write failed: {e}"))?;
+            if tx.send((t, req)).is_err() {
+                break;
+            }
+        }
+        Ok(())
+    });
+    let mut r = s.try_clone().map_err(|e| format!("dup socket: {e}"))?;
+    let mut resp = vec![0u8; opts.size];
+    let mut rtts = Vec::with_capacity(opts.count as usize);
+    for i in 0..opts.count {
+        r.read_exact(&mut resp)
+            .map_err(|e| format!("response {i}: read failed: {e}"))?;
+        let now = Instant::now();
+        let (t, req) = rx
+            .recv()
+            .map_err(|_| format!("response {i} without a request"))?;
+        if req != resp {
+            return Err(format!("response {i} differs from its request"));
+        }
+        rtts.push(now.duration_since(t).as_nanos() as f64 / 1000.0);
+    }
+    writer.join().map_err(|_| "writer panicked".to_string())??;
+    Ok(rtts)
 }
 
 /// Nearest-rank percentile of sorted data.

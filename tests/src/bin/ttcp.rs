@@ -129,13 +129,22 @@ on ADDR:PORT' on stderr once bound (port 0 picks a free one).",
         Command {
             name: "rr",
             synopsis: "--connect ADDR:PORT [--count N] [--size BYTES] [--interval-ms MS]
-[--seed S] [--connect-timeout SECS] [--json FILE]",
+[--pipeline] [--warmup N] [--seed S] [--connect-timeout SECS] [--json FILE]",
             about: "Request-response latency against ttcp echo: COUNT exchanges of SIZE bytes.",
             flags: &[
                 CONNECT,
                 Flag::value("count", "N", "Number of exchanges (default 1000)."),
                 Flag::value("size", "BYTES", "Request and response size (default 64)."),
                 Flag::value("interval-ms", "MS", "Pause between exchanges (default 0)."),
+                Flag::switch(
+                    "pipeline",
+                    "Send a request every --interval-ms without waiting for responses.",
+                ),
+                Flag::value(
+                    "warmup",
+                    "N",
+                    "Leave the first N exchanges out of the statistics (default 0).",
+                ),
                 SEED,
                 CONNECT_TIMEOUT,
                 JSON,
@@ -433,6 +442,8 @@ fn rr(mut a: Args) -> itcp_cli::Result<Job> {
             }
             Arg::Flag("size") => o.size = parse_positive(&mut a, "size")?,
             Arg::Flag("interval-ms") => o.interval_ms = parse_secs(&mut a, "interval-ms")?,
+            Arg::Flag("pipeline") => o.pipeline = true,
+            Arg::Flag("warmup") => o.warmup = parse_u64(&mut a, "warmup")?,
             Arg::Flag("seed") => o.seed = parse_u64(&mut a, "seed")?,
             Arg::Flag("connect-timeout") => {
                 o.connect_timeout = parse_secs(&mut a, "connect-timeout")?
