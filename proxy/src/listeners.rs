@@ -4,10 +4,11 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
 use itcp_config::TcpTuning;
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
@@ -16,23 +17,67 @@ use crate::fixed;
 /// Connections the kernel accepted that no ACCEPT has taken yet, per listener.
 const BACKLOG: usize = 128;
 
+/// A fixed-side connection accepted for an MH, and the FH it comes from.
+pub type Queued = (TcpStream, SocketAddr);
+
 /// One listener on an MH's address.
 pub struct MhListener {
     pub addr: SocketAddr,
-    queue: tokio::sync::Mutex<mpsc::Receiver<(TcpStream, SocketAddr)>>,
-    task: JoinHandle<()>,
+    queue: tokio::sync::Mutex<mpsc::Receiver<Queued>>,
+    tx: mpsc::Sender<Queued>,
+    /// The listening socket (the accept task works on a duplicate): an upgrade hands
+    /// it over, or restarts the task on it.
+    fd: OwnedFd,
+    task: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl MhListener {
     /// The next fixed-side connection, or None once the listener is closed.
-    pub async fn next(&self) -> Option<(TcpStream, SocketAddr)> {
+    pub async fn next(&self) -> Option<Queued> {
         self.queue.lock().await.recv().await
+    }
+
+    /// The listening socket.
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
+    fn start(&self) -> io::Result<()> {
+        let std = std::net::TcpListener::from(self.fd.try_clone()?);
+        std.set_nonblocking(true)?;
+        let l = TcpListener::from_std(std)?;
+        let tx = self.tx.clone();
+        // Cancel-safe at each await (an upgrade stops this task): a connection is
+        // taken from the kernel only once there is room for it in the queue.
+        let task = tokio::spawn(async move {
+            while let Ok(permit) = tx.reserve().await {
+                match l.accept().await {
+                    Ok(c) => permit.send(c),
+                    Err(_) => break,
+                }
+            }
+        });
+        if let Some(old) = self.task.lock().unwrap().replace(task) {
+            old.abort();
+        }
+        Ok(())
+    }
+
+    /// Stops accepting (connections wait in the kernel's backlog).
+    async fn stop(&self) {
+        let t = self.task.lock().unwrap().take();
+        if let Some(t) = t {
+            t.abort();
+            let _ = t.await;
+        }
     }
 }
 
 impl Drop for MhListener {
     fn drop(&mut self) {
-        self.task.abort();
+        if let Some(t) = self.task.get_mut().unwrap().take() {
+            t.abort();
+        }
     }
 }
 
@@ -53,21 +98,82 @@ impl Listeners {
     pub fn listen(&self, addr: SocketAddr, tuning: &TcpTuning) -> io::Result<Arc<MhListener>> {
         let l = fixed::listen_as(addr, tuning, BACKLOG as u32)?;
         let addr = l.local_addr()?;
-        let (tx, rx) = mpsc::channel(BACKLOG);
-        let task = tokio::spawn(async move {
-            while let Ok(c) = l.accept().await {
-                if tx.send(c).await.is_err() {
-                    break;
-                }
-            }
-        });
+        let ml = self.insert(addr, OwnedFd::from(l.into_std()?), Vec::new())?;
+        ml.start()?;
+        Ok(ml)
+    }
+
+    fn insert(
+        &self,
+        addr: SocketAddr,
+        fd: OwnedFd,
+        queued: Vec<Queued>,
+    ) -> io::Result<Arc<MhListener>> {
+        let (tx, rx) = mpsc::channel(BACKLOG.max(queued.len()));
+        for q in queued {
+            tx.try_send(q).map_err(|_| io::Error::other("listener queue full"))?;
+        }
         let ml = Arc::new(MhListener {
             addr,
             queue: tokio::sync::Mutex::new(rx),
-            task,
+            tx,
+            fd,
+            task: Mutex::new(None),
         });
         self.map.lock().unwrap().insert(addr, ml.clone());
         Ok(ml)
+    }
+
+    /// Takes over a listening socket and its queue from an older msrd (upgrade). It
+    /// does not accept until [`Listeners::start_all`].
+    pub fn adopt(&self, addr: SocketAddr, fd: OwnedFd, queued: Vec<Queued>) -> io::Result<()> {
+        self.insert(addr, fd, queued).map(drop)
+    }
+
+    /// Every listener (upgrade).
+    pub fn all(&self) -> Vec<Arc<MhListener>> {
+        self.map.lock().unwrap().values().cloned().collect()
+    }
+
+    /// Stops every listener's accept task (upgrade): new connections wait in the
+    /// kernel's backlog, which travels with the socket.
+    pub async fn stop_all(&self) {
+        for l in self.all() {
+            l.stop().await;
+        }
+    }
+
+    /// (Re)starts the accept task of every listener that has none.
+    pub fn start_all(&self) {
+        for l in self.all() {
+            if l.task.lock().unwrap().is_none() {
+                if let Err(e) = l.start() {
+                    tracing::warn!(addr = %l.addr, error = %e, "MH listener not restarted");
+                }
+            }
+        }
+    }
+
+    /// Takes the accepted connections no ACCEPT took yet out of a stopped listener's
+    /// queue (upgrade); [`Listeners::requeue`] puts them back.
+    pub async fn take_queued(&self, l: &MhListener) -> Vec<Queued> {
+        let mut q = l.queue.lock().await;
+        let mut out = Vec::new();
+        while let Ok(c) = q.try_recv() {
+            out.push(c);
+        }
+        out
+    }
+
+    /// Puts connections back at the front of a listener's queue (an upgrade that failed).
+    pub async fn requeue(&self, l: &MhListener, queued: Vec<Queued>) {
+        // The queue is empty (taken by take_queued, and the accept task is stopped).
+        let _q = l.queue.lock().await;
+        for c in queued {
+            if l.tx.try_send(c).is_err() {
+                tracing::warn!(addr = %l.addr, "MH listener queue full: connection dropped");
+            }
+        }
     }
 
     /// The listener an ACCEPT from MH `owner` for `port` refers to.
@@ -89,8 +195,9 @@ impl Listeners {
 
     /// Closes a listener: no new connections; ACCEPTs waiting on it get None.
     pub fn remove(&self, addr: SocketAddr) {
-        if let Some(l) = self.map.lock().unwrap().remove(&addr) {
-            l.task.abort();
+        let l = self.map.lock().unwrap().remove(&addr);
+        if let Some(t) = l.and_then(|l| l.task.lock().unwrap().take()) {
+            t.abort();
         }
     }
 

@@ -106,15 +106,28 @@ fn parse(mut a: Args) -> itcp_cli::Result<Mode> {
 }
 
 fn main() -> ExitCode {
+    itcp_proxy::upgrade::remember_invocation();
     let (check, path) = match parse(Args::from_env(&SPEC)) {
         Ok(Mode::Run(p)) => (false, p),
         Ok(Mode::Check(p)) => (true, p),
         Err(stop) => return itcp_cli::exit(&SPEC, stop),
     };
+    // Started by a running msrd to take over from it (upgrade)?
+    let adopt = match itcp_proxy::upgrade::take_inherited() {
+        Some(Err(e)) => {
+            eprintln!("msrd: {e}");
+            return ExitCode::FAILURE;
+        }
+        Some(Ok(fd)) if !check => Some(fd),
+        _ => None,
+    };
     let cfg = match MsrdConfig::load(&path) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("msrd: {e}");
+            if let Some(fd) = &adopt {
+                itcp_proxy::upgrade::refuse(fd, &e.to_string());
+            }
             return ExitCode::FAILURE;
         }
     };
@@ -124,9 +137,12 @@ fn main() -> ExitCode {
     }
     if let Err(e) = itcp_proxy::logging::init(&cfg) {
         eprintln!("msrd: {e}");
+        if let Some(fd) = &adopt {
+            itcp_proxy::upgrade::refuse(fd, &e.to_string());
+        }
         return ExitCode::from(2);
     }
-    match itcp_proxy::daemon::run(cfg) {
+    match itcp_proxy::daemon::run(cfg, adopt) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
