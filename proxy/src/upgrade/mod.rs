@@ -495,6 +495,7 @@ pub async fn upgrade(d: &Arc<Daemon>, services: &Services) -> Result<UpgradeRepl
     };
     let h = handover(d, services, &q);
     let (conns, listeners) = (h.conns.len() as u64, h.mh_listeners.len() as u64);
+    let in_transit: usize = h.conns.iter().map(|c| c.up.len() + c.down.len()).sum();
     let packets = match wire::split(&h) {
         Ok(p) => p,
         Err(e) => {
@@ -540,6 +541,7 @@ pub async fn upgrade(d: &Arc<Daemon>, services: &Services) -> Result<UpgradeRepl
         new_pid = pid,
         connections = conns,
         listeners,
+        in_transit,
         ms,
         "upgrade: the new msrd serves; exiting"
     );
@@ -795,8 +797,15 @@ pub async fn adopt(d: &Arc<Daemon>, ch: OwnedFd, services: &Services) -> io::Res
         Ok(a.finish().expect("complete"))
     })
     .await?;
+    let staged = match stage(d, state) {
+        Ok(s) => s,
+        Err(e) => {
+            refuse(&ch, &e);
+            return Err(io::Error::other(e));
+        }
+    };
     // Test hooks (README, testing): a new process that dies, or hangs, holding the
-    // whole state; the old one must serve on.
+    // whole state, adopted; the old one must serve on.
     match std::env::var("MSRD_FAULT").as_deref() {
         Ok("upgrade_exit") => {
             tracing::error!("MSRD_FAULT=upgrade_exit: exiting with the state");
@@ -808,13 +817,7 @@ pub async fn adopt(d: &Arc<Daemon>, ch: OwnedFd, services: &Services) -> io::Res
         }
         _ => {}
     }
-    let staged = match stage(d, state) {
-        Ok(s) => s,
-        Err(e) => {
-            refuse(&ch, &e);
-            return Err(io::Error::other(e));
-        }
-    };
+
     let committed = blocking(&ch, |c| {
         send_msg(
             c,

@@ -1,0 +1,321 @@
+//! End-to-end upgrade tests on the lab: msrd replaced by a new process of its binary
+//! (`{"op":"upgrade"}` on its control socket, what `itcpctl upgrade` sends) while
+//! transfers run in both directions and MH listeners are open. Every transfer is
+//! verified byte for byte, nftables counters at the FH and the MH count RSTs (there
+//! must be none), and the listeners accept new connections afterwards. A new process
+//! that cannot take over must leave the old one serving. Needs root.
+
+use std::time::{Duration, Instant};
+
+use itcp_proto::control::{Reply, UpgradeReply};
+use itcp_testbed::lab::{self, bin_path, Host, Lab, LabConfig};
+use itcp_testbed::ttcp::{RecvReport, SendReport};
+
+const FAST_BEACONS: &str = "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n";
+const FAST_AGENT: &[&str] = &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"];
+const TRANSPARENT: &str = "[transparent]\nenabled = true\nports = [5002]\n";
+
+/// `msrs` MSRs with msrd and `[handoff]`, fast clean links, the MH in cell 1 with its
+/// agent; RSTs watched at the FH and the MH. Returns the lab and the msrds' indices.
+fn lab_with(msrs: usize, seed: u64, env: &[(usize, &str, &str)]) -> (Lab, Vec<usize>) {
+    let cell = lab::link(20_000_000, 2.0, 0.0);
+    let wan = lab::link(100_000_000, 1.0, 0.0);
+    let mut lab = Lab::new(LabConfig {
+        msrs,
+        seed,
+        wan_down: wan.clone(),
+        wan_up: wan,
+        cell_down: cell.clone(),
+        cell_up: cell,
+        initial_cells: vec![1],
+        veth: false,
+    })
+    .unwrap();
+    let (msrds, _) = lab
+        .start_itcp_mobility_env(&format!("{FAST_BEACONS}{TRANSPARENT}"), FAST_AGENT, env)
+        .unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    lab.watch_rsts(Host::Mh).unwrap();
+    (lab, msrds)
+}
+
+/// A transfer: (sender index, receiver index, bytes).
+type Transfer = (usize, usize, u64);
+
+/// FH → MH through an explicit I-TCP connection (SOCKS CONNECT).
+fn download(lab: &mut Lab, port: u16, bytes: u64) -> Transfer {
+    let (ttcp, fh, n) = (bin_path("ttcp"), lab::fh_addr(port), bytes.to_string());
+    let s = lab
+        .spawn(Host::Fh, &ttcp, &["send", "--listen", &fh, "--bytes", &n])
+        .unwrap();
+    lab.wait_listening(Host::Fh, port).unwrap();
+    let r = lab
+        .spawn(
+            Host::Mh,
+            &ttcp,
+            &["recv", "--connect", &fh, "--bytes", &n, "--itcp"],
+        )
+        .unwrap();
+    (s, r, bytes)
+}
+
+/// MH → FH, explicit (`itcp`) or intercepted (an unmodified app, TPROXY).
+fn upload(lab: &mut Lab, port: u16, bytes: u64, itcp: bool) -> Transfer {
+    let (ttcp, fh, n) = (bin_path("ttcp"), lab::fh_addr(port), bytes.to_string());
+    let r = lab
+        .spawn(Host::Fh, &ttcp, &["recv", "--listen", &fh, "--bytes", &n])
+        .unwrap();
+    lab.wait_listening(Host::Fh, port).unwrap();
+    let mut args = vec!["send", "--connect", &fh, "--bytes", &n];
+    if itcp {
+        args.push("--itcp");
+    }
+    let s = lab.spawn(Host::Mh, &ttcp, &args).unwrap();
+    (s, r, bytes)
+}
+
+/// The MH listens on `port` through its MSR (LISTEN; its ACCEPT waits at the MSR).
+fn mh_listens(lab: &mut Lab, port: u16, bytes: u64) -> usize {
+    let (ttcp, mh, n) = (bin_path("ttcp"), lab::mh_addr(port), bytes.to_string());
+    lab.spawn(
+        Host::Mh,
+        &ttcp,
+        &["recv", "--listen", &mh, "--bytes", &n, "--itcp"],
+    )
+    .unwrap()
+}
+
+/// The FH connects to the MH's listener on `port` and sends.
+fn fh_connects(lab: &mut Lab, port: u16, bytes: u64, receiver: usize) -> Transfer {
+    let (ttcp, mh, n) = (bin_path("ttcp"), lab::mh_addr(port), bytes.to_string());
+    let s = lab
+        .spawn(Host::Fh, &ttcp, &["send", "--connect", &mh, "--bytes", &n])
+        .unwrap();
+    (s, receiver, bytes)
+}
+
+fn finish(lab: &mut Lab, (s, r, bytes): Transfer) {
+    let (_, rout, rerr) = lab.wait(r, Duration::from_secs(120)).unwrap();
+    let (_, sout, serr) = lab.wait(s, Duration::from_secs(30)).unwrap();
+    let recv: RecvReport = serde_json::from_str(rout.trim())
+        .unwrap_or_else(|e| panic!("receiver: {e}: {rerr}\n{}", diag(lab)));
+    let send: SendReport = serde_json::from_str(sout.trim())
+        .unwrap_or_else(|e| panic!("sender: {e}: {serr}\n{}", diag(lab)));
+    assert!(recv.ok, "receiver: {:?}\n{}", recv.error, diag(lab));
+    assert!(send.ok, "sender: {:?}\n{}", send.error, diag(lab));
+    assert!(recv.verified);
+    assert_eq!(recv.bytes, bytes);
+}
+
+fn assert_no_rsts(lab: &Lab) {
+    let (fh_in, fh_out) = lab.rsts(Host::Fh).unwrap();
+    let (mh_in, mh_out) = lab.rsts(Host::Mh).unwrap();
+    assert_eq!(
+        (fh_in, fh_out, mh_in, mh_out),
+        (0, 0, 0, 0),
+        "RSTs (FH in, FH out, MH in, MH out)\n{}",
+        diag(lab)
+    );
+}
+
+/// Logs worth seeing when a test fails.
+fn diag(lab: &Lab) -> String {
+    let mut s = String::new();
+    for f in ["msrd1.log", "msrd2.log", "agent.log", "agent.events"] {
+        let t = std::fs::read_to_string(lab.dir.join(f)).unwrap_or_default();
+        let tail: Vec<&str> = t.lines().rev().take(40).collect();
+        s += &format!(
+            "--- {f} (last lines)\n{}\n",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    s
+}
+
+/// Asks MSR `k`'s msrd to upgrade, as `itcpctl upgrade` does.
+fn upgrade(lab: &Lab, k: usize) -> Result<UpgradeReply, String> {
+    let t = Instant::now();
+    let line = lab
+        .msrd_line(k, r#"{"op":"upgrade"}"#)
+        .map_err(|e| e.to_string())?;
+    let r = Reply::parse(&line)?.upgrade();
+    eprintln!("upgrade of MSR{k}: {r:?} after {:?}", t.elapsed());
+    r
+}
+
+fn alive(pid: u32) -> bool {
+    // A zombie (exited, not yet reaped) is not alive.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.contains(") Z "))
+        .unwrap_or(false)
+}
+
+fn wait_gone(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while alive(pid) {
+        assert!(Instant::now() < deadline, "pid {pid} still runs");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Processes in host `h`'s namespace.
+fn pids_in(lab: &Lab, h: Host) -> Vec<u32> {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "pids", &lab.ns(h)])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .filter(|&p| alive(p))
+        .collect()
+}
+
+/// (id, kind) of MSR `k`'s sessions.
+fn sessions(lab: &Lab, k: usize) -> Vec<(u64, String)> {
+    lab.msrd_sessions(k)
+        .unwrap()
+        .iter()
+        .map(|s| (s.id, s.kind.as_str().to_string()))
+        .collect()
+}
+
+/// Waits until the agent reports `n` moves.
+fn wait_moves(lab: &Lab, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ev = lab.agent_events();
+        if let Some(bad) = ev
+            .iter()
+            .find(|e| e["event"] == "move_failed" || e["event"] == "refused")
+        {
+            panic!("handoff failed: {bad}\n{}", diag(lab));
+        }
+        if ev.iter().filter(|e| e["event"] == "moved").count() >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} moves not seen: {ev:?}\n{}",
+            diag(lab)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn upgrades_mid_transfer_keep_every_connection_and_listener() {
+    let (mut lab, msrds) = lab_with(2, 91, &[]);
+    let big = 12u64 << 20;
+    // Explicit download and upload, an intercepted upload, an accepted connection,
+    // and a listener whose ACCEPT waits at the MSR through everything below.
+    let down = download(&mut lab, 5001, big);
+    let up = upload(&mut lab, 5005, big, true);
+    let tp = upload(&mut lab, 5002, big, false);
+    let r3 = mh_listens(&mut lab, 5003, big);
+    let r4 = mh_listens(&mut lab, 5004, 1 << 20);
+    std::thread::sleep(Duration::from_millis(500));
+    let accepted = fh_connects(&mut lab, 5003, big, r3);
+    std::thread::sleep(Duration::from_millis(700));
+    let before = sessions(&lab, 1);
+    eprintln!("MSR1 sessions before: {before:?}");
+    let mut kinds: Vec<&str> = before.iter().map(|(_, k)| k.as_str()).collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        ["accept", "accept_wait", "connect", "connect", "listen", "transparent"],
+        "{}",
+        diag(&lab)
+    );
+    let old_pid = lab.pid(msrds[0]);
+
+    // First upgrade: every connection moves to the new process.
+    let u = upgrade(&lab, 1).unwrap_or_else(|e| panic!("{e}\n{}", diag(&lab)));
+    assert_eq!(u.old_pid, old_pid);
+    assert_ne!(u.new_pid, old_pid);
+    assert_eq!(u.connections, before.len() as u64, "{u:?}");
+    assert_eq!(u.listeners, 1, "the waiting listener (5003 closed once it accepted)");
+    let (ok, _, _) = lab.wait(msrds[0], Duration::from_secs(10)).unwrap();
+    assert!(ok, "the old msrd exits cleanly\n{}", diag(&lab));
+    assert!(alive(u.new_pid));
+    let after = sessions(&lab, 1);
+    assert_eq!(after, before, "same sessions, same ids, in the new process");
+
+    // A new connection through the upgraded msrd (the request port was handed over).
+    let fresh = download(&mut lab, 5006, 1 << 20);
+    finish(&mut lab, fresh);
+
+    // Second upgrade, of the upgraded process, while the transfers still run.
+    let u2 = upgrade(&lab, 1).unwrap_or_else(|e| panic!("{e}\n{}", diag(&lab)));
+    assert_eq!(u2.old_pid, u.new_pid);
+    wait_gone(u.new_pid);
+    assert_eq!(pids_in(&lab, Host::Msr(1)), vec![u2.new_pid]);
+
+    // A handoff after the upgrades: the MH's token and the channel survived.
+    lab.assoc(&[1, 2]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    lab.assoc(&[2]).unwrap();
+    wait_moves(&lab, 1);
+    let recs = lab.handoff_records(1);
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    assert_eq!(recs[0].outcome, itcp_handoff::log::Outcome::Moved);
+
+    // Only now does the FH connect to the listener that lived through it all.
+    let late = fh_connects(&mut lab, 5004, 1 << 20, r4);
+    for t in [down, up, tp, accepted, late] {
+        finish(&mut lab, t);
+    }
+    assert_no_rsts(&lab);
+    // Counters carried over: the connections relayed before the upgrades count (the
+    // late one went to MSR2, with the listener).
+    let st = lab.msrd_stats(1).unwrap();
+    assert_eq!(st.stats.connections_total, 5, "{st:?}");
+    assert!(st.stats.handoffs_out >= 1, "{st:?}");
+}
+
+#[test]
+fn a_new_msrd_that_fails_leaves_the_old_one_serving() {
+    // The new process inherits this: it exits once it has adopted the whole state.
+    let (mut lab, msrds) = lab_with(1, 93, &[(1, "MSRD_FAULT", "upgrade_exit")]);
+    let big = 12u64 << 20;
+    let down = download(&mut lab, 5001, big);
+    let up = upload(&mut lab, 5005, big, true);
+    let r4 = mh_listens(&mut lab, 5004, 1 << 20);
+    std::thread::sleep(Duration::from_millis(1000));
+    let before = sessions(&lab, 1);
+    let pid = lab.pid(msrds[0]);
+    let cfg_path = lab.dir.join("msr1.toml");
+    let cfg = std::fs::read_to_string(&cfg_path).unwrap();
+
+    // 1. A configuration that does not load: refused before anything pauses.
+    std::fs::write(&cfg_path, format!("{cfg}\n[relay]\nbogus = 1\n")).unwrap();
+    let e = upgrade(&lab, 1).unwrap_err();
+    assert!(e.contains("msr1.toml") && e.contains("bogus"), "{e}");
+    assert!(e.contains("serves on"), "{e}");
+
+    // 2. A configuration that moves a listening socket: that needs a restart.
+    std::fs::write(&cfg_path, format!("{cfg}\n[metrics]\nlisten = \"10.1.0.11:9473\"\n"))
+        .unwrap();
+    let e = upgrade(&lab, 1).unwrap_err();
+    assert!(e.contains("restart msrd"), "{e}");
+    std::fs::write(&cfg_path, &cfg).unwrap();
+
+    // 3. A new process that dies holding everything, after the old one paused every
+    //    relay and handed it all over.
+    let t = Instant::now();
+    let e = upgrade(&lab, 1).unwrap_err();
+    assert!(e.contains("exited"), "{e}");
+    eprintln!("failed upgrade with everything paused took {:?}", t.elapsed());
+
+    // The old process serves on: same pid, same sessions, no other msrd left.
+    assert!(alive(pid));
+    assert_eq!(pids_in(&lab, Host::Msr(1)), vec![pid], "failed successors are reaped");
+    assert_eq!(sessions(&lab, 1), before);
+    let fresh = download(&mut lab, 5006, 1 << 20);
+    finish(&mut lab, fresh);
+    let late = fh_connects(&mut lab, 5004, 1 << 20, r4);
+    for t in [down, up, late] {
+        finish(&mut lab, t);
+    }
+    assert_no_rsts(&lab);
+}
