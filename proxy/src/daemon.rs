@@ -988,6 +988,11 @@ async fn bind_rest(
 
 /// Runs the daemon; true when it ended by handing everything to a new process.
 async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> {
+    // Signals first: until tokio handles SIGUSR2, it would end the process.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut usr2 = signal(SignalKind::user_defined2())?;
     let nofile = sockopt::raise_nofile_limit();
     let d = Daemon::new(fit_to_fd_limit(cfg, nofile))?;
     let cfg = &d.cfg;
@@ -1057,10 +1062,6 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
     crate::notify::notify("READY=1");
 
     let mut asks = d.upgrade_asks.lock().unwrap().take().expect("run once");
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut usr2 = signal(SignalKind::user_defined2())?;
     loop {
         let ask = tokio::select! {
             _ = term.recv() => {

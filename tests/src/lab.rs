@@ -307,6 +307,8 @@ pub struct Lab {
     pub handoff_extra: String,
     /// msrd beacons at the seeded wall-clock phases of [`beacon_offset_ms`].
     pub beacon_offsets: bool,
+    /// The msrd binary [`Lab::start_msrd`] runs (default: [`bin_path`]`("msrd")`).
+    pub msrd_bin: Option<PathBuf>,
 }
 
 /// Where to find the testbed's binaries: `ITCP_BIN_DIR`, else next to the running
@@ -411,6 +413,7 @@ impl Lab {
             msrd_log_level: "debug".into(),
             handoff_extra: String::new(),
             beacon_offsets: false,
+            msrd_bin: None,
         };
         lab.build(&namespaces)?;
         Ok(lab)
@@ -741,7 +744,8 @@ impl Lab {
         std::fs::write(&cfg, config)?;
         let cfg = cfg.display().to_string();
         let f = File::create(self.dir.join(format!("msrd{k}.log")))?;
-        let mut cmd = self.command(Host::Msr(k), bin_path("msrd"))?;
+        let bin = self.msrd_bin.clone().unwrap_or_else(|| bin_path("msrd"));
+        let mut cmd = self.command(Host::Msr(k), bin)?;
         for (_, n, v) in self.msrd_env.iter().filter(|(j, ..)| *j == k) {
             cmd.env(n, v);
         }

@@ -16,8 +16,15 @@ const FAST_AGENT: &[&str] = &["--hysteresis-ms", "0", "--beacon-interval-ms", "2
 const TRANSPARENT: &str = "[transparent]\nenabled = true\nports = [5002]\n";
 
 /// `msrs` MSRs with msrd and `[handoff]`, fast clean links, the MH in cell 1 with its
-/// agent; RSTs watched at the FH and the MH. Returns the lab and the msrds' indices.
-fn lab_with(msrs: usize, seed: u64, env: &[(usize, &str, &str)]) -> (Lab, Vec<usize>) {
+/// agent; RSTs watched at the FH and the MH. With `own_binary`, msrd runs from a copy
+/// in the lab directory (`<lab>/msrd`), which a test may replace as a package would.
+/// Returns the lab and the msrds' indices.
+fn lab_with(
+    msrs: usize,
+    seed: u64,
+    env: &[(usize, &str, &str)],
+    own_binary: bool,
+) -> (Lab, Vec<usize>) {
     let cell = lab::link(20_000_000, 2.0, 0.0);
     let wan = lab::link(100_000_000, 1.0, 0.0);
     let mut lab = Lab::new(LabConfig {
@@ -31,6 +38,11 @@ fn lab_with(msrs: usize, seed: u64, env: &[(usize, &str, &str)]) -> (Lab, Vec<us
         veth: false,
     })
     .unwrap();
+    if own_binary {
+        let copy = lab.dir.join("msrd");
+        std::fs::copy(bin_path("msrd"), &copy).unwrap();
+        lab.msrd_bin = Some(copy);
+    }
     let (msrds, _) = lab
         .start_itcp_mobility_env(&format!("{FAST_BEACONS}{TRANSPARENT}"), FAST_AGENT, env)
         .unwrap();
@@ -205,7 +217,7 @@ fn wait_moves(lab: &Lab, n: usize) {
 
 #[test]
 fn upgrades_mid_transfer_keep_every_connection_and_listener() {
-    let (mut lab, msrds) = lab_with(2, 91, &[]);
+    let (mut lab, msrds) = lab_with(2, 91, &[], true);
     let big = 12u64 << 20;
     // Explicit download and upload, an intercepted upload, an accepted connection,
     // and a listener whose ACCEPT waits at the MSR through everything below.
@@ -229,8 +241,17 @@ fn upgrades_mid_transfer_keep_every_connection_and_listener() {
     );
     let old_pid = lab.pid(msrds[0]);
 
+    // A new binary is installed as dpkg does it: renamed over the old file. The
+    // running msrd's own file is gone; the upgrade starts the one now at its path.
+    let bin = lab.dir.join("msrd");
+    std::fs::copy(bin_path("msrd"), lab.dir.join("msrd.new")).unwrap();
+    std::fs::rename(lab.dir.join("msrd.new"), &bin).unwrap();
+    let exe = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
+    assert!(exe(old_pid).to_string_lossy().ends_with(" (deleted)"));
+
     // First upgrade: every connection moves to the new process.
     let u = upgrade(&lab, 1).unwrap_or_else(|e| panic!("{e}\n{}", diag(&lab)));
+    assert_eq!(exe(u.new_pid), bin, "the new process runs the new file");
     assert_eq!(u.old_pid, old_pid);
     assert_ne!(u.new_pid, old_pid);
     assert_eq!(u.connections, before.len() as u64, "{u:?}");
@@ -276,7 +297,7 @@ fn upgrades_mid_transfer_keep_every_connection_and_listener() {
 #[test]
 fn a_new_msrd_that_fails_leaves_the_old_one_serving() {
     // The new process inherits this: it exits once it has adopted the whole state.
-    let (mut lab, msrds) = lab_with(1, 93, &[(1, "MSRD_FAULT", "upgrade_exit")]);
+    let (mut lab, msrds) = lab_with(1, 93, &[(1, "MSRD_FAULT", "upgrade_exit")], false);
     let big = 12u64 << 20;
     let down = download(&mut lab, 5001, big);
     let up = upload(&mut lab, 5005, big, true);
@@ -307,15 +328,48 @@ fn a_new_msrd_that_fails_leaves_the_old_one_serving() {
     assert!(e.contains("exited"), "{e}");
     eprintln!("failed upgrade with everything paused took {:?}", t.elapsed());
 
-    // The old process serves on: same pid, same sessions, no other msrd left.
+    serves_on(&mut lab, pid, &before, r4, vec![down, up]);
+}
+
+/// The old msrd (`pid`) still serves: its sessions are `before`, no other msrd is
+/// left, a new connection works, the MH listener on 5004 (ACCEPT waiting in `r4`)
+/// accepts, and every transfer ends byte-exact without an RST.
+fn serves_on(lab: &mut Lab, pid: u32, before: &[(u64, String)], r4: usize, ts: Vec<Transfer>) {
     assert!(alive(pid));
-    assert_eq!(pids_in(&lab, Host::Msr(1)), vec![pid], "failed successors are reaped");
-    assert_eq!(sessions(&lab, 1), before);
-    let fresh = download(&mut lab, 5006, 1 << 20);
-    finish(&mut lab, fresh);
-    let late = fh_connects(&mut lab, 5004, 1 << 20, r4);
-    for t in [down, up, late] {
-        finish(&mut lab, t);
+    assert_eq!(pids_in(lab, Host::Msr(1)), vec![pid], "failed successors are gone");
+    assert_eq!(sessions(lab, 1), before);
+    let fresh = download(lab, 5006, 1 << 20);
+    finish(lab, fresh);
+    let late = fh_connects(lab, 5004, 1 << 20, r4);
+    for t in ts.into_iter().chain([late]) {
+        finish(lab, t);
     }
-    assert_no_rsts(&lab);
+    assert_no_rsts(lab);
+}
+
+/// A new process that hangs (`hook`): the old one gives up after `secs`, kills it and
+/// serves on.
+fn a_hung_new_msrd(hook: &str, seed: u64, secs: u64) {
+    let (mut lab, msrds) = lab_with(1, seed, &[(1, "MSRD_FAULT", hook)], false);
+    // Long enough to outlast the wait (nothing pauses before the new process is ready).
+    let down = download(&mut lab, 5001, 32 << 20);
+    let r4 = mh_listens(&mut lab, 5004, 1 << 20);
+    std::thread::sleep(Duration::from_millis(1000));
+    let before = sessions(&lab, 1);
+    let t = Instant::now();
+    let e = upgrade(&lab, 1).unwrap_err();
+    assert!(e.contains(&format!("within {secs} s")), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(secs + 2), "{:?}", t.elapsed());
+    let pid = lab.pid(msrds[0]);
+    serves_on(&mut lab, pid, &before, r4, vec![down]);
+}
+
+#[test]
+fn a_new_msrd_that_never_gets_ready_is_killed_and_the_old_one_serves_on() {
+    a_hung_new_msrd("upgrade_hang_ready", 95, 5);
+}
+
+#[test]
+fn a_new_msrd_that_hangs_holding_the_state_is_killed_and_the_old_one_serves_on() {
+    a_hung_new_msrd("upgrade_hang", 97, 5);
 }

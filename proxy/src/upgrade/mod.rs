@@ -63,11 +63,11 @@ use wire::{Handover, Msg, Role};
 /// The environment variable that gives the new process its end of the socketpair.
 pub const FD_ENV: &str = "MSRD_UPGRADE_FD";
 /// How long the new process may take to load its configuration.
-const READY_TIMEOUT: Duration = Duration::from_secs(10);
+const READY_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long one packet may take to go out or come in, and the new process to adopt
 /// the state once it has it all.
 const PACKET_TIMEOUT: Duration = Duration::from_secs(10);
-const ADOPT_TIMEOUT: Duration = Duration::from_secs(10);
+const ADOPT_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long the new process waits for `Commit` after `Adopted`.
 const COMMIT_TIMEOUT: Duration = Duration::from_secs(15);
 /// How long connections in setup (request handshake, fixed-side connect) get to
@@ -777,6 +777,11 @@ struct Staged {
 /// anything.
 pub async fn adopt(d: &Arc<Daemon>, ch: OwnedFd, services: &Services) -> io::Result<()> {
     let ch = Arc::new(ch);
+    // Test hook (README, testing): a new process that never says it is ready.
+    if std::env::var("MSRD_FAULT").as_deref() == Ok("upgrade_hang_ready") {
+        tracing::error!("MSRD_FAULT=upgrade_hang_ready: hanging before ready");
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    }
     let state = blocking(&ch, |c| {
         send_msg(
             c,
@@ -813,7 +818,7 @@ pub async fn adopt(d: &Arc<Daemon>, ch: OwnedFd, services: &Services) -> io::Res
         }
         Ok("upgrade_hang") => {
             tracing::error!("MSRD_FAULT=upgrade_hang: hanging with the state");
-            std::thread::sleep(Duration::from_secs(3600));
+            tokio::time::sleep(Duration::from_secs(3600)).await;
         }
         _ => {}
     }
