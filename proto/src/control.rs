@@ -441,7 +441,9 @@ mod tests {
         };
         let line = Reply::from(Body::Upgrade(u.clone())).to_line();
         assert!(
-            line.starts_with(r#"{"ok":true,"reply":"upgrade","msr":"m","old_pid":10,"new_pid":11,"#),
+            line.starts_with(
+                r#"{"ok":true,"reply":"upgrade","msr":"m","old_pid":10,"new_pid":11,"#
+            ),
             "{line}"
         );
         assert_eq!(Reply::parse(&line).unwrap().upgrade(), Ok(u));

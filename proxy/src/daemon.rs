@@ -926,7 +926,11 @@ fn bind_accept(cfg: &MsrdConfig) -> io::Result<Vec<(Role, String, OwnedFd)>> {
                 )
             })?;
             info!(%addr, ports = ?cfg.transparent.ports, "transparent interception up");
-            bound.push((Role::Transparent, addr.to_string(), OwnedFd::from(l.into_std()?)));
+            bound.push((
+                Role::Transparent,
+                addr.to_string(),
+                OwnedFd::from(l.into_std()?),
+            ));
         }
     }
     Ok(bound)
@@ -956,7 +960,11 @@ async fn bind_rest(
             )
         })?;
         info!(%addr, "metrics and status page up");
-        bound.push((Role::Metrics, addr.to_string(), OwnedFd::from(l.into_std()?)));
+        bound.push((
+            Role::Metrics,
+            addr.to_string(),
+            OwnedFd::from(l.into_std()?),
+        ));
     }
     if let Some(listen) = cfg.handoff.listen {
         let l = TcpListener::bind(listen).await.map_err(|e| {
@@ -965,7 +973,11 @@ async fn bind_rest(
                 format!("cannot listen on {listen} ([handoff] listen): {e}"),
             )
         })?;
-        bound.push((Role::Channel, listen.to_string(), OwnedFd::from(l.into_std()?)));
+        bound.push((
+            Role::Channel,
+            listen.to_string(),
+            OwnedFd::from(l.into_std()?),
+        ));
         let port = cfg.handoff.greet_port;
         // Greetings are heard on the cells only, never from the fixed LAN.
         let cells: Vec<String> = cfg.cells.iter().map(|c| c.interface.clone()).collect();
@@ -976,7 +988,8 @@ async fn bind_rest(
         }
         if let Some(lan) = &cfg.handoff.lan_interface {
             // Proxied ARP replies are otherwise delayed by up to 0.8 s.
-            let r = crate::netlink::proxy_delay_path(lan).and_then(|p| footprint.set_sysctl(&p, "0"));
+            let r =
+                crate::netlink::proxy_delay_path(lan).and_then(|p| footprint.set_sysctl(&p, "0"));
             if let Err(e) = r {
                 warn!(interface = %lan, error = %e, "proxied ARP replies may be delayed");
             }
@@ -1043,7 +1056,9 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
             {
                 let path = &cfg.msr.control_socket;
                 match crate::control::bind(path) {
-                    Ok(l) => services.add(&d, Role::Control, path.display().to_string(), l.into())?,
+                    Ok(l) => {
+                        services.add(&d, Role::Control, path.display().to_string(), l.into())?
+                    }
                     Err(e) => warn!(path = %path.display(), error = %e, "control socket failed"),
                 }
             }
@@ -1094,7 +1109,9 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
             }
             Err(e) => {
                 if let Some(a) = ask {
-                    let _ = a.reply.send(Err(format!("upgrade failed, msrd serves on: {e}")));
+                    let _ = a
+                        .reply
+                        .send(Err(format!("upgrade failed, msrd serves on: {e}")));
                 }
             }
         }

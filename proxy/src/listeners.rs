@@ -111,7 +111,8 @@ impl Listeners {
     ) -> io::Result<Arc<MhListener>> {
         let (tx, rx) = mpsc::channel(BACKLOG.max(queued.len()));
         for q in queued {
-            tx.try_send(q).map_err(|_| io::Error::other("listener queue full"))?;
+            tx.try_send(q)
+                .map_err(|_| io::Error::other("listener queue full"))?;
         }
         let ml = Arc::new(MhListener {
             addr,

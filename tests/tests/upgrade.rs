@@ -235,7 +235,14 @@ fn upgrades_mid_transfer_keep_every_connection_and_listener() {
     kinds.sort();
     assert_eq!(
         kinds,
-        ["accept", "accept_wait", "connect", "connect", "listen", "transparent"],
+        [
+            "accept",
+            "accept_wait",
+            "connect",
+            "connect",
+            "listen",
+            "transparent"
+        ],
         "{}",
         diag(&lab)
     );
@@ -255,7 +262,10 @@ fn upgrades_mid_transfer_keep_every_connection_and_listener() {
     assert_eq!(u.old_pid, old_pid);
     assert_ne!(u.new_pid, old_pid);
     assert_eq!(u.connections, before.len() as u64, "{u:?}");
-    assert_eq!(u.listeners, 1, "the waiting listener (5003 closed once it accepted)");
+    assert_eq!(
+        u.listeners, 1,
+        "the waiting listener (5003 closed once it accepted)"
+    );
     let (ok, _, _) = lab.wait(msrds[0], Duration::from_secs(10)).unwrap();
     assert!(ok, "the old msrd exits cleanly\n{}", diag(&lab));
     assert!(alive(u.new_pid));
@@ -315,8 +325,11 @@ fn a_new_msrd_that_fails_leaves_the_old_one_serving() {
     assert!(e.contains("serves on"), "{e}");
 
     // 2. A configuration that moves a listening socket: that needs a restart.
-    std::fs::write(&cfg_path, format!("{cfg}\n[metrics]\nlisten = \"10.1.0.11:9473\"\n"))
-        .unwrap();
+    std::fs::write(
+        &cfg_path,
+        format!("{cfg}\n[metrics]\nlisten = \"10.1.0.11:9473\"\n"),
+    )
+    .unwrap();
     let e = upgrade(&lab, 1).unwrap_err();
     assert!(e.contains("restart msrd"), "{e}");
     std::fs::write(&cfg_path, &cfg).unwrap();
@@ -326,7 +339,10 @@ fn a_new_msrd_that_fails_leaves_the_old_one_serving() {
     let t = Instant::now();
     let e = upgrade(&lab, 1).unwrap_err();
     assert!(e.contains("exited"), "{e}");
-    eprintln!("failed upgrade with everything paused took {:?}", t.elapsed());
+    eprintln!(
+        "failed upgrade with everything paused took {:?}",
+        t.elapsed()
+    );
 
     serves_on(&mut lab, pid, &before, r4, vec![down, up]);
 }
@@ -336,7 +352,11 @@ fn a_new_msrd_that_fails_leaves_the_old_one_serving() {
 /// accepts, and every transfer ends byte-exact without an RST.
 fn serves_on(lab: &mut Lab, pid: u32, before: &[(u64, String)], r4: usize, ts: Vec<Transfer>) {
     assert!(alive(pid));
-    assert_eq!(pids_in(lab, Host::Msr(1)), vec![pid], "failed successors are gone");
+    assert_eq!(
+        pids_in(lab, Host::Msr(1)),
+        vec![pid],
+        "failed successors are gone"
+    );
     assert_eq!(sessions(lab, 1), before);
     let fresh = download(lab, 5006, 1 << 20);
     finish(lab, fresh);
@@ -359,7 +379,11 @@ fn a_hung_new_msrd(hook: &str, seed: u64, secs: u64) {
     let t = Instant::now();
     let e = upgrade(&lab, 1).unwrap_err();
     assert!(e.contains(&format!("within {secs} s")), "{e}");
-    assert!(t.elapsed() < Duration::from_secs(secs + 2), "{:?}", t.elapsed());
+    assert!(
+        t.elapsed() < Duration::from_secs(secs + 2),
+        "{:?}",
+        t.elapsed()
+    );
     let pid = lab.pid(msrds[0]);
     serves_on(&mut lab, pid, &before, r4, vec![down]);
 }

@@ -282,11 +282,7 @@ fn spawn(d: &Arc<Daemon>, role: Role, fd: OwnedFd) -> io::Result<JoinHandle<()>>
             let l = std::os::unix::net::UnixListener::from(fd);
             l.set_nonblocking(true)?;
             let l = UnixListener::from_std(l)?;
-            let (id, s, up) = (
-                d.cfg.msr.id.clone(),
-                d.sessions.clone(),
-                d.upgrades.clone(),
-            );
+            let (id, s, up) = (d.cfg.msr.id.clone(), d.sessions.clone(), d.upgrades.clone());
             tokio::spawn(crate::control::serve_on(l, id, s, Some(up)))
         }
         Role::Metrics => {
@@ -611,21 +607,35 @@ async fn quiesce(d: &Arc<Daemon>, services: &Services) -> Result<Quiesced, (Quie
     }
     d.listeners.stop_all().await;
     q.listeners_stopped = true;
-    if let Err(e) = pause_all(d, &mut q.frozen).await {
+    let mut seen = HashSet::new();
+    if let Err(e) = pause_all(d, &mut seen, &mut q.frozen).await {
         return Err((q, e));
     }
     for l in d.listeners.all() {
-        let queued = d.listeners.take_queued(&l).await;
-        q.queued.push((l, queued));
+        // Free once every ACCEPT waiting on it is paused.
+        match tokio::time::timeout(PAUSE_TIMEOUT, d.listeners.take_queued(&l)).await {
+            Ok(queued) => q.queued.push((l, queued)),
+            Err(_) => {
+                let e = format!("MH listener {} is busy", l.addr);
+                return Err((q, e));
+            }
+        }
+    }
+    // Sessions opened meanwhile (a connection that just left setup) go too.
+    if let Err(e) = pause_all(d, &mut seen, &mut q.frozen).await {
+        return Err((q, e));
     }
     Ok(q)
 }
 
-/// Pauses every session (relays stop at their next wait and hand their sockets and
-/// bytes in transit over), including those opened meanwhile.
-async fn pause_all(d: &Daemon, out: &mut Vec<Frozen>) -> Result<(), String> {
+/// Pauses every session not `seen` yet (relays stop at their next wait and hand their
+/// sockets and bytes in transit over), including those opened meanwhile.
+async fn pause_all(
+    d: &Daemon,
+    seen: &mut HashSet<u64>,
+    out: &mut Vec<Frozen>,
+) -> Result<(), String> {
     let deadline = tokio::time::Instant::now() + PAUSE_TIMEOUT;
-    let mut seen = HashSet::new();
     loop {
         let fresh: Vec<_> = d
             .sessions

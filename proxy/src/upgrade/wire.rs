@@ -119,14 +119,21 @@ pub struct ConnMeta {
 #[serde(tag = "msg", rename_all = "snake_case")]
 pub enum Msg {
     /// New → old: configuration loaded, ready to adopt.
-    Ready { pid: u32 },
+    Ready {
+        pid: u32,
+    },
     /// New → old: it cannot take over, and why (then it exits).
-    Failed { error: String },
+    Failed {
+        error: String,
+    },
     Header(Header),
     Mh(MhRecord),
     /// A listening socket (1 fd). `name`: its address, the control socket's path, or
     /// the greeting socket's interface.
-    Socket { role: Role, name: String },
+    Socket {
+        role: Role,
+        name: String,
+    },
     /// An MH listener (1 fd) and the fixed-side connections it accepted that no
     /// ACCEPT took yet (1 fd each, in order).
     MhListener {
@@ -136,7 +143,10 @@ pub enum Msg {
     /// A connection: the wireless socket, then the fixed one if `fixed`.
     Conn(ConnMeta),
     /// Bytes in transit of the connection just sent (payload), in order.
-    Pending { id: u64, up: bool },
+    Pending {
+        id: u64,
+        up: bool,
+    },
     /// The end of the state, with counts.
     End {
         mhs: usize,
@@ -145,7 +155,9 @@ pub enum Msg {
         conns: usize,
     },
     /// New → old: everything adopted, nothing served yet; waiting for `Commit`.
-    Adopted { pid: u32 },
+    Adopted {
+        pid: u32,
+    },
     /// Old → new: serve. The old process exits.
     Commit,
 }
@@ -184,7 +196,10 @@ pub enum WireError {
     Short(usize),
     Magic,
     Version(u32),
-    Length { said: usize, have: usize },
+    Length {
+        said: usize,
+        have: usize,
+    },
     TooLarge(usize),
     Json(String),
     Fds {
@@ -301,8 +316,11 @@ pub struct Handover<F> {
     pub conns: Vec<Conn<F>>,
 }
 
-/// The packets (bytes, fds) that carry `h`, in order, `End` last.
-pub fn split<F: Copy>(h: &Handover<F>) -> Result<Vec<(Vec<u8>, Vec<F>)>, WireError> {
+/// One packet's bytes and the fds that go with it.
+pub type Packet<F> = (Vec<u8>, Vec<F>);
+
+/// The packets that carry `h`, in order, `End` last.
+pub fn split<F: Copy>(h: &Handover<F>) -> Result<Vec<Packet<F>>, WireError> {
     let mut out = vec![(encode(&Msg::Header(h.header.clone()), &[])?, vec![])];
     for m in &h.mhs {
         out.push((encode(&Msg::Mh(m.clone()), &[])?, vec![]));
@@ -380,7 +398,10 @@ impl<F> Assembler<F> {
             return Err(WireError::Order(format!("{} after end", msg.name())));
         }
         if !payload.is_empty() && !matches!(msg, Msg::Pending { .. }) {
-            return Err(WireError::Order(format!("payload on a {} message", msg.name())));
+            return Err(WireError::Order(format!(
+                "payload on a {} message",
+                msg.name()
+            )));
         }
         let Some(h) = self.h.as_mut() else {
             let Msg::Header(header) = msg else {
@@ -564,7 +585,7 @@ mod tests {
         }
     }
 
-    fn assemble(packets: Vec<(Vec<u8>, Vec<i32>)>) -> Result<Handover<i32>, WireError> {
+    fn assemble(packets: Vec<Packet<i32>>) -> Result<Handover<i32>, WireError> {
         let mut a = Assembler::new();
         let n = packets.len();
         for (i, (p, fds)) in packets.into_iter().enumerate() {
@@ -579,7 +600,9 @@ mod tests {
     fn a_handover_survives_the_round_trip() {
         let h = sample();
         let packets = split(&h).unwrap();
-        assert!(packets.iter().all(|(p, f)| p.len() <= MAX_PACKET && f.len() <= MAX_FDS));
+        assert!(packets
+            .iter()
+            .all(|(p, f)| p.len() <= MAX_PACKET && f.len() <= MAX_FDS));
         let got = assemble(packets).unwrap();
         assert_eq!(got.conns[0].up.len(), CHUNK * 2 + 17);
         assert_eq!(got.conns[0].meta.up_pending, CHUNK * 2 + 17);
@@ -616,7 +639,10 @@ mod tests {
         assert!(e.to_string().contains("restart msrd"), "{e}");
         let mut p = good.clone();
         p[11] = 200;
-        assert!(matches!(decode(&p), Err(WireError::Length { said: 200, .. })));
+        assert!(matches!(
+            decode(&p),
+            Err(WireError::Length { said: 200, .. })
+        ));
         let mut p = good[..12].to_vec();
         p[11] = 5;
         p.extend_from_slice(b"{nope");
@@ -656,7 +682,10 @@ mod tests {
         assert!(e.to_string().contains("before the header"), "{e}");
         // Missing fds.
         let mut v = msgs.clone();
-        let i = v.iter().position(|(m, ..)| matches!(m, Msg::Conn(_))).unwrap();
+        let i = v
+            .iter()
+            .position(|(m, ..)| matches!(m, Msg::Conn(_)))
+            .unwrap();
         v[i].2.pop();
         let e = run(v).unwrap_err();
         assert_eq!(
