@@ -106,6 +106,66 @@ fn fh_connects(lab: &mut Lab, port: u16, bytes: u64, receiver: usize) -> Transfe
     (s, receiver, bytes)
 }
 
+/// An MH app that LISTENs on `port` through its MSR but sends its ACCEPT only once
+/// the file `go` exists (meanwhile the MSR queues what the FH connects), then
+/// forwards the accepted stream to a local `ttcp recv`, which verifies it. Returns the
+/// indices of the app and of the receiver.
+fn late_acceptor(lab: &mut Lab, port: u16, bytes: u64, go: &std::path::Path) -> (usize, usize) {
+    const APP: &str = r#"
+import os, socket, struct, sys, time
+port, go, fwd = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+def recvn(s, n):
+    b = b''
+    while len(b) < n:
+        c = s.recv(n - len(b))
+        if not c:
+            sys.exit('closed after %d of %d bytes' % (len(b), n))
+        b += c
+    return b
+def request(cmd):  # docs/protocol.md: method 00, then LISTEN (80) or ACCEPT (81)
+    s = socket.create_connection(('10.2.0.1', 1080))
+    s.sendall(b'\x05\x01\x00')
+    assert recvn(s, 2) == b'\x05\x00'
+    s.sendall(b'\x05' + bytes([cmd]) + b'\x00\x01' + bytes(4) + struct.pack('>H', port))
+    r = recvn(s, 10)
+    if r[1] != 0:
+        sys.exit('reply %d to command %x' % (r[1], cmd))
+    return s
+listener = request(0x80)
+while not os.path.exists(go):
+    time.sleep(0.02)
+a = request(0x81)
+out = socket.create_connection(('127.0.0.1', fwd))
+while True:
+    b = a.recv(65536)
+    if not b:
+        break
+    out.sendall(b)
+out.close()
+"#;
+    let app = lab.dir.join("late_acceptor.py");
+    std::fs::write(&app, APP).unwrap();
+    let fwd = port + 1000;
+    let (ttcp, n) = (bin_path("ttcp"), bytes.to_string());
+    let local = format!("127.0.0.1:{fwd}");
+    let r = lab
+        .spawn(
+            Host::Mh,
+            &ttcp,
+            &["recv", "--listen", &local, "--bytes", &n],
+        )
+        .unwrap();
+    lab.wait_listening(Host::Mh, fwd).unwrap();
+    let (p, f) = (port.to_string(), fwd.to_string());
+    let go = go.display().to_string();
+    let a = lab
+        .spawn(Host::Mh, "python3", &[app.to_str().unwrap(), &p, &go, &f])
+        .unwrap();
+    // The MSR listens on the MH's address for it.
+    lab.wait_listening(Host::Msr(1), port).unwrap();
+    (a, r)
+}
+
 fn finish(lab: &mut Lab, (s, r, bytes): Transfer) {
     let (_, rout, rerr) = lab.wait(r, Duration::from_secs(120)).unwrap();
     let (_, sout, serr) = lab.wait(s, Duration::from_secs(30)).unwrap();
@@ -226,6 +286,10 @@ fn upgrades_mid_transfer_keep_every_connection_and_listener() {
     let tp = upload(&mut lab, 5002, big, false);
     let r3 = mh_listens(&mut lab, 5003, big);
     let r4 = mh_listens(&mut lab, 5004, 1 << 20);
+    // And a listener with a connection queued at the MSR: no ACCEPT for it yet.
+    let go = lab.dir.join("accept-now");
+    let (app, r7) = late_acceptor(&mut lab, 5007, 4 << 20, &go);
+    let queued = fh_connects(&mut lab, 5007, 4 << 20, r7);
     std::thread::sleep(Duration::from_millis(500));
     let accepted = fh_connects(&mut lab, 5003, big, r3);
     std::thread::sleep(Duration::from_millis(700));
@@ -240,6 +304,7 @@ fn upgrades_mid_transfer_keep_every_connection_and_listener() {
             "accept_wait",
             "connect",
             "connect",
+            "listen",
             "listen",
             "transparent"
         ],
@@ -262,10 +327,8 @@ fn upgrades_mid_transfer_keep_every_connection_and_listener() {
     assert_eq!(u.old_pid, old_pid);
     assert_ne!(u.new_pid, old_pid);
     assert_eq!(u.connections, before.len() as u64, "{u:?}");
-    assert_eq!(
-        u.listeners, 1,
-        "the waiting listener (5003 closed once it accepted)"
-    );
+    // 5004 and 5007 (ttcp closed 5003 once it accepted).
+    assert_eq!(u.listeners, 2, "{u:?}");
     let (ok, _, _) = lab.wait(msrds[0], Duration::from_secs(10)).unwrap();
     assert!(ok, "the old msrd exits cleanly\n{}", diag(&lab));
     assert!(alive(u.new_pid));
@@ -282,6 +345,24 @@ fn upgrades_mid_transfer_keep_every_connection_and_listener() {
     wait_gone(u.new_pid);
     assert_eq!(pids_in(&lab, Host::Msr(1)), vec![u2.new_pid]);
 
+    // The connection queued at the MSR through both upgrades is accepted now.
+    std::fs::write(&go, "").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let accepted_7 = |lab: &Lab| {
+        lab.msrd_sessions(1)
+            .unwrap()
+            .iter()
+            .any(|s| s.kind.as_str() == "accept" && s.mh.port() == 5007)
+    };
+    while !accepted_7(&lab) {
+        assert!(
+            Instant::now() < deadline,
+            "no ACCEPT on 5007\n{}",
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
     // A handoff after the upgrades: the MH's token and the channel survived.
     lab.assoc(&[1, 2]).unwrap();
     std::thread::sleep(Duration::from_millis(300));
@@ -293,14 +374,16 @@ fn upgrades_mid_transfer_keep_every_connection_and_listener() {
 
     // Only now does the FH connect to the listener that lived through it all.
     let late = fh_connects(&mut lab, 5004, 1 << 20, r4);
-    for t in [down, up, tp, accepted, late] {
+    for t in [down, up, tp, accepted, queued, late] {
         finish(&mut lab, t);
     }
+    let (ok, _, err) = lab.wait(app, Duration::from_secs(10)).unwrap();
+    assert!(ok, "the late acceptor: {err}");
     assert_no_rsts(&lab);
     // Counters carried over: the connections relayed before the upgrades count (the
     // late one went to MSR2, with the listener).
     let st = lab.msrd_stats(1).unwrap();
-    assert_eq!(st.stats.connections_total, 5, "{st:?}");
+    assert_eq!(st.stats.connections_total, 6, "{st:?}");
     assert!(st.stats.handoffs_out >= 1, "{st:?}");
 }
 

@@ -492,6 +492,7 @@ pub async fn upgrade(d: &Arc<Daemon>, services: &Services) -> Result<UpgradeRepl
     let h = handover(d, services, &q);
     let (conns, listeners) = (h.conns.len() as u64, h.mh_listeners.len() as u64);
     let in_transit: usize = h.conns.iter().map(|c| c.up.len() + c.down.len()).sum();
+    let queued: usize = h.mh_listeners.iter().map(|l| l.queued.len()).sum();
     let packets = match wire::split(&h) {
         Ok(p) => p,
         Err(e) => {
@@ -537,6 +538,7 @@ pub async fn upgrade(d: &Arc<Daemon>, services: &Services) -> Result<UpgradeRepl
         new_pid = pid,
         connections = conns,
         listeners,
+        queued,
         in_transit,
         ms,
         "upgrade: the new msrd serves; exiting"
