@@ -158,11 +158,6 @@ impl Handoffs {
         self.busy.load(Ordering::SeqCst)
     }
 
-    /// Handoffs under way now.
-    pub fn busy_count(&self) -> u64 {
-        self.busy.load(Ordering::SeqCst)
-    }
-
     pub fn timeouts(&self) -> Timeouts {
         Timeouts {
             images_us: self.cfg.images_timeout_ms * 1000,

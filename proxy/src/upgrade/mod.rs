@@ -530,8 +530,8 @@ pub async fn upgrade(d: &Arc<Daemon>, services: &Services) -> Result<UpgradeRepl
         rollback(d, services, q).await;
         return Err(e);
     }
-    // The new process owns every socket now: ours are duplicates, and closing them at
-    // exit sends nothing.
+    // The new process owns every socket now. Ours are duplicates of the same sockets,
+    // so closing them sends nothing; they stay open until this process exits.
     std::mem::forget(q);
     let ms = t0.elapsed().as_millis() as u64;
     info!(
@@ -607,12 +607,14 @@ async fn quiesce(d: &Arc<Daemon>, services: &Services) -> Result<Quiesced, (Quie
             "upgrade: connections still in setup (request, connect, SOCKS BIND) end with this process"
         );
     }
-    d.listeners.stop_all().await;
-    q.listeners_stopped = true;
     let mut seen = HashSet::new();
     if let Err(e) = pause_all(d, &mut seen, &mut q.frozen).await {
         return Err((q, e));
     }
+    // New fixed-side connections wait in the listening sockets' backlogs from here;
+    // those already accepted are taken out of the queues.
+    d.listeners.stop_all().await;
+    q.listeners_stopped = true;
     for l in d.listeners.all() {
         // Free once every ACCEPT waiting on it is paused.
         match tokio::time::timeout(PAUSE_TIMEOUT, d.listeners.take_queued(&l)).await {
