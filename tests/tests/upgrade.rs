@@ -480,3 +480,108 @@ fn a_new_msrd_that_never_gets_ready_is_killed_and_the_old_one_serves_on() {
 fn a_new_msrd_that_hangs_holding_the_state_is_killed_and_the_old_one_serves_on() {
     a_hung_new_msrd("upgrade_hang", 97, 5);
 }
+
+/// Sends `len` bytes on connection `c` and checks that the same come back.
+async fn echo(s: &mut tokio::net::TcpStream, c: usize, len: usize) -> std::io::Result<()> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let data: Vec<u8> = (0..len).map(|i| (c * 31 ^ i * 7) as u8).collect();
+    s.write_all(&data).await?;
+    let mut back = vec![0; len];
+    s.read_exact(&mut back).await?;
+    if back != data {
+        return Err(std::io::Error::other(format!(
+            "connection {c}: echo differs"
+        )));
+    }
+    Ok(())
+}
+
+#[test]
+fn an_upgrade_moves_a_thousand_connections_intact() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    const N: usize = 1000;
+    itcp_testbed::sys::raise_nofile_limit();
+    let mut lab = Lab::new(LabConfig {
+        msrs: 1,
+        veth: true,
+        ..LabConfig::default()
+    })
+    .unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    lab.watch_rsts(Host::Mh).unwrap();
+    let cfg = lab.msrd_config(1, "").replace(
+        "mh_prefixes = [\"10.2.0.0/24\"]",
+        &format!(
+            "mh_prefixes = [\"10.2.0.0/24\"]\nmax_connections_per_mh = {N}\n\
+             max_handshakes_per_mh = {N}"
+        ),
+    );
+    let msrd = lab.start_msrd(1, &cfg).unwrap();
+    lab.spawn_logged(
+        Host::Fh,
+        bin_path("itcp-lab"),
+        &["echo", "--listen", "10.0.0.1:9000"],
+        "echo.log",
+    )
+    .unwrap();
+    lab.wait_listening(Host::Fh, 9000).unwrap();
+    // The MH: N connections, each echoes 1 KiB before the upgrade and 64 KiB after.
+    let (opened_tx, opened_rx) = std::sync::mpsc::channel::<usize>();
+    let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
+    let mh_ns = lab.ns(Host::Mh);
+    let client = std::thread::spawn(move || {
+        itcp_testbed::sys::in_netns(&mh_ns, || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async move {
+                let opts = itcp_mh::MhOptions::new()
+                    .gateway(std::net::SocketAddr::from(([10, 2, 0, 1], 1080)))
+                    .token(itcp_mh::Token([7; 16]));
+                let fh = std::net::SocketAddr::from(([10, 0, 0, 1], 9000));
+                let mut streams = Vec::with_capacity(N);
+                for c in 0..N {
+                    let s = itcp_mh::nonblocking::ItcpStream::connect_with(&opts, fh).await?;
+                    let mut s = s.into_inner();
+                    echo(&mut s, c, 1024).await?;
+                    streams.push(s);
+                }
+                let _ = opened_tx.send(streams.len());
+                let _ = go_rx.recv();
+                let mut tasks = Vec::new();
+                for (c, mut s) in streams.into_iter().enumerate() {
+                    tasks.push(tokio::spawn(async move {
+                        echo(&mut s, c, 64 << 10).await?;
+                        s.shutdown().await?;
+                        let mut rest = Vec::new();
+                        s.read_to_end(&mut rest).await?;
+                        Ok::<usize, std::io::Error>(rest.len())
+                    }));
+                }
+                let mut intact = 0;
+                for t in tasks {
+                    if let Ok(Ok(0)) = t.await {
+                        intact += 1;
+                    }
+                }
+                Ok(intact)
+            })
+        })
+    });
+    let opened = opened_rx
+        .recv_timeout(Duration::from_secs(120))
+        .unwrap_or_else(|_| panic!("the MH did not open {N} connections\n{}", diag(&lab)));
+    assert_eq!(opened, N);
+    let old_pid = lab.pid(msrd);
+    let u = upgrade(&lab, 1).unwrap_or_else(|e| panic!("{e}\n{}", diag(&lab)));
+    eprintln!("{N} connections handed over in {} ms", u.ms);
+    assert_eq!(u.connections, N as u64);
+    assert_eq!(u.old_pid, old_pid);
+    let (ok, _, _) = lab.wait(msrd, Duration::from_secs(10)).unwrap();
+    assert!(ok);
+    assert_eq!(lab.msrd_stats(1).unwrap().active, N as u64);
+    go_tx.send(()).unwrap();
+    let intact = client.join().unwrap().unwrap();
+    assert_eq!(intact, N, "{}", diag(&lab));
+    assert_no_rsts(&lab);
+}
