@@ -484,7 +484,7 @@ fn a_new_msrd_that_hangs_holding_the_state_is_killed_and_the_old_one_serves_on()
 /// Sends `len` bytes on connection `c` and checks that the same come back.
 async fn echo(s: &mut tokio::net::TcpStream, c: usize, len: usize) -> std::io::Result<()> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let data: Vec<u8> = (0..len).map(|i| (c * 31 ^ i * 7) as u8).collect();
+    let data: Vec<u8> = (0..len).map(|i| ((c * 31) ^ (i * 7)) as u8).collect();
     s.write_all(&data).await?;
     let mut back = vec![0; len];
     s.read_exact(&mut back).await?;
