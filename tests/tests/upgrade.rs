@@ -243,6 +243,46 @@ fn pids_in(lab: &Lab, h: Host) -> Vec<u32> {
         .collect()
 }
 
+/// Runs a command in host `h`'s namespace; its stdout.
+fn sh(lab: &Lab, h: Host, args: &[&str]) -> String {
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &lab.ns(h)])
+        .args(args)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// What msrd set up on MSR `k`: its nftables table with rule handles (a table made
+/// again would have new ones), policy rules, proxy-ARP entries, `proxy_delay` and
+/// its state file.
+fn footprint(lab: &Lab, k: usize) -> String {
+    let h = Host::Msr(k);
+    let state = lab.msrd_control(k).display().to_string() + ".state";
+    [
+        sh(lab, h, &["nft", "-a", "list", "table", "inet", "itcp_msrd"]),
+        sh(lab, h, &["ip", "rule", "show"]),
+        sh(lab, h, &["ip", "neigh", "show", "proxy"]),
+        sh(
+            lab,
+            h,
+            &["cat", "/proc/sys/net/ipv4/neigh/lan0/proxy_delay"],
+        ),
+        std::fs::read_to_string(state).unwrap_or_default(),
+    ]
+    .join("\n")
+}
+
+/// The MH is in MSR `k`'s hold set.
+fn held(lab: &Lab, k: usize) -> bool {
+    sh(
+        lab,
+        Host::Msr(k),
+        &["nft", "list", "set", "inet", "itcp_msrd", "held4"],
+    )
+    .contains("10.2.0.100")
+}
+
 /// (id, kind) of MSR `k`'s sessions.
 fn sessions(lab: &Lab, k: usize) -> Vec<(u64, String)> {
     lab.msrd_sessions(k)
@@ -320,6 +360,8 @@ fn upgrades_mid_transfer_keep_every_connection_and_listener() {
     std::fs::rename(lab.dir.join("msrd.new"), &bin).unwrap();
     let exe = |pid: u32| std::fs::read_link(format!("/proc/{pid}/exe")).unwrap();
     assert!(exe(old_pid).to_string_lossy().ends_with(" (deleted)"));
+    let fp = footprint(&lab, 1);
+    assert!(fp.contains("10.2.0.100"), "the MH's proxy-ARP entry: {fp}");
 
     // First upgrade: every connection moves to the new process.
     let u = upgrade(&lab, 1).unwrap_or_else(|e| panic!("{e}\n{}", diag(&lab)));
@@ -334,6 +376,7 @@ fn upgrades_mid_transfer_keep_every_connection_and_listener() {
     assert!(alive(u.new_pid));
     let after = sessions(&lab, 1);
     assert_eq!(after, before, "same sessions, same ids, in the new process");
+    assert_eq!(footprint(&lab, 1), fp, "the router footprint is untouched");
 
     // A new connection through the upgraded msrd (the request port was handed over).
     let fresh = download(&mut lab, 5006, 1 << 20);
@@ -378,6 +421,18 @@ fn upgrades_mid_transfer_keep_every_connection_and_listener() {
     let recs = lab.handoff_records(1);
     assert_eq!(recs.len(), 1, "{recs:?}");
     assert_eq!(recs[0].outcome, itcp_handoff::log::Outcome::Moved);
+    // MSR1 holds the MH's stray TCP for [handoff] hold_after_ms (3 s) after the move;
+    // an upgrade within that time hands the release over: the new process does it.
+    let t = Instant::now();
+    assert!(held(&lab, 1));
+    let u3 = upgrade(&lab, 1).unwrap_or_else(|e| panic!("{e}\n{}", diag(&lab)));
+    assert_eq!(u3.connections, 0, "everything moved to MSR2");
+    assert!(held(&lab, 1), "still held after the upgrade");
+    while held(&lab, 1) {
+        assert!(t.elapsed() < Duration::from_secs(5), "hold never released");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    eprintln!("hold released {:?} after the upgrade began", t.elapsed());
 
     // Only now does the FH connect to the listener that lived through it all.
     let late = fh_connects(&mut lab, 5004, 1 << 20, r4);
@@ -404,6 +459,7 @@ fn a_new_msrd_that_fails_leaves_the_old_one_serving() {
     let r4 = mh_listens(&mut lab, 5004, 1 << 20);
     std::thread::sleep(Duration::from_millis(1000));
     let before = sessions(&lab, 1);
+    let fp = footprint(&lab, 1);
     let pid = lab.pid(msrds[0]);
     let cfg_path = lab.dir.join("msr1.toml");
     let cfg = std::fs::read_to_string(&cfg_path).unwrap();
@@ -434,14 +490,21 @@ fn a_new_msrd_that_fails_leaves_the_old_one_serving() {
         t.elapsed()
     );
 
-    serves_on(&mut lab, pid, &before, r4, vec![down, up]);
+    serves_on(&mut lab, pid, (&before, &fp), r4, vec![down, up]);
 }
 
 /// The old msrd (`pid`) still serves: its sessions are `before`, no other msrd is
 /// left, a new connection works, the MH listener on 5004 (ACCEPT waiting in `r4`)
 /// accepts, and every transfer ends byte-exact without an RST.
-fn serves_on(lab: &mut Lab, pid: u32, before: &[(u64, String)], r4: usize, ts: Vec<Transfer>) {
+fn serves_on(
+    lab: &mut Lab,
+    pid: u32,
+    (before, fp): (&[(u64, String)], &str),
+    r4: usize,
+    ts: Vec<Transfer>,
+) {
     assert!(alive(pid));
+    assert_eq!(footprint(lab, 1), fp, "the router footprint is untouched");
     assert_eq!(
         pids_in(lab, Host::Msr(1)),
         vec![pid],
@@ -466,6 +529,7 @@ fn a_hung_new_msrd(hook: &str, seed: u64, secs: u64) {
     let r4 = mh_listens(&mut lab, 5004, 1 << 20);
     std::thread::sleep(Duration::from_millis(1000));
     let before = sessions(&lab, 1);
+    let fp = footprint(&lab, 1);
     let t = Instant::now();
     let e = upgrade(&lab, 1).unwrap_err();
     assert!(e.contains(&format!("within {secs} s")), "{e}");
@@ -475,7 +539,7 @@ fn a_hung_new_msrd(hook: &str, seed: u64, secs: u64) {
         t.elapsed()
     );
     let pid = lab.pid(msrds[0]);
-    serves_on(&mut lab, pid, &before, r4, vec![down]);
+    serves_on(&mut lab, pid, (&before, &fp), r4, vec![down]);
 }
 
 #[test]
