@@ -24,7 +24,9 @@ pub type Queued = (TcpStream, SocketAddr);
 pub struct MhListener {
     pub addr: SocketAddr,
     queue: tokio::sync::Mutex<mpsc::Receiver<Queued>>,
-    tx: mpsc::Sender<Queued>,
+    /// Dropped when the listener is removed: with the accept task's copy gone too,
+    /// waiting ACCEPTs get None.
+    tx: Mutex<Option<mpsc::Sender<Queued>>>,
     /// The listening socket (the accept task works on a duplicate): an upgrade hands
     /// it over, or restarts the task on it.
     fd: OwnedFd,
@@ -43,10 +45,12 @@ impl MhListener {
     }
 
     fn start(&self) -> io::Result<()> {
+        let Some(tx) = self.tx.lock().unwrap().clone() else {
+            return Ok(()); // removed
+        };
         let std = std::net::TcpListener::from(self.fd.try_clone()?);
         std.set_nonblocking(true)?;
         let l = TcpListener::from_std(std)?;
-        let tx = self.tx.clone();
         // Cancel-safe at each await (an upgrade stops this task): a connection is
         // taken from the kernel only once there is room for it in the queue.
         let task = tokio::spawn(async move {
@@ -117,7 +121,7 @@ impl Listeners {
         let ml = Arc::new(MhListener {
             addr,
             queue: tokio::sync::Mutex::new(rx),
-            tx,
+            tx: Mutex::new(Some(tx)),
             fd,
             task: Mutex::new(None),
         });
@@ -170,8 +174,9 @@ impl Listeners {
     pub async fn requeue(&self, l: &MhListener, queued: Vec<Queued>) {
         // The queue is empty (taken by take_queued, and the accept task is stopped).
         let _q = l.queue.lock().await;
+        let tx = l.tx.lock().unwrap().clone();
         for c in queued {
-            if l.tx.try_send(c).is_err() {
+            if tx.as_ref().is_none_or(|tx| tx.try_send(c).is_err()) {
                 tracing::warn!(addr = %l.addr, "MH listener queue full: connection dropped");
             }
         }
@@ -196,8 +201,12 @@ impl Listeners {
 
     /// Closes a listener: no new connections; ACCEPTs waiting on it get None.
     pub fn remove(&self, addr: SocketAddr) {
-        let l = self.map.lock().unwrap().remove(&addr);
-        if let Some(t) = l.and_then(|l| l.task.lock().unwrap().take()) {
+        let Some(l) = self.map.lock().unwrap().remove(&addr) else {
+            return;
+        };
+        l.tx.lock().unwrap().take();
+        let task = l.task.lock().unwrap().take();
+        if let Some(t) = task {
             t.abort();
         }
     }

@@ -222,9 +222,16 @@ fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
+/// Waits until an msrd that upgraded exits, and reaps it: the lab makes us the
+/// subreaper of its processes' orphans, and that msrd is one.
 fn wait_gone(pid: u32) {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while alive(pid) {
+    loop {
+        // SAFETY: waitpid for one specific pid, no status wanted.
+        let r = unsafe { libc::waitpid(pid as i32, std::ptr::null_mut(), libc::WNOHANG) };
+        if r == pid as i32 || (r < 0 && !alive(pid)) {
+            return;
+        }
         assert!(Instant::now() < deadline, "pid {pid} still runs");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -427,6 +434,7 @@ fn upgrades_mid_transfer_keep_every_connection_and_listener() {
     assert!(held(&lab, 1));
     let u3 = upgrade(&lab, 1).unwrap_or_else(|e| panic!("{e}\n{}", diag(&lab)));
     assert_eq!(u3.connections, 0, "everything moved to MSR2");
+    wait_gone(u3.old_pid);
     assert!(held(&lab, 1), "still held after the upgrade");
     while held(&lab, 1) {
         assert!(t.elapsed() < Duration::from_secs(5), "hold never released");
