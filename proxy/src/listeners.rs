@@ -219,3 +219,78 @@ impl Listeners {
         self.len() == 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    // Listeners are transparent sockets (IP_TRANSPARENT): root or CAP_NET_ADMIN.
+    fn can_listen() -> bool {
+        // SAFETY: geteuid has no preconditions.
+        unsafe { libc::geteuid() == 0 }
+    }
+
+    #[tokio::test]
+    async fn removing_a_listener_ends_waiting_accepts() {
+        if !can_listen() {
+            return;
+        }
+        let ls = Listeners::default();
+        let l = ls
+            .listen("127.0.0.1:0".parse().unwrap(), &TcpTuning::default())
+            .unwrap();
+        let waiting = tokio::spawn({
+            let l = l.clone();
+            async move { l.next().await.is_none() }
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        ls.remove(l.addr);
+        let ended = tokio::time::timeout(Duration::from_secs(2), waiting).await;
+        assert!(ended.unwrap().unwrap(), "the ACCEPT got None");
+    }
+
+    #[tokio::test]
+    async fn a_stopped_listener_keeps_its_connections_and_hands_them_over() {
+        if !can_listen() {
+            return;
+        }
+        let ls = Listeners::default();
+        let l = ls
+            .listen("127.0.0.1:0".parse().unwrap(), &TcpTuning::default())
+            .unwrap();
+        let _a = TcpStream::connect(l.addr).await.unwrap();
+        // Accepted into the queue by the task; the next one waits in the backlog.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        ls.stop_all().await;
+        let _b = TcpStream::connect(l.addr).await.unwrap();
+        let queued = ls.take_queued(&l).await;
+        assert_eq!(queued.len(), 1);
+        // A failed upgrade puts it back; a restarted task accepts the other.
+        ls.requeue(&l, queued).await;
+        ls.start_all();
+        for _ in 0..2 {
+            let c = tokio::time::timeout(Duration::from_secs(2), l.next()).await;
+            assert!(c.unwrap().is_some());
+        }
+        // What a new msrd adopts (its own copy of the socket, a queued connection)
+        // accepts only once started.
+        let c = TcpStream::connect(l.addr).await.unwrap();
+        let fd = l.fd().try_clone_to_owned().unwrap();
+        ls.remove(l.addr);
+        let other = Listeners::default();
+        let peer = c.local_addr().unwrap();
+        let q = TcpStream::connect(l.addr).await.unwrap();
+        other.adopt(l.addr, fd, vec![(q, peer)]).unwrap();
+        let m = other.get(l.addr.ip(), l.addr).unwrap();
+        assert_eq!(m.next().await.unwrap().1, peer, "the queued one first");
+        let none = tokio::time::timeout(Duration::from_millis(100), m.next()).await;
+        assert!(none.is_err(), "not accepting before start_all");
+        other.start_all();
+        let c2 = tokio::time::timeout(Duration::from_secs(2), m.next()).await;
+        assert!(
+            c2.unwrap().is_some(),
+            "the backlog's connection after start_all"
+        );
+    }
+}
