@@ -455,6 +455,26 @@ fn upgrades_mid_transfer_keep_every_connection_and_listener() {
     let st = lab.msrd_stats(1).unwrap();
     assert_eq!(st.stats.connections_total, 6, "{st:?}");
     assert!(st.stats.handoffs_out >= 1, "{st:?}");
+
+    // The footprint is the last msrd's now: SIGTERM undoes it all.
+    let last = pids_in(&lab, Host::Msr(1));
+    assert_eq!(last, vec![u3.new_pid]);
+    // SAFETY: signalling the msrd this test started (through its predecessors).
+    unsafe { libc::kill(u3.new_pid as i32, libc::SIGTERM) };
+    wait_gone(u3.new_pid);
+    let h = Host::Msr(1);
+    assert!(!sh(&lab, h, &["nft", "list", "tables"]).contains("itcp_msrd"));
+    assert!(!sh(&lab, h, &["ip", "rule", "show"]).contains("0x4954"));
+    let delay = |i: &str| {
+        sh(
+            &lab,
+            h,
+            &["cat", &format!("/proc/sys/net/ipv4/neigh/{i}/proxy_delay")],
+        )
+    };
+    assert_eq!(delay("lan0"), delay("cell0"), "proxy_delay restored");
+    assert!(!lab.dir.join("msrd1.sock.state").exists());
+    assert!(!lab.msrd_control(1).exists());
 }
 
 #[test]
