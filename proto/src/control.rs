@@ -25,6 +25,9 @@ pub enum Request {
     Stats,
     /// The counters as Prometheus text (what `[metrics] listen` serves on `/metrics`).
     Metrics,
+    /// Replace msrd by a new process of its binary, keeping every connection
+    /// (the reply comes once the new process serves, or says why the old one goes on).
+    Upgrade,
 }
 
 impl Request {
@@ -41,7 +44,7 @@ impl Request {
             return Err(format!("request is not JSON: {e}"));
         }
         serde_json::from_str(line).map_err(|e| {
-            format!("bad request: {e} (requests: {{\"op\":\"sessions\"}}, {{\"op\":\"stats\"}}, {{\"op\":\"metrics\"}})")
+            format!("bad request: {e} (requests: {{\"op\":\"sessions\"}}, {{\"op\":\"stats\"}}, {{\"op\":\"metrics\"}}, {{\"op\":\"upgrade\"}})")
         })
     }
 
@@ -67,6 +70,7 @@ pub enum Body {
     Sessions(SessionsReply),
     Stats(StatsReply),
     Metrics(MetricsReply),
+    Upgrade(UpgradeReply),
     Error(ErrorReply),
 }
 
@@ -121,6 +125,14 @@ impl Reply {
         }
     }
 
+    /// What an `upgrade` did.
+    pub fn upgrade(self) -> Result<UpgradeReply, String> {
+        match self.into_result()? {
+            Body::Upgrade(u) => Ok(u),
+            other => Err(unexpected("upgrade", &other)),
+        }
+    }
+
     /// The text of a `metrics` reply.
     pub fn metrics(self) -> Result<String, String> {
         match self.into_result()? {
@@ -135,6 +147,7 @@ fn unexpected(wanted: &str, got: &Body) -> String {
         Body::Sessions(_) => "sessions",
         Body::Stats(_) => "stats",
         Body::Metrics(_) => "metrics",
+        Body::Upgrade(_) => "upgrade",
         Body::Error(_) => "error",
     };
     format!("msrd answered a {wanted} request with a {got} reply")
@@ -157,6 +170,21 @@ pub struct StatsReply {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MetricsReply {
     pub text: String,
+}
+
+/// A finished upgrade: the new process serves, the old one exits.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UpgradeReply {
+    pub msr: String,
+    pub old_pid: u32,
+    pub new_pid: u32,
+    /// Connections handed over (relayed ones, listeners' control connections, waiting
+    /// ACCEPTs).
+    pub connections: u64,
+    /// MH listeners handed over.
+    pub listeners: u64,
+    /// From the request to the new process serving, in ms.
+    pub ms: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -339,6 +367,7 @@ mod tests {
             (Request::Sessions, r#"{"op":"sessions"}"#),
             (Request::Stats, r#"{"op":"stats"}"#),
             (Request::Metrics, r#"{"op":"metrics"}"#),
+            (Request::Upgrade, r#"{"op":"upgrade"}"#),
         ] {
             assert_eq!(Request::parse(line), Ok(r));
             assert_eq!(r.to_line(), format!("{line}\n"));
@@ -426,6 +455,22 @@ mod tests {
             .stats()
             .unwrap_err()
             .contains("metrics reply"));
+        let u = UpgradeReply {
+            msr: "m".into(),
+            old_pid: 10,
+            new_pid: 11,
+            connections: 3,
+            listeners: 1,
+            ms: 40,
+        };
+        let line = Reply::from(Body::Upgrade(u.clone())).to_line();
+        assert!(
+            line.starts_with(
+                r#"{"ok":true,"reply":"upgrade","msr":"m","old_pid":10,"new_pid":11,"#
+            ),
+            "{line}"
+        );
+        assert_eq!(Reply::parse(&line).unwrap().upgrade(), Ok(u));
     }
 
     #[test]

@@ -1,18 +1,29 @@
 //! The operator socket: JSON lines over a Unix socket, read by `itcpctl`. The
 //! requests and replies are the typed ones of [`itcp_proto::control`].
 //!
-//! Requests: `{"op":"sessions"}`, `{"op":"stats"}`, `{"op":"metrics"}`. A malformed
-//! request gets `{"ok":false,"reply":"error","error":…}` and the connection stays
-//! usable.
+//! Requests: `{"op":"sessions"}`, `{"op":"stats"}`, `{"op":"metrics"}`,
+//! `{"op":"upgrade"}` (answered once the upgrade is over: [`crate::upgrade`]). A
+//! malformed request gets `{"ok":false,"reply":"error","error":…}` and the connection
+//! stays usable.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use itcp_proto::control::{Body, MetricsReply, Reply, Request, SessionsReply, StatsReply};
+use itcp_proto::control::{
+    Body, MetricsReply, Reply, Request, SessionsReply, StatsReply, UpgradeReply,
+};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::sessions::Sessions;
+
+/// An operator's upgrade request: the outcome goes back on `reply`; `written` tells
+/// the daemon that the answer is out (an old msrd exits only then).
+pub struct UpgradeAsk {
+    pub reply: oneshot::Sender<Result<UpgradeReply, String>>,
+    pub written: oneshot::Receiver<()>,
+}
 
 /// Answers one request.
 pub fn answer(sessions: &Sessions, id: &str, req: Request) -> Reply {
@@ -29,6 +40,7 @@ pub fn answer(sessions: &Sessions, id: &str, req: Request) -> Reply {
         Request::Metrics => Body::Metrics(MetricsReply {
             text: sessions.metrics(),
         }),
+        Request::Upgrade => return Reply::error("upgrades are not served on this socket"),
     }
     .into()
 }
@@ -41,16 +53,35 @@ pub fn answer_line(sessions: &Sessions, id: &str, line: &str) -> Reply {
     }
 }
 
-/// Serves the control socket until the task is dropped.
-pub async fn serve(path: &Path, id: String, sessions: Arc<Sessions>) -> std::io::Result<()> {
+/// Binds the control socket at `path` (replacing a stale one), operators only.
+pub fn bind(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
     let _ = std::fs::remove_file(path);
-    let listener = UnixListener::bind(path)?;
+    let listener = std::os::unix::net::UnixListener::bind(path)?;
     // Sessions reveal who talks to whom: operators only.
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    listener.set_nonblocking(true)?;
+    Ok(listener)
+}
+
+/// Serves the control socket until the task is dropped.
+pub async fn serve(path: &Path, id: String, sessions: Arc<Sessions>) -> std::io::Result<()> {
+    let listener = UnixListener::from_std(bind(path)?)?;
+    serve_on(listener, id, sessions, None).await;
+    Ok(())
+}
+
+/// Serves a bound control socket until the task is dropped; `upgrades` takes the
+/// `upgrade` requests (None: refused).
+pub async fn serve_on(
+    listener: UnixListener,
+    id: String,
+    sessions: Arc<Sessions>,
+    upgrades: Option<mpsc::UnboundedSender<UpgradeAsk>>,
+) {
     loop {
         let stream = match listener.accept().await {
             Ok((s, _)) => s,
@@ -62,13 +93,38 @@ pub async fn serve(path: &Path, id: String, sessions: Arc<Sessions>) -> std::io:
                 continue;
             }
         };
-        let (sessions, id) = (sessions.clone(), id.clone());
+        let (sessions, id, upgrades) = (sessions.clone(), id.clone(), upgrades.clone());
         tokio::spawn(async move {
             let (r, mut w) = stream.into_split();
             let mut lines = BufReader::new(r).lines();
             while let Ok(Some(line)) = lines.next_line().await {
-                let out = answer_line(&sessions, &id, &line).to_line();
-                if w.write_all(out.as_bytes()).await.is_err() {
+                let mut written = None;
+                let reply = match (Request::parse(&line), &upgrades) {
+                    (Ok(Request::Upgrade), Some(up)) => {
+                        let (tx, rx) = oneshot::channel();
+                        let (wtx, wrx) = oneshot::channel();
+                        written = Some(wtx);
+                        let ask = UpgradeAsk {
+                            reply: tx,
+                            written: wrx,
+                        };
+                        match up.send(ask) {
+                            Err(_) => Reply::error("msrd is shutting down"),
+                            Ok(()) => match rx.await {
+                                Ok(Ok(u)) => Body::Upgrade(u).into(),
+                                Ok(Err(e)) => Reply::error(e),
+                                Err(_) => Reply::error("msrd is shutting down"),
+                            },
+                        }
+                    }
+                    _ => answer_line(&sessions, &id, &line),
+                };
+                let ok = w.write_all(reply.to_line().as_bytes()).await.is_ok();
+                if let Some(wtx) = written {
+                    let _ = w.flush().await;
+                    let _ = wtx.send(());
+                }
+                if !ok {
                     break;
                 }
             }

@@ -4,7 +4,8 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::sync::atomic::Ordering;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -12,11 +13,12 @@ use itcp_config::{MsrdConfig, TcpTuning};
 use itcp_proto::socks::{self, Addr, Command, Method, ProtoError, Reply, Token};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn};
 
 use crate::admission::{Admission, Refusal, Setups};
 use crate::cells::CellMap;
+use crate::control::UpgradeAsk;
 use crate::handoff::{Frozen, Handoffs};
 use crate::intercept::{Rules, Transparent};
 use crate::listeners::{Listeners, Lookup};
@@ -24,6 +26,8 @@ use crate::relay::{self, End, Pending, RelayOpts};
 use crate::sessions::{Kind, Session, Sessions};
 use crate::setup::{Connecting, Inflight, Transcript};
 use crate::sockopt;
+use crate::upgrade::wire::Role;
+use crate::upgrade::Services;
 
 /// How long a client may take for the whole request handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -53,6 +57,11 @@ pub struct Daemon {
     pub strays: crate::strays::Strays,
     /// Flips to true when draining: accept loops stop.
     draining: watch::Sender<bool>,
+    /// Accepted connections without a session yet (an upgrade waits for them).
+    pub(crate) in_setup: Arc<AtomicUsize>,
+    /// Upgrade requests from the control socket, and where the main loop takes them.
+    pub(crate) upgrades: mpsc::UnboundedSender<UpgradeAsk>,
+    upgrade_asks: Mutex<Option<mpsc::UnboundedReceiver<UpgradeAsk>>>,
 }
 
 /// A connection counted by admission until dropped (it travels with the connection's
@@ -118,7 +127,11 @@ impl Daemon {
             None
         };
         let setups = Setups::new(a.max_handshakes as usize, a.max_handshakes_per_mh as usize);
+        let (upgrades, asks) = mpsc::unbounded_channel();
         Ok(Arc::new(Daemon {
+            in_setup: Arc::new(AtomicUsize::new(0)),
+            upgrades,
+            upgrade_asks: Mutex::new(Some(asks)),
             admission: Arc::new(Mutex::new(admission)),
             setups: Arc::new(Mutex::new(setups)),
             // 3 lines at once per source, then one every 10 s.
@@ -1080,7 +1093,9 @@ fn listen_socket(
     s.listen(4096)
 }
 
-async fn accept_loop(d: Arc<Daemon>, l: TcpListener, transparent: bool) {
+/// Accepts on the request port or the TPROXY port until draining starts (or an
+/// upgrade stops the task: cancel-safe).
+pub(crate) async fn accept_loop(d: Arc<Daemon>, l: TcpListener, transparent: bool) {
     d.inflight.add_listener(l.as_raw_fd());
     let mut drain = d.draining.subscribe();
     loop {
@@ -1097,10 +1112,14 @@ async fn accept_loop(d: Arc<Daemon>, l: TcpListener, transparent: bool) {
                     continue;
                 };
                 let d = d.clone();
+                // Counted as in setup until its session exists (upgrades wait for it).
+                let n = d.in_setup.clone();
                 if transparent {
-                    tokio::spawn(serve_transparent(d, s, peer, Some(setup), None));
+                    let f = serve_transparent(d, s, peer, Some(setup), None);
+                    tokio::spawn(crate::upgrade::in_setup(&n, f));
                 } else {
-                    tokio::spawn(serve_request(d, s, peer, Some(setup), None));
+                    let f = serve_request(d, s, peer, Some(setup), None);
+                    tokio::spawn(crate::upgrade::in_setup(&n, f));
                 }
             }
             Err(e) => {
@@ -1112,15 +1131,21 @@ async fn accept_loop(d: Arc<Daemon>, l: TcpListener, transparent: bool) {
     }
 }
 
-/// Runs msrd until SIGTERM/SIGINT, then drains.
-pub fn run(cfg: MsrdConfig) -> io::Result<()> {
+/// Runs msrd until SIGTERM/SIGINT, then drains; or until an upgrade hands everything
+/// to a new process. `adopt`: this process is that new process ([`crate::upgrade`]).
+pub fn run(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(run_async(cfg))
+    let upgraded = rt.block_on(run_async(cfg, adopt))?;
+    if upgraded {
+        // Tasks left (connections in setup, metrics requests) end with the process.
+        rt.shutdown_background();
+    }
+    Ok(())
 }
 
-fn rules_of(cfg: &MsrdConfig) -> Rules {
+pub(crate) fn rules_of(cfg: &MsrdConfig) -> Rules {
     let i = &cfg.interception;
     Rules {
         table: i.nft_table.clone(),
@@ -1165,10 +1190,9 @@ fn fit_to_fd_limit(mut cfg: MsrdConfig, nofile: u64) -> MsrdConfig {
     cfg
 }
 
-async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
-    let nofile = sockopt::raise_nofile_limit();
-    let d = Daemon::new(fit_to_fd_limit(cfg, nofile))?;
-    let cfg = &d.cfg;
+/// Binds the sockets of a fresh start: request and TPROXY ports, then (once the
+/// rules are ours, see below) the rest.
+fn bind_accept(cfg: &MsrdConfig) -> io::Result<Vec<(Role, String, OwnedFd)>> {
     let mut bound = Vec::new();
     for addr in cfg.msr.socks_addrs() {
         let l = listen_socket(addr, &cfg.wireless, false).map_err(|e| {
@@ -1185,15 +1209,10 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
             )
         })?;
         info!(%addr, "request listener up");
-        bound.push((l, false));
+        bound.push((Role::Socks, addr.to_string(), OwnedFd::from(l.into_std()?)));
     }
     if cfg.transparent.enabled {
-        let port = cfg.transparent.listen_port;
-        let mut addrs = vec![SocketAddr::from(([0, 0, 0, 0], port))];
-        if cfg.access.mh_prefixes.iter().any(|p| p.is_ipv6()) {
-            addrs.push(SocketAddr::from(([0u16; 8], port)));
-        }
-        for addr in addrs {
+        for addr in crate::upgrade::transparent_addrs(cfg) {
             let l = listen_socket(addr, &cfg.wireless, true).map_err(|e| {
                 io::Error::new(
                     e.kind(),
@@ -1201,11 +1220,89 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
                 )
             })?;
             info!(%addr, ports = ?cfg.transparent.ports, "transparent interception up");
-            bound.push((l, true));
+            bound.push((
+                Role::Transparent,
+                addr.to_string(),
+                OwnedFd::from(l.into_std()?),
+            ));
         }
     }
-    // Rules only once every listener is ours: a second msrd that cannot bind must not
-    // replace (and on exit remove) the first one's rules, nor clean up after it.
+    Ok(bound)
+}
+
+/// Binds the other sockets of a fresh start; the footprint is ours already.
+async fn bind_rest(
+    cfg: &MsrdConfig,
+    footprint: &crate::footprint::Footprint,
+) -> io::Result<Vec<(Role, String, OwnedFd)>> {
+    let mut bound = Vec::new();
+    let path = &cfg.msr.control_socket;
+    match crate::control::bind(path) {
+        Ok(l) => bound.push((Role::Control, path.display().to_string(), OwnedFd::from(l))),
+        Err(e) => warn!(path = %path.display(), error = %e, "control socket failed"),
+    }
+    if let Some(addr) = cfg.metrics.listen {
+        let l = TcpListener::bind(addr).await.map_err(|e| {
+            let hint = match e.kind() {
+                io::ErrorKind::AddrNotAvailable => "; is that address configured on this router?",
+                io::ErrorKind::AddrInUse => "; is another msrd or exporter on that port?",
+                _ => "",
+            };
+            io::Error::new(
+                e.kind(),
+                format!("cannot listen on {addr} ([metrics] listen): {e}{hint}"),
+            )
+        })?;
+        info!(%addr, "metrics and status page up");
+        bound.push((
+            Role::Metrics,
+            addr.to_string(),
+            OwnedFd::from(l.into_std()?),
+        ));
+    }
+    if let Some(listen) = cfg.handoff.listen {
+        let l = TcpListener::bind(listen).await.map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot listen on {listen} ([handoff] listen): {e}"),
+            )
+        })?;
+        bound.push((
+            Role::Channel,
+            listen.to_string(),
+            OwnedFd::from(l.into_std()?),
+        ));
+        let port = cfg.handoff.greet_port;
+        // Greetings are heard on the cells only, never from the fixed LAN.
+        let cells: Vec<String> = cfg.cells.iter().map(|c| c.interface.clone()).collect();
+        let greeters = crate::handoff::greeting::bind(&cells, port)
+            .map_err(|e| io::Error::new(e.kind(), format!("[handoff] greet_port: {e}")))?;
+        for (ifname, g) in cells.into_iter().zip(greeters) {
+            bound.push((Role::Greeting, ifname, OwnedFd::from(g.into_std()?)));
+        }
+        if let Some(lan) = &cfg.handoff.lan_interface {
+            // Proxied ARP replies are otherwise delayed by up to 0.8 s.
+            let r =
+                crate::netlink::proxy_delay_path(lan).and_then(|p| footprint.set_sysctl(&p, "0"));
+            if let Err(e) = r {
+                warn!(interface = %lan, error = %e, "proxied ARP replies may be delayed");
+            }
+        }
+        info!(%listen, greet_port = port, peers = cfg.handoff.peers.len(), "handoff up");
+    }
+    Ok(bound)
+}
+
+/// Runs the daemon; true when it ended by handing everything to a new process.
+async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> {
+    // Signals first: until tokio handles SIGUSR2, it would end the process.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut usr2 = signal(SignalKind::user_defined2())?;
+    let nofile = sockopt::raise_nofile_limit();
+    let d = Daemon::new(fit_to_fd_limit(cfg, nofile))?;
+    let cfg = &d.cfg;
     let footprint = crate::footprint::Footprint {
         state_file: {
             let mut p = cfg.msr.control_socket.clone().into_os_string();
@@ -1216,85 +1313,52 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
         lan_interface: cfg.handoff.lan_interface.clone(),
         mh_prefixes: cfg.access.mh_prefixes.clone(),
     };
-    footprint.recover();
-    // From here on everything msrd changed must be undone whatever happens.
+    // From the moment the footprint is ours everything msrd changed must be undone
+    // whatever happens, unless an upgrade hands it to a new process.
     struct Undo(crate::footprint::Footprint);
     impl Drop for Undo {
         fn drop(&mut self) {
             self.0.undo();
         }
     }
-    let undo = Undo(footprint);
-    d.rules
-        .install()
-        .map_err(|e| io::Error::new(e.kind(), format!("installing interception rules: {e}")))?;
-
-    let tasks: Vec<_> = bound
-        .into_iter()
-        .map(|(l, transparent)| tokio::spawn(accept_loop(d.clone(), l, transparent)))
-        .collect();
-    let control = tokio::spawn({
-        let (path, id, s) = (
-            cfg.msr.control_socket.clone(),
-            cfg.msr.id.clone(),
-            d.sessions.clone(),
-        );
-        async move {
-            if let Err(e) = crate::control::serve(&path, id, s).await {
-                warn!(path = %path.display(), error = %e, "control socket failed");
-            }
-        }
-    });
-    let metrics = match cfg.metrics.listen {
-        Some(addr) => {
-            let l = TcpListener::bind(addr).await.map_err(|e| {
-                let hint = match e.kind() {
-                    io::ErrorKind::AddrNotAvailable => {
-                        "; is that address configured on this router?"
-                    }
-                    io::ErrorKind::AddrInUse => "; is another msrd or exporter on that port?",
-                    _ => "",
-                };
-                io::Error::new(
-                    e.kind(),
-                    format!("cannot listen on {addr} ([metrics] listen): {e}{hint}"),
-                )
+    let services = Services::default();
+    let undo = match adopt {
+        None => {
+            let bound = bind_accept(cfg)?;
+            // Rules only once every listener is ours: a second msrd that cannot bind
+            // must not replace (and on exit remove) the first one's rules, nor clean
+            // up after it.
+            footprint.recover();
+            let undo = Undo(footprint);
+            d.rules.install().map_err(|e| {
+                io::Error::new(e.kind(), format!("installing interception rules: {e}"))
             })?;
-            info!(%addr, "metrics and status page up");
-            Some(tokio::spawn(crate::http::serve(
-                l,
-                d.sessions.clone(),
-                cfg.msr.id.clone(),
-            )))
-        }
-        None => None,
-    };
-    let mut handoff_tasks = Vec::new();
-    if let Some(listen) = cfg.handoff.listen {
-        let l = TcpListener::bind(listen).await.map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("cannot listen on {listen} ([handoff] listen): {e}"),
-            )
-        })?;
-        let port = cfg.handoff.greet_port;
-        // Greetings are heard on the cells only, never from the fixed LAN.
-        let cells: Vec<String> = cfg.cells.iter().map(|c| c.interface.clone()).collect();
-        let greeters = crate::handoff::greeting::bind(&cells, port)
-            .map_err(|e| io::Error::new(e.kind(), format!("[handoff] greet_port: {e}")))?;
-        if let Some(lan) = &cfg.handoff.lan_interface {
-            // Proxied ARP replies are otherwise delayed by up to 0.8 s.
-            let r = crate::netlink::proxy_delay_path(lan).and_then(|p| undo.0.set_sysctl(&p, "0"));
-            if let Err(e) = r {
-                warn!(interface = %lan, error = %e, "proxied ARP replies may be delayed");
+            let rest = bind_rest(cfg, &undo.0).await?;
+            for (role, name, fd) in bound.into_iter().chain(rest) {
+                services.add(&d, role, name, fd)?;
             }
+            undo
         }
-        info!(%listen, greet_port = port, peers = cfg.handoff.peers.len(), "handoff up");
-        handoff_tasks.push(tokio::spawn(crate::handoff::serve_peers(d.clone(), l)));
-        for g in greeters {
-            handoff_tasks.push(tokio::spawn(crate::handoff::serve_greetings(d.clone(), g)));
+        Some(ch) => {
+            // The old msrd's footprint is in place and becomes ours: neither cleaned
+            // up nor installed again.
+            crate::upgrade::adopt(&d, ch, &services).await?;
+            let undo = Undo(footprint);
+            if !services
+                .sockets_of(Role::Control)
+                .contains(&cfg.msr.control_socket.display().to_string())
+            {
+                let path = &cfg.msr.control_socket;
+                match crate::control::bind(path) {
+                    Ok(l) => {
+                        services.add(&d, Role::Control, path.display().to_string(), l.into())?
+                    }
+                    Err(e) => warn!(path = %path.display(), error = %e, "control socket failed"),
+                }
+            }
+            undo
         }
-    }
+    };
     let beacons = cfg.beacon.enabled.then(|| {
         tokio::spawn(crate::beacon::run(
             cfg.beacon.clone(),
@@ -1303,18 +1367,52 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
             d.draining.subscribe(),
         ))
     });
-    info!(id = %cfg.msr.id, nofile, "msrd ready");
+    info!(id = %cfg.msr.id, nofile, pid = std::process::id(), "msrd ready");
+    crate::notify::notify("READY=1");
 
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-    tokio::select! {
-        _ = term.recv() => info!("SIGTERM: draining"),
-        _ = int.recv() => info!("SIGINT: draining"),
+    let mut asks = d.upgrade_asks.lock().unwrap().take().expect("run once");
+    loop {
+        let ask = tokio::select! {
+            _ = term.recv() => {
+                info!("SIGTERM: draining");
+                break;
+            }
+            _ = int.recv() => {
+                info!("SIGINT: draining");
+                break;
+            }
+            _ = usr2.recv() => {
+                info!("SIGUSR2: upgrading");
+                None
+            }
+            Some(a) = asks.recv() => {
+                info!("upgrade requested on the control socket");
+                Some(a)
+            }
+        };
+        match crate::upgrade::upgrade(&d, &services).await {
+            Ok(reply) => {
+                if let Some(a) = ask {
+                    let _ = a.reply.send(Ok(reply));
+                    // Exit once the operator has the answer (a second at most).
+                    let _ = tokio::time::timeout(Duration::from_secs(1), a.written).await;
+                }
+                // The new process owns the footprint and the control socket now.
+                std::mem::forget(undo);
+                return Ok(true);
+            }
+            Err(e) => {
+                if let Some(a) = ask {
+                    let _ = a
+                        .reply
+                        .send(Err(format!("upgrade failed, msrd serves on: {e}")));
+                }
+            }
+        }
     }
+    crate::notify::notify("STOPPING=1");
     let _ = d.draining.send(true);
-    for t in tasks {
-        let _ = t.await;
-    }
+    services.stop_accepting().await;
     let deadline = Instant::now() + cfg.relay.drain_timeout();
     while !d.sessions.is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(50)).await;
@@ -1325,16 +1423,11 @@ async fn run_async(cfg: MsrdConfig) -> io::Result<()> {
     } else {
         info!("drained");
     }
-    control.abort();
-    if let Some(m) = metrics {
-        m.abort();
-    }
-    for t in handoff_tasks {
-        t.abort();
-    }
+    services.abort_all();
     if let Some(b) = beacons {
         b.abort();
     }
     let _ = std::fs::remove_file(&cfg.msr.control_socket);
-    Ok(())
+    drop(undo);
+    Ok(false)
 }

@@ -19,6 +19,8 @@
 //!
 //! * [`handoff`] — moving an MH's connections between MSRs (greetings, the MSR⇄MSR
 //!   channel, freeze/capture/restore), with [`netlink`] for holds and ARP takeover.
+//! * [`upgrade`] — replacing msrd by a new process of its binary, every connection
+//!   handed over; [`notify`] — systemd's readiness protocol.
 pub mod admission;
 pub mod beacon;
 pub mod cells;
@@ -33,9 +35,11 @@ pub mod listeners;
 pub mod logging;
 pub mod metrics;
 pub mod netlink;
+pub mod notify;
 pub mod relay;
 pub mod sessions;
 pub mod setup;
 pub mod sockopt;
 pub mod splice;
 pub mod strays;
+pub mod upgrade;

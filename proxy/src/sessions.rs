@@ -102,6 +102,44 @@ impl Stats {
     }
 }
 
+impl Stats {
+    /// Carries the counters of an older msrd on (upgrade).
+    pub fn restore(&self, s: &itcp_proto::control::Stats) {
+        let set = |a: &AtomicU64, v: u64| a.store(v, Ordering::Relaxed);
+        set(&self.connections_total, s.connections_total);
+        set(&self.connections_failed, s.connections_failed);
+        set(&self.refused_not_mh, s.refused_not_mh);
+        set(&self.refused_limit, s.refused_limit);
+        set(&self.refused_rate, s.refused_rate);
+        set(&self.refused_handshakes, s.refused_handshakes);
+        set(&self.malformed_requests, s.malformed_requests);
+        set(&self.aborted, s.aborted);
+        set(&self.bytes_up, s.bytes_up);
+        set(&self.bytes_down, s.bytes_down);
+        set(&self.handoffs_in, s.handoffs_in);
+        set(&self.handoffs_out, s.handoffs_out);
+        set(&self.handoffs_failed, s.handoffs_failed);
+        set(&self.connections_moved_in, s.connections_moved_in);
+        set(&self.connections_moved_out, s.connections_moved_out);
+        set(&self.handoff_messages_rejected, s.handoff_messages_rejected);
+        set(&self.greetings_rejected, s.greetings_rejected);
+    }
+}
+
+/// A session as an older msrd hands it over (upgrade).
+#[derive(Debug, Clone)]
+pub struct Adopted {
+    pub id: u64,
+    pub kind: Kind,
+    pub mh: SocketAddr,
+    pub fh: SocketAddr,
+    pub wireless_local: SocketAddr,
+    pub started: SystemTime,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    pub moved_in: bool,
+}
+
 impl Sessions {
     pub fn open(
         &self,
@@ -146,6 +184,8 @@ impl Sessions {
             frozen: AtomicBool::new(false),
             moved_in,
         });
+        // No longer in setup (what an upgrade waits for).
+        crate::upgrade::settled();
         if moved_in {
             self.stats
                 .connections_moved_in
@@ -155,6 +195,46 @@ impl Sessions {
         }
         self.map.lock().unwrap().insert(id, s.clone());
         s
+    }
+
+    /// Puts a session of an older msrd in the table, with its id and counters
+    /// (upgrade); later ids follow the largest one.
+    pub fn adopt(&self, a: Adopted) -> Arc<Session> {
+        let s = Arc::new(Session {
+            id: a.id,
+            kind: a.kind,
+            mh: a.mh,
+            fh: a.fh,
+            wireless_local: a.wireless_local,
+            started: a.started,
+            counters: Counters::default(),
+            pause: watch::channel(false).0,
+            frozen_to: Mutex::new(None),
+            frozen: AtomicBool::new(false),
+            moved_in: a.moved_in,
+        });
+        s.counters.up.store(a.bytes_up, Ordering::Relaxed);
+        s.counters.down.store(a.bytes_down, Ordering::Relaxed);
+        self.next.fetch_max(a.id, Ordering::Relaxed);
+        self.map.lock().unwrap().insert(a.id, s.clone());
+        s
+    }
+
+    /// The last id given out.
+    pub fn last_id(&self) -> u64 {
+        self.next.load(Ordering::Relaxed)
+    }
+
+    /// Makes later ids follow `id` (upgrade).
+    pub fn continue_after(&self, id: u64) {
+        self.next.fetch_max(id, Ordering::Relaxed);
+    }
+
+    /// Every live session, by id.
+    pub fn all(&self) -> Vec<Arc<Session>> {
+        let mut v: Vec<Arc<Session>> = self.map.lock().unwrap().values().cloned().collect();
+        v.sort_by_key(|s| s.id);
+        v
     }
 
     pub fn close(&self, s: &Session) {

@@ -42,6 +42,9 @@ pub struct Inflight {
     /// msrd's accepting sockets: a connection whose handshake completed before a
     /// handoff's hold may still wait in their accept queues.
     listeners: Mutex<Vec<RawFd>>,
+    /// Every MH is freezing (an upgrade hands the whole process over). Written under
+    /// the map's lock, so that no `begin` slips between the flag and the count.
+    all: std::sync::atomic::AtomicBool,
 }
 
 /// A connection accepted and not yet in the session table (a handoff waits for it).
@@ -114,7 +117,7 @@ impl Inflight {
     pub fn begin(self: &Arc<Self>, mh: IpAddr) -> Option<Connecting> {
         let mut m = self.map.lock().unwrap();
         let e = m.entry(mh).or_default();
-        if e.freezing {
+        if e.freezing || self.all.load(std::sync::atomic::Ordering::SeqCst) {
             return None;
         }
         e.connecting += 1;
@@ -162,11 +165,46 @@ impl Inflight {
     }
 
     pub fn freezing(&self, mh: IpAddr) -> bool {
-        self.map
-            .lock()
-            .unwrap()
-            .get(&mh)
-            .is_some_and(|e| e.freezing)
+        self.all.load(std::sync::atomic::Ordering::SeqCst)
+            || self
+                .map
+                .lock()
+                .unwrap()
+                .get(&mh)
+                .is_some_and(|e| e.freezing)
+    }
+
+    /// [`Inflight::settle`] for every MH at once (an upgrade): returns how many
+    /// connections are still being set up after `bound`.
+    pub async fn settle_all(&self, bound: Duration) -> usize {
+        {
+            let _m = self.map.lock().unwrap();
+            self.all.store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+        let mut rx = self.changed.subscribe();
+        let left = || {
+            self.map
+                .lock()
+                .unwrap()
+                .values()
+                .map(Entry::busy)
+                .sum::<usize>()
+        };
+        let _ = tokio::time::timeout(bound, async {
+            while left() > 0 {
+                if rx.changed().await.is_err() {
+                    return;
+                }
+            }
+        })
+        .await;
+        left()
+    }
+
+    /// The upgrade is over (it failed: this process serves on).
+    pub fn thaw_all(&self) {
+        self.all.store(false, std::sync::atomic::Ordering::SeqCst);
+        self.changed.send_modify(|g| *g += 1);
     }
 
     /// Waits, for a connection in setup of `mh`, until it is paused for the handoff

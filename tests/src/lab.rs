@@ -199,12 +199,27 @@ fn remove(o: &Owned) {
 }
 
 fn kill_netns_pids(ns: &str) {
-    if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
-        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-            if let Ok(pid) = pid.parse::<i32>() {
-                // SAFETY: plain kill of a process that lives in our namespace.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+    let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() else {
+        return;
+    };
+    let pids: Vec<i32> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect();
+    for &pid in &pids {
+        // SAFETY: plain kill of a process that lives in our namespace.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    // Processes we adopted as subreaper (an msrd started by an upgrading msrd) are
+    // ours to reap; waitpid on anything else fails at once (ECHILD).
+    for pid in pids {
+        for _ in 0..200 {
+            // SAFETY: waitpid for one specific pid, no status wanted.
+            let r = unsafe { libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG) };
+            if r != 0 {
+                break;
             }
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 }
@@ -307,6 +322,8 @@ pub struct Lab {
     pub handoff_extra: String,
     /// msrd beacons at the seeded wall-clock phases of [`beacon_offset_ms`].
     pub beacon_offsets: bool,
+    /// The msrd binary [`Lab::start_msrd`] runs (default: [`bin_path`]`("msrd")`).
+    pub msrd_bin: Option<PathBuf>,
 }
 
 /// Where to find the testbed's binaries: `ITCP_BIN_DIR`, else next to the running
@@ -377,6 +394,11 @@ impl Lab {
             ));
         }
         install_signal_cleanup();
+        // Orphans of the lab's processes (the new msrd of an upgrade, once the old one
+        // exits) become our children, so that teardown can reap them: no zombie is
+        // left for init.
+        // SAFETY: prctl on our own process.
+        unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
         sweep(false);
         let id = format!(
             "{NS_PREFIX}{}-{}",
@@ -411,6 +433,7 @@ impl Lab {
             msrd_log_level: "debug".into(),
             handoff_extra: String::new(),
             beacon_offsets: false,
+            msrd_bin: None,
         };
         lab.build(&namespaces)?;
         Ok(lab)
@@ -741,7 +764,8 @@ impl Lab {
         std::fs::write(&cfg, config)?;
         let cfg = cfg.display().to_string();
         let f = File::create(self.dir.join(format!("msrd{k}.log")))?;
-        let mut cmd = self.command(Host::Msr(k), bin_path("msrd"))?;
+        let bin = self.msrd_bin.clone().unwrap_or_else(|| bin_path("msrd"));
+        let mut cmd = self.command(Host::Msr(k), bin)?;
         for (_, n, v) in self.msrd_env.iter().filter(|(j, ..)| *j == k) {
             cmd.env(n, v);
         }

@@ -4,6 +4,7 @@
 //! itcpctl [--socket PATH | --config FILE] sessions [--json]
 //! itcpctl [--socket PATH | --config FILE] stats [--json]
 //! itcpctl [--socket PATH | --config FILE] metrics
+//! itcpctl [--socket PATH | --config FILE] upgrade [--json]
 //! itcpctl [--log FILE | --config FILE] handoffs [--mh ADDR] [--failed] [--since TIME]
 //!         [--until TIME] [--follow] [--json] [FILE...]
 //! ```
@@ -40,14 +41,16 @@ static SPEC: Spec = Spec {
         "[--socket PATH | --config FILE] sessions [--json]",
         "[--socket PATH | --config FILE] stats [--json]",
         "[--socket PATH | --config FILE] metrics",
+        "[--socket PATH | --config FILE] upgrade [--json]",
         "[--log FILE | --config FILE] handoffs [--mh ADDR] [--failed]\n\
          [--since TIME] [--until TIME] [--follow] [--json] [FILE...]",
     ],
     description: "\
 itcpctl asks a running msrd(1) over its control socket for its relayed connections
-(sessions), its counters (stats) or its Prometheus metrics (metrics), and reads the
-handoff logs that msrd writes (handoffs), whether or not msrd is running: this
-router's, or those of several routers merged into one timeline.
+(sessions), its counters (stats) or its Prometheus metrics (metrics), tells it to
+replace itself by a new process of its binary without losing a connection (upgrade),
+and reads the handoff logs that msrd writes (handoffs), whether or not msrd is
+running: this router's, or those of several routers merged into one timeline.
 
 Global options (--socket, --config, --log) come before or after the command; the
 command's own options come after it. --socket and --log win over --config.",
@@ -88,6 +91,15 @@ command's own options come after it. --socket and --log win over --config.",
             synopsis: "",
             about: "The counters in the Prometheus text format, as /metrics serves them.",
             flags: &[],
+        },
+        Command {
+            name: "upgrade",
+            synopsis: "[--json]",
+            about: "Replace msrd by a new process of its binary (as installed now), handing it \
+                    every connection, listener and queued byte. Waits until the new process \
+                    serves and prints its pid; if it cannot take over, msrd serves on and \
+                    itcpctl says why (exit status 1). systemctl reload msrd runs this.",
+            flags: &[JSON],
         },
         Command {
             name: "handoffs",
@@ -169,6 +181,7 @@ line.",
             body: "\
 \x20 itcpctl sessions
   itcpctl --config /etc/itcp/msrd.toml stats --json
+  itcpctl --config /etc/itcp/msrd.toml upgrade
   itcpctl handoffs --since 2h
   itcpctl handoffs --mh 10.2.0.100 --failed --since 2025-03-01T14:00Z --until 15m
   itcpctl handoffs --follow
@@ -228,7 +241,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Opts> {
             Arg::Word(w) if a.current_command().is_none() => {
                 if !SPEC.commands.iter().any(|c| c.name == w) {
                     return Err(a.usage(format!(
-                        "unknown command '{w}' (expected sessions, stats, metrics or handoffs)"
+                        "unknown command '{w}' (expected sessions, stats, metrics, upgrade or handoffs)"
                     )));
                 }
                 o.cmd = a.set_command(&w).name.to_string();
@@ -237,7 +250,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Opts> {
         }
     }
     if o.cmd.is_empty() {
-        return Err(a.usage("which command? (sessions, stats, metrics or handoffs)"));
+        return Err(a.usage("which command? (sessions, stats, metrics, upgrade or handoffs)"));
     }
     if let (Some(s), Some(u)) = (o.since_us, o.until_us) {
         if s > u {
@@ -319,6 +332,10 @@ fn print_reply(body: Body, as_json: bool) {
                 );
             }
         }
+        Body::Upgrade(u) => println!(
+            "msr {}: upgraded in {} ms: pid {} → {}, {} connection(s) and {} listener(s) kept",
+            u.msr, u.ms, u.old_pid, u.new_pid, u.connections, u.listeners
+        ),
         Body::Error(e) => eprintln!("itcpctl: {}", e.error),
     }
 }
@@ -344,6 +361,7 @@ fn run(o: Opts) -> Result<(), String> {
     let req = match cmd.as_str() {
         "stats" => Request::Stats,
         "metrics" => Request::Metrics,
+        "upgrade" => Request::Upgrade,
         _ => Request::Sessions,
     };
     print_reply(request(&socket, req)?, as_json);
@@ -585,6 +603,8 @@ mod tests {
         assert!(p(&["sessions", "--mh", "10.2.0.100"]).is_err());
         assert!(p(&["--json", "sessions"]).is_err());
         assert!(p(&["handoffs", "--mh", "nope"]).is_err());
+        let o = p(&["upgrade", "--json", "--config", "/c"]).unwrap();
+        assert!(o.cmd == "upgrade" && o.json && o.config.as_deref() == Some("/c"));
         assert!(p(&["bogus"]).is_err());
         assert!(p(&["sessions", "stats"]).is_err());
         assert!(p(&[]).is_err());

@@ -49,12 +49,34 @@ It runs in the foreground and logs to stderr (text or JSON, [msr] log_format).",
             title: "SIGNALS",
             body: "SIGTERM and SIGINT drain: msrd accepts no new connection and gives the open \
                    ones [relay] drain_timeout_ms to finish, then removes its interception rules \
-                   and exits.",
+                   and exits. SIGUSR2 upgrades (see UPGRADES; the outcome is logged).",
+        },
+        Section {
+            title: "UPGRADES",
+            body: "\
+itcpctl upgrade (or SIGUSR2, or systemctl reload msrd) replaces a running msrd by a
+new process of its binary, as installed now at the path msrd was started from, with
+the same arguments. The new process loads the configuration and takes over every
+listening socket, every relayed connection with the bytes in transit, every MH
+listener with the connections it accepted, and the handoff state (tokens, holds);
+the router's interception rules, policy route and proxy ARP entries stay as they
+are. The old process then exits without undoing them. No connection is reset and no
+byte is lost; relays pause for a few milliseconds.
+
+If the new process cannot take over (its configuration does not load, it changes a
+listening socket or the interception rules, it exits, or it is not ready within 5 s,
+or has not adopted the state within 5 s more), it is killed and the old process
+serves on as before; itcpctl upgrade says why. Connections still in setup after 2 s
+(request handshake, fixed-side connect, a SOCKS BIND waiting for its peer) end with
+the old process.",
         },
         Section {
             title: "ENVIRONMENT",
             body: "MSRD_LOG overrides [msr] log_level (error, warn, info, debug, trace, or a \
-                   tracing filter).",
+                   tracing filter). NOTIFY_SOCKET (set by systemd for Type=notify units): msrd \
+                   reports READY=1, STOPPING=1 and, when it upgrades, the new process's \
+                   MAINPID. MSRD_UPGRADE_FD is set by msrd for the process that takes over from \
+                   it; never set it yourself.",
         },
         Section {
             title: "FILES",
@@ -66,14 +88,16 @@ It runs in the foreground and logs to stderr (text or JSON, [msr] log_format).",
         },
         Section {
             title: "EXIT STATUS",
-            body: "0 after a clean shutdown or a valid --check-config; 1 when the configuration \
-                   is invalid or the daemon fails; 2 on a usage error.",
+            body: "0 after a clean shutdown, an upgrade (the new process serves) or a valid \
+                   --check-config; 1 when the configuration is invalid or the daemon fails; 2 \
+                   on a usage error.",
         },
         Section {
             title: "EXAMPLES",
             body: "\
   msrd --check-config /etc/itcp/msrd.toml
-  systemctl enable --now msrd",
+  systemctl enable --now msrd
+  systemctl reload msrd               # upgrade in place (itcpctl upgrade)",
         },
         Section {
             title: "SEE ALSO",
@@ -106,15 +130,28 @@ fn parse(mut a: Args) -> itcp_cli::Result<Mode> {
 }
 
 fn main() -> ExitCode {
+    itcp_proxy::upgrade::remember_invocation();
     let (check, path) = match parse(Args::from_env(&SPEC)) {
         Ok(Mode::Run(p)) => (false, p),
         Ok(Mode::Check(p)) => (true, p),
         Err(stop) => return itcp_cli::exit(&SPEC, stop),
     };
+    // Started by a running msrd to take over from it (upgrade)?
+    let adopt = match itcp_proxy::upgrade::take_inherited() {
+        Some(Err(e)) => {
+            eprintln!("msrd: {e}");
+            return ExitCode::FAILURE;
+        }
+        Some(Ok(fd)) if !check => Some(fd),
+        _ => None,
+    };
     let cfg = match MsrdConfig::load(&path) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("msrd: {e}");
+            if let Some(fd) = &adopt {
+                itcp_proxy::upgrade::refuse(fd, &e.to_string());
+            }
             return ExitCode::FAILURE;
         }
     };
@@ -124,9 +161,12 @@ fn main() -> ExitCode {
     }
     if let Err(e) = itcp_proxy::logging::init(&cfg) {
         eprintln!("msrd: {e}");
+        if let Some(fd) = &adopt {
+            itcp_proxy::upgrade::refuse(fd, &e.to_string());
+        }
         return ExitCode::from(2);
     }
-    match itcp_proxy::daemon::run(cfg) {
+    match itcp_proxy::daemon::run(cfg, adopt) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

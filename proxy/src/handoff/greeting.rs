@@ -141,11 +141,19 @@ async fn on_greeting(
         // Asked only when it matters (taking a token from the bucket).
         pull_allowed: true,
     };
+    let mut busy = None;
     let (decision, last_reply) = {
         let m = h.mhs.lock().unwrap();
         let mut dec = greet::decide(&g, cx, view(m.get(&mh), sessions.len(), frozen));
         if dec == Decision::Pull && !h.pull_allowed(mh) {
             dec = Decision::Defer;
+        }
+        if dec == Decision::Pull {
+            busy = h.try_busy();
+            if busy.is_none() {
+                // An upgrade is under way: the MH greets again.
+                dec = Decision::Defer;
+            }
         }
         let last = m.get(&mh).and_then(|s| s.last_reply.clone());
         (dec, last)
@@ -199,6 +207,7 @@ async fn on_greeting(
             h.set_pulling(mh, true);
             let (d, sock) = (d.clone(), sock.clone());
             tokio::spawn(async move {
+                let _busy = busy;
                 new_side::pull(d.clone(), sock, from, g, peer.id.clone(), peer.address).await;
                 d.handoff.as_ref().unwrap().set_pulling(mh, false);
             });

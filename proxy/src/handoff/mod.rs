@@ -74,6 +74,9 @@ pub(crate) struct MhState {
     pub pulling: bool,
     /// We answer ARP for this MH on the fixed LAN.
     pub claimed: bool,
+    /// A delayed release of the hold made by hold generation `.0`, due at `.1` (µs
+    /// since the epoch): an upgrade carries it on.
+    pub release_at: Option<(u64, u64)>,
 }
 
 /// Handoff state shared by the daemon's tasks.
@@ -89,6 +92,19 @@ pub struct Handoffs {
     noisy: Mutex<PerAddr>,
     /// Channel connections not yet authenticated.
     pub(crate) unauthenticated: AtomicU64,
+    /// Handoffs under way here, either side (an upgrade waits for none).
+    busy: Arc<AtomicU64>,
+    /// No new handoff starts (an upgrade is handing everything over).
+    closed: std::sync::atomic::AtomicBool,
+}
+
+/// A handoff under way, counted until dropped.
+pub(crate) struct Busy(Arc<AtomicU64>);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// Microseconds since the UNIX epoch (handoff log phases).
@@ -121,7 +137,25 @@ impl Handoffs {
             // One log line per source every 10 s after a burst of 3.
             noisy: Mutex::new(PerAddr::new(3, 0.1, 4096)),
             unauthenticated: AtomicU64::new(0),
+            busy: Arc::new(AtomicU64::new(0)),
+            closed: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Counts a handoff under way until the guard drops; None while an upgrade keeps
+    /// new handoffs out.
+    pub(crate) fn try_busy(&self) -> Option<Busy> {
+        // Count first, then look: an upgrade that closes after this sees the count.
+        self.busy.fetch_add(1, Ordering::SeqCst);
+        let b = Busy(self.busy.clone());
+        (!self.closed.load(Ordering::SeqCst)).then_some(b)
+    }
+
+    /// Keeps new handoffs out (or lets them in again), and returns how many are
+    /// under way now.
+    pub fn close(&self, closed: bool) -> u64 {
+        self.closed.store(closed, Ordering::SeqCst);
+        self.busy.load(Ordering::SeqCst)
     }
 
     pub fn timeouts(&self) -> Timeouts {
@@ -268,6 +302,8 @@ pub fn release(d: &Daemon, mh: IpAddr) {
 pub fn release_later(d: &Arc<Daemon>, mh: IpAddr, after: Duration) {
     let h = d.handoff.as_ref().unwrap();
     let gen = h.hold_gen(mh);
+    h.mhs.lock().unwrap().entry(mh).or_default().release_at =
+        Some((gen, now_us() + after.as_micros() as u64));
     let d = d.clone();
     tokio::spawn(async move {
         tokio::time::sleep(after).await;

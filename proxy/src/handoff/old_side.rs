@@ -69,6 +69,11 @@ async fn serve_one(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
         let e = format!("{:?} opened with {first:?}", ch.peer());
         return rejected(&d, peer, &e);
     };
+    // An upgrade is handing the connections over: the new MSR rolls back, the MH
+    // stays here and greets again.
+    let Some(_busy) = h.try_busy() else {
+        return debug!(%peer, "handoff request while upgrading: closed");
+    };
     old_side(d.clone(), ch, peer, handoff_id, greeting).await
 }
 
