@@ -188,7 +188,7 @@ run's lab is removed by 'itcp-lab cleanup'.",
         Command {
             name: "bench soak",
             synopsis: "--minutes M | --seconds S [--seed S] [--mhs N] [--msrs N]
-[--max-bulk BYTES] [--json FILE]",
+[--max-bulk BYTES] [--moves yes|no] [--faults yes|no] [--json FILE]",
             about: "Chaos soak: several MHs with many I-TCP connections each (bulk both ways, \
                     interactive, short-lived), random moves among the MSRs, and faults at \
                     random phases of handoffs (msrd SIGKILLed and restarted, MSR channel cut, \
@@ -206,6 +206,8 @@ run's lab is removed by 'itcp-lab cleanup'.",
                     "BYTES",
                     "Largest bulk transfer, at least 65536 (default 4194304).",
                 ),
+                Flag::value("moves", "yes|no", "Move the MHs (default yes; no: to bisect a finding)."),
+                Flag::value("faults", "yes|no", "Inject faults (default yes; no: to bisect a finding)."),
                 JSON_OUT,
             ],
         },
@@ -478,6 +480,8 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
                     Arg::Flag("max-bulk") => {
                         o.max_bulk = a.int_in("max-bulk", 65536, u64::MAX as i128)?
                     }
+                    Arg::Flag("moves") => o.moves = yes_no(&mut a, "moves")?,
+                    Arg::Flag("faults") => o.faults = yes_no(&mut a, "faults")?,
                     Arg::Flag("json") => json_out = Some(a.value("json")?),
                     other => return Err(a.unexpected(other)),
                 }

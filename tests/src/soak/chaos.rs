@@ -145,7 +145,10 @@ pub fn mover(lab: &Lab, shared: &Shared, j: usize, seed: u64) -> io::Result<()> 
     let cells = lab.msrs();
     let mut at = lab.config.initial_cells.first().copied().unwrap_or(1);
     let mut first = true;
-    while cells > 1 {
+    if cells < 2 {
+        return Ok(());
+    }
+    loop {
         let dwell = if first {
             uniform(&mut rng, 0.2, 3.0)
         } else {
@@ -252,12 +255,17 @@ fn drop_rules(what: &str) -> String {
     )
 }
 
+/// Starts msrd on MSR k again (see [`faults`]).
+pub type Restart<'a> = &'a dyn Fn(usize) -> io::Result<Child>;
+
 /// SIGKILLs MSR `k`'s msrd (after reading the sessions it holds), waits `down` seconds
 /// and starts it again.
+#[allow(clippy::too_many_arguments)]
 fn kill_and_restart(
     lab: &Lab,
     shared: &Shared,
     msrds: &Mutex<Vec<Msrd>>,
+    restart: Restart,
     k: usize,
     kind: FaultKind,
     mh: Option<usize>,
@@ -284,7 +292,7 @@ fn kill_and_restart(
     let first_try = shared.clock.now();
     let mut failures = 0;
     loop {
-        match lab.restart_msrd(k) {
+        match restart(k) {
             Ok(c) => {
                 let mut m = msrds.lock().unwrap();
                 let p = &mut m[k - 1];
@@ -307,7 +315,11 @@ fn kill_and_restart(
                         .take(12)
                         .collect();
                     let why = e.to_string();
-                    let why = why.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("");
+                    let why = why
+                        .lines()
+                        .rev()
+                        .find(|l| !l.trim().is_empty())
+                        .unwrap_or("");
                     note += &format!(
                         "restart failed: {why}; sockets on the MSR's ports then: [{}]",
                         held.join(" | ")
@@ -340,7 +352,15 @@ fn kill_and_restart(
 }
 
 /// Injects faults until the chaos stops; everything it did is undone when it returns.
-pub fn faults(lab: &Lab, shared: &Shared, msrds: &Mutex<Vec<Msrd>>, seed: u64) -> io::Result<()> {
+/// `restart` starts msrd again: on a thread that outlives the soak, since a process the
+/// lab starts dies with the thread that started it (PR_SET_PDEATHSIG).
+pub fn faults(
+    lab: &Lab,
+    shared: &Shared,
+    msrds: &Mutex<Vec<Msrd>>,
+    restart: Restart,
+    seed: u64,
+) -> io::Result<()> {
     let mut rng = SplitMix64::new(derive_seed(seed, "faults"));
     let n = lab.msrs();
     if nap(shared, 3.0) {
@@ -364,11 +384,20 @@ pub fn faults(lab: &Lab, shared: &Shared, msrds: &Mutex<Vec<Msrd>>, seed: u64) -
             };
             until(shared, c.enters + uniform(&mut rng, 0.0, 0.4));
             let down = uniform(&mut rng, 0.3, 4.0);
-            kill_and_restart(lab, shared, msrds, k, kind, Some(c.mh), down)?
+            kill_and_restart(lab, shared, msrds, restart, k, kind, Some(c.mh), down)?
         } else if r < 0.4 {
             let k = any_msr(&mut rng);
             let down = uniform(&mut rng, 0.3, 4.0);
-            kill_and_restart(lab, shared, msrds, k, FaultKind::KillAny, None, down)?
+            kill_and_restart(
+                lab,
+                shared,
+                msrds,
+                restart,
+                k,
+                FaultKind::KillAny,
+                None,
+                down,
+            )?
         } else if r < 0.75 {
             let channel = r < 0.6;
             let (kind, dur) = if channel {
@@ -391,7 +420,11 @@ pub fn faults(lab: &Lab, shared: &Shared, msrds: &Mutex<Vec<Msrd>>, seed: u64) -
             } else {
                 (any_msr(&mut rng), None)
             };
-            nft(lab, k, &drop_rules(if channel { "channel" } else { "greeting" }))?;
+            nft(
+                lab,
+                k,
+                &drop_rules(if channel { "channel" } else { "greeting" }),
+            )?;
             let start = shared.clock.now();
             sleep_s(dur);
             nft(lab, k, &format!("delete table inet {CHAOS_TABLE}\n"))?;

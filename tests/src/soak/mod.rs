@@ -47,6 +47,10 @@ pub struct SoakOpts {
     pub msrs: usize,
     /// Largest bulk transfer in bytes.
     pub max_bulk: u64,
+    /// Move the MHs (off: every MH stays in cell 1).
+    pub moves: bool,
+    /// Inject faults.
+    pub faults: bool,
 }
 
 impl Default for SoakOpts {
@@ -57,6 +61,8 @@ impl Default for SoakOpts {
             mhs: 8,
             msrs: 3,
             max_bulk: 4 << 20,
+            moves: true,
+            faults: true,
         }
     }
 }
@@ -163,11 +169,7 @@ fn watch_agents(lab: &Lab, shared: &Shared) {
             let mut ev = shared.agent.lock().unwrap();
             for l in new.lines() {
                 if let Ok(v) = serde_json::from_str::<Value>(l) {
-                    ev.push(AgentEvent {
-                        t,
-                        mh: j,
-                        event: v,
-                    });
+                    ev.push(AgentEvent { t, mh: j, event: v });
                 }
             }
             *off += done + 1;
@@ -252,6 +254,8 @@ pub struct Rst {
     pub sent: bool,
     /// The frame's source MAC (at an MH: which MSR's cell it came from).
     pub src_mac: String,
+    /// tcpdump's flags: `R` (a reply to a segment of no socket) or `R.` (an abort).
+    pub flags: String,
 }
 
 fn parse_endpoint(s: &str) -> Option<SocketAddrV4> {
@@ -271,7 +275,12 @@ pub fn parse_rst_line(line: &str, me: Ipv4Addr, host: &str, clock: &Clock) -> Op
     }
     let src = parse_endpoint(f[0])?;
     let dst = parse_endpoint(f[2])?;
+    let flags = ip
+        .split_once("Flags [")
+        .and_then(|(_, r)| r.split_once(']'))
+        .map_or(String::new(), |(f, _)| f.to_string());
     Some(Rst {
+        flags,
         t: clock.from_unix(h[0].parse().ok()?),
         host: host.to_string(),
         src,
@@ -370,9 +379,7 @@ pub fn run(o: &SoakOpts, progress: &dyn Fn(&str)) -> io::Result<SoakReport> {
     let fh_listen = SocketAddr::from((addr::FH, traffic::FH_PORT));
     let fh_thread = {
         let (ns, shared) = (lab.ns(Host::Fh), shared.clone());
-        std::thread::spawn(move || {
-            crate::sys::in_netns(&ns, || traffic::run_fh(fh_listen, shared))
-        })
+        std::thread::spawn(move || crate::sys::in_netns(&ns, || traffic::run_fh(fh_listen, shared)))
     };
     while !shared.fh_ready.load(Ordering::Relaxed) {
         if fh_thread.is_finished() {
@@ -392,15 +399,38 @@ pub fn run(o: &SoakOpts, progress: &dyn Fn(&str)) -> io::Result<SoakReport> {
     ));
     let t_chaos0 = shared.clock.now();
     let mut errors: Vec<String> = Vec::new();
+    // msrd restarts happen on this thread (see chaos::faults).
+    type Answer = std::sync::mpsc::Sender<io::Result<Child>>;
+    let (restart_tx, restart_rx) = std::sync::mpsc::channel::<(usize, Answer)>();
+    let serve_restarts = || {
+        while let Ok((k, answer)) = restart_rx.try_recv() {
+            let _ = answer.send(lab.restart_msrd(k));
+        }
+    };
     std::thread::scope(|sc| {
         let labr = &lab;
         let sh = &*shared;
         let msrds_r = &msrds;
         let watcher = sc.spawn(move || watch_agents(labr, sh));
         let movers: Vec<_> = (1..=o.mhs)
+            .filter(|_| o.moves)
             .map(|j| sc.spawn(move || chaos::mover(labr, sh, j, o.seed)))
             .collect();
-        let faulter = sc.spawn(move || chaos::faults(labr, sh, msrds_r, o.seed));
+        let faulter = sc.spawn(move || {
+            let restart = |k: usize| -> io::Result<Child> {
+                let (tx, rx) = std::sync::mpsc::channel();
+                restart_tx
+                    .send((k, tx))
+                    .map_err(|_| io::Error::other("the soak's main thread is gone"))?;
+                rx.recv()
+                    .map_err(|_| io::Error::other("the soak's main thread is gone"))?
+            };
+            if o.faults {
+                chaos::faults(labr, sh, msrds_r, &restart, o.seed)
+            } else {
+                Ok(())
+            }
+        });
         let mh_threads: Vec<_> = (1..=o.mhs)
             .map(|j| {
                 let plan = traffic::MhPlan {
@@ -422,7 +452,8 @@ pub fn run(o: &SoakOpts, progress: &dyn Fn(&str)) -> io::Result<SoakReport> {
             .collect();
         let mut next_report = 30.0;
         while sh.clock.now() - t_chaos0 < o.seconds {
-            std::thread::sleep(Duration::from_millis(100));
+            std::thread::sleep(Duration::from_millis(20));
+            serve_restarts();
             let el = sh.clock.now() - t_chaos0;
             if el >= next_report {
                 next_report += 30.0;
@@ -437,7 +468,7 @@ pub fn run(o: &SoakOpts, progress: &dyn Fn(&str)) -> io::Result<SoakReport> {
                     sh.faults.lock().unwrap().len()
                 ));
             }
-            if faulter.is_finished() || movers.iter().any(|m| m.is_finished()) {
+            if (o.faults && faulter.is_finished()) || movers.iter().any(|m| m.is_finished()) {
                 break;
             }
         }
@@ -449,6 +480,10 @@ pub fn run(o: &SoakOpts, progress: &dyn Fn(&str)) -> io::Result<SoakReport> {
                 Err(_) => errors.push("a mover panicked".into()),
                 _ => {}
             }
+        }
+        while !faulter.is_finished() {
+            serve_restarts();
+            std::thread::sleep(Duration::from_millis(20));
         }
         match faulter.join() {
             Ok(Err(e)) => errors.push(format!("faults: {e}")),
@@ -523,6 +558,19 @@ pub fn run(o: &SoakOpts, progress: &dyn Fn(&str)) -> io::Result<SoakReport> {
         errors,
         lab_dir: lab.dir.display().to_string(),
     };
+    // Everything, for a post-mortem (kept with the lab's files under ITCP_LAB_KEEP=1).
+    let dump = serde_json::json!({
+        "mh_conns": input.mh_conns,
+        "fh_conns": input.fh_conns,
+        "crossings": input.crossings,
+        "faults": input.faults,
+        "agent": input.agent,
+        "rsts": input.rsts,
+    });
+    let _ = std::fs::write(
+        lab.dir.join("soak-records.json"),
+        serde_json::to_vec(&dump).unwrap_or_default(),
+    );
     // The soak's own msrd processes: end them (the lab ends the rest).
     for m in msrds.lock().unwrap().iter_mut() {
         if let Some(c) = &mut m.child {
@@ -546,6 +594,7 @@ mod tests {
         let l = "1010.250000 02:00:00:00:03:01 > 02:00:00:00:00:64, ethertype IPv4 (0x0800), length 54: 10.2.0.1.1080 > 10.2.0.100.40022: Flags [R.], seq 1, ack 2, win 0, length 0";
         let r = parse_rst_line(l, addr::mh(1), "mh1", &clock).unwrap();
         assert_eq!(r.src_mac, "02:00:00:00:03:01");
+        assert_eq!(r.flags, "R.");
         assert!((r.t - 10.25).abs() < 1e-9);
         assert_eq!(r.src, "10.2.0.1:1080".parse().unwrap());
         assert_eq!(r.dst, "10.2.0.100:40022".parse().unwrap());

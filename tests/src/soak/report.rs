@@ -144,6 +144,9 @@ pub struct Rsts {
     /// RST packets captured (tcpdump) and how many an injected fault explains.
     pub captured: usize,
     pub explained: usize,
+    /// RSTs after a clean close at both ends: the kernel answering a late duplicate
+    /// ACK (or FIN) for a connection whose socket is gone. No byte at stake.
+    pub after_clean_close: usize,
     pub unexplained: usize,
     /// Explanations → count.
     pub by_reason: BTreeMap<String, usize>,
@@ -178,6 +181,9 @@ pub struct SoakReport {
     pub msrs: usize,
     pub seconds: f64,
     pub chaos_s: f64,
+    /// Whether moves and faults were on (`--moves`, `--faults`).
+    pub moving: bool,
+    pub faulting: bool,
     pub moves: Moves,
     pub faults: BTreeMap<String, usize>,
     pub handoffs: Handoffs,
@@ -324,8 +330,7 @@ impl<'a> Ctx<'a> {
     fn last_move(&self, j: usize, t: f64) -> String {
         self.crossings
             .iter()
-            .filter(|c| c.mh == j && c.start <= t)
-            .last()
+            .rfind(|c| c.mh == j && c.start <= t)
             .map_or(String::new(), |c| {
                 format!(
                     "; its last move: cell {} → {} at {:.2}–{:.2} s",
@@ -369,7 +374,7 @@ fn rst_pattern(p: &Rst, conn: Option<&MhConn>) -> &'static str {
         (false, true, true, _) => "an FH segment reached the MH, which reset it",
         (false, true, false, _) => "the MH reset a segment from the gateway",
         (false, false, _, Some(c)) if c.fail.is_none() && p.t >= c.ended - 0.05 => {
-            "after its connection completed: the close crossed a handoff"
+            "after its connection had completed cleanly"
         }
         (false, false, _, Some(_)) => "the gateway reset a connection in use",
         (false, false, _, None) => "the gateway reset a connection of no record (being set up?)",
@@ -585,13 +590,24 @@ pub fn build(i: Input) -> SoakReport {
                         && c.local_port == Some(mh_side.port())
                         && near(c.started, c.ended, p.t)
                 })
-                .min_by(|a, b| {
-                    (a.started - p.t)
-                        .abs()
-                        .total_cmp(&(b.started - p.t).abs())
-                })
+                .min_by(|a, b| (a.started - p.t).abs().total_cmp(&(b.started - p.t).abs()))
                 .map(|c| (c, fh_by_id.get(&c.id).copied()))
         };
+        // A reply RST (no ACK flag: "segment of no socket") to a connection that had
+        // already completed cleanly at both ends: all bytes were delivered and
+        // acknowledged; the passive closer keeps no TIME_WAIT, so a late duplicate
+        // ACK or FIN is answered with RST — plain kernel TCP.
+        let clean_before = conn.is_some_and(|(c, fh)| {
+            c.fail.is_none()
+                && fh.is_some_and(|f| f.fail.is_none() && f.ended <= p.t + 0.01)
+                && c.ended <= p.t + 0.01
+                && p.t <= c.ended.max(fh.map_or(0.0, |f| f.ended)) + 5.0
+                && p.flags == "R"
+        });
+        if clean_before {
+            r.after_clean_close += 1;
+            continue;
+        }
         let why = match conn {
             Some((c, fh)) => ctx.exposure(c, fh, p.t - 30.0).map(|w| (w, Some(c.id))),
             None => ctx
@@ -781,7 +797,11 @@ pub fn build(i: Input) -> SoakReport {
             )
         })
         .collect();
-    for f in i.faults.iter().filter(|f| f.note.contains("restart failed")) {
+    for f in i
+        .faults
+        .iter()
+        .filter(|f| f.note.contains("restart failed"))
+    {
         problems.push(format!(
             "MSR{}: msrd did not start again after its SIGKILL at {:.1} s: {}",
             f.msr, f.start, f.note
@@ -815,6 +835,8 @@ pub fn build(i: Input) -> SoakReport {
         msrs: o.msrs,
         seconds: o.seconds,
         chaos_s: i.chaos_s,
+        moving: o.moves,
+        faulting: o.faults,
         moves,
         faults,
         handoffs: h,
@@ -838,8 +860,14 @@ impl SoakReport {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "Chaos soak: {} MHs, {} MSRs, seed {}, {:.0} s of chaos ({:.0} s asked)",
-            self.mhs, self.msrs, self.seed, self.chaos_s, self.seconds
+            "Chaos soak: {} MHs, {} MSRs, seed {}, {:.0} s of chaos ({:.0} s asked){}{}",
+            self.mhs,
+            self.msrs,
+            self.seed,
+            self.chaos_s,
+            self.seconds,
+            if self.moving { "" } else { "; moves OFF" },
+            if self.faulting { "" } else { "; faults OFF" }
         );
         let m = &self.moves;
         let _ = writeln!(
@@ -854,7 +882,10 @@ impl SoakReport {
             .collect();
         let _ = writeln!(s, "Faults injected: {}", f.join(", "));
         let h = &self.handoffs;
-        let _ = writeln!(s, "\nHandoffs (the MSRs' handoff logs)   as new MSR   as old MSR");
+        let _ = writeln!(
+            s,
+            "\nHandoffs (the MSRs' handoff logs)   as new MSR   as old MSR"
+        );
         for (name, a, b) in [
             ("done (moved)", h.new.moved, h.old.moved),
             ("rolled back", h.new.rolled_back, h.old.rolled_back),
@@ -929,12 +960,17 @@ impl SoakReport {
         let _ = writeln!(s, "\nRSTs           received  sent");
         let _ = writeln!(s, "  at the FH    {:>8}  {:>4}", r.fh_in, r.fh_out);
         let _ = writeln!(s, "  at the MHs   {:>8}  {:>4}", r.mh_in, r.mh_out);
-        let v: Vec<String> = r.by_reason.iter().map(|(k, n)| format!("{k} ×{n}")).collect();
+        let v: Vec<String> = r
+            .by_reason
+            .iter()
+            .map(|(k, n)| format!("{k} ×{n}"))
+            .collect();
         let _ = writeln!(
             s,
-            "  captured {}: explained {}, unexplained {}{}{}",
+            "  captured {}: explained by a fault {}, after a clean close at both ends {}, unexplained {}{}{}",
             r.captured,
             r.explained,
+            r.after_clean_close,
             r.unexplained,
             if v.is_empty() { "" } else { " — " },
             v.join("; ")
@@ -989,7 +1025,11 @@ impl SoakReport {
                 let _ = writeln!(s, "  {u}");
             }
         }
-        let _ = writeln!(s, "\nLab files (kept with ITCP_LAB_KEEP=1): {}", self.lab_dir);
+        let _ = writeln!(
+            s,
+            "\nLab files (kept with ITCP_LAB_KEEP=1): {}",
+            self.lab_dir
+        );
         if self.ok {
             let _ = writeln!(
                 s,

@@ -20,6 +20,9 @@ pub struct MsrState {
     pub rss_kib: u64,
     /// Live connections in msrd's session table (None: it did not answer).
     pub sessions: Option<usize>,
+    /// The same, in words (for the report when some are left).
+    #[serde(skip)]
+    pub session_list: Vec<String>,
     /// Elements of every set in msrd's nftables table (the flow holds).
     pub nft_elements: usize,
     /// Neighbour entries (not proxy).
@@ -88,12 +91,26 @@ pub fn snapshot(lab: &Lab, k: usize, pid: u32) -> io::Result<MsrState> {
         .find(|l| l.starts_with("VmRSS:"))
         .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
         .unwrap_or(0);
-    s.sessions = lab.msrd_sessions(k).ok().map(|v| v.len());
-    let out = lab.run(
-        Host::Msr(k),
-        "nft",
-        &["list", "table", "inet", "itcp_msrd"],
-    )?;
+    if let Ok(v) = lab.msrd_sessions(k) {
+        s.sessions = Some(v.len());
+        s.session_list = v
+            .iter()
+            .map(|x| {
+                format!(
+                    "{} {} ⇄ {} {} age {:.0} s, {} B up, {} B down{}",
+                    x.id,
+                    x.mh,
+                    x.fh,
+                    x.state(),
+                    x.age_s,
+                    x.bytes_up,
+                    x.bytes_down,
+                    if x.moved_in { ", moved in" } else { "" }
+                )
+            })
+            .collect();
+    }
+    let out = lab.run(Host::Msr(k), "nft", &["list", "table", "inet", "itcp_msrd"])?;
     s.nft_elements = count_nft_elements(&String::from_utf8_lossy(&out.stdout));
     s.neigh_list = lines(lab, k, &["ip", "-4", "neigh", "show"])?;
     s.neigh = s.neigh_list.len();
@@ -150,7 +167,10 @@ pub fn growth(start: &MsrState, end: &MsrState, mhs: usize, msrs: usize) -> Vec<
     }
     match end.sessions {
         Some(0) => {}
-        Some(n) => g.push(format!("{n} sessions left after every connection ended")),
+        Some(n) => g.push(format!(
+            "{n} sessions left after every connection ended: {}",
+            end.session_list.join(" | ")
+        )),
         None => g.push("msrd did not answer its control socket".into()),
     }
     if end.nft_elements > start.nft_elements {

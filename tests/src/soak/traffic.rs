@@ -177,10 +177,7 @@ pub struct FhConn {
     pub fail: Option<Fail>,
 }
 
-async fn step<T>(
-    op: &str,
-    f: impl std::future::Future<Output = io::Result<T>>,
-) -> Result<T, Fail> {
+async fn step<T>(op: &str, f: impl std::future::Future<Output = io::Result<T>>) -> Result<T, Fail> {
     match tokio::time::timeout(STALL, f).await {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(Fail::io(op, e)),
