@@ -255,6 +255,9 @@ fn drop_rules(what: &str) -> String {
     )
 }
 
+/// How long a restart after SIGKILL is retried (once a second) before the soak gives up.
+const RESTART_PATIENCE_S: f64 = 120.0;
+
 /// Starts msrd on MSR k again (see [`faults`]).
 pub type Restart<'a> = &'a dyn Fn(usize) -> io::Result<Child>;
 
@@ -325,9 +328,21 @@ fn kill_and_restart(
                         held.join(" | ")
                     );
                 }
-                if shared.clock.now() - first_try > 60.0 {
+                if shared.clock.now() - first_try > RESTART_PATIENCE_S {
+                    note += &format!(
+                        "; msrd did not start again in {RESTART_PATIENCE_S} s ({failures} attempts)"
+                    );
+                    shared.faults.lock().unwrap().push(Fault {
+                        kind,
+                        msr: k,
+                        start,
+                        end: shared.clock.now(),
+                        mh,
+                        held,
+                        note: note.clone(),
+                    });
                     return Err(io::Error::other(format!(
-                        "msrd on MSR{k} did not start again within 60 s of its SIGKILL ({failures} attempts): {note}"
+                        "msrd on MSR{k} did not start again within {RESTART_PATIENCE_S} s of its SIGKILL: {note}"
                     )));
                 }
                 sleep_s(1.0);

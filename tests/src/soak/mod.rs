@@ -147,6 +147,9 @@ impl Shared {
     }
 }
 
+/// `[handoff] linger_s` in the soak.
+const LINGER_S: u64 = 20;
+
 /// msrd's configuration in the soak: beacons every 200 ms so that many moves fit.
 const MSRD_EXTRA: &str = "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n";
 const AGENT: &[&str] = &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"];
@@ -345,6 +348,10 @@ pub fn run(o: &SoakOpts, progress: &dyn Fn(&str)) -> io::Result<SoakReport> {
     )?;
     // Debug logs of a long soak would fill the disk; handoffs and errors are at info.
     lab.msrd_log_level = "info".into();
+    // Connections an MH abandoned where it cannot be reached (a crash, a failed
+    // handoff) end after the linger; a short one lets them end before the final check,
+    // so what is left then is a leak. The soak's outages on live MSRs are far shorter.
+    lab.handoff_extra = format!("linger_s = {LINGER_S}");
     progress(&format!(
         "lab {}: {} MSRs, {} MHs; starting msrd and the agents",
         lab.id, o.msrs, o.mhs
@@ -509,20 +516,22 @@ pub fn run(o: &SoakOpts, progress: &dyn Fn(&str)) -> io::Result<SoakReport> {
     }
     let t_end = shared.clock.now();
     // Let the old MSRs' post-handoff holds lapse (hold_after_ms, 3 s), then compare;
-    // state that is still settling gets a few more seconds.
+    // state that is still settling (connections an MH abandoned end after the linger)
+    // gets up to the linger and 10 s more.
     progress("transfers over; letting msrd's state settle");
     std::thread::sleep(Duration::from_secs(4));
-    let mut end_state = Vec::new();
-    for attempt in 0..4 {
+    let settle_until = Instant::now() + Duration::from_secs(LINGER_S + 10);
+    let mut end_state;
+    loop {
         end_state = (1..=o.msrs)
             .map(|k| state::snapshot(&lab, k, msrds.lock().unwrap()[k - 1].pid))
             .collect::<io::Result<Vec<_>>>()?;
         let grew = (0..o.msrs)
             .any(|i| !state::growth(&start_state[i], &end_state[i], o.mhs, o.msrs).is_empty());
-        if !grew || attempt == 3 {
+        if !grew || Instant::now() >= settle_until {
             break;
         }
-        std::thread::sleep(Duration::from_secs(3));
+        std::thread::sleep(Duration::from_secs(2));
     }
     let mut rsts = Vec::new();
     let mut capture_notes = Vec::new();
