@@ -5,6 +5,10 @@
 //!                                            └─veth─ lan0 MSR2 cell0 ═╬═(airlink: air)═ air0 MH
 //! ```
 //!
+//! A lab may have several MHs ([`Lab::with_mhs`]): namespaces `mh`, `mh2`, `mh3`, …,
+//! each with its own address ([`addr::mh`]), MAC, session token and mobility agent, all
+//! in the same air (each with links of its own in every cell; see [`crate::emu`]).
+//!
 //! Every namespace name starts with `itcp-<pid>-<seq>-`, so concurrent labs never clash
 //! and a later run can tell a dead run's leftovers from a live one's. A [`Lab`] removes
 //! everything it made when dropped (also while a test panics), on SIGINT/SIGTERM/SIGHUP
@@ -992,9 +996,9 @@ impl Lab {
     /// Sets up I-TCP mobility: the GW routes the MH prefix on-link (the MSR serving an MH
     /// answers ARP for it), msrd with `[handoff]` runs on every MSR (`msrd_extra`
     /// appended to each config, `{MSR_LAN}` in it replaced by that MSR's LAN address),
-    /// and the MH's mobility agent runs with `agent_args` (e.g. `--policy lazy`). Waits
-    /// until the agent has attached to an MSR. Returns the spawn indices of the msrds
-    /// (MSR order) and of the agent.
+    /// and every MH's mobility agent runs with `agent_args` (e.g. `--policy lazy`).
+    /// Waits until every agent has attached to an MSR. Returns the spawn indices of the
+    /// msrds (MSR order) and of MH 1's agent.
     pub fn start_itcp_mobility(
         &mut self,
         msrd_extra: &str,

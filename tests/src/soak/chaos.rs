@@ -21,7 +21,7 @@
 use std::io;
 use std::net::SocketAddr;
 use std::process::Child;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -121,18 +121,18 @@ pub struct Msrd {
     pub restarts: usize,
 }
 
-/// Sleeps `s` seconds in small steps; true if the chaos was stopped meanwhile.
-fn nap(shared: &Shared, s: f64) -> bool {
+/// Sleeps `s` seconds in small steps; true if `stop` was set meanwhile.
+fn nap(shared: &Shared, stop: &AtomicBool, s: f64) -> bool {
     let until = shared.clock.now() + s;
     while shared.clock.now() < until {
-        if shared.stop_chaos.load(Ordering::Relaxed) {
+        if stop.load(Ordering::Relaxed) {
             return true;
         }
         std::thread::sleep(Duration::from_millis(20).min(Duration::from_secs_f64(
             (until - shared.clock.now()).max(0.001),
         )));
     }
-    shared.stop_chaos.load(Ordering::Relaxed)
+    stop.load(Ordering::Relaxed)
 }
 
 fn sleep_s(s: f64) {
@@ -155,7 +155,7 @@ pub fn mover(lab: &Lab, shared: &Shared, j: usize, seed: u64) -> io::Result<()> 
             uniform(&mut rng, 1.5, 7.0)
         };
         first = false;
-        if nap(shared, dwell) {
+        if nap(shared, &shared.stop_chaos, dwell) {
             break;
         }
         let to = loop {
@@ -205,7 +205,7 @@ fn next_crossing(shared: &Shared) -> Option<Crossing> {
     let n = shared.crossings.lock().unwrap().len();
     let deadline = shared.clock.now() + 15.0;
     while shared.clock.now() < deadline {
-        if shared.stop_chaos.load(Ordering::Relaxed) {
+        if shared.stop_faults.load(Ordering::Relaxed) {
             return None;
         }
         if let Some(c) = shared.crossings.lock().unwrap().get(n) {
@@ -378,11 +378,11 @@ pub fn faults(
 ) -> io::Result<()> {
     let mut rng = SplitMix64::new(derive_seed(seed, "faults"));
     let n = lab.msrs();
-    if nap(shared, 3.0) {
+    if nap(shared, &shared.stop_faults, 3.0) {
         return Ok(());
     }
     loop {
-        if nap(shared, uniform(&mut rng, 3.0, 9.0)) {
+        if nap(shared, &shared.stop_faults, uniform(&mut rng, 3.0, 9.0)) {
             return Ok(());
         }
         let r = rng.next_f64();

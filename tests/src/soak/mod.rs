@@ -112,7 +112,9 @@ pub struct AgentEvent {
 /// What every thread of the soak shares.
 pub struct Shared {
     pub clock: Clock,
-    /// Stop moving and injecting faults.
+    /// Stop injecting faults (first: every msrd is back when the fault thread ends).
+    pub stop_faults: AtomicBool,
+    /// Then stop moving.
     pub stop_chaos: AtomicBool,
     /// Start no new connection (the ones open finish).
     pub stop_new: AtomicBool,
@@ -132,6 +134,7 @@ impl Shared {
     fn new() -> Shared {
         Shared {
             clock: Clock::new(),
+            stop_faults: AtomicBool::new(false),
             stop_chaos: AtomicBool::new(false),
             stop_new: AtomicBool::new(false),
             stop_fh: AtomicBool::new(false),
@@ -479,15 +482,10 @@ pub fn run(o: &SoakOpts, progress: &dyn Fn(&str)) -> io::Result<SoakReport> {
                 break;
             }
         }
-        progress("chaos over: stopping moves and faults, letting the transfers finish");
-        sh.stop_chaos.store(true, Ordering::Relaxed);
-        for m in movers {
-            match m.join() {
-                Ok(Err(e)) => errors.push(format!("mover: {e}")),
-                Err(_) => errors.push("a mover panicked".into()),
-                _ => {}
-            }
-        }
+        // Faults end first (a crashed msrd is started again), moves after: no MH is
+        // left in the cell of a dead msrd while the transfers finish.
+        progress("chaos over: stopping faults, then moves; letting the transfers finish");
+        sh.stop_faults.store(true, Ordering::Relaxed);
         while !faulter.is_finished() {
             serve_restarts();
             std::thread::sleep(Duration::from_millis(20));
@@ -496,6 +494,14 @@ pub fn run(o: &SoakOpts, progress: &dyn Fn(&str)) -> io::Result<SoakReport> {
             Ok(Err(e)) => errors.push(format!("faults: {e}")),
             Err(_) => errors.push("the fault injector panicked".into()),
             _ => {}
+        }
+        sh.stop_chaos.store(true, Ordering::Relaxed);
+        for m in movers {
+            match m.join() {
+                Ok(Err(e)) => errors.push(format!("mover: {e}")),
+                Err(_) => errors.push("a mover panicked".into()),
+                _ => {}
+            }
         }
         sh.stop_new.store(true, Ordering::Relaxed);
         for t in mh_threads {

@@ -23,6 +23,14 @@
 //! handshake cut short) is explained when it came between a kill of the MSR its MH was
 //! with and 20 s after that msrd was back.
 //!
+//! One more class is not counted against msrd: an RST that answers a segment of no
+//! socket (tcpdump flags `[R]`, no ACK) for a connection that had already completed
+//! cleanly at both ends (every byte verified, both closes done) within the 5 s before.
+//! The MSR is the passive closer there and keeps no TIME_WAIT, so a late duplicate ACK
+//! (its FIN retransmitted by a tail-loss probe while the MH's ACK queued behind the
+//! MH's own uploads) meets no socket: plain kernel TCP, no byte at stake. These are
+//! counted apart (`after_clean_close`).
+//!
 //! Connects that fail put no byte at risk: they are listed with their reasons (and
 //! whether a fault or a move was under way) but do not fail the soak.
 
