@@ -5,6 +5,10 @@
 //!                                            └─veth─ lan0 MSR2 cell0 ═╬═(airlink: air)═ air0 MH
 //! ```
 //!
+//! A lab may have several MHs ([`Lab::with_mhs`]): namespaces `mh`, `mh2`, `mh3`, …,
+//! each with its own address ([`addr::mh`]), MAC, session token and mobility agent, all
+//! in the same air (each with links of its own in every cell; see [`crate::emu`]).
+//!
 //! Every namespace name starts with `itcp-<pid>-<seq>-`, so concurrent labs never clash
 //! and a later run can tell a dead run's leftovers from a live one's. A [`Lab`] removes
 //! everything it made when dropped (also while a test panics), on SIGINT/SIGTERM/SIGHUP
@@ -45,8 +49,16 @@ pub mod addr {
     pub const GW_LAN: Ipv4Addr = Ipv4Addr::new(10, 1, 0, 1);
     /// The gateway address every MSR owns on its cell interface.
     pub const CELL_GW: Ipv4Addr = Ipv4Addr::new(10, 2, 0, 1);
-    /// The mobile host's one address.
+    /// The mobile host's one address (MH 1's, in a lab of several MHs).
     pub const MH: Ipv4Addr = Ipv4Addr::new(10, 2, 0, 100);
+    /// MH j's address (1-based): 10.2.0.(99+j), so MH 1 is [`MH`].
+    pub fn mh(j: usize) -> Ipv4Addr {
+        Ipv4Addr::new(10, 2, 0, 99 + j as u8)
+    }
+    /// MH j's MAC address (1-based): MH 1's is [`MH_MAC`].
+    pub fn mh_mac(j: usize) -> String {
+        format!("02:00:00:00:00:{:02x}", 99 + j)
+    }
     /// MSR k's fixed-LAN address (k is 1-based).
     pub fn msr_lan(k: usize) -> Ipv4Addr {
         Ipv4Addr::new(10, 1, 0, 10 + k as u8)
@@ -65,16 +77,38 @@ pub enum Host {
     Gw,
     /// MSR k, 1-based.
     Msr(usize),
+    /// The MH (MH 1 in a lab of several MHs).
     Mh,
+    /// MH j of a lab with several MHs (1-based, j ≥ 2; [`Host::mh`] picks the variant).
+    MhN(usize),
 }
 
 impl Host {
+    /// MH j (1-based): [`Host::Mh`] for 1, [`Host::MhN`] for the others.
+    pub fn mh(j: usize) -> Host {
+        if j <= 1 {
+            Host::Mh
+        } else {
+            Host::MhN(j)
+        }
+    }
+
     fn suffix(self) -> String {
         match self {
             Host::Fh => "fh".into(),
             Host::Gw => "gw".into(),
             Host::Msr(k) => format!("msr{k}"),
-            Host::Mh => "mh".into(),
+            Host::Mh | Host::MhN(1) => "mh".into(),
+            Host::MhN(j) => format!("mh{j}"),
+        }
+    }
+
+    /// Which MH this is (1-based), if it is one.
+    pub fn mh_index(self) -> Option<usize> {
+        match self {
+            Host::Mh => Some(1),
+            Host::MhN(j) => Some(j.max(1)),
+            _ => None,
         }
     }
 }
@@ -270,9 +304,14 @@ pub fn sweep(all: bool) -> Vec<String> {
 /// gateway address at MSR `k` (namespaces given by name, so agents on other threads can
 /// call it).
 pub fn reroute(gw_ns: &str, mh_ns: &str, k: usize) -> io::Result<()> {
+    reroute_mh(gw_ns, mh_ns, addr::MH, k)
+}
+
+/// [`reroute`] for the MH with address `mh`.
+pub fn reroute_mh(gw_ns: &str, mh_ns: &str, mh: std::net::Ipv4Addr, k: usize) -> io::Result<()> {
     run_ip(
         Some(gw_ns),
-        &format!("route replace {}/32 via {}\n", addr::MH, addr::msr_lan(k)),
+        &format!("route replace {mh}/32 via {}\n", addr::msr_lan(k)),
     )?;
     run_ip(
         Some(mh_ns),
@@ -324,6 +363,8 @@ pub struct Lab {
     pub beacon_offsets: bool,
     /// The msrd binary [`Lab::start_msrd`] runs (default: [`bin_path`]`("msrd")`).
     pub msrd_bin: Option<PathBuf>,
+    /// Number of MHs (1 unless built with [`Lab::with_mhs`]).
+    mhs: usize,
 }
 
 /// Where to find the testbed's binaries: `ITCP_BIN_DIR`, else next to the running
@@ -381,6 +422,19 @@ fn sysctl(ns: &str, settings: &[(&str, &str)]) -> io::Result<()> {
 impl Lab {
     /// Builds the lab. Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN for namespaces).
     pub fn new(config: LabConfig) -> io::Result<Lab> {
+        Lab::with_mhs(config, 1)
+    }
+
+    /// Builds a lab with `mhs` mobile hosts (1..=100) sharing the cells: MH j is host
+    /// [`Host::mh`]`(j)`, address [`addr::mh`]`(j)`, MAC [`addr::mh_mac`]`(j)`, with links
+    /// of its own in every cell (see [`crate::emu`]). All start in `initial_cells`.
+    pub fn with_mhs(config: LabConfig, mhs: usize) -> io::Result<Lab> {
+        if !(1..=100).contains(&mhs) || (config.veth && mhs != 1) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("mhs must be 1..=100 (1 in a veth lab), got {mhs}"),
+            ));
+        }
         if config.veth && config.msrs != 1 {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
@@ -410,7 +464,7 @@ impl Lab {
         std::fs::create_dir_all(&dir)?;
         let mut hosts = vec![Host::Fh, Host::Gw];
         hosts.extend((1..=config.msrs).map(Host::Msr));
-        hosts.push(Host::Mh);
+        hosts.extend((1..=mhs).map(Host::mh));
         let namespaces: Vec<String> = hosts
             .iter()
             .map(|h| format!("{id}-{}", h.suffix()))
@@ -434,6 +488,7 @@ impl Lab {
             handoff_extra: String::new(),
             beacon_offsets: false,
             msrd_bin: None,
+            mhs,
         };
         lab.build(&namespaces)?;
         Ok(lab)
@@ -446,6 +501,11 @@ impl Lab {
 
     pub fn msrs(&self) -> usize {
         self.config.msrs
+    }
+
+    /// Number of MHs.
+    pub fn mhs(&self) -> usize {
+        self.mhs
     }
 
     fn build(&mut self, namespaces: &[String]) -> io::Result<()> {
@@ -532,16 +592,25 @@ impl Lab {
             )?;
             sysctl(&msr, &[("net.ipv4.ip_forward", "1")])?;
         }
-        run_ip(
-            Some(&self.ns(Host::Mh)),
-            &format!(
-                "addr add {}/24 dev air0\nlink set air0 up\nroute add default via {}\n",
-                addr::MH,
-                addr::CELL_GW
-            ),
-        )?;
+        for j in 1..=self.mhs {
+            run_ip(
+                Some(&self.ns(Host::mh(j))),
+                &format!(
+                    "addr add {}/24 dev air0\nlink set air0 up\nroute add default via {}\n",
+                    addr::mh(j),
+                    addr::CELL_GW
+                ),
+            )?;
+        }
         let first = self.config.initial_cells.first().copied().unwrap_or(1);
-        self.route_mh_via(first)?;
+        for j in 1..=self.mhs {
+            reroute_mh(
+                &self.ns(Host::Gw),
+                &self.ns(Host::mh(j)),
+                addr::mh(j),
+                first,
+            )?;
+        }
         Ok(())
     }
 
@@ -559,6 +628,7 @@ impl Lab {
             port(Host::Gw, "wan0", Some("02:00:00:00:f0:02".into())),
             port(Host::Mh, "air0", Some(addr::MH_MAC.into())),
         ];
+        ports.extend((2..=self.mhs).map(|j| port(Host::mh(j), "air0", Some(addr::mh_mac(j)))));
         ports.extend((1..=n).map(|k| port(Host::Msr(k), "cell0", Some(addr::msr_cell_mac(k)))));
         let topo = Topology {
             seed: c.seed,
@@ -572,6 +642,7 @@ impl Lab {
             }],
             air: Some(AirSpec {
                 mh: "mh.air0".into(),
+                mhs: (2..=self.mhs).map(|j| format!("mh{j}.air0")).collect(),
                 cells: (1..=n)
                     .map(|k| CellSpec {
                         port: format!("msr{k}.cell0"),
@@ -649,8 +720,23 @@ impl Lab {
     pub fn assoc(&self, cells: &[usize]) -> io::Result<()> {
         self.emu(Request::Assoc {
             cells: cells.to_vec(),
+            mh: None,
         })
         .map(|_| ())
+    }
+
+    /// Puts MH `j` (1-based) in exactly these cells.
+    pub fn assoc_mh(&self, j: usize, cells: &[usize]) -> io::Result<()> {
+        self.emu(Request::Assoc {
+            cells: cells.to_vec(),
+            mh: Some(j),
+        })
+        .map(|_| ())
+    }
+
+    /// Drops everything the emulator has queued in cell `k` (every MH, both ways).
+    pub fn flush_cell(&self, k: usize) -> io::Result<()> {
+        self.emu(Request::Flush { cell: k }).map(|_| ())
     }
 
     /// Every link's counters.
@@ -693,12 +779,25 @@ impl Lab {
         &self.control
     }
 
+    /// MH `j`'s session token file (1-based; MH 1's is `<lab dir>/mh-token`).
+    pub fn mh_token_file(&self, j: usize) -> PathBuf {
+        if j <= 1 {
+            self.dir.join("mh-token")
+        } else {
+            self.dir.join(format!("mh{j}-token"))
+        }
+    }
+
     /// A command that runs `program` inside host `h`'s namespace and dies with us.
     pub fn command(&self, h: Host, program: impl AsRef<std::ffi::OsStr>) -> io::Result<Command> {
         let ns = File::open(format!("/run/netns/{}", self.ns(h)))?;
         let mut cmd = Command::new(program);
-        // One MH token per lab: apps and the mobility agent share it, labs do not.
-        cmd.env("ITCP_TOKEN_FILE", self.dir.join("mh-token"));
+        // One token per MH: its apps and its mobility agent share it, MHs and labs do
+        // not.
+        cmd.env(
+            "ITCP_TOKEN_FILE",
+            self.mh_token_file(h.mh_index().unwrap_or(1)),
+        );
         // SAFETY: between fork and exec we only call setns and prctl, which are
         // async-signal-safe; `ns` stays open because the closure owns it.
         unsafe {
@@ -760,26 +859,50 @@ impl Lab {
     /// `<lab dir>/msr<k>.toml`) and waits until its control socket answers.
     /// The config's control socket must be [`Lab::msrd_control`]`(k)`.
     pub fn start_msrd(&mut self, k: usize, config: &str) -> io::Result<usize> {
-        let cfg = self.dir.join(format!("msr{k}.toml"));
-        std::fs::write(&cfg, config)?;
-        let cfg = cfg.display().to_string();
-        let f = File::create(self.dir.join(format!("msrd{k}.log")))?;
+        std::fs::write(self.dir.join(format!("msr{k}.toml")), config)?;
+        File::create(self.dir.join(format!("msrd{k}.log")))?;
+        let mut child = self.launch_msrd(k)?;
+        let r = self.wait_msrd_up(k, &mut child);
+        self.children.push(child);
+        r.map(|()| self.children.len() - 1)
+    }
+
+    /// Starts msrd on MSR `k` again with the config [`Lab::start_msrd`] wrote (after a
+    /// crash, say), its output appended to the same log, and waits until its control
+    /// socket answers. The caller owns the process: kill and wait for it (it also dies
+    /// with the lab's namespaces and with this process).
+    pub fn restart_msrd(&self, k: usize) -> io::Result<Child> {
+        let mut child = self.launch_msrd(k)?;
+        if let Err(e) = self.wait_msrd_up(k, &mut child) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(e);
+        }
+        Ok(child)
+    }
+
+    fn launch_msrd(&self, k: usize) -> io::Result<Child> {
+        let cfg = self.dir.join(format!("msr{k}.toml")).display().to_string();
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("msrd{k}.log")))?;
         let bin = self.msrd_bin.clone().unwrap_or_else(|| bin_path("msrd"));
         let mut cmd = self.command(Host::Msr(k), bin)?;
         for (_, n, v) in self.msrd_env.iter().filter(|(j, ..)| *j == k) {
             cmd.env(n, v);
         }
-        let child = cmd
-            .args(["--config", &cfg])
+        cmd.args(["--config", &cfg])
             .stdout(f.try_clone()?)
             .stderr(f)
-            .spawn()?;
-        self.children.push(child);
-        let idx = self.children.len() - 1;
+            .spawn()
+    }
+
+    fn wait_msrd_up(&self, k: usize, child: &mut Child) -> io::Result<()> {
         let sock = self.msrd_control(k);
         let deadline = Instant::now() + Duration::from_secs(10);
         while UnixStream::connect(&sock).is_err() {
-            if let Some(st) = self.children[idx].try_wait()? {
+            if let Some(st) = child.try_wait()? {
                 let log = std::fs::read_to_string(self.dir.join(format!("msrd{k}.log")))
                     .unwrap_or_default();
                 return Err(io::Error::other(format!(
@@ -793,7 +916,7 @@ impl Lab {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(idx)
+        Ok(())
     }
 
     /// The `[handoff]` section of MSR `k` in a lab with I-TCP mobility: the MSR⇄MSR
@@ -897,9 +1020,9 @@ impl Lab {
     /// Sets up I-TCP mobility: the GW routes the MH prefix on-link (the MSR serving an MH
     /// answers ARP for it), msrd with `[handoff]` runs on every MSR (`msrd_extra`
     /// appended to each config, `{MSR_LAN}` in it replaced by that MSR's LAN address),
-    /// and the MH's mobility agent runs with `agent_args` (e.g. `--policy lazy`). Waits
-    /// until the agent has attached to an MSR. Returns the spawn indices of the msrds
-    /// (MSR order) and of the agent.
+    /// and every MH's mobility agent runs with `agent_args` (e.g. `--policy lazy`).
+    /// Waits until every agent has attached to an MSR. Returns the spawn indices of the
+    /// msrds (MSR order) and of MH 1's agent.
     pub fn start_itcp_mobility(
         &mut self,
         msrd_extra: &str,
@@ -919,13 +1042,12 @@ impl Lab {
             .iter()
             .map(|(k, n, v)| (*k, n.to_string(), v.to_string()))
             .collect();
-        run_ip(
-            Some(&self.ns(Host::Gw)),
-            &format!(
-                "route del {}/32\nroute replace 10.2.0.0/24 dev br0\n",
-                addr::MH
-            ),
-        )?;
+        let mut gw = String::new();
+        for j in 1..=self.mhs {
+            gw += &format!("route del {}/32\n", addr::mh(j));
+        }
+        gw += "route replace 10.2.0.0/24 dev br0\n";
+        run_ip(Some(&self.ns(Host::Gw)), &gw)?;
         let mut msrds = Vec::new();
         for k in 1..=self.config.msrs {
             // "{MSR_LAN}" in msrd_extra is MSR k's fixed-LAN address.
@@ -934,42 +1056,72 @@ impl Lab {
             let cfg = self.msrd_config(k, &extra);
             msrds.push(self.start_msrd(k, &cfg)?);
         }
-        let events = File::create(self.agent_events_path())?;
-        let log = File::create(self.dir.join("agent.log"))?;
-        let mh = addr::MH.to_string();
-        let gw = addr::CELL_GW.to_string();
-        let mut args = vec!["--interface", "air0", "--mh", &mh, "--gateway", &gw];
-        args.extend_from_slice(agent_args);
-        let child = self
-            .command(Host::Mh, bin_path("itcp-mh-agent"))?
-            .args(&args)
-            .stdout(events)
-            .stderr(log)
-            .spawn()
-            .map_err(|e| io::Error::new(e.kind(), format!("cannot start itcp-mh-agent: {e}")))?;
-        self.children.push(child);
-        let agent = self.children.len() - 1;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !self.agent_events().iter().any(|e| e["event"] == "attached") {
-            if Instant::now() > deadline {
-                let log = std::fs::read_to_string(self.dir.join("agent.log")).unwrap_or_default();
-                return Err(io::Error::other(format!(
-                    "the MH agent did not attach in 10 s: events {:?}, log {log}",
-                    self.agent_events()
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        let mut agents = Vec::new();
+        for j in 1..=self.mhs {
+            let events = File::create(self.agent_events_path(j))?;
+            let log = File::create(self.agent_log_path(j))?;
+            let mh = addr::mh(j).to_string();
+            let gw = addr::CELL_GW.to_string();
+            let mut args = vec!["--interface", "air0", "--mh", &mh, "--gateway", &gw];
+            args.extend_from_slice(agent_args);
+            let child = self
+                .command(Host::mh(j), bin_path("itcp-mh-agent"))?
+                .args(&args)
+                .stdout(events)
+                .stderr(log)
+                .spawn()
+                .map_err(|e| {
+                    io::Error::new(e.kind(), format!("cannot start itcp-mh-agent: {e}"))
+                })?;
+            self.children.push(child);
+            agents.push(self.children.len() - 1);
         }
-        Ok((msrds, agent))
+        let deadline = Instant::now() + Duration::from_secs(10);
+        for j in 1..=self.mhs {
+            while !self
+                .agent_events_of(j)
+                .iter()
+                .any(|e| e["event"] == "attached")
+            {
+                if Instant::now() > deadline {
+                    let log = std::fs::read_to_string(self.agent_log_path(j)).unwrap_or_default();
+                    return Err(io::Error::other(format!(
+                        "the agent of MH {j} did not attach in 10 s: events {:?}, log {log}",
+                        self.agent_events_of(j)
+                    )));
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        Ok((msrds, agents[0]))
     }
 
-    fn agent_events_path(&self) -> PathBuf {
-        self.dir.join("agent.events")
+    /// Where MH `j`'s agent writes its events (`agent.events` for MH 1,
+    /// `agent<j>.events` for the others).
+    pub fn agent_events_path(&self, j: usize) -> PathBuf {
+        if j <= 1 {
+            self.dir.join("agent.events")
+        } else {
+            self.dir.join(format!("agent{j}.events"))
+        }
+    }
+
+    fn agent_log_path(&self, j: usize) -> PathBuf {
+        if j <= 1 {
+            self.dir.join("agent.log")
+        } else {
+            self.dir.join(format!("agent{j}.log"))
+        }
     }
 
     /// The MH agent's events so far (JSON objects).
     pub fn agent_events(&self) -> Vec<Value> {
-        std::fs::read_to_string(self.agent_events_path())
+        self.agent_events_of(1)
+    }
+
+    /// MH `j`'s agent's events so far (JSON objects).
+    pub fn agent_events_of(&self, j: usize) -> Vec<Value> {
+        std::fs::read_to_string(self.agent_events_path(j))
             .unwrap_or_default()
             .lines()
             .filter_map(|l| serde_json::from_str(l).ok())

@@ -13,6 +13,8 @@
 //!   regular-TCP (Mobile-IP-like rerouting) mode.
 //! * [`handoff_bench`] measures handoff latency and the gap at the MH; [`paper`] runs
 //!   the paper's experiments and writes `docs/results.md` (plots via [`svg`]).
+//! * [`soak`] is the chaos soak: several MHs, random moves and injected faults, every
+//!   byte verified, RSTs attributed, msrd's state compared at start and end.
 pub mod baseline;
 pub mod bench;
 pub mod emu;
@@ -22,6 +24,7 @@ pub mod paper;
 pub mod report;
 pub mod rng;
 pub mod scenario;
+pub mod soak;
 pub mod stream;
 pub mod svg;
 pub mod sys;

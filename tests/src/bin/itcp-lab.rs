@@ -4,6 +4,7 @@
 //! itcp-lab demo [--seed S]                  the README's main job
 //! itcp-lab bench baseline [options]         the paper's regular-TCP columns, as a table
 //! itcp-lab bench {nomoves,relay,paper,handoff,conns,churn} [options]
+//! itcp-lab bench soak --minutes M [--seed S] [--mhs N] [--msrs 3]   chaos soak
 //! itcp-lab up [--msrs N]                    build a lab and keep it until Ctrl-C
 //! itcp-lab echo --listen ADDR:PORT          tokio echo server for load benchmarks
 //! itcp-lab ctl --control SOCKET JSON        one request to a running airlink
@@ -185,6 +186,32 @@ run's lab is removed by 'itcp-lab cleanup'.",
             ],
         },
         Command {
+            name: "bench soak",
+            synopsis: "--minutes M | --seconds S [--seed S] [--mhs N] [--msrs N]
+[--max-bulk BYTES] [--moves yes|no] [--faults yes|no] [--json FILE]",
+            about: "Chaos soak: several MHs with many I-TCP connections each (bulk both ways, \
+                    interactive, short-lived), random moves among the MSRs, and faults at \
+                    random phases of handoffs (msrd SIGKILLed and restarted, MSR channel cut, \
+                    greetings lost, a cell flushed). Every byte is verified; prints a report \
+                    (tables, then one JSON line) and fails on lost or corrupted bytes, RSTs no \
+                    fault explains, or growth of msrd's fds, memory or router state.",
+            flags: &[
+                Flag::value("minutes", "M", "How long the chaos lasts, in minutes (default 1)."),
+                Flag::value("seconds", "S", "The same in seconds (for short runs)."),
+                Flag::value("seed", "S", "Seed of the moves, faults and traffic (default 1)."),
+                Flag::value("mhs", "N", "Mobile hosts, 1-100 (default 8)."),
+                Flag::value("msrs", "N", "MSRs (cells), 2-20 (default 3)."),
+                Flag::value(
+                    "max-bulk",
+                    "BYTES",
+                    "Largest bulk transfer, at least 65536 (default 4194304).",
+                ),
+                Flag::value("moves", "yes|no", "Move the MHs (default yes; no: to bisect a finding)."),
+                Flag::value("faults", "yes|no", "Inject faults (default yes; no: to bisect a finding)."),
+                JSON_OUT,
+            ],
+        },
+        Command {
             name: "up",
             synopsis: "[--msrs N] [--seed S]",
             about: "Builds a lab (no emulated impairments) and keeps it until Ctrl-C.",
@@ -246,6 +273,7 @@ enum Job {
     Handoff(Vec<usize>, usize, bool),
     Conns(usize, usize),
     Churn(usize, usize),
+    Soak(itcp_testbed::soak::SoakOpts, Option<String>),
     Up(Box<LabConfig>),
     Echo(std::net::SocketAddr),
     Ctl(String, String),
@@ -439,6 +467,27 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
             }
             Job::Churn(total, conc)
         }
+        "bench soak" => {
+            let mut o = itcp_testbed::soak::SoakOpts::default();
+            let mut json_out = None;
+            while let Some(arg) = a.next()? {
+                match arg {
+                    Arg::Flag("minutes") => o.seconds = a.positive_f64("minutes")? * 60.0,
+                    Arg::Flag("seconds") => o.seconds = a.positive_f64("seconds")?,
+                    Arg::Flag("seed") => o.seed = a.int("seed")?,
+                    Arg::Flag("mhs") => o.mhs = a.int_in("mhs", 1, 100)?,
+                    Arg::Flag("msrs") => o.msrs = a.int_in("msrs", 2, 20)?,
+                    Arg::Flag("max-bulk") => {
+                        o.max_bulk = a.int_in("max-bulk", 65536, u64::MAX as i128)?
+                    }
+                    Arg::Flag("moves") => o.moves = yes_no(&mut a, "moves")?,
+                    Arg::Flag("faults") => o.faults = yes_no(&mut a, "faults")?,
+                    Arg::Flag("json") => json_out = Some(a.value("json")?),
+                    other => return Err(a.unexpected(other)),
+                }
+            }
+            Job::Soak(o, json_out)
+        }
         "up" => {
             let mut cfg = LabConfig::default();
             while let Some(arg) = a.next()? {
@@ -502,6 +551,7 @@ fn main() -> ExitCode {
         Job::Handoff(conns, moves, gap) => bench_handoff(conns, moves, gap),
         Job::Conns(count, bytes) => bench_conns(count, bytes),
         Job::Churn(total, conc) => bench_churn(total, conc),
+        Job::Soak(o, json_out) => bench_soak(o, json_out),
         Job::Up(cfg) => up(*cfg),
         Job::Echo(addr) => itcp_testbed::bench::echo_server(addr).map_err(|e| e.to_string()),
         Job::Ctl(path, req) => ctl(&path, &req),
@@ -683,6 +733,21 @@ fn bench_churn(total: usize, conc: usize) -> Result<(), String> {
     // msrd keeps up to 256 empty pipes pooled for reuse (512 fds); more would be a leak.
     if b.intact != b.total || b.msrd_fds_after > b.msrd_fds_before + 512 || b.sessions_after != 0 {
         return Err("connections failed or msrd leaked fds/sessions".into());
+    }
+    Ok(())
+}
+
+fn bench_soak(o: itcp_testbed::soak::SoakOpts, json_out: Option<String>) -> Result<(), String> {
+    let r = itcp_testbed::soak::run(&o, &|l| eprintln!("soak: {l}")).map_err(|e| e.to_string())?;
+    print!("{}", r.render());
+    let line = serde_json::to_string(&r).unwrap();
+    println!("{line}");
+    if let Some(path) = json_out {
+        std::fs::write(&path, serde_json::to_vec_pretty(&r).unwrap())
+            .map_err(|e| format!("{path}: {e}"))?;
+    }
+    if !r.ok {
+        return Err(format!("soak failed: {}", r.problems.join("; ")));
     }
     Ok(())
 }
@@ -914,6 +979,12 @@ mod tests {
             Ok(Job::Ctl(ref c, ref r)) if c == "/c.sock" && r == "{not json"
         ));
         assert!(matches!(p(&["cleanup", "--all"]), Ok(Job::Cleanup(true))));
+        assert!(matches!(
+            p(&["bench", "soak", "--minutes", "0.5", "--mhs", "3", "--seed", "7"]),
+            Ok(Job::Soak(ref o, None)) if o.seconds == 30.0 && o.mhs == 3 && o.seed == 7 && o.msrs == 3
+        ));
+        assert!(p(&["bench", "soak", "--msrs", "1"]).is_err());
+        assert!(p(&["bench", "soak", "--mhs", "0"]).is_err());
         assert!(
             matches!(p(&["bench", "paper", "--msrd", "a\\nb"]), Ok(Job::Paper(ref o)) if o.msrd_extra == "a\nb")
         );

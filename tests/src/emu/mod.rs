@@ -13,6 +13,12 @@
 //! picks its MSR through its neighbour entry for the shared gateway address, as it would
 //! on a real anycast gateway), broadcast frames to every cell the MH is in. Leaving a
 //! cell flushes that cell's queues in both directions.
+//!
+//! Several MHs: [`AirSpec::mhs`] adds MH 2, 3, … Each MH has its own pair of links in
+//! every cell (`cell<k>` for MH 1, as with one MH; `cell<k>.mh<j>` for MH j), its own
+//! association and its own flushes. A frame from a cell goes to the MH whose MAC it is
+//! addressed to (broadcast: to every MH in the cell). Cells do not share capacity
+//! between MHs: each MH sees the cell's rate on its own links.
 
 pub mod link;
 pub mod schedule;
@@ -66,8 +72,11 @@ pub struct CellSpec {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AirSpec {
-    /// The MH's port.
+    /// The MH's port (MH 1).
     pub mh: String,
+    /// Ports of more MHs (MH 2, 3, …), each with a MAC of its own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mhs: Vec<String>,
     /// Cells in MSR order: `cells[0]` is cell 1 (MSR1).
     pub cells: Vec<CellSpec>,
     /// Cells the MH is in at start (1-based).
@@ -118,9 +127,17 @@ pub enum Dir {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
 pub enum Request {
-    /// Put the MH in exactly these cells (empty: blackout). Stops a running schedule.
+    /// Put the MH (MH 1, or MH `mh`, 1-based) in exactly these cells (empty:
+    /// blackout). Stops a running schedule when it moves MH 1.
     Assoc {
         cells: Vec<usize>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mh: Option<usize>,
+    },
+    /// Drops everything queued or in flight in cell `cell` (every MH's links, both
+    /// directions), as a reset access point would.
+    Flush {
+        cell: usize,
     },
     /// Replace the parameters of one direction or both of a link (`wan`, `cell1`, …).
     Link {
@@ -230,6 +247,9 @@ pub struct CountersReply {
     pub links: BTreeMap<String, LinkCounters>,
     /// Frames of the MH addressed to no cell's MAC.
     pub mh_unknown_dst: u64,
+    /// Unicast frames from a cell addressed to no MH's MAC (only with several MHs).
+    #[serde(default)]
+    pub cell_unknown_dst: u64,
     /// Frames the devices refused (airlink's count; 0 from the bare emulator).
     #[serde(default)]
     pub write_errors: u64,
@@ -253,8 +273,12 @@ pub struct LinkStatus {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct StatusReply {
     pub now_ns: u64,
+    /// MH 1's cells and association history.
     pub cells: Vec<usize>,
     pub events: Vec<AssocEvent>,
+    /// With several MHs: every MH's cells (MH order).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mhs: Vec<Vec<usize>>,
     pub schedule: Option<ScheduleStatus>,
     pub links: Vec<LinkStatus>,
 }
@@ -270,7 +294,8 @@ pub struct AssocEvent {
 enum Role {
     WireFrom(usize),
     WireTo(usize),
-    Mh,
+    /// MH j (0-based).
+    Mh(usize),
     Cell(usize),
 }
 
@@ -290,13 +315,21 @@ pub struct Emulator {
     port_names: Vec<String>,
     roles: Vec<Role>,
     links: Vec<Link>,
-    /// Link index of cell i (0-based), and its MAC.
-    cells: Vec<(usize, [u8; 6])>,
-    assoc: Vec<bool>,
+    /// MAC of cell i (0-based).
+    cells: Vec<[u8; 6]>,
+    /// Link index of MH j's view of cell i: `air[j][i]`.
+    air: Vec<Vec<usize>>,
+    /// MAC of MH j (None: a lone MH without one).
+    mh_macs: Vec<Option<[u8; 6]>>,
+    /// Whether MH j is in cell i: `assoc[j][i]`.
+    assoc: Vec<Vec<bool>>,
     schedule: Option<Running>,
+    /// MH 1's association history.
     events: Vec<AssocEvent>,
-    /// Frames from the MH addressed to no cell MAC at all.
+    /// Frames from an MH addressed to no cell MAC at all.
     pub mh_unknown_dst: u64,
+    /// Unicast frames from a cell addressed to no MH (several MHs only).
+    pub cell_unknown_dst: u64,
 }
 
 pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
@@ -360,9 +393,10 @@ impl Emulator {
             });
         }
         let mut assoc = Vec::new();
+        let mut air_links = Vec::new();
+        let mut mh_macs = Vec::new();
         if let Some(air) = &topo.air {
-            let mh = port(&air.mh)?;
-            claim(mh, Role::Mh)?;
+            let mut cell_ports = Vec::new();
             for (i, c) in air.cells.iter().enumerate() {
                 let cp = port(&c.port)?;
                 claim(cp, Role::Cell(i))?;
@@ -371,18 +405,40 @@ impl Emulator {
                     .as_deref()
                     .ok_or_else(|| format!("cell port {:?} needs a mac", c.port))
                     .and_then(parse_mac)?;
-                let name = format!("cell{}", i + 1);
-                let li = links.len();
-                links.push(Link {
-                    down: dir(&name, "down", &c.down)?,
-                    up: dir(&name, "up", &c.up)?,
-                    name,
-                    down_to: mh,
-                    up_to: cp,
-                });
-                cells.push((li, mac));
+                cells.push(mac);
+                cell_ports.push(cp);
             }
-            assoc = vec![false; air.cells.len()];
+            let several = !air.mhs.is_empty();
+            for (j, name) in std::iter::once(&air.mh).chain(&air.mhs).enumerate() {
+                let mh = port(name)?;
+                claim(mh, Role::Mh(j))?;
+                let mac = match topo.ports[mh].mac.as_deref() {
+                    Some(m) => Some(parse_mac(m)?),
+                    None if several => {
+                        return Err(format!("MH port {name:?} needs a mac (several MHs)"))
+                    }
+                    None => None,
+                };
+                mh_macs.push(mac);
+                let mut mine = Vec::new();
+                for (i, c) in air.cells.iter().enumerate() {
+                    let name = if j == 0 {
+                        format!("cell{}", i + 1)
+                    } else {
+                        format!("cell{}.mh{}", i + 1, j + 1)
+                    };
+                    mine.push(links.len());
+                    links.push(Link {
+                        down: dir(&name, "down", &c.down)?,
+                        up: dir(&name, "up", &c.up)?,
+                        name,
+                        down_to: mh,
+                        up_to: cell_ports[i],
+                    });
+                }
+                air_links.push(mine);
+                assoc.push(vec![false; air.cells.len()]);
+            }
         }
         let roles = roles
             .into_iter()
@@ -394,13 +450,16 @@ impl Emulator {
             roles,
             links,
             cells,
+            air: air_links,
+            mh_macs,
             assoc,
             schedule: None,
             events: Vec::new(),
             mh_unknown_dst: 0,
+            cell_unknown_dst: 0,
         };
-        if let Some(air) = &topo.air {
-            emu.set_assoc(now, &air.initial)?;
+        for j in 0..emu.assoc.len() {
+            emu.set_assoc(now, j, &topo.air.as_ref().unwrap().initial)?;
         }
         Ok(emu)
     }
@@ -419,30 +478,48 @@ impl Emulator {
         Ok(())
     }
 
-    /// Puts the MH in exactly `cells` (1-based); flushes cells it leaves.
-    fn set_assoc(&mut self, now: u64, cells: &[usize]) -> Result<(), String> {
+    /// Puts MH `j` (0-based) in exactly `cells` (1-based); flushes cells it leaves.
+    fn set_assoc(&mut self, now: u64, j: usize, cells: &[usize]) -> Result<(), String> {
         self.check_cells(cells)?;
-        for i in 0..self.assoc.len() {
+        for i in 0..self.cells.len() {
             let inside = cells.contains(&(i + 1));
-            if self.assoc[i] && !inside {
-                let l = &mut self.links[self.cells[i].0];
+            if self.assoc[j][i] && !inside {
+                let l = &mut self.links[self.air[j][i]];
                 l.down.flush(now);
                 l.up.flush(now);
             }
-            self.assoc[i] = inside;
+            self.assoc[j][i] = inside;
         }
-        self.events.push(AssocEvent {
-            t_ns: now,
-            cells: self.current_cells(),
-        });
+        if j == 0 {
+            self.events.push(AssocEvent {
+                t_ns: now,
+                cells: self.current_cells(),
+            });
+        }
         Ok(())
     }
 
+    /// The cells MH 1 is in.
     pub fn current_cells(&self) -> Vec<usize> {
-        (0..self.assoc.len())
-            .filter(|&i| self.assoc[i])
-            .map(|i| i + 1)
-            .collect()
+        self.cells_of(0)
+    }
+
+    /// The cells MH `j` (0-based) is in.
+    pub fn cells_of(&self, j: usize) -> Vec<usize> {
+        self.assoc.get(j).map_or(Vec::new(), |a| {
+            (0..a.len()).filter(|&i| a[i]).map(|i| i + 1).collect()
+        })
+    }
+
+    /// The MH a frame from a cell is for: by destination MAC; a lone MH gets every
+    /// frame (as before there were several).
+    fn mh_for(&self, frame: &[u8]) -> Option<usize> {
+        if self.mh_macs.len() == 1 {
+            return Some(0);
+        }
+        self.mh_macs
+            .iter()
+            .position(|m| m.is_some_and(|m| frame[..6] == m))
     }
 
     /// A frame arrived from `port` at `now`.
@@ -451,27 +528,46 @@ impl Emulator {
             Role::WireFrom(l) => self.links[l].down.offer(now, frame),
             Role::WireTo(l) => self.links[l].up.offer(now, frame),
             Role::Cell(i) => {
-                let l = &mut self.links[self.cells[i].0];
-                if self.assoc[i] {
-                    l.down.offer(now, frame);
+                if frame.len() < 6 {
+                    return;
+                }
+                let to: Vec<usize> = if frame[0] & 1 == 1 {
+                    (0..self.air.len()).collect()
+                } else if let Some(j) = self.mh_for(&frame) {
+                    vec![j]
                 } else {
-                    l.down.count_no_cell(&frame);
+                    self.cell_unknown_dst += 1;
+                    return;
+                };
+                let last = to.len().saturating_sub(1);
+                let mut frame = Some(frame);
+                for (n, j) in to.into_iter().enumerate() {
+                    let f = if n == last {
+                        frame.take().unwrap_or_default()
+                    } else {
+                        frame.clone().unwrap_or_default()
+                    };
+                    let l = &mut self.links[self.air[j][i]];
+                    if self.assoc[j][i] {
+                        l.down.offer(now, f);
+                    } else {
+                        l.down.count_no_cell(&f);
+                    }
                 }
             }
-            Role::Mh => {
+            Role::Mh(j) => {
                 if frame.len() < 6 {
                     return;
                 }
                 let group = frame[0] & 1 == 1;
                 let mut matched = false;
                 for i in 0..self.cells.len() {
-                    let (li, mac) = self.cells[i];
-                    if !group && frame[..6] != mac {
+                    if !group && frame[..6] != self.cells[i] {
                         continue;
                     }
                     matched = true;
-                    let l = &mut self.links[li];
-                    if self.assoc[i] {
+                    let l = &mut self.links[self.air[j][i]];
+                    if self.assoc[j][i] {
                         l.up.offer(now, frame.clone());
                     } else {
                         l.up.count_no_cell(&frame);
@@ -488,7 +584,7 @@ impl Emulator {
     pub fn advance(&mut self, now: u64, out: &mut Vec<(usize, Vec<u8>)>) {
         while let Some((t, cells)) = self.schedule.as_mut().and_then(|s| s.pop_due(now)) {
             // Use the scheduled instant, not the wake-up time, so the history is exact.
-            self.set_assoc(t, &cells)
+            self.set_assoc(t, 0, &cells)
                 .expect("schedule cells were validated");
         }
         let mut buf = Vec::new();
@@ -544,13 +640,38 @@ impl Emulator {
 
     fn apply(&mut self, now: u64, req: Request) -> Result<ReplyBody, String> {
         Ok(match req {
-            Request::Assoc { cells } => {
+            Request::Assoc { cells, mh } => {
                 self.check_cells(&cells)?;
-                self.schedule = None;
-                self.set_assoc(now, &cells)?;
-                ReplyBody::Assoc {
-                    cells: self.current_cells(),
+                let j = match mh {
+                    None => 0,
+                    Some(m) if m >= 1 && m <= self.air.len() => m - 1,
+                    Some(m) => {
+                        return Err(format!(
+                            "MH {m} does not exist (MHs are 1..={})",
+                            self.air.len()
+                        ))
+                    }
+                };
+                if self.air.is_empty() {
+                    // No air: only "no cells" exists (check_cells refused the rest).
+                    return Ok(ReplyBody::Assoc { cells: Vec::new() });
                 }
+                if j == 0 {
+                    self.schedule = None;
+                }
+                self.set_assoc(now, j, &cells)?;
+                ReplyBody::Assoc {
+                    cells: self.cells_of(j),
+                }
+            }
+            Request::Flush { cell } => {
+                self.check_cells(&[cell])?;
+                for j in 0..self.air.len() {
+                    let l = &mut self.links[self.air[j][cell - 1]];
+                    l.down.flush(now);
+                    l.up.flush(now);
+                }
+                ReplyBody::Done
             }
             Request::Link { link, dir, params } => {
                 params.validate().map_err(|e| format!("link {link}: {e}"))?;
@@ -567,6 +688,7 @@ impl Emulator {
                 now_ns: now,
                 links: self.counters(),
                 mh_unknown_dst: self.mh_unknown_dst,
+                cell_unknown_dst: self.cell_unknown_dst,
                 write_errors: 0,
             }),
             Request::ResetCounters => {
@@ -575,6 +697,7 @@ impl Emulator {
                     l.up.counters = Counters::default();
                 }
                 self.mh_unknown_dst = 0;
+                self.cell_unknown_dst = 0;
                 ReplyBody::Done
             }
             Request::Schedule {
@@ -586,7 +709,7 @@ impl Emulator {
                     return Err(format!("start_in_s must be ≥ 0, got {start_in_s}"));
                 }
                 let start = now + schedule::secs_ns(start_in_s);
-                self.set_assoc(now, &schedule.initial())?;
+                self.set_assoc(now, 0, &schedule.initial())?;
                 self.schedule = Some(Running::new(schedule, start));
                 ReplyBody::Schedule { start_ns: start }
             }
@@ -598,6 +721,11 @@ impl Emulator {
                 now_ns: now,
                 cells: self.current_cells(),
                 events: self.events.clone(),
+                mhs: if self.air.len() > 1 {
+                    (0..self.air.len()).map(|j| self.cells_of(j)).collect()
+                } else {
+                    Vec::new()
+                },
                 schedule: self.schedule.as_ref().map(|s| ScheduleStatus {
                     schedule: s.schedule.clone(),
                     start_ns: s.start_ns,
@@ -651,6 +779,7 @@ mod tests {
             }],
             air: Some(AirSpec {
                 mh: "mh".into(),
+                mhs: vec![],
                 cells: vec![
                     CellSpec {
                         port: "msr1".into(),
@@ -703,7 +832,13 @@ mod tests {
     #[test]
     fn mh_unicast_goes_to_the_addressed_cell_broadcast_to_all_joined() {
         let mut e = Emulator::new(&topo(), 0).unwrap();
-        e.handle(0, Request::Assoc { cells: vec![1, 2] });
+        e.handle(
+            0,
+            Request::Assoc {
+                cells: vec![1, 2],
+                mh: None,
+            },
+        );
         e.ingress(0, 4, frame_to(MAC2));
         assert_eq!(step(&mut e, 1), vec![3]);
         e.ingress(1, 4, frame_to([0xff; 6]));
@@ -722,7 +857,13 @@ mod tests {
         t.air.as_mut().unwrap().cells[0].down.delay_us = 10_000;
         let mut e = Emulator::new(&t, 0).unwrap();
         e.ingress(0, 2, frame_to([0xff; 6]));
-        e.handle(1, Request::Assoc { cells: vec![2] });
+        e.handle(
+            1,
+            Request::Assoc {
+                cells: vec![2],
+                mh: None,
+            },
+        );
         assert!(step(&mut e, 20_000_000).is_empty());
         assert_eq!(e.counters()["cell1"].down.drop_flush, 1);
     }
@@ -766,7 +907,13 @@ mod tests {
     #[test]
     fn bad_requests_get_errors() {
         let mut e = Emulator::new(&topo(), 0).unwrap();
-        let r = e.handle(0, Request::Assoc { cells: vec![3] });
+        let r = e.handle(
+            0,
+            Request::Assoc {
+                cells: vec![3],
+                mh: None,
+            },
+        );
         assert!(!r.ok);
         assert!(r.into_result().unwrap_err().contains("cell 3"));
         let r = e.handle(
@@ -790,11 +937,17 @@ mod tests {
     fn replies_round_trip_through_json() {
         let mut e = Emulator::new(&topo(), 0).unwrap();
         for req in [
-            Request::Assoc { cells: vec![1] },
+            Request::Assoc {
+                cells: vec![1],
+                mh: None,
+            },
             Request::Counters,
             Request::Status,
             Request::ResetCounters,
-            Request::Assoc { cells: vec![9] },
+            Request::Assoc {
+                cells: vec![9],
+                mh: None,
+            },
         ] {
             let r = e.handle(5, req);
             let line = serde_json::to_string(&r).unwrap();
@@ -802,6 +955,117 @@ mod tests {
             let back: Reply = serde_json::from_str(&line).unwrap();
             assert_eq!(back, r);
         }
+    }
+
+    /// Two MHs (ports 4 and 5, MACs …:64 and …:65) in the two-cell topology.
+    fn two_mhs() -> Topology {
+        let mut t = topo();
+        t.ports[4].mac = Some("02:00:00:00:00:64".into());
+        t.ports.push(PortSpec {
+            name: "mh2".into(),
+            netns: "x".into(),
+            ifname: "t".into(),
+            mac: Some("02:00:00:00:00:65".into()),
+        });
+        t.air.as_mut().unwrap().mhs = vec!["mh2".into()];
+        t
+    }
+
+    const MH1: [u8; 6] = [2, 0, 0, 0, 0, 0x64];
+    const MH2: [u8; 6] = [2, 0, 0, 0, 0, 0x65];
+
+    #[test]
+    fn several_mhs_have_their_own_association_links_and_flushes() {
+        let mut e = Emulator::new(&two_mhs(), 0).unwrap();
+        // Both start in cell 1; MH 2 moves to cell 2 alone.
+        let r = e.handle(
+            0,
+            Request::Assoc {
+                cells: vec![2],
+                mh: Some(2),
+            },
+        );
+        assert_eq!(
+            r.into_result().unwrap(),
+            ReplyBody::Assoc { cells: vec![2] }
+        );
+        assert_eq!(e.current_cells(), vec![1]);
+        // Unicast from a cell goes to the addressed MH only, if it is in that cell.
+        e.ingress(0, 2, frame_to(MH1));
+        e.ingress(0, 2, frame_to(MH2)); // MH 2 left cell 1
+        e.ingress(0, 3, frame_to(MH2));
+        let mut got = step(&mut e, 1);
+        got.sort();
+        assert_eq!(got, vec![4, 5]);
+        assert_eq!(e.counters()["cell1.mh2"].down.drop_no_cell, 1);
+        // Broadcast reaches every MH in the cell.
+        e.ingress(1, 3, frame_to([0xff; 6]));
+        assert_eq!(step(&mut e, 2), vec![5]);
+        // Unicast to nobody is counted.
+        e.ingress(2, 2, frame_to([2, 9, 9, 9, 9, 9]));
+        assert!(step(&mut e, 3).is_empty());
+        assert_eq!(e.cell_unknown_dst, 1);
+        // MH 2's frames go to its own view of the cell it addresses.
+        e.ingress(3, 5, frame_to(MAC2));
+        assert_eq!(step(&mut e, 4), vec![3]);
+        assert_eq!(e.counters()["cell2.mh2"].up.pkts_out, 1);
+        // MH 2 leaving cell 2 flushes its links only.
+        let mut t = two_mhs();
+        t.air.as_mut().unwrap().cells[0].down.delay_us = 10_000;
+        let mut e = Emulator::new(&t, 0).unwrap();
+        e.ingress(0, 2, frame_to(MH1));
+        e.ingress(0, 2, frame_to(MH2));
+        e.handle(
+            1,
+            Request::Assoc {
+                cells: vec![],
+                mh: Some(2),
+            },
+        );
+        assert_eq!(step(&mut e, 20_000_000), vec![4]);
+        assert_eq!(e.counters()["cell1.mh2"].down.drop_flush, 1);
+        assert_eq!(e.counters()["cell1"].down.drop_flush, 0);
+        // Status lists every MH's cells; a bad MH is an error.
+        let ReplyBody::Status(st) = e.handle(2, Request::Status).into_result().unwrap() else {
+            panic!("not a status reply");
+        };
+        assert_eq!(st.mhs, vec![vec![1], vec![]]);
+        let r = e.handle(
+            3,
+            Request::Assoc {
+                cells: vec![1],
+                mh: Some(3),
+            },
+        );
+        assert!(r.into_result().unwrap_err().contains("MH 3"));
+    }
+
+    #[test]
+    fn flushing_a_cell_drops_what_every_mh_has_queued_there() {
+        let mut t = two_mhs();
+        t.air.as_mut().unwrap().cells[0].down.delay_us = 10_000;
+        t.air.as_mut().unwrap().cells[0].up.delay_us = 10_000;
+        let mut e = Emulator::new(&t, 0).unwrap();
+        e.ingress(0, 2, frame_to(MH1));
+        e.ingress(0, 2, frame_to(MH2));
+        e.ingress(0, 5, frame_to(MAC1));
+        assert!(e.handle(1, Request::Flush { cell: 1 }).ok);
+        assert!(step(&mut e, 20_000_000).is_empty());
+        let c = e.counters();
+        assert_eq!(c["cell1"].down.drop_flush, 1);
+        assert_eq!(c["cell1.mh2"].down.drop_flush, 1);
+        assert_eq!(c["cell1.mh2"].up.drop_flush, 1);
+        // The MHs stay in the cell: new frames pass.
+        e.ingress(30_000_000, 2, frame_to(MH1));
+        assert_eq!(step(&mut e, 50_000_000), vec![4]);
+        assert!(!e.handle(1, Request::Flush { cell: 3 }).ok);
+    }
+
+    #[test]
+    fn several_mhs_need_macs() {
+        let mut t = two_mhs();
+        t.ports[5].mac = None;
+        assert!(Emulator::new(&t, 0).unwrap_err().contains("needs a mac"));
     }
 
     #[test]
