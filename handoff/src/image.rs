@@ -1565,6 +1565,11 @@ pub fn restart(fd: BorrowedFd<'_>, img: &SocketImage) -> io::Result<()> {
         RepairOff::WithProbe
     };
     repair::repair_off(fd, how)?;
+    // Leaving repair mode clears the socket's address reuse (SK_NO_REUSE): if the
+    // process then dies, what is left of the socket (TIME_WAIT, an orphaned FIN_WAIT)
+    // would keep a new listener off the address it shares (an MSR's request port) for
+    // a minute. As a socket bound with SO_REUSEADDR, it does not.
+    repair::set_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1, "SO_REUSEADDR")?;
     // Nagle would hold back the last partial segment until an ACK comes.
     let nagle = !img.sockopts.nodelay;
     if writes && nagle {

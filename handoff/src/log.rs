@@ -38,6 +38,9 @@ pub enum Outcome {
     Partial,
     /// Refused: bad proof, unknown peer, forged or replayed message.
     Rejected,
+    /// The old MSR's msrd is not running (its channel refused the connection): the MH
+    /// attached here without its connections, which died with that msrd.
+    OldDown,
 }
 
 /// One connection in a handoff.

@@ -242,6 +242,27 @@ impl NewSide {
     }
 
     /// The channel to the old MSR failed (closed, unauthenticated bytes): give up now.
+    /// The old MSR refused the channel's connection: its msrd is not running, and a
+    /// crashed msrd has reset the MH's connections. Rather than send the MH back to a
+    /// dead MSR, it attaches here without them (nothing was held or taken over; the
+    /// MH's next connection claims its address here). A channel that cannot be reached
+    /// at all (a partition) is [`NewSide::handle_channel_lost`]: the old MSR may still
+    /// serve the connections.
+    pub fn handle_old_down(&mut self, reason: &str) -> Vec<Action> {
+        match self.state {
+            NewState::WaitingAccept => {
+                self.state = NewState::Done;
+                let why = format!("old MSR down ({reason}): attached without its connections");
+                vec![Action::Log(self.record(
+                    Outcome::OldDown,
+                    Some(why),
+                    vec![],
+                ))]
+            }
+            _ => self.handle_channel_lost(reason),
+        }
+    }
+
     pub fn handle_channel_lost(&mut self, reason: &str) -> Vec<Action> {
         match self.state {
             NewState::WaitingAccept | NewState::WaitingImages => self.give_up(
@@ -731,6 +752,24 @@ mod tests {
             .any(|a| matches!(a, Action::Hold(_) | Action::Release(_))));
         assert_eq!(log(&acts).outcome, Outcome::Rejected);
         assert!(new.done());
+    }
+
+    #[test]
+    fn a_refused_channel_attaches_the_mh_without_its_connections() {
+        let (mut new, _) = NewSide::start(6, "msr2", greeting(), 0, T);
+        let acts = new.handle_old_down("Connection refused");
+        assert_eq!(acts.len(), 1, "{acts:?}");
+        let r = log(&acts);
+        assert_eq!(r.outcome, Outcome::OldDown);
+        assert!(r.reason.unwrap().contains("refused"));
+        assert!(new.done());
+        // Once the old MSR has answered, a lost channel is a rollback as before.
+        let (mut new, _) = NewSide::start(7, "msr2", greeting(), 0, T);
+        new.handle(NewEvent::Message(Message::Accepted { handoff_id: 7 }), 1);
+        assert_eq!(
+            log(&new.handle_old_down("Connection refused")).outcome,
+            Outcome::RolledBack
+        );
     }
 
     #[test]

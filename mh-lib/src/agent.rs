@@ -160,6 +160,10 @@ pub struct Agent {
     det: Detector,
     macs: std::collections::HashMap<String, String>,
     pending: Option<Pending>,
+    /// The MSR that answered our last greeting as holding our connections (attached or
+    /// moved): a greeting names it as the previous MSR, whatever the detector last
+    /// chose, since a move whose greetings went unanswered moved nothing.
+    attached: Option<String>,
     t_start: Instant,
     /// `Lost` was reported and nothing heard of the current MSR since.
     lost: bool,
@@ -185,6 +189,7 @@ impl Agent {
             det,
             macs: Default::default(),
             pending: None,
+            attached: None,
             t_start: Instant::now(),
             lost: false,
         })
@@ -256,8 +261,9 @@ impl Agent {
 
     fn decide(&mut self, d: Decision, on_event: &mut impl FnMut(Event)) -> io::Result<()> {
         match d {
-            Decision::Move { from, to } => {
+            Decision::Move { to, .. } => {
                 self.lost = false;
+                let from = self.attached.clone();
                 let mac = self.macs.get(&to).cloned().unwrap_or_default();
                 let (msg, nonce) = self.greeting(from.as_deref(), &to)?;
                 self.pending = Some(Pending {
@@ -286,6 +292,11 @@ impl Agent {
         };
         if p.t0.elapsed() > self.cfg.greet_timeout {
             let p = self.pending.take().unwrap();
+            // Nobody answered: nothing moved, and the next move starts from where the
+            // connections are.
+            if let Some(a) = &self.attached {
+                self.det.set_current(a);
+            }
             on_event(Event::MoveFailed {
                 from: p.from,
                 to: p.to,
@@ -321,6 +332,7 @@ impl Agent {
             GreetStatus::Attached => {
                 point_gateway(self.cfg.gateway, &p.mac, &self.cfg.interface)?;
                 let p = self.pending.take().unwrap();
+                self.attached = Some(p.to.clone());
                 on_event(Event::Attached {
                     msr: p.to,
                     connections: r.connections,
@@ -331,6 +343,7 @@ impl Agent {
                     point_gateway(self.cfg.gateway, &p.mac, &self.cfg.interface)?;
                 }
                 let p = self.pending.take().unwrap();
+                self.attached = Some(p.to.clone());
                 on_event(Event::Moved {
                     holding_ms: p.holding_ms.unwrap_or(0.0),
                     moved_ms: ms_since(p.t0),

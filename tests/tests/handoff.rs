@@ -1037,3 +1037,132 @@ fn short_connections_through_twenty_handoffs_see_no_reset() {
         diag(&lab)
     );
 }
+
+/// An MSR that crashes while it serves connections that moved in can be started again
+/// at once: the restored sockets share its request port, and what the kernel keeps of
+/// them after the crash (TIME_WAIT, orphaned FIN_WAIT) must not hold the port (found by
+/// the chaos soak: 50–60 s of EADDRINUSE).
+#[test]
+fn an_msr_that_crashes_after_connections_moved_in_starts_again_at_once() {
+    let (mut lab, msrds) = mobile_lab_indexed(2, 85, &["--hysteresis-ms", "0"]);
+    // One download ends after it moved (its wireless socket, on MSR2's request port,
+    // closes first and stays in TIME_WAIT), one upload is still running at the crash.
+    let short = start_transfer(&mut lab, Dir::Down, 6 << 20, 5001);
+    let (s2, r2) = start_transfer(&mut lab, Dir::Up, 2 << 30, 5002);
+    std::thread::sleep(Duration::from_millis(700));
+    crossing(&lab, 1, 2, Duration::from_millis(300), Duration::ZERO);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    let moved = lab.msrd_sessions(2).unwrap();
+    assert!(
+        moved.iter().filter(|s| s.moved_in).count() >= 2,
+        "{moved:?}"
+    );
+    let (send, recv) = finish(&mut lab, short);
+    assert!(
+        send.ok && recv.ok && recv.verified,
+        "{recv:?}\n{}",
+        diag(&lab)
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(lab.pid(msrds[1]) as i32, libc::SIGKILL) };
+    wait_exit(&mut lab, msrds[1]);
+    for i in [r2, s2] {
+        let _ = lab.wait(i, Duration::from_secs(30));
+    }
+    let t0 = Instant::now();
+    let mut again = lab
+        .restart_msrd(2)
+        .unwrap_or_else(|e| panic!("msrd did not start again after the crash: {e}"));
+    eprintln!(
+        "msrd up again {:.0} ms after the crash",
+        t0.elapsed().as_secs_f64() * 1e3
+    );
+    let _ = again.kill();
+    let _ = again.wait();
+}
+
+/// An MH whose MSR crashed attaches to the next MSR at once instead of being sent back
+/// to the dead one (found by the chaos soak: an MH failed 118 moves in a row while its
+/// old msrd was down). Its connections died with the crashed msrd (reset); new ones
+/// work through the new MSR.
+#[test]
+fn an_mh_whose_msr_crashed_attaches_to_the_next_one() {
+    let (mut lab, msrds) = mobile_lab_indexed(2, 87, &["--hysteresis-ms", "0"]);
+    let (s, r) = start_transfer(&mut lab, Dir::Down, 2 << 30, 5001);
+    std::thread::sleep(Duration::from_millis(1000));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(lab.pid(msrds[0]) as i32, libc::SIGKILL) };
+    wait_exit(&mut lab, msrds[0]);
+    for i in [r, s] {
+        let _ = lab.wait(i, Duration::from_secs(30));
+    }
+    crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let ev = lab.agent_events();
+        if ev
+            .iter()
+            .any(|e| e["event"] == "attached" && e["msr"] == "msr2")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the MH never attached to MSR2: {ev:?}\n{}",
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let recs = lab.handoff_records(2);
+    assert!(
+        recs.iter().any(|r| r.outcome == Outcome::OldDown),
+        "{recs:?}"
+    );
+    let t = start_transfer(&mut lab, Dir::Up, 4 << 20, 5002);
+    let (send, recv) = finish(&mut lab, t);
+    assert!(
+        send.ok && recv.ok && recv.verified,
+        "{recv:?}\n{}",
+        diag(&lab)
+    );
+}
+
+/// Greetings lost on the way to one MSR do not make the MH name it as its previous
+/// MSR at the next move (found by the chaos soak: the next MSR pulled nothing from the
+/// MSR that never answered, took the MH's address over, and the connections left at
+/// the MSR that held them were lost).
+#[test]
+fn a_move_whose_greetings_were_lost_moves_nothing_and_the_next_move_pulls_from_the_right_msr() {
+    let mut lab = clean_lab(3, 89);
+    lab.start_itcp_mobility_env(FAST_BEACONS, FAST_AGENT, &[])
+        .unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    lab.watch_rsts(Host::Mh).unwrap();
+    let bytes = 24 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    std::thread::sleep(Duration::from_millis(1000));
+    // MSR2 hears no greeting.
+    sh(
+        &lab,
+        Host::Msr(2),
+        &[
+            "nft",
+            "add table inet lossy; add chain inet lossy c { type filter hook input priority 0; }; add rule inet lossy c udp dport 4346 drop",
+        ],
+    );
+    crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
+    std::thread::sleep(Duration::from_millis(800));
+    crossing(&lab, 2, 3, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    let moved: Vec<_> = lab
+        .agent_events()
+        .into_iter()
+        .filter(|e| e["event"] == "moved")
+        .collect();
+    assert_eq!(moved[0]["from"], "msr1", "{moved:?}");
+    assert_eq!(moved[0]["to"], "msr3", "{moved:?}");
+    assert_eq!(moved[0]["connections"], 1, "{moved:?}");
+    let (send, recv) = finish(&mut lab, t);
+    assert_clean(&lab, &send, &recv, bytes);
+}

@@ -71,6 +71,7 @@ fn outcome_name(o: Outcome) -> &'static str {
         Outcome::RolledBack => "rolled_back",
         Outcome::Partial => "partial",
         Outcome::Rejected => "rejected",
+        Outcome::OldDown => "old_down",
     }
 }
 

@@ -27,6 +27,13 @@ pub enum ChannelError {
     Wire(WireError),
 }
 
+impl ChannelError {
+    /// The peer's host answered the connection with a refusal: no msrd listens there.
+    pub fn refused(&self) -> bool {
+        matches!(self, ChannelError::Io(e) if e.kind() == io::ErrorKind::ConnectionRefused)
+    }
+}
+
 impl fmt::Display for ChannelError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {

@@ -13,7 +13,7 @@ use itcp_handoff::machine::{Action, NewEvent, NewSide};
 use itcp_proto::greeting::{GreetStatus, Greeting};
 use itcp_proto::hex::unhex;
 use tokio::net::UdpSocket;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use super::channel::{Channel, ChannelError};
 use super::greeting::reply;
@@ -44,6 +44,7 @@ pub async fn pull(
     loop {
         let mut next: Option<NewEvent> = None;
         let mut lost: Option<String> = None;
+        let mut down: Option<String> = None;
         for a in acts.drain(..) {
             match a {
                 Action::Hold(mh) => {
@@ -63,7 +64,11 @@ pub async fn pull(
                             Ok(Ok(c)) => ch = Some(c),
                             Ok(Err(e)) => {
                                 warn!(peer = %prev, addr = %peer_addr, error = %e, "cannot reach the previous MSR");
-                                lost = Some(e.to_string());
+                                if e.refused() {
+                                    down = Some(e.to_string());
+                                } else {
+                                    lost = Some(e.to_string());
+                                }
                                 continue;
                             }
                             Err(_) => {
@@ -150,6 +155,7 @@ pub async fn pull(
                     };
                     c.fetch_add(1, Ordering::Relaxed);
                     let reason = r.reason.clone();
+                    let old_down = r.outcome == hlog::Outcome::OldDown;
                     // A refused pull is what a spoofed greeting causes: one record per
                     // MH per interval, not one per datagram.
                     if r.outcome != hlog::Outcome::Rejected || h.may_log(mh) {
@@ -157,6 +163,9 @@ pub async fn pull(
                     }
                     let rep = if ok {
                         h.answer(mh, &g, GreetStatus::Moved, None, moved)
+                    } else if old_down {
+                        info!(%mh, old = %prev, "old MSR down: the MH attaches here");
+                        h.answer(mh, &g, GreetStatus::Attached, None, 0)
                     } else {
                         h.answer(mh, &g, GreetStatus::Failed, reason, 0)
                     };
@@ -167,6 +176,10 @@ pub async fn pull(
         }
         if let Some(ev) = next {
             acts = m.handle(ev, now_us());
+            continue;
+        }
+        if let Some(why) = down {
+            acts = m.handle_old_down(&why);
             continue;
         }
         if let Some(why) = lost {

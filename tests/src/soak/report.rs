@@ -84,6 +84,8 @@ impl Outcomes {
             Outcome::RolledBack => self.rolled_back += 1,
             Outcome::Partial => self.partial += 1,
             Outcome::Rejected => self.rejected += 1,
+            // The MH attached at the new MSR: its old msrd was down (killed).
+            Outcome::OldDown => self.rolled_back += 1,
         }
     }
 }
