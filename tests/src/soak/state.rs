@@ -23,7 +23,8 @@ pub struct MsrState {
     /// The same, in words (for the report when some are left).
     #[serde(skip)]
     pub session_list: Vec<String>,
-    /// Elements of every set in msrd's nftables table (the flow holds).
+    /// Elements of msrd's flow-hold sets (`held4`, `held6`). The `strays` sets of
+    /// closed flows are not counted: their elements time out by themselves.
     pub nft_elements: usize,
     /// Neighbour entries (not proxy).
     pub neigh: usize,
@@ -110,8 +111,15 @@ pub fn snapshot(lab: &Lab, k: usize, pid: u32) -> io::Result<MsrState> {
             })
             .collect();
     }
-    let out = lab.run(Host::Msr(k), "nft", &["list", "table", "inet", "itcp_msrd"])?;
-    s.nft_elements = count_nft_elements(&String::from_utf8_lossy(&out.stdout));
+    s.nft_elements = 0;
+    for set in ["held4", "held6"] {
+        let out = lab.run(
+            Host::Msr(k),
+            "nft",
+            &["list", "set", "inet", "itcp_msrd", set],
+        )?;
+        s.nft_elements += count_nft_elements(&String::from_utf8_lossy(&out.stdout));
+    }
     s.neigh_list = lines(lab, k, &["ip", "-4", "neigh", "show"])?;
     s.neigh = s.neigh_list.len();
     s.proxy = lines(lab, k, &["ip", "-4", "neigh", "show", "proxy"])?
