@@ -148,6 +148,33 @@ impl Default for LabConfig {
     }
 }
 
+impl LabConfig {
+    /// `msrs` MSRs, the same link both ways on the WAN and on every cell, the MH in
+    /// cell 1.
+    pub fn links(msrs: usize, seed: u64, wan: LinkParams, cell: LinkParams) -> Self {
+        Self {
+            msrs,
+            seed,
+            wan_down: wan.clone(),
+            wan_up: wan,
+            cell_down: cell.clone(),
+            cell_up: cell,
+            ..Self::default()
+        }
+    }
+
+    /// Fast, clean links (20 Mbit/s and 2 ms cells, a 100 Mbit/s 1 ms WAN): for tests
+    /// about correctness rather than the paper's lossy cells.
+    pub fn clean(msrs: usize, seed: u64) -> Self {
+        Self::links(
+            msrs,
+            seed,
+            link(100_000_000, 1.0, 0.0),
+            link(20_000_000, 2.0, 0.0),
+        )
+    }
+}
+
 /// Link parameters from rate, one-way delay and loss probability.
 pub fn link(rate_bps: u64, delay_ms: f64, loss: f64) -> LinkParams {
     use crate::emu::Loss;

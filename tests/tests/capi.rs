@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use itcp_testbed::lab::{self, addr, bin_path, Host, Lab, LabConfig};
+use itcp_testbed::lab::{addr, bin_path, Host, Lab, LabConfig};
 use itcp_testbed::sys::in_netns;
 
 // ---------------------------------------------------------------------------------
@@ -377,19 +377,7 @@ fn c_program_listens_and_accepts_through_msrd() {
 /// (itcp_agent_start) and gets its events through the callback.
 #[test]
 fn c_program_gets_mobility_events_and_its_connection_survives_the_move() {
-    let cell = lab::link(20_000_000, 2.0, 0.0);
-    let wan = lab::link(100_000_000, 1.0, 0.0);
-    let mut lab = Lab::new(LabConfig {
-        msrs: 2,
-        seed: 21,
-        wan_down: wan.clone(),
-        wan_up: wan,
-        cell_down: cell.clone(),
-        cell_up: cell,
-        initial_cells: vec![1],
-        veth: false,
-    })
-    .unwrap();
+    let mut lab = Lab::new(LabConfig::clean(2, 21)).unwrap();
     // What Lab::start_itcp_mobility does, minus its agent process.
     let mh_route = format!("{}/32", addr::MH);
     for args in [

@@ -22,19 +22,7 @@ fn mobile_lab_with(msrs: usize, seed: u64, agent_args: &[&str]) -> Lab {
 
 /// The lab's fast, clean links, the MH in cell 1; no msrd yet.
 fn clean_lab(msrs: usize, seed: u64) -> Lab {
-    let cell = lab::link(20_000_000, 2.0, 0.0);
-    let wan = lab::link(100_000_000, 1.0, 0.0);
-    Lab::new(LabConfig {
-        msrs,
-        seed,
-        wan_down: wan.clone(),
-        wan_up: wan,
-        cell_down: cell.clone(),
-        cell_up: cell,
-        initial_cells: vec![1],
-        veth: false,
-    })
-    .unwrap()
+    Lab::new(LabConfig::clean(msrs, seed)).unwrap()
 }
 
 /// [`mobile_lab_with`], also returning the msrds' spawn indices (MSR order).
@@ -682,17 +670,7 @@ fn connections_of_every_kind_from_several_processes_move_together() {
 #[test]
 fn an_mh_that_never_comes_back_is_closed_cleanly_after_the_linger() {
     let cell = lab::link(20_000_000, 2.0, 0.0);
-    let mut lab = Lab::new(LabConfig {
-        msrs: 2,
-        seed: 71,
-        wan_down: cell.clone(),
-        wan_up: cell.clone(),
-        cell_down: cell.clone(),
-        cell_up: cell,
-        initial_cells: vec![1],
-        veth: false,
-    })
-    .unwrap();
+    let mut lab = Lab::new(LabConfig::links(2, 71, cell.clone(), cell)).unwrap();
     lab.handoff_extra = "linger_s = 3".into();
     lab.start_itcp_mobility(FAST_BEACONS, FAST_AGENT).unwrap();
     lab.watch_rsts(Host::Fh).unwrap();

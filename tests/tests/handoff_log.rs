@@ -393,19 +393,7 @@ fn following_two_msrs_pairs_each_handoff_as_both_records_arrive() {
 /// moved as msrd now writes them. Needs root.
 #[test]
 fn a_live_handoff_reads_as_one_line_from_both_msrs_logs() {
-    let cell = lab::link(20_000_000, 2.0, 0.0);
-    let wan = lab::link(100_000_000, 1.0, 0.0);
-    let mut lab = Lab::new(LabConfig {
-        msrs: 2,
-        seed: 77,
-        wan_down: wan.clone(),
-        wan_up: wan,
-        cell_down: cell.clone(),
-        cell_up: cell,
-        initial_cells: vec![1],
-        veth: false,
-    })
-    .unwrap();
+    let mut lab = Lab::new(LabConfig::clean(2, 77)).unwrap();
     lab.start_itcp_mobility("", &["--hysteresis-ms", "0"])
         .unwrap();
     let bytes = (16u64 << 20).to_string();

@@ -40,17 +40,7 @@ fn pipelined_small_messages_are_not_batched_by_the_split() {
     // 75 ms each way on the WAN, 5 ms each way on a 2 Mbit/s cell.
     let wan = lab::link(100_000_000, 75.0, 0.0);
     let cell = lab::link(2_000_000, 5.0, 0.0);
-    let mut lab = Lab::new(LabConfig {
-        msrs: 1,
-        seed: 91,
-        wan_down: wan.clone(),
-        wan_up: wan,
-        cell_down: cell.clone(),
-        cell_up: cell,
-        initial_cells: vec![1],
-        veth: false,
-    })
-    .unwrap();
+    let mut lab = Lab::new(LabConfig::links(1, 91, wan, cell)).unwrap();
     // 5008 is split by msrd (transparent: the application runs nothing of ours);
     // 5009 is routed through the same MSR untouched.
     let cfg = lab.msrd_config(1, "[transparent]\nenabled = true\nports = [5008]\n");

@@ -120,19 +120,7 @@ struct StatusDoc {
 
 #[test]
 fn metrics_and_status_page_follow_a_handoff() {
-    let cell = lab::link(20_000_000, 2.0, 0.0);
-    let wan = lab::link(100_000_000, 1.0, 0.0);
-    let mut lab = Lab::new(LabConfig {
-        msrs: 2,
-        seed: 131,
-        wan_down: wan.clone(),
-        wan_up: wan,
-        cell_down: cell.clone(),
-        cell_up: cell,
-        initial_cells: vec![1],
-        veth: false,
-    })
-    .unwrap();
+    let mut lab = Lab::new(LabConfig::clean(2, 131)).unwrap();
     let (msrds, _) = lab
         .start_itcp_mobility(
             &format!("[metrics]\nlisten = \"{{MSR_LAN}}:{PORT}\"\n"),

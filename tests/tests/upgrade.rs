@@ -25,19 +25,7 @@ fn lab_with(
     env: &[(usize, &str, &str)],
     own_binary: bool,
 ) -> (Lab, Vec<usize>) {
-    let cell = lab::link(20_000_000, 2.0, 0.0);
-    let wan = lab::link(100_000_000, 1.0, 0.0);
-    let mut lab = Lab::new(LabConfig {
-        msrs,
-        seed,
-        wan_down: wan.clone(),
-        wan_up: wan,
-        cell_down: cell.clone(),
-        cell_up: cell,
-        initial_cells: vec![1],
-        veth: false,
-    })
-    .unwrap();
+    let mut lab = Lab::new(LabConfig::clean(msrs, seed)).unwrap();
     if own_binary {
         let copy = lab.dir.join("msrd");
         std::fs::copy(bin_path("msrd"), &copy).unwrap();
