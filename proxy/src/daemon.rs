@@ -404,7 +404,25 @@ impl Daemon {
                         .open(Kind::Closing, s.mh, s.fh, s.wireless_local);
                     self.sessions.close(&s);
                     log_closed(&s, &end);
-                    return Box::pin(self.drain(c, wireless, Some(fixed), Some(adm))).await;
+                    // A handoff or an upgrade that paused this relay as it ended waits
+                    // for it (and will not see the new session): it gets the closing one.
+                    let waiting = s.frozen_to.lock().unwrap().take();
+                    let (mut wireless, mut fixed, mut adm) = (wireless, Some(fixed), Some(adm));
+                    if let Some(tx) = waiting {
+                        let f = Frozen {
+                            session: c.clone(),
+                            wireless,
+                            fixed,
+                            listen: None,
+                            pending: Pending::default(),
+                            admitted: adm,
+                        };
+                        match tx.send(f) {
+                            Ok(()) => return,
+                            Err(f) => (wireless, fixed, adm) = (f.wireless, f.fixed, f.admitted),
+                        }
+                    }
+                    return Box::pin(self.drain(c, wireless, fixed, adm)).await;
                 }
                 self.note_closed(Some(&wireless), Some(&fixed));
                 sockopt::close_gracefully(wireless.as_raw_fd());
