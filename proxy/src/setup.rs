@@ -140,6 +140,16 @@ impl Inflight {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         let left = || self.map.lock().unwrap().get(&mh).map_or(0, Entry::busy);
+        Self::wait_idle(&mut rx, bound, left).await
+    }
+
+    /// Waits (at most `bound`) until `left()` is 0, re-checking at every change;
+    /// returns what is left. `rx` must be subscribed before the first check.
+    async fn wait_idle(
+        rx: &mut watch::Receiver<u64>,
+        bound: Duration,
+        left: impl Fn() -> usize,
+    ) -> usize {
         let _ = tokio::time::timeout(bound, async {
             while left() > 0 {
                 if rx.changed().await.is_err() {
@@ -182,23 +192,8 @@ impl Inflight {
             self.all.store(true, std::sync::atomic::Ordering::SeqCst);
         }
         let mut rx = self.changed.subscribe();
-        let left = || {
-            self.map
-                .lock()
-                .unwrap()
-                .values()
-                .map(Entry::busy)
-                .sum::<usize>()
-        };
-        let _ = tokio::time::timeout(bound, async {
-            while left() > 0 {
-                if rx.changed().await.is_err() {
-                    return;
-                }
-            }
-        })
-        .await;
-        left()
+        let left = || self.map.lock().unwrap().values().map(Entry::busy).sum();
+        Self::wait_idle(&mut rx, bound, left).await
     }
 
     /// The upgrade is over (it failed: this process serves on).
