@@ -323,10 +323,14 @@ pub struct Emulator {
     mh_macs: Vec<Option<[u8; 6]>>,
     /// Whether MH j is in cell i: `assoc[j][i]`.
     assoc: Vec<Vec<bool>>,
+    /// When MH j last joined cell i (a sequence number, 0: never): unicast to a MAC
+    /// that is no single cell's goes to the cell joined last.
+    joined: Vec<Vec<u64>>,
+    join_seq: u64,
     schedule: Option<Running>,
     /// MH 1's association history.
     events: Vec<AssocEvent>,
-    /// Frames from an MH addressed to no cell MAC at all.
+    /// Unicast frames from an MH that never joined a cell, to no cell's MAC.
     pub mh_unknown_dst: u64,
     /// Unicast frames from a cell addressed to no MH (several MHs only).
     pub cell_unknown_dst: u64,
@@ -452,7 +456,9 @@ impl Emulator {
             cells,
             air: air_links,
             mh_macs,
+            joined: assoc.iter().map(|a| vec![0; a.len()]).collect(),
             assoc,
+            join_seq: 0,
             schedule: None,
             events: Vec::new(),
             mh_unknown_dst: 0,
@@ -487,6 +493,10 @@ impl Emulator {
                 let l = &mut self.links[self.air[j][i]];
                 l.down.flush(now);
                 l.up.flush(now);
+            }
+            if inside && !self.assoc[j][i] {
+                self.join_seq += 1;
+                self.joined[j][i] = self.join_seq;
             }
             self.assoc[j][i] = inside;
         }
@@ -559,13 +569,7 @@ impl Emulator {
                 if frame.len() < 6 {
                     return;
                 }
-                let group = frame[0] & 1 == 1;
-                let mut matched = false;
-                for i in 0..self.cells.len() {
-                    if !group && frame[..6] != self.cells[i] {
-                        continue;
-                    }
-                    matched = true;
+                for i in self.cells_for(j, &frame) {
                     let l = &mut self.links[self.air[j][i]];
                     if self.assoc[j][i] {
                         l.up.offer(now, frame.clone());
@@ -573,9 +577,33 @@ impl Emulator {
                         l.up.count_no_cell(&frame);
                     }
                 }
-                if !matched {
-                    self.mh_unknown_dst += 1;
-                }
+            }
+        }
+    }
+
+    /// The cells (0-based) a frame from MH `j` goes to: broadcast to every cell; unicast
+    /// to the one cell whose MAC it is addressed to. Unicast to a MAC that is no single
+    /// cell's (a gateway MAC every MSR shares, as with VRRP) goes to the cell the MH is
+    /// in that it joined last, as a station sends only to the access point it associated
+    /// with last.
+    fn cells_for(&mut self, j: usize, frame: &[u8]) -> Vec<usize> {
+        if frame[0] & 1 == 1 {
+            return (0..self.cells.len()).collect();
+        }
+        let mut to = (0..self.cells.len()).filter(|&i| frame[..6] == self.cells[i]);
+        if let (Some(i), None) = (to.next(), to.next()) {
+            return vec![i];
+        }
+        // Among the cells the MH is in; out of every cell, the one it was in last.
+        let key = |i: usize| (self.assoc[j][i], self.joined[j][i]);
+        let last = (0..self.cells.len())
+            .filter(|&i| self.joined[j][i] > 0)
+            .max_by_key(|&i| key(i));
+        match last {
+            Some(i) => vec![i],
+            None => {
+                self.mh_unknown_dst += 1;
+                Vec::new()
             }
         }
     }
@@ -845,10 +873,40 @@ mod tests {
         let mut got = step(&mut e, 2);
         got.sort();
         assert_eq!(got, vec![2, 3]);
-        e.ingress(2, 4, frame_to([2, 9, 9, 9, 9, 9]));
-        assert!(step(&mut e, 3).is_empty());
-        assert_eq!(e.mh_unknown_dst, 1);
         let _ = MAC1;
+    }
+
+    #[test]
+    fn mh_unicast_to_a_shared_gateway_mac_goes_to_the_cell_joined_last() {
+        let vmac = [2, 0, 0x5e, 0, 1, 1];
+        let assoc = |e: &mut Emulator, t: u64, cells: Vec<usize>| {
+            e.handle(t, Request::Assoc { cells, mh: None });
+        };
+        let mut e = Emulator::new(&topo(), 0).unwrap();
+        assoc(&mut e, 0, vec![1]);
+        e.ingress(0, 4, frame_to(vmac));
+        assert_eq!(step(&mut e, 1), vec![2]);
+        // Overlap: the new cell takes the MH's unicast, never both cells.
+        assoc(&mut e, 1, vec![1, 2]);
+        e.ingress(1, 4, frame_to(vmac));
+        assert_eq!(step(&mut e, 2), vec![3]);
+        assoc(&mut e, 2, vec![1]);
+        e.ingress(2, 4, frame_to(vmac));
+        assert_eq!(step(&mut e, 3), vec![2]);
+        // Out of every cell: lost in the air of the cell joined last.
+        assoc(&mut e, 3, vec![]);
+        e.ingress(3, 4, frame_to(vmac));
+        assert!(step(&mut e, 4).is_empty());
+        assert_eq!(e.mh_unknown_dst, 0);
+        // Both cells configured with the same MAC: the same rule.
+        let mut t = topo();
+        let m = t.ports[3].mac.clone();
+        t.ports[2].mac = m;
+        let mut e = Emulator::new(&t, 0).unwrap();
+        assoc(&mut e, 0, vec![2]);
+        assoc(&mut e, 0, vec![2, 1]);
+        e.ingress(0, 4, frame_to(MAC2));
+        assert_eq!(step(&mut e, 1), vec![2]);
     }
 
     #[test]
