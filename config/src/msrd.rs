@@ -106,6 +106,11 @@ pub struct HandoffSection {
     /// dropped silently here instead of answered with RST, in seconds (60; 0: off).
     #[serde(default = "default_closed_window")]
     pub closed_window_s: u64,
+    /// New MSR, cells with `detect = "network"`: how long an arriving MH's packets are
+    /// dropped (never answered) while the MSR finds out where its connections are, in
+    /// ms (500). Each arrival is one such bounded hold.
+    #[serde(default = "default_detect_hold")]
+    pub detect_hold_ms: u64,
     /// An MH that is gone for this long without coming back has its connections
     /// closed (the fixed side with FIN), in seconds (120; 0: never).
     #[serde(default = "default_linger")]
@@ -133,6 +138,7 @@ impl Default for HandoffSection {
             hold_after_ms: default_hold_after(),
             setup_wait_ms: default_setup_wait(),
             closed_window_s: default_closed_window(),
+            detect_hold_ms: default_detect_hold(),
             linger_s: default_linger(),
             unacked: UnackedPolicy::default(),
             log_file: default_handoff_log(),
@@ -229,6 +235,9 @@ fn default_setup_wait() -> u64 {
 fn default_closed_window() -> u64 {
     60
 }
+fn default_detect_hold() -> u64 {
+    500
+}
 fn default_hold_after() -> u64 {
     3000
 }
@@ -299,6 +308,12 @@ pub struct MsrSection {
     /// The cell gateway address(es) every MSR shares; SOCKS listens here (required).
     #[serde(default, deserialize_with = "de_helpers::ip_addrs")]
     pub gateway: Vec<IpAddr>,
+    /// The MAC address every MSR's cell interfaces take, e.g. `"02:00:5e:00:01:01"`
+    /// (unset: the interfaces keep their own). The same on every MSR, as a VRRP virtual
+    /// MAC: an MH's neighbour entry for the gateway stays right when it moves, so hosts
+    /// that run nothing of ours keep their gateway. Restored at exit.
+    #[serde(default)]
+    pub gateway_mac: Option<String>,
     /// SOCKS5 port on the gateway address (1080).
     #[serde(default = "default_socks_port", deserialize_with = "de_helpers::port")]
     pub socks_port: u16,
@@ -318,6 +333,7 @@ impl Default for MsrSection {
         MsrSection {
             id: default_id(),
             gateway: Vec::new(),
+            gateway_mac: None,
             socks_port: DEFAULT_SOCKS_PORT,
             control_socket: default_control_socket(),
             log_level: LogLevel::default(),
@@ -327,6 +343,11 @@ impl Default for MsrSection {
 }
 
 impl MsrSection {
+    /// `gateway_mac` as bytes (validated at load).
+    pub fn gateway_mac(&self) -> Option<[u8; 6]> {
+        self.gateway_mac.as_deref().and_then(|m| parse_mac(m).ok())
+    }
+
     /// The SOCKS listen addresses: every gateway address at `socks_port`.
     pub fn socks_addrs(&self) -> Vec<SocketAddr> {
         self.gateway
@@ -623,8 +644,23 @@ impl TcpTuning {
 pub struct CellSection {
     /// The cell's network interface name (required).
     pub interface: String,
+    /// How this MSR learns that an MH arrived in the cell (`agent`).
+    pub detect: Detect,
     /// The `[wireless]` keys this cell overrides.
     pub tuning: TcpTuning,
+}
+
+/// How an MSR learns that an MH arrived in one of its cells.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Detect {
+    /// The MH's agent greets the MSR (mh-lib): the greeting proves the MH's token.
+    #[default]
+    Agent,
+    /// From the network: the first IP packet of an MH not served here. Trusts the
+    /// cell's link layer to authenticate stations (an MH is its MAC and IP address as
+    /// first seen); for MHs that run nothing of ours. Needs `msr.gateway_mac`.
+    Network,
 }
 
 /// The on-disk shape of a `[[cell]]`: `interface` plus the [`TcpTuning`] keys written
@@ -633,6 +669,8 @@ pub struct CellSection {
 #[serde(deny_unknown_fields)]
 struct RawCell {
     interface: String,
+    #[serde(default)]
+    detect: Detect,
     congestion_control: Option<String>,
     send_buffer: Option<u32>,
     recv_buffer: Option<u32>,
@@ -649,6 +687,7 @@ impl From<RawCell> for CellSection {
     fn from(c: RawCell) -> CellSection {
         CellSection {
             interface: c.interface,
+            detect: c.detect,
             tuning: TcpTuning {
                 congestion_control: c.congestion_control,
                 send_buffer: c.send_buffer,
@@ -787,6 +826,22 @@ impl MsrdConfig {
                 .keepalive_idle_s
                 .or(self.wireless.keepalive_idle_s);
             validate_tuning(src, &path, &cell.tuning, idle)?;
+            if cell.detect == Detect::Network {
+                if self.msr.gateway_mac.is_none() {
+                    return Err(src.invalid(
+                        &format!("{path}.detect"),
+                        "\"network\" needs msr.gateway_mac: an MH that runs nothing of ours \
+                         keeps its gateway only if every MSR answers with the same MAC",
+                    ));
+                }
+                if !self.handoff.enabled() {
+                    return Err(src.invalid(
+                        &format!("{path}.detect"),
+                        "\"network\" needs handoff (set handoff.listen): it pulls the \
+                         arriving MH's connections from its previous MSR",
+                    ));
+                }
+            }
         }
         self.validate_transparent(src)?;
         self.validate_interception(src)?;
@@ -846,6 +901,7 @@ impl MsrdConfig {
         in_range(src, "handoff.hold_after_ms", h.hold_after_ms, 0, 600_000)?;
         in_range(src, "handoff.linger_s", h.linger_s, 0, 2_000_000)?;
         in_range(src, "handoff.closed_window_s", h.closed_window_s, 0, 3600)?;
+        in_range(src, "handoff.detect_hold_ms", h.detect_hold_ms, 50, 10_000)?;
         if h.setup_wait_ms >= h.images_timeout_ms {
             return Err(src.invalid(
                 "handoff.setup_wait_ms",
@@ -973,6 +1029,9 @@ impl MsrdConfig {
             if !seen.insert(g) {
                 return Err(src.invalid(&path, format!("{g} is listed twice")));
             }
+        }
+        if let Some(mac) = &m.gateway_mac {
+            parse_mac(mac).map_err(|e| src.invalid("msr.gateway_mac", e))?;
         }
         if m.control_socket.as_os_str().is_empty() {
             return Err(src.invalid("msr.control_socket", "must not be empty"));
@@ -1209,6 +1268,30 @@ fn validate_tuning(
 
 /// Linux interface name rules (`dev_valid_name`): 1..=15 bytes, not `.` or `..`, no
 /// `/`, `:` or whitespace.
+/// A unicast MAC address `xx:xx:xx:xx:xx:xx`.
+pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+    let bad = || format!("{s:?} is not a MAC address (six hex bytes: 02:00:5e:00:01:01)");
+    let mut mac = [0u8; 6];
+    let mut parts = s.split(':');
+    for b in &mut mac {
+        let p = parts.next().ok_or_else(bad)?;
+        if p.len() != 2 {
+            return Err(bad());
+        }
+        *b = u8::from_str_radix(p, 16).map_err(|_| bad())?;
+    }
+    if parts.next().is_some() {
+        return Err(bad());
+    }
+    if mac[0] & 1 == 1 {
+        return Err(format!("{s} is a group (multicast) address: use a unicast one"));
+    }
+    if mac == [0; 6] {
+        return Err("00:00:00:00:00:00 is not a usable MAC address".into());
+    }
+    Ok(mac)
+}
+
 fn check_ifname(src: &Source<'_>, path: &str, name: &str) -> Result<(), ConfigError> {
     if name.is_empty()
         || name.len() > 15

@@ -154,7 +154,7 @@ fn unknown_key_in_cell() {
     assert_eq!(e.key(), Some("cell[1].nodelya"));
     assert!(e.to_string().contains("in cell[1]"), "{e}");
     assert!(
-        e.to_string().contains("interface, congestion_control"),
+        e.to_string().contains("interface, detect, congestion_control"),
         "{e}"
     );
 }
@@ -624,4 +624,43 @@ fn metrics_section_defaults_and_errors() {
         "metrics.listen",
     );
     assert!(e.to_string().contains("handoff"), "{e}");
+}
+
+#[test]
+fn gateway_mac_and_network_detection() {
+    let hand = "[handoff]\nlisten = \"10.1.0.11:4347\"\n";
+    let net = "[[cell]]\ninterface = \"cell0\"\ndetect = \"network\"\n";
+    let c = msrd(&format!(
+        "{}\n{hand}\n{net}",
+        MIN.replace("[msr]\n", "[msr]\ngateway_mac = \"02:00:5E:00:01:01\"\n")
+    ))
+    .unwrap();
+    assert_eq!(c.msr.gateway_mac(), Some([2, 0, 0x5e, 0, 1, 1]));
+    assert_eq!(c.cells[0].detect, crate::Detect::Network);
+    assert_eq!(c.handoff.detect_hold_ms, 500);
+    // Network detection needs the shared MAC and handoff.
+    let e = msrd_err(&format!("{MIN}\n{hand}\n{net}"), "gateway_mac");
+    assert_eq!(e.key(), Some("cell[0].detect"));
+    let with_mac = MIN.replace("[msr]\n", "[msr]\ngateway_mac = \"02:00:5e:00:01:01\"\n");
+    let e = msrd_err(&format!("{with_mac}\n{net}"), "needs handoff");
+    assert_eq!(e.key(), Some("cell[0].detect"));
+    for (bad, why) in [
+        ("03:00:5e:00:01:01", "group"),
+        ("00:00:00:00:00:00", "not a usable"),
+        ("02:00:5e:00:01", "not a MAC address"),
+        ("02:00:5e:00:01:01:07", "not a MAC address"),
+        ("02-00-5e-00-01-01", "not a MAC address"),
+        ("02:00:5e:00:01:zz", "not a MAC address"),
+    ] {
+        let t = MIN.replace("[msr]\n", &format!("[msr]\ngateway_mac = \"{bad}\"\n"));
+        let e = msrd_err(&t, why);
+        assert_eq!(e.key(), Some("msr.gateway_mac"), "{bad}");
+    }
+    let e = msrd_err(
+        &format!("{MIN}\n[[cell]]\ninterface = \"cell0\"\ndetect = \"radar\"\n"),
+        "radar",
+    );
+    assert!(e.to_string().contains("agent") && e.to_string().contains("network"), "{e}");
+    let e = msrd_err(&format!("{MIN}\n{hand}detect_hold_ms = 5\n"), "detect_hold_ms");
+    assert_eq!(e.key(), Some("handoff.detect_hold_ms"));
 }
