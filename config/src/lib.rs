@@ -56,9 +56,9 @@ mod prefix;
 pub use error::{ConfigError, ConfigErrorKind};
 pub use mh::{parse_gateway, MhConfig, MhSection, MobilityPolicy, MobilitySection};
 pub use msrd::{
-    parse_mac, AccessSection, BeaconSection, CellSection, Detect, HandoffSection, InterceptionSection, LogFormat,
-    LogLevel, MetricsSection, MsrSection, MsrdConfig, PeerSection, RelaySection, TcpTuning,
-    TransparentSection, UnackedPolicy, DEFAULT_SOCKS_PORT,
+    parse_mac, AccessSection, BeaconSection, CellSection, Detect, HandoffSection,
+    InterceptionSection, LogFormat, LogLevel, MetricsSection, MsrSection, MsrdConfig, PeerSection,
+    RelaySection, TcpTuning, TransparentSection, UnackedPolicy, DEFAULT_SOCKS_PORT,
 };
 pub use prefix::{IpPrefix, ParsePrefixError};
 

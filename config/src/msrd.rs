@@ -1284,7 +1284,9 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
         return Err(bad());
     }
     if mac[0] & 1 == 1 {
-        return Err(format!("{s} is a group (multicast) address: use a unicast one"));
+        return Err(format!(
+            "{s} is a group (multicast) address: use a unicast one"
+        ));
     }
     if mac == [0; 6] {
         return Err("00:00:00:00:00:00 is not a usable MAC address".into());

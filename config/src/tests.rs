@@ -154,7 +154,8 @@ fn unknown_key_in_cell() {
     assert_eq!(e.key(), Some("cell[1].nodelya"));
     assert!(e.to_string().contains("in cell[1]"), "{e}");
     assert!(
-        e.to_string().contains("interface, detect, congestion_control"),
+        e.to_string()
+            .contains("interface, detect, congestion_control"),
         "{e}"
     );
 }
@@ -660,7 +661,13 @@ fn gateway_mac_and_network_detection() {
         &format!("{MIN}\n[[cell]]\ninterface = \"cell0\"\ndetect = \"radar\"\n"),
         "radar",
     );
-    assert!(e.to_string().contains("agent") && e.to_string().contains("network"), "{e}");
-    let e = msrd_err(&format!("{MIN}\n{hand}detect_hold_ms = 5\n"), "detect_hold_ms");
+    assert!(
+        e.to_string().contains("agent") && e.to_string().contains("network"),
+        "{e}"
+    );
+    let e = msrd_err(
+        &format!("{MIN}\n{hand}detect_hold_ms = 5\n"),
+        "detect_hold_ms",
+    );
     assert_eq!(e.key(), Some("handoff.detect_hold_ms"));
 }

@@ -61,6 +61,15 @@ pub enum Action {
     /// segments for connections that did not resume here must not draw RSTs while it
     /// goes back to the old MSR.
     Quarantine(IpAddr),
+    /// The MH is served here now: no detection for it while it stays, and (if known)
+    /// its link-layer address is the one bound to it.
+    Arrived {
+        mh: IpAddr,
+        mac: Option<[u8; 6]>,
+    },
+    /// The MH is in another MSR's cell now: forget that it was here and the address
+    /// bound to it.
+    Forget(IpAddr),
     /// Send to the other MSR.
     Send(Message),
     /// One handoff log record.
@@ -110,12 +119,27 @@ enum NewState {
     Done,
 }
 
+/// What started a pull at the new MSR.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trigger {
+    /// The MH greeted us naming its previous MSR, which checks the proof.
+    Greeting(Greeting),
+    /// Network detection: the MH's first packet here came from link-layer address
+    /// `mac`. Every peer is asked; the one serving the MH checks `mac` against the
+    /// address bound to it there.
+    Detected { mh: IpAddr, mac: [u8; 6] },
+}
+
 /// The new MSR's side of one handoff.
 #[derive(Debug, Clone)]
 pub struct NewSide {
     pub handoff_id: u64,
     me: String,
-    greeting: Greeting,
+    trigger: Trigger,
+    mh: IpAddr,
+    old_msr: String,
+    /// The link-layer address bound to the MH (detected here, or shipped by the old MSR).
+    mac: Option<[u8; 6]>,
     state: NewState,
     phases: Phases,
     token: Option<String>,
@@ -133,26 +157,75 @@ impl NewSide {
         now_us: u64,
         t: Timeouts,
     ) -> (NewSide, Vec<Action>) {
+        let msg = Message::HandoffRequest {
+            handoff_id,
+            greeting: greeting.clone(),
+        };
+        Self::begin(handoff_id, me, Trigger::Greeting(greeting), msg, now_us, t)
+    }
+
+    /// Network detection: MH `mh` sent its first packet here from `mac`. The request
+    /// goes to every peer (the driver sends it to each and feeds back the answer of
+    /// the one that serves the MH, or `NotHere` when none does). Nothing is held yet.
+    pub fn detected(
+        handoff_id: u64,
+        me: &str,
+        mh: IpAddr,
+        mac: [u8; 6],
+        now_us: u64,
+        t: Timeouts,
+    ) -> (NewSide, Vec<Action>) {
+        let msg = Message::Detected {
+            handoff_id,
+            mh,
+            mac: itcp_proto::hex::mac(&mac),
+        };
+        Self::begin(
+            handoff_id,
+            me,
+            Trigger::Detected { mh, mac },
+            msg,
+            now_us,
+            t,
+        )
+    }
+
+    fn begin(
+        handoff_id: u64,
+        me: &str,
+        trigger: Trigger,
+        request: Message,
+        now_us: u64,
+        t: Timeouts,
+    ) -> (NewSide, Vec<Action>) {
         let phases = Phases {
             greeting: Some(now_us),
             mh_in: Some(now_us),
             ..Phases::default()
         };
+        let (mh, old_msr, mac) = match &trigger {
+            Trigger::Greeting(g) => (g.mh, g.prev_msr.clone(), None),
+            Trigger::Detected { mh, mac } => (*mh, String::new(), Some(*mac)),
+        };
         let s = NewSide {
             handoff_id,
             me: me.into(),
-            greeting: greeting.clone(),
+            trigger,
+            mh,
+            old_msr,
+            mac,
             state: NewState::WaitingAccept,
             phases,
             token: None,
             deadline: now_us + t.images_us,
             restore_failed: Vec::new(),
         };
-        let acts = vec![Action::Send(Message::HandoffRequest {
-            handoff_id,
-            greeting,
-        })];
-        (s, acts)
+        (s, vec![Action::Send(request)])
+    }
+
+    /// Network detection: the peer that answered for the MH (for the log).
+    pub fn set_old_msr(&mut self, id: &str) {
+        self.old_msr = id.into();
     }
 
     pub fn done(&self) -> bool {
@@ -172,9 +245,17 @@ impl NewSide {
         self.token.as_deref()
     }
 
-    /// The greeting this handoff started with.
-    pub fn greeting(&self) -> &Greeting {
-        &self.greeting
+    /// The greeting this handoff started with (None: network detection).
+    pub fn greeting(&self) -> Option<&Greeting> {
+        match &self.trigger {
+            Trigger::Greeting(g) => Some(g),
+            Trigger::Detected { .. } => None,
+        }
+    }
+
+    /// The MH this handoff is for.
+    pub fn mh(&self) -> IpAddr {
+        self.mh
     }
 
     /// The next deadline (µs), while waiting for the old MSR.
@@ -196,8 +277,8 @@ impl NewSide {
             handoff_id: self.handoff_id,
             msr: self.me.clone(),
             role: Role::New,
-            mh: self.greeting.mh,
-            old_msr: self.greeting.prev_msr.clone(),
+            mh: self.mh,
+            old_msr: self.old_msr.clone(),
             new_msr: self.me.clone(),
             outcome,
             reason,
@@ -213,7 +294,7 @@ impl NewSide {
         self.state = NewState::Done;
         let mut acts = Vec::new();
         if held {
-            acts.push(Action::Release(self.greeting.mh));
+            acts.push(Action::Release(self.mh));
         }
         acts.push(Action::Log(self.record(outcome, Some(reason), vec![])));
         acts
@@ -280,7 +361,21 @@ impl NewSide {
                 if handoff_id == id =>
             {
                 self.state = NewState::WaitingImages;
-                vec![Action::Hold(self.greeting.mh)]
+                vec![Action::Hold(self.mh)]
+            }
+            // Network detection: no peer serves the MH. It is ours now, with nothing
+            // to move; it needs its address here on the fixed LAN all the same.
+            (NewState::WaitingAccept, NewEvent::Message(Message::NotHere { handoff_id }))
+                if handoff_id == id && self.greeting().is_none() =>
+            {
+                self.state = NewState::Done;
+                vec![
+                    Action::Arrived {
+                        mh: self.mh,
+                        mac: self.mac,
+                    },
+                    Action::Reroute(self.mh),
+                ]
             }
             (
                 NewState::WaitingImages,
@@ -288,11 +383,15 @@ impl NewSide {
                     handoff_id,
                     images,
                     token,
+                    mac,
                     ..
                 }),
             ) if handoff_id == id => {
                 self.phases.images_sent = Some(now_us);
                 self.token = token;
+                if self.mac.is_none() {
+                    self.mac = mac.as_deref().and_then(itcp_proto::hex::parse_mac);
+                }
                 self.state = NewState::Restoring;
                 vec![Action::Restore(images)]
             }
@@ -300,7 +399,7 @@ impl NewSide {
                 self.phases.restored = Some(now_us);
                 self.restore_failed = failed;
                 self.state = NewState::Restarting;
-                let mh = self.greeting.mh;
+                let mh = self.mh;
                 vec![
                     Action::Reroute(mh),
                     Action::Release(mh),
@@ -322,7 +421,7 @@ impl NewSide {
                 if none_resumed {
                     // Nothing runs here: the old MSR keeps every connection and takes
                     // the MH's address back; the MH is told the move failed.
-                    let mh = self.greeting.mh;
+                    let mh = self.mh;
                     acts.push(Action::Unroute(mh));
                     acts.push(Action::Quarantine(mh));
                     let reason = "no connection resumed here: the old MSR keeps them".into();
@@ -337,6 +436,10 @@ impl NewSide {
                     } else {
                         Outcome::Partial
                     };
+                    acts.push(Action::Arrived {
+                        mh: self.mh,
+                        mac: self.mac,
+                    });
                     acts.push(Action::Log(self.record(outcome, None, all_failed)));
                 }
                 acts
@@ -383,6 +486,20 @@ pub struct MhKnown<'a> {
     pub token: Option<&'a [u8]>,
     /// Timestamp of the newest greeting of this MH accepted so far.
     pub last_greeting_ts: u64,
+    /// The link-layer address bound to the MH here (network detection), if any.
+    pub mac: Option<[u8; 6]>,
+    /// The MH's connections here.
+    pub local: usize,
+}
+
+/// What a peer asks of the old MSR.
+#[derive(Debug, Clone, Copy)]
+pub enum Request<'a> {
+    /// The MH greeted the peer: its proof must verify under the MH's token here.
+    Greeting(&'a Greeting),
+    /// The peer saw the MH's first packet come from `mac`: it must be the address
+    /// bound to the MH here.
+    Detected { mh: IpAddr, mac: [u8; 6] },
 }
 
 /// The old MSR's side of one handoff.
@@ -395,72 +512,110 @@ pub struct OldSide {
     state: OldState,
     phases: Phases,
     token: Option<String>,
+    mac: Option<[u8; 6]>,
     timeouts: Timeouts,
     deadline: Option<u64>,
+}
+
+/// Why a request is refused, or None.
+fn refusal(me: &str, from: &str, req: Request<'_>, known: MhKnown<'_>) -> Option<String> {
+    match req {
+        Request::Greeting(g) => {
+            if g.new_msr != from || g.prev_msr != me {
+                Some("greeting names other MSRs than the ones exchanging it".into())
+            } else if let Some(t) = known.token {
+                if !g.verify(t) {
+                    Some("greeting proof does not match the MH's session token".into())
+                } else if g.ts_ms <= known.last_greeting_ts {
+                    Some("greeting already used (replayed)".into())
+                } else {
+                    None
+                }
+            } else {
+                Some("no I-TCP connection of this MH here opened with a session token".into())
+            }
+        }
+        Request::Detected { mh, mac } => match known.mac {
+            Some(bound) if bound != mac => Some(format!(
+                "link-layer address {} is not the one bound to {mh} here",
+                itcp_proto::hex::mac(&mac)
+            )),
+            Some(_) => None,
+            None => Some(
+                "this MH's connections here are bound to no link-layer address \
+                 (its cell here has no network detection)"
+                    .into(),
+            ),
+        },
+    }
 }
 
 impl OldSide {
     /// A handoff request arrived from `from` (already authenticated as that peer).
     /// The greeting must carry a proof under the MH's token and be newer than every
     /// greeting accepted before; only then does anything change here.
+    ///
+    /// A detected request for an MH with no connection here is answered `NotHere`
+    /// (and, if its address here matches, the MH's presence here ends).
     pub fn start(
         me: &str,
         from: &str,
         handoff_id: u64,
-        greeting: &Greeting,
+        req: Request<'_>,
         known: MhKnown<'_>,
         now_us: u64,
         timeouts: Timeouts,
     ) -> (OldSide, Vec<Action>) {
+        let mh = match req {
+            Request::Greeting(g) => g.mh,
+            Request::Detected { mh, .. } => mh,
+        };
         let mut s = OldSide {
             handoff_id,
             me: me.into(),
             new_msr: from.into(),
-            mh: greeting.mh,
+            mh,
             state: OldState::Capturing,
             phases: Phases {
                 mh_in: Some(now_us),
                 ..Phases::default()
             },
             token: known.token.map(itcp_proto::hex::hex),
+            mac: known.mac,
             timeouts,
             deadline: None,
         };
-        let refusal = if greeting.new_msr != from || greeting.prev_msr != me {
-            Some("greeting names other MSRs than the ones exchanging it")
-        } else if let Some(t) = known.token {
-            if !greeting.verify(t) {
-                Some("greeting proof does not match the MH's session token")
-            } else if greeting.ts_ms <= known.last_greeting_ts {
-                Some("greeting already used (replayed)")
-            } else {
-                None
+        if let Request::Detected { mac, .. } = req {
+            if known.local == 0 && known.mac.is_none_or(|b| b == mac) {
+                s.state = OldState::Done;
+                let mut acts = vec![Action::Send(Message::NotHere { handoff_id })];
+                if known.mac.is_some() {
+                    acts.push(Action::Forget(mh));
+                }
+                return (s, acts);
             }
-        } else {
-            Some("no I-TCP connection of this MH here opened with a session token")
-        };
-        let acts = match refusal {
+        }
+        let acts = match refusal(me, from, req, known) {
             Some(reason) => {
                 s.state = OldState::Done;
                 s.token = None;
                 vec![
                     Action::Send(Message::Abort {
                         handoff_id,
-                        reason: reason.into(),
+                        reason: reason.clone(),
                     }),
-                    Action::Log(s.record(Outcome::Rejected, Some(reason.into()))),
+                    Action::Log(s.record(Outcome::Rejected, Some(reason))),
                 ]
             }
             None => {
                 s.phases.freeze = Some(now_us);
-                vec![
-                    Action::GreetingUsed {
-                        mh: greeting.mh,
-                        ts_ms: greeting.ts_ms,
-                    },
-                    Action::Send(Message::Accepted { handoff_id }),
-                    Action::FreezeAndCapture(greeting.mh),
-                ]
+                let mut acts = Vec::new();
+                if let Request::Greeting(g) = req {
+                    acts.push(Action::GreetingUsed { mh, ts_ms: g.ts_ms });
+                }
+                acts.push(Action::Send(Message::Accepted { handoff_id }));
+                acts.push(Action::FreezeAndCapture(mh));
+                acts
             }
         };
         (s, acts)
@@ -530,6 +685,7 @@ impl OldSide {
                     token: self.token.clone(),
                     // The driver adds the MH's recently closed flows (socket state).
                     closed: Vec::new(),
+                    mac: self.mac.as_ref().map(itcp_proto::hex::mac),
                 })]
             }
             (
@@ -556,7 +712,7 @@ impl OldSide {
                         Action::Log(r),
                     ];
                 }
-                let mut acts = vec![Action::Delete(restored)];
+                let mut acts = vec![Action::Delete(restored), Action::Forget(self.mh)];
                 let outcome = if failed.is_empty() {
                     Outcome::Moved
                 } else {
@@ -612,6 +768,8 @@ mod tests {
 
     fn known() -> MhKnown<'static> {
         MhKnown {
+            local: 1,
+            mac: None,
             token: Some(TOKEN),
             last_greeting_ts: 0,
         }
@@ -661,7 +819,15 @@ mod tests {
         else {
             panic!()
         };
-        let (mut old, acts) = OldSide::start("msr1", "msr2", handoff_id, &g, known(), 101, T);
+        let (mut old, acts) = OldSide::start(
+            "msr1",
+            "msr2",
+            handoff_id,
+            Request::Greeting(&g),
+            known(),
+            101,
+            T,
+        );
         assert_eq!(
             acts,
             vec![
@@ -713,6 +879,151 @@ mod tests {
         assert!(new.done() && old.done());
     }
 
+    const MAC: [u8; 6] = [2, 0, 0, 0, 0, 0x64];
+    const SPOOF: [u8; 6] = [2, 0, 0, 0, 0, 0x99];
+
+    fn bound(local: usize) -> MhKnown<'static> {
+        MhKnown {
+            token: None,
+            last_greeting_ts: 0,
+            mac: Some(MAC),
+            local,
+        }
+    }
+
+    #[test]
+    fn a_detected_move_hands_over_when_the_mac_matches_the_one_bound_at_the_old_msr() {
+        let mh = greeting().mh;
+        let (mut new, acts) = NewSide::detected(4, "msr2", mh, MAC, 100, T);
+        assert!(new.greeting().is_none());
+        let req = sent(&acts);
+        let Message::Detected {
+            handoff_id, mac, ..
+        } = &req
+        else {
+            panic!("{req:?}")
+        };
+        assert_eq!(mac, "02:00:00:00:00:64");
+        let r = Request::Detected { mh, mac: MAC };
+        let (mut old, acts) = OldSide::start("msr1", "msr2", *handoff_id, r, bound(2), 101, T);
+        // No greeting, so no replay state changes.
+        assert_eq!(
+            acts,
+            vec![
+                Action::Send(Message::Accepted { handoff_id: 4 }),
+                Action::FreezeAndCapture(mh)
+            ]
+        );
+        new.set_old_msr("msr1");
+        assert_eq!(
+            new.handle(NewEvent::Message(sent(&acts)), 102),
+            vec![Action::Hold(mh)]
+        );
+        let acts = old.handle(OldEvent::Captured(vec![img(1)]), 103);
+        let Message::Images { mac, .. } = sent(&acts) else {
+            panic!()
+        };
+        assert_eq!(
+            mac.as_deref(),
+            Some("02:00:00:00:00:64"),
+            "the binding travels"
+        );
+        new.handle(NewEvent::Message(sent(&acts)), 104);
+        new.handle(
+            NewEvent::Restored {
+                restored: vec![1],
+                failed: vec![],
+            },
+            105,
+        );
+        let acts = new.handle(
+            NewEvent::Restarted {
+                resumed: vec![1],
+                failed: vec![],
+            },
+            106,
+        );
+        assert!(
+            acts.contains(&Action::Arrived { mh, mac: Some(MAC) }),
+            "{acts:?}"
+        );
+        let r = log(&acts);
+        assert_eq!((r.outcome, r.old_msr.as_str()), (Outcome::Moved, "msr1"));
+        let acts = old.handle(OldEvent::Message(sent(&acts)), 107);
+        assert!(acts.contains(&Action::Forget(mh)), "{acts:?}");
+    }
+
+    #[test]
+    fn a_detected_move_from_another_mac_moves_nothing_and_keeps_the_victim_here() {
+        let mh = greeting().mh;
+        for local in [0, 3] {
+            let r = Request::Detected { mh, mac: SPOOF };
+            let (old, acts) = OldSide::start("msr1", "msr2", 1, r, bound(local), 0, T);
+            assert!(old.done());
+            assert!(
+                matches!(sent(&acts), Message::Abort { ref reason, .. } if reason.contains("02:00:00:00:00:99"))
+            );
+            assert_eq!(log(&acts).outcome, Outcome::Rejected);
+            assert_eq!(acts.len(), 2, "no freeze, no forget: {acts:?}");
+        }
+        // Connections opened on a cell without detection are bound to no address.
+        let unbound = MhKnown {
+            mac: None,
+            ..bound(1)
+        };
+        let (_, acts) = OldSide::start(
+            "msr1",
+            "msr2",
+            1,
+            Request::Detected { mh, mac: MAC },
+            unbound,
+            0,
+            T,
+        );
+        assert_eq!(log(&acts).outcome, Outcome::Rejected);
+        // The new MSR gives up and holds nothing.
+        let (mut new, _) = NewSide::detected(1, "msr2", mh, SPOOF, 0, T);
+        let acts = new.handle(NewEvent::Message(sent(&acts)), 1);
+        assert!(new.done());
+        assert!(
+            !acts.iter().any(|a| matches!(
+                a,
+                Action::Hold(_) | Action::Arrived { .. } | Action::Reroute(_)
+            )),
+            "{acts:?}"
+        );
+    }
+
+    #[test]
+    fn a_detected_mh_served_nowhere_arrives_with_its_address_and_the_last_msr_forgets_it() {
+        let mh = greeting().mh;
+        // Idle at the old MSR with this MAC: it forgets the MH.
+        let r = Request::Detected { mh, mac: MAC };
+        let (_, acts) = OldSide::start("msr1", "msr2", 5, r, bound(0), 0, T);
+        assert_eq!(
+            acts,
+            vec![
+                Action::Send(Message::NotHere { handoff_id: 5 }),
+                Action::Forget(mh)
+            ]
+        );
+        // Never seen there: nothing to forget.
+        let (_, acts) = OldSide::start("msr1", "msr2", 5, r, MhKnown::default(), 0, T);
+        assert_eq!(acts, vec![Action::Send(Message::NotHere { handoff_id: 5 })]);
+        let (mut new, _) = NewSide::detected(5, "msr2", mh, MAC, 0, T);
+        let acts = new.handle(NewEvent::Message(sent(&acts)), 1);
+        assert_eq!(
+            acts,
+            vec![Action::Arrived { mh, mac: Some(MAC) }, Action::Reroute(mh)]
+        );
+        assert!(new.done());
+        // A greeting's pull never takes "not here" for an arrival.
+        let (mut g, _) = NewSide::start(5, "msr2", greeting(), 0, T);
+        assert!(g
+            .handle(NewEvent::Message(Message::NotHere { handoff_id: 5 }), 1)
+            .is_empty());
+    }
+
     #[test]
     fn a_greeting_without_valid_proof_or_already_used_changes_nothing() {
         let only_refusal = |acts: &[Action]| {
@@ -721,20 +1032,68 @@ mod tests {
             assert_eq!(acts.len(), 2, "{acts:?}");
         };
         let other = MhKnown {
+            local: 1,
+            mac: None,
             token: Some(b"some other token"),
             last_greeting_ts: 0,
         };
-        only_refusal(&OldSide::start("msr1", "msr2", 1, &greeting(), other, 0, T).1);
+        only_refusal(
+            &OldSide::start(
+                "msr1",
+                "msr2",
+                1,
+                Request::Greeting(&greeting()),
+                other,
+                0,
+                T,
+            )
+            .1,
+        );
         // No connection of that MH here with a token.
-        only_refusal(&OldSide::start("msr1", "msr2", 1, &greeting(), MhKnown::default(), 0, T).1);
+        only_refusal(
+            &OldSide::start(
+                "msr1",
+                "msr2",
+                1,
+                Request::Greeting(&greeting()),
+                MhKnown::default(),
+                0,
+                T,
+            )
+            .1,
+        );
         // A greeting meant for another pair of MSRs.
-        only_refusal(&OldSide::start("msr1", "msr3", 1, &greeting(), known(), 0, T).1);
+        only_refusal(
+            &OldSide::start(
+                "msr1",
+                "msr3",
+                1,
+                Request::Greeting(&greeting()),
+                known(),
+                0,
+                T,
+            )
+            .1,
+        );
         // A greeting not newer than the last accepted one: a replay.
         let used = MhKnown {
+            local: 1,
+            mac: None,
             last_greeting_ts: 10,
             ..known()
         };
-        only_refusal(&OldSide::start("msr1", "msr2", 1, &greeting(), used, 0, T).1);
+        only_refusal(
+            &OldSide::start(
+                "msr1",
+                "msr2",
+                1,
+                Request::Greeting(&greeting()),
+                used,
+                0,
+                T,
+            )
+            .1,
+        );
     }
 
     #[test]
@@ -786,6 +1145,7 @@ mod tests {
                 images: vec![],
                 token: None,
                 closed: Vec::new(),
+                mac: None,
             }),
             500,
         );
@@ -800,7 +1160,15 @@ mod tests {
 
     #[test]
     fn old_msr_rolls_back_when_the_new_one_goes_silent() {
-        let (mut old, _) = OldSide::start("msr1", "msr2", 1, &greeting(), known(), 0, T);
+        let (mut old, _) = OldSide::start(
+            "msr1",
+            "msr2",
+            1,
+            Request::Greeting(&greeting()),
+            known(),
+            0,
+            T,
+        );
         assert_eq!(old.poll_timeout(), None);
         old.handle(OldEvent::Captured(vec![img(1)]), 1);
         assert!(old.handle_timeout(5000).is_empty());
@@ -822,7 +1190,15 @@ mod tests {
 
     #[test]
     fn a_failed_capture_aborts_and_unfreezes() {
-        let (mut old, _) = OldSide::start("msr1", "msr2", 1, &greeting(), known(), 0, T);
+        let (mut old, _) = OldSide::start(
+            "msr1",
+            "msr2",
+            1,
+            Request::Greeting(&greeting()),
+            known(),
+            0,
+            T,
+        );
         let acts = old.handle(OldEvent::CaptureFailed("changed".into()), 1);
         assert!(matches!(sent(&acts), Message::Abort { .. }));
         assert!(acts.contains(&Action::Unfreeze(greeting().mh)));
@@ -841,6 +1217,7 @@ mod tests {
                 images: vec![img(1)],
                 token: None,
                 closed: Vec::new(),
+                mac: None,
             }),
             2,
         );
@@ -862,7 +1239,15 @@ mod tests {
         assert!(acts.contains(&Action::Quarantine(mh)));
         assert_eq!(log(&acts).outcome, Outcome::RolledBack);
         assert_eq!(log(&acts).failed.len(), 1);
-        let (mut old, _) = OldSide::start("msr1", "msr2", 3, &greeting(), known(), 0, T);
+        let (mut old, _) = OldSide::start(
+            "msr1",
+            "msr2",
+            3,
+            Request::Greeting(&greeting()),
+            known(),
+            0,
+            T,
+        );
         old.handle(OldEvent::Captured(vec![img(1)]), 1);
         let acts = old.handle(OldEvent::Message(sent(&acts)), 5);
         assert_eq!(&acts[..2], &[Action::Unfreeze(mh), Action::Reroute(mh)]);
@@ -881,6 +1266,7 @@ mod tests {
                 images: vec![img(1), img(2), img(3)],
                 token: None,
                 closed: Vec::new(),
+                mac: None,
             }),
             2,
         );
@@ -907,7 +1293,15 @@ mod tests {
         assert_eq!(restored, vec![1]);
         assert_eq!(failed.len(), 2);
         assert_eq!(log(&acts).outcome, Outcome::Partial);
-        let (mut old, _) = OldSide::start("msr1", "msr2", 3, &greeting(), known(), 0, T);
+        let (mut old, _) = OldSide::start(
+            "msr1",
+            "msr2",
+            3,
+            Request::Greeting(&greeting()),
+            known(),
+            0,
+            T,
+        );
         old.handle(OldEvent::Captured(vec![img(1), img(2), img(3)]), 1);
         let acts = old.handle(OldEvent::Message(sent(&acts)), 5);
         assert_eq!(acts[0], Action::Delete(vec![1]));

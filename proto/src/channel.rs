@@ -26,7 +26,7 @@
 //! (megabytes of queued data as they are, not as hex in JSON).
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
@@ -64,6 +64,18 @@ pub const MAX_ATTACHMENT: usize = (1 << 31) - 1;
 pub enum Message {
     /// New MSR → old MSR (paper step 4–5): the MH is here; send me its connections.
     HandoffRequest { handoff_id: u64, greeting: Greeting },
+    /// New MSR → each peer (network detection, no greeting): MH `mh` appeared in my
+    /// cell sending from link-layer address `mac` (`xx:xx:…`). The peer serving it
+    /// hands its connections over (`Accepted`, as for a greeting) only if `mac` is the
+    /// address bound to `mh` there; one that serves nothing of it answers `NotHere`.
+    Detected {
+        handoff_id: u64,
+        mh: IpAddr,
+        mac: String,
+    },
+    /// Peer → new MSR: no connection of that MH here (an idle MH's presence here,
+    /// if any, ends: it is in the other cell now).
+    NotHere { handoff_id: u64 },
     /// Old MSR → new MSR: the greeting's proof verified; the old MSR freezes now, so
     /// the new MSR may hold the MH's flows and let it send (nothing is held for an
     /// unproven greeting).
@@ -79,6 +91,10 @@ pub enum Message {
         /// states stay here, so the new MSR drops their stray segments silently.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         closed: Vec<ClosedFlow>,
+        /// The link-layer address bound to the MH at the old MSR (network detection),
+        /// so a later detected move is checked against it at the new MSR.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        mac: Option<String>,
     },
     /// New MSR → old MSR (step 10): `restored` are running here (restored *and*
     /// restarted): delete your copies; `failed` did not resume here (with the reason):

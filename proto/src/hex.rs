@@ -31,9 +31,41 @@ pub fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// A MAC address as `xx:xx:xx:xx:xx:xx`.
+pub fn mac(m: &[u8; 6]) -> String {
+    let h = hex(m);
+    let pairs: Vec<&str> = (0..6).map(|i| &h[2 * i..2 * i + 2]).collect();
+    pairs.join(":")
+}
+
+/// Parses `xx:xx:xx:xx:xx:xx` (either case); None if it is not one.
+pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let parts: Vec<&str> = s.split(':').collect();
+    if parts.len() != 6 || parts.iter().any(|p| p.len() != 2) {
+        return None;
+    }
+    unhex(&parts.concat())?.try_into().ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mac_round_trip() {
+        let m = [2, 0, 0x5e, 0, 1, 0xab];
+        assert_eq!(mac(&m), "02:00:5e:00:01:ab");
+        assert_eq!(parse_mac("02:00:5E:00:01:AB"), Some(m));
+        for bad in [
+            "02:00:5e:00:01",
+            "02:00:5e:00:01:ab:cd",
+            "0200:5e:00:01:ab:",
+            "zz:00:5e:00:01:ab",
+            "",
+        ] {
+            assert_eq!(parse_mac(bad), None, "{bad}");
+        }
+    }
 
     #[test]
     fn hex_round_trip() {
