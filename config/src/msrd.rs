@@ -746,6 +746,10 @@ pub struct InterceptionSection {
     /// Policy routing table for marked packets (4954); not 253, 254 or 255.
     #[serde(default = "default_route_table")]
     pub route_table: u32,
+    /// NFLOG group on which msrd's rules report MHs arriving in cells with network
+    /// detection (4954); another program must not use it.
+    #[serde(default = "default_nflog_group")]
+    pub nflog_group: u16,
 }
 
 impl Default for InterceptionSection {
@@ -754,6 +758,7 @@ impl Default for InterceptionSection {
             nft_table: default_nft_table(),
             fwmark: default_fwmark(),
             route_table: default_route_table(),
+            nflog_group: default_nflog_group(),
         }
     }
 }
@@ -765,6 +770,9 @@ fn default_fwmark() -> u32 {
     0x4954
 }
 fn default_route_table() -> u32 {
+    4954
+}
+fn default_nflog_group() -> u16 {
     4954
 }
 
@@ -1174,6 +1182,12 @@ impl MsrdConfig {
         }
         if i.fwmark == 0 {
             return Err(src.invalid("interception.fwmark", "must not be 0 (0 means \"no mark\")"));
+        }
+        if i.nflog_group == 0 {
+            return Err(src.invalid(
+                "interception.nflog_group",
+                "must not be 0 (group 0 is the kernel's default log group)",
+            ));
         }
         match i.route_table {
             0 => Err(src.invalid("interception.route_table", "must not be 0 (0 means \"unspecified\")")),

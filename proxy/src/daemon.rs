@@ -1174,6 +1174,20 @@ pub(crate) fn rules_of(cfg: &MsrdConfig) -> Rules {
             ports: cfg.transparent.ports.clone(),
             listen_port: cfg.transparent.listen_port,
         }),
+        detect: {
+            let ifs: Vec<String> = cfg
+                .cells
+                .iter()
+                .filter(|c| c.detect == itcp_config::Detect::Network)
+                .map(|c| c.interface.clone())
+                .collect();
+            (!ifs.is_empty()).then(|| crate::intercept::Detection {
+                interfaces: ifs,
+                mh_prefixes: cfg.access.mh_prefixes.clone(),
+                group: i.nflog_group,
+                hold_ms: cfg.handoff.detect_hold_ms,
+            })
+        },
     }
 }
 
@@ -1351,6 +1365,16 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
             d.rules.install().map_err(|e| {
                 io::Error::new(e.kind(), format!("installing interception rules: {e}"))
             })?;
+            if let Some(mac) = cfg.msr.gateway_mac() {
+                for c in &cfg.cells {
+                    undo.0.set_mac(&c.interface, mac).map_err(|e| {
+                        io::Error::new(
+                            e.kind(),
+                            format!("[msr] gateway_mac on {}: {e}", c.interface),
+                        )
+                    })?;
+                }
+            }
             let rest = bind_rest(cfg, &undo.0).await?;
             for (role, name, fd) in bound.into_iter().chain(rest) {
                 services.add(&d, role, name, fd)?;
@@ -1376,6 +1400,10 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
             }
             undo
         }
+    };
+    let detection = match (&d.rules.detect, &d.handoff) {
+        (Some(dt), Some(_)) => Some(tokio::spawn(crate::detect::run(d.clone(), dt.group))),
+        _ => None,
     };
     let beacons = cfg.beacon.enabled.then(|| {
         tokio::spawn(crate::beacon::run(
@@ -1444,6 +1472,9 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
     services.abort_all();
     if let Some(b) = beacons {
         b.abort();
+    }
+    if let Some(t) = detection {
+        t.abort();
     }
     let _ = std::fs::remove_file(&cfg.msr.control_socket);
     drop(undo);

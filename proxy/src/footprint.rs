@@ -8,9 +8,10 @@
 //! | proxy-ARP/NDP entries for MH addresses on `[handoff] lan_interface` | takeovers | handoff out; exit; start |
 //! | host routes for MHs with a large `initcwnd` (protocol [`ROUTE_PROTO`]) | restores | after restart; exit; start |
 //! | `net.ipv4.neigh.<lan_interface>.proxy_delay` = 0 | start | exit; start (original value kept in the state file) |
+//! | the cell interfaces' MAC address = `[msr] gateway_mac` | start | exit; start (original kept in the state file) |
 //!
 //! The state file (`<control_socket>.state`) holds what cannot be found again from
-//! the kernel alone: the sysctls' original values.
+//! the kernel alone: the sysctls' original values, the cells' original MACs.
 
 use std::io;
 use std::net::IpAddr;
@@ -31,6 +32,9 @@ pub const ROUTE_PROTO: u8 = 73;
 struct State {
     /// (path under /proc/sys, original value)
     sysctls: Vec<(String, String)>,
+    /// (interface, original MAC address)
+    #[serde(default)]
+    macs: Vec<(String, String)>,
 }
 
 /// msrd's footprint on this router.
@@ -80,6 +84,21 @@ impl Footprint {
         std::fs::write(path, value)
     }
 
+    /// Gives interface `ifname` the MAC address `mac`, remembering its own first.
+    pub fn set_mac(&self, ifname: &str, mac: [u8; 6]) -> io::Result<()> {
+        let old = crate::netlink::link_mac(ifname)?;
+        if old == mac {
+            return Ok(());
+        }
+        let mut st = self.load();
+        if !st.macs.iter().any(|(i, _)| i == ifname) {
+            st.macs
+                .push((ifname.to_string(), itcp_proto::hex::mac(&old)));
+            self.store(&st)?;
+        }
+        crate::netlink::set_link_mac(ifname, mac)
+    }
+
     /// At exit: removes every change (errors are logged; exit goes on).
     pub fn undo(&self) {
         self.rules.remove();
@@ -91,6 +110,14 @@ impl Footprint {
         for (path, old) in &st.sysctls {
             if let Err(e) = std::fs::write(path, old) {
                 warn!(%path, error = %e, "sysctl not restored");
+            }
+        }
+        for (ifname, old) in &st.macs {
+            let r = itcp_proto::hex::parse_mac(old)
+                .ok_or_else(|| io::Error::other(format!("bad MAC {old:?} in the state file")))
+                .and_then(|m| crate::netlink::set_link_mac(ifname, m));
+            if let Err(e) = r {
+                warn!(interface = %ifname, error = %e, "MAC address not restored");
             }
         }
         if let Some(lan) = &self.lan_interface {
@@ -107,7 +134,9 @@ impl Footprint {
                 .args([v, "route", "flush", "proto", &ROUTE_PROTO.to_string()])
                 .output();
         }
-        if st.sysctls.is_empty() || std::fs::remove_file(&self.state_file).is_ok() {
+        if (st.sysctls.is_empty() && st.macs.is_empty())
+            || std::fs::remove_file(&self.state_file).is_ok()
+        {
             return;
         }
         warn!(state = %self.state_file.display(), "state file not removed");

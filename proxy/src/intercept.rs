@@ -26,6 +26,20 @@ pub struct Rules {
     pub route_table: u32,
     /// Transparent mode: MH prefixes, ports and the local TPROXY port.
     pub transparent: Option<Transparent>,
+    /// Network detection on some cells.
+    pub detect: Option<Detection>,
+}
+
+/// Network detection: the first IPv4 packet of an MH that is not present here (set
+/// `present4`) on one of `interfaces` is reported on NFLOG group `group` and dropped;
+/// the MH's packets are then dropped (never answered) until msrd marks it present, at
+/// most `hold_ms` per report (set `arriving4`).
+#[derive(Debug, Clone)]
+pub struct Detection {
+    pub interfaces: Vec<String>,
+    pub mh_prefixes: Vec<IpPrefix>,
+    pub group: u16,
+    pub hold_ms: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -68,6 +82,9 @@ impl Rules {
             }
         }
         s += "  }\n";
+        if let Some(dt) = &self.detect {
+            s += &dt.nft_rules();
+        }
         // Flow holds (handoff): every TCP packet from or to a held MH is dropped — never
         // answered — in both directions, for forwarded and local traffic. Loopback is
         // exempt: a restored socket may be handed a replayed FIN through it.
@@ -108,6 +125,19 @@ impl Rules {
         }
         s += "}\n";
         s
+    }
+
+    /// Marks `mh` present here (no more detection for it) or not, and ends its
+    /// arrival hold. No-ops without detection.
+    pub fn set_present(&self, mh: IpAddr, present: bool) -> io::Result<()> {
+        if self.detect.is_none() || !mh.is_ipv4() {
+            return Ok(());
+        }
+        crate::netlink::nft_set_element(&self.table, "present4", mh, present)?;
+        if present {
+            crate::netlink::nft_set_element(&self.table, "arriving4", mh, false)?;
+        }
+        Ok(())
     }
 
     fn held_set(&self, mh: IpAddr) -> (&'static str, String) {
@@ -187,6 +217,38 @@ impl Rules {
     }
 }
 
+impl Detection {
+    fn nft_rules(&self) -> String {
+        let ifs: Vec<String> = self.interfaces.iter().map(|i| format!("{i:?}")).collect();
+        let v4: Vec<&IpPrefix> = self.mh_prefixes.iter().filter(|p| p.is_ipv4()).collect();
+        let mut s = format!(
+            "  set present4 {{\n    type ipv4_addr;\n    size 65536;\n  }}\n\
+             \x20 set arriving4 {{\n    type ipv4_addr;\n    flags dynamic, timeout;\n    timeout {}ms;\n    size 65536;\n  }}\n",
+            self.hold_ms
+        );
+        // Before the holds and TPROXY: an arriving MH's packets are neither
+        // intercepted nor forwarded until its connections are here.
+        s += &format!(
+            "  chain detect {{\n    type filter hook prerouting priority mangle - 20; policy accept;\n\
+             \x20   iifname != {} accept\n",
+            set(&ifs)
+        );
+        if v4.is_empty() {
+            s += "    meta nfproto ipv4 accept\n";
+        } else {
+            s += &format!("    ip saddr != {} accept\n", set(&v4));
+        }
+        // The router's own addresses (the gateway is in the MH prefix) are no MH.
+        s += "    fib saddr type local accept\n";
+        s += &format!(
+            "    ip saddr @present4 accept\n    ip saddr @arriving4 counter drop\n\
+             \x20   meta nfproto ipv4 add @arriving4 {{ ip saddr }} counter log group {} drop\n  }}\n",
+            self.group
+        );
+        s
+    }
+}
+
 /// True if a rule for this mark is in place.
 fn check_rule(mark: u32, v6: bool) -> bool {
     let mut c = Command::new("ip");
@@ -241,7 +303,36 @@ mod tests {
                 ports: vec![80, 443],
                 listen_port: 1081,
             }),
+            detect: None,
         }
+    }
+
+    #[test]
+    fn network_detection_reports_an_mh_once_and_drops_its_packets_until_present() {
+        let mut r = rules(true);
+        r.detect = Some(Detection {
+            interfaces: vec!["cell0".into(), "cell1".into()],
+            mh_prefixes: r.transparent.as_ref().unwrap().mh_prefixes.clone(),
+            group: 77,
+            hold_ms: 500,
+        });
+        let s = r.nft_script();
+        let chain = &s[s.find("chain detect").unwrap()..];
+        let chain = &chain[..chain.find("  }").unwrap()];
+        let got: Vec<&str> = chain.lines().skip(2).map(str::trim).collect();
+        assert_eq!(
+            got,
+            [
+                "iifname != { \"cell0\", \"cell1\" } accept",
+                "ip saddr != { 10.2.0.0/24 } accept",
+                "fib saddr type local accept",
+                "ip saddr @present4 accept",
+                "ip saddr @arriving4 counter drop",
+                "meta nfproto ipv4 add @arriving4 { ip saddr } counter log group 77 drop",
+            ]
+        );
+        assert!(s.contains("timeout 500ms;"));
+        assert!(!rules(true).nft_script().contains("detect"));
     }
 
     #[test]

@@ -19,6 +19,8 @@
 //!
 //! * [`handoff`] — moving an MH's connections between MSRs (greetings, the MSR⇄MSR
 //!   channel, freeze/capture/restore), with [`netlink`] for holds and ARP takeover.
+//! * [`detect`] — network detection: MHs arriving in a cell, reported by msrd's own
+//!   rules over [`nflog`], pull their connections with no greeting.
 //! * [`upgrade`] — replacing msrd by a new process of its binary, every connection
 //!   handed over; [`notify`] — systemd's readiness protocol.
 pub mod admission;
@@ -26,6 +28,7 @@ pub mod beacon;
 pub mod cells;
 pub mod control;
 pub mod daemon;
+pub mod detect;
 pub mod fixed;
 pub mod footprint;
 pub mod handoff;
@@ -35,6 +38,7 @@ pub mod listeners;
 pub mod logging;
 pub mod metrics;
 pub mod netlink;
+pub mod nflog;
 pub mod notify;
 pub mod relay;
 pub mod sessions;

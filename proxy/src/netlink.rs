@@ -30,9 +30,9 @@ const NLMSGERR_ATTR_OFFS: u16 = 2;
 const ARPOP_REQUEST: u16 = 1;
 const ARPOP_REPLY: u16 = 2;
 
-const NLMSG_HDRLEN: usize = 16;
-const NLA_HDRLEN: usize = 4;
-const NFGENMSG_LEN: usize = 4;
+pub(crate) const NLMSG_HDRLEN: usize = 16;
+pub(crate) const NLA_HDRLEN: usize = 4;
+pub(crate) const NFGENMSG_LEN: usize = 4;
 /// Minimum Ethernet frame without FCS; short frames are padded by us, not left to drivers.
 const ETH_ZLEN: usize = 60;
 
@@ -171,12 +171,12 @@ pub fn proxy_delay_path(ifname: &str) -> io::Result<String> {
 
 // ---- byte builders (pure) ----
 
-const fn align4(n: usize) -> usize {
+pub(crate) const fn align4(n: usize) -> usize {
     (n + 3) & !3
 }
 
 /// Appends an nlmsghdr whose length `end_msg` fills in later; returns its offset.
-fn begin_msg(buf: &mut Vec<u8>, ty: u16, flags: u16, seq: u32) -> usize {
+pub(crate) fn begin_msg(buf: &mut Vec<u8>, ty: u16, flags: u16, seq: u32) -> usize {
     let start = buf.len();
     buf.extend_from_slice(&0u32.to_ne_bytes()); // nlmsg_len
     buf.extend_from_slice(&ty.to_ne_bytes());
@@ -186,21 +186,21 @@ fn begin_msg(buf: &mut Vec<u8>, ty: u16, flags: u16, seq: u32) -> usize {
     start
 }
 
-fn end_msg(buf: &mut Vec<u8>, start: usize) {
+pub(crate) fn end_msg(buf: &mut Vec<u8>, start: usize) {
     buf.resize(align4(buf.len()), 0);
     let len = (buf.len() - start) as u32;
     buf[start..start + 4].copy_from_slice(&len.to_ne_bytes());
 }
 
 /// struct nfgenmsg; res_id is big-endian on the wire.
-fn put_nfgenmsg(buf: &mut Vec<u8>, family: u8, res_id: u16) {
+pub(crate) fn put_nfgenmsg(buf: &mut Vec<u8>, family: u8, res_id: u16) {
     buf.push(family);
     buf.push(libc::NFNETLINK_V0 as u8);
     buf.extend_from_slice(&res_id.to_be_bytes());
 }
 
 /// Appends one attribute (header, payload, padding to 4 bytes).
-fn put_attr(buf: &mut Vec<u8>, ty: u16, payload: &[u8]) {
+pub(crate) fn put_attr(buf: &mut Vec<u8>, ty: u16, payload: &[u8]) {
     let len = (NLA_HDRLEN + payload.len()) as u16;
     buf.extend_from_slice(&len.to_ne_bytes());
     buf.extend_from_slice(&ty.to_ne_bytes());
@@ -404,8 +404,8 @@ fn arp_frame(op: u16, mac: [u8; 6], ip: Ipv4Addr) -> [u8; ETH_ZLEN] {
 
 /// The kernel's answer to the acked message: errno 0 = success.
 #[derive(Debug, Default, PartialEq)]
-struct Ack {
-    errno: i32,
+pub(crate) struct Ack {
+    pub(crate) errno: i32,
     /// Offset of the offending attribute from the request's nlmsghdr (extended ack).
     bad_attr: Option<u32>,
     /// Extended-ack message, if the kernel gave one.
@@ -467,15 +467,15 @@ fn parse_ack(dgram: &[u8], first: u32, count: u32, ack_seq: u32) -> Option<Ack> 
     None
 }
 
-fn u16_at(b: &[u8], off: usize) -> u16 {
+pub(crate) fn u16_at(b: &[u8], off: usize) -> u16 {
     u16::from_ne_bytes([b[off], b[off + 1]])
 }
 
-fn u32_at(b: &[u8], off: usize) -> u32 {
+pub(crate) fn u32_at(b: &[u8], off: usize) -> u32 {
     u32::from_ne_bytes([b[off], b[off + 1], b[off + 2], b[off + 3]])
 }
 
-fn next_seq(n: u32) -> u32 {
+pub(crate) fn next_seq(n: u32) -> u32 {
     static SEQ: AtomicU32 = AtomicU32::new(1);
     SEQ.fetch_add(n, Ordering::Relaxed)
 }
@@ -543,7 +543,7 @@ fn nl_request(
     })
 }
 
-fn nl_socket(protocol: libc::c_int) -> io::Result<OwnedFd> {
+pub(crate) fn nl_socket(protocol: libc::c_int) -> io::Result<OwnedFd> {
     let sock = socket(libc::AF_NETLINK, libc::SOCK_RAW, protocol)?;
     let fd = sock.as_raw_fd();
     // Best effort: extended acks name the bad attribute; capped acks keep replies short.
@@ -576,7 +576,13 @@ fn nl_socket(protocol: libc::c_int) -> io::Result<OwnedFd> {
     Ok(sock)
 }
 
-fn nl_exchange(fd: RawFd, req: &[u8], first: u32, count: u32, ack_seq: u32) -> io::Result<Ack> {
+pub(crate) fn nl_exchange(
+    fd: RawFd,
+    req: &[u8],
+    first: u32,
+    count: u32,
+    ack_seq: u32,
+) -> io::Result<Ack> {
     loop {
         // An unconnected netlink socket sends to the kernel (port 0).
         // SAFETY: req is live for the call and its length is passed along.
@@ -615,7 +621,11 @@ fn nl_exchange(fd: RawFd, req: &[u8], first: u32, count: u32, ack_seq: u32) -> i
 
 // ---- small helpers ----
 
-fn socket(domain: libc::c_int, ty: libc::c_int, protocol: libc::c_int) -> io::Result<OwnedFd> {
+pub(crate) fn socket(
+    domain: libc::c_int,
+    ty: libc::c_int,
+    protocol: libc::c_int,
+) -> io::Result<OwnedFd> {
     // SAFETY: plain syscall; the fd is owned below.
     let fd = unsafe { libc::socket(domain, ty | libc::SOCK_CLOEXEC, protocol) };
     if fd < 0 {
@@ -641,9 +651,47 @@ fn ifindex(ifname: &str, what: &str) -> io::Result<u32> {
     Ok(idx)
 }
 
+/// The Ethernet address of interface `ifname`.
+pub fn link_mac(ifname: &str) -> io::Result<[u8; 6]> {
+    let s = socket(libc::AF_INET, libc::SOCK_DGRAM, 0)?;
+    hwaddr(s.as_raw_fd(), ifname)
+}
+
+/// Gives interface `ifname` the Ethernet address `mac` (SIOCSIFHWADDR; most drivers
+/// take it while up).
+pub fn set_link_mac(ifname: &str, mac: [u8; 6]) -> io::Result<()> {
+    let s = socket(libc::AF_INET, libc::SOCK_DGRAM, 0)?;
+    // SAFETY: ifreq is plain data; all-zero is a valid value.
+    let mut ifr: libc::ifreq = unsafe { zeroed() };
+    if ifname.len() >= ifr.ifr_name.len() {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("interface name {ifname} too long"),
+        ));
+    }
+    for (d, c) in ifr.ifr_name.iter_mut().zip(ifname.bytes()) {
+        *d = c as libc::c_char;
+    }
+    // SAFETY: writing the hwaddr member of the union, which SIOCSIFHWADDR reads.
+    unsafe {
+        ifr.ifr_ifru.ifru_hwaddr.sa_family = libc::ARPHRD_ETHER;
+        for (d, b) in ifr.ifr_ifru.ifru_hwaddr.sa_data.iter_mut().zip(mac) {
+            *d = b as libc::c_char;
+        }
+    }
+    // SAFETY: ifr is a live ifreq with a NUL-terminated name and the new address.
+    if unsafe { libc::ioctl(s.as_raw_fd(), libc::SIOCSIFHWADDR, &ifr) } != 0 {
+        return Err(context(
+            &format!("setting the MAC address of {ifname}"),
+            io::Error::last_os_error(),
+        ));
+    }
+    Ok(())
+}
+
 /// The interface's Ethernet address, by ioctl (not /sys, which may be another
 /// namespace's).
-fn hwaddr(fd: RawFd, ifname: &str) -> io::Result<[u8; 6]> {
+pub(crate) fn hwaddr(fd: RawFd, ifname: &str) -> io::Result<[u8; 6]> {
     // SAFETY: ifreq is plain data; all-zero is a valid value.
     let mut ifr: libc::ifreq = unsafe { zeroed() };
     if ifname.len() >= ifr.ifr_name.len() {
@@ -702,11 +750,11 @@ fn describe(e: &io::Error) -> String {
     }
 }
 
-fn context(what: &str, e: io::Error) -> io::Error {
+pub(crate) fn context(what: &str, e: io::Error) -> io::Error {
     io::Error::new(e.kind(), format!("{what}: {}", describe(&e)))
 }
 
-fn kernel_error(what: &str, errno: i32, hint: Option<&str>, ack: &Ack) -> io::Error {
+pub(crate) fn kernel_error(what: &str, errno: i32, hint: Option<&str>, ack: &Ack) -> io::Error {
     let e = io::Error::from_raw_os_error(errno);
     let mut s = format!("{what}: {}", describe(&e));
     for extra in [hint, ack.msg.as_deref()].into_iter().flatten() {

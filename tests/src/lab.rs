@@ -68,6 +68,9 @@ pub mod addr {
         format!("02:00:00:00:{k:02x}:01")
     }
     pub const MH_MAC: &str = "02:00:00:00:00:64";
+    /// The gateway MAC every MSR's cell takes with network detection
+    /// ([`crate::lab::Lab::start_itcp_network`]): VRRP's virtual MAC for router 1.
+    pub const GATEWAY_MAC: &str = "00:00:5e:00:01:01";
 }
 
 /// A host of the lab.
@@ -382,6 +385,9 @@ pub struct Lab {
     msrd_env: Vec<(usize, String, String)>,
     /// Lines added to msrd's `[access]` by [`Lab::msrd_config`].
     pub access_extra: String,
+    /// Lines added to msrd's `[msr]`, and to its `[[cell]]` for `cell0`.
+    pub msr_extra: String,
+    pub cell_extra: String,
     /// msrd's `log_level` in [`Lab::msrd_config`] (`debug`).
     pub msrd_log_level: String,
     /// Lines added to msrd's `[handoff]` by [`Lab::handoff_config`].
@@ -511,6 +517,8 @@ impl Lab {
             children: Vec::new(),
             msrd_env: Vec::new(),
             access_extra: String::new(),
+            msr_extra: String::new(),
+            cell_extra: String::new(),
             msrd_log_level: "debug".into(),
             handoff_extra: String::new(),
             beacon_offsets: false,
@@ -1123,6 +1131,37 @@ impl Lab {
         Ok((msrds, agents[0]))
     }
 
+    /// Sets up I-TCP for MHs that run nothing of ours: msrd with `[handoff]` on every
+    /// MSR, the shared gateway MAC [`addr::GATEWAY_MAC`] on every cell, network
+    /// detection on every cell (`msrd_extra` appended to each config as in
+    /// [`Lab::start_itcp_mobility`]), no agent. The MHs forget the per-MSR neighbour
+    /// entries the lab gave them and resolve the gateway by ARP, as any host does.
+    /// Returns the spawn indices of the msrds (MSR order).
+    pub fn start_itcp_network(&mut self, msrd_extra: &str) -> io::Result<Vec<usize>> {
+        let mut gw = String::new();
+        for j in 1..=self.mhs {
+            gw += &format!("route del {}/32\n", addr::mh(j));
+        }
+        gw += "route replace 10.2.0.0/24 dev br0\n";
+        run_ip(Some(&self.ns(Host::Gw)), &gw)?;
+        self.msr_extra = format!("gateway_mac = \"{}\"\n", addr::GATEWAY_MAC);
+        self.cell_extra = "detect = \"network\"\n".into();
+        let mut msrds = Vec::new();
+        for k in 1..=self.config.msrs {
+            let mine = msrd_extra.replace("{MSR_LAN}", &addr::msr_lan(k).to_string());
+            let extra = format!("{}\n{mine}", self.handoff_config(k));
+            let cfg = self.msrd_config(k, &extra);
+            msrds.push(self.start_msrd(k, &cfg)?);
+        }
+        for j in 1..=self.mhs {
+            run_ip(
+                Some(&self.ns(Host::mh(j))),
+                &format!("neigh del {} dev air0\n", addr::CELL_GW),
+            )?;
+        }
+        Ok(msrds)
+    }
+
     /// Where MH `j`'s agent writes its events (`agent.events` for MH 1,
     /// `agent<j>.events` for the others).
     pub fn agent_events_path(&self, j: usize) -> PathBuf {
@@ -1185,11 +1224,13 @@ impl Lab {
             String::new()
         };
         format!(
-            "[msr]\nid = \"msr{k}\"\ngateway = [\"{}\"]\ncontrol_socket = \"{}\"\nlog_level = \"{}\"\n\n[access]\nmh_prefixes = [\"10.2.0.0/24\"]\n{}\n\n[[cell]]\ninterface = \"cell0\"\n\n{extra}{beacon}",
+            "[msr]\nid = \"msr{k}\"\ngateway = [\"{}\"]\ncontrol_socket = \"{}\"\nlog_level = \"{}\"\n{}\n[access]\nmh_prefixes = [\"10.2.0.0/24\"]\n{}\n\n[[cell]]\ninterface = \"cell0\"\n{}\n{extra}{beacon}",
             addr::CELL_GW,
             self.msrd_control(k).display(),
             self.msrd_log_level,
-            self.access_extra
+            self.msr_extra,
+            self.access_extra,
+            self.cell_extra
         )
     }
 

@@ -140,6 +140,13 @@ impl Channel {
         self.session.peer()
     }
 
+    /// The peer's socket address.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.s
+            .peer_addr()
+            .unwrap_or_else(|_| std::net::SocketAddr::from(([0, 0, 0, 0], 0)))
+    }
+
     async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         if self.early.is_empty() {
             return self.s.read(buf).await;

@@ -74,6 +74,9 @@ pub(crate) struct MhState {
     pub pulling: bool,
     /// We answer ARP for this MH on the fixed LAN.
     pub claimed: bool,
+    /// The link-layer address bound to the MH (network detection: as first seen at
+    /// the MSR that served it, then shipped with its connections).
+    pub mac: Option<[u8; 6]>,
     /// A delayed release of the hold made by hold generation `.0`, due at `.1` (µs
     /// since the epoch): an upgrade carries it on.
     pub release_at: Option<(u64, u64)>,

@@ -1,15 +1,19 @@
 //! The new MSR: pulls an MH's connections from the MSR it left. The machine
 //! (`itcp_handoff::machine::NewSide`) decides; this file carries out its actions —
 //! the channel, the hold, restore and restart, the takeover on the fixed LAN — and
-//! tells the MH how it stands.
+//! tells the MH how it stands (when it greeted us; a detected MH is told nothing).
+//!
+//! A greeting names the MSR to ask; a detected MH does not, so every peer is asked
+//! at once and the one that serves the MH continues on its channel ([`locate`]).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use itcp_handoff::log::{self as hlog, ConnEntry};
 use itcp_handoff::machine::{Action, NewEvent, NewSide};
+use itcp_proto::channel::Message;
 use itcp_proto::greeting::{GreetStatus, Greeting};
 use itcp_proto::hex::unhex;
 use tokio::net::UdpSocket;
@@ -21,7 +25,34 @@ use super::sockets::{restart_all, restore_all, unacked, FlightRoute, Restored};
 use super::{give_up_route, hold, now_us, rejected, release, release_later, take_over, write_log};
 use crate::daemon::Daemon;
 
-/// Runs one pull to the end (moved, partial, refused or rolled back).
+/// The MH that greeted us, to answer.
+struct Greeter {
+    sock: Arc<UdpSocket>,
+    addr: SocketAddr,
+    g: Greeting,
+}
+
+impl Greeter {
+    async fn tell(
+        this: &Option<Greeter>,
+        d: &Daemon,
+        mh: IpAddr,
+        status: GreetStatus,
+        reason: Option<String>,
+        n: usize,
+    ) {
+        if let Some(gr) = this {
+            let r = d
+                .handoff
+                .as_ref()
+                .unwrap()
+                .answer(mh, &gr.g, status, reason, n);
+            reply(&gr.sock, gr.addr, &r).await;
+        }
+    }
+}
+
+/// Runs one pull for a greeting to the end (moved, partial, refused or rolled back).
 pub async fn pull(
     d: Arc<Daemon>,
     sock: Arc<UdpSocket>,
@@ -31,9 +62,91 @@ pub async fn pull(
     peer_addr: SocketAddr,
 ) {
     let h = d.handoff.as_ref().unwrap();
-    let mh = crate::admission::canonical(g.mh);
     let id = h.next_handoff_id();
-    let (mut m, mut acts) = NewSide::start(id, &h.me, g.clone(), now_us(), h.timeouts());
+    let (m, acts) = NewSide::start(id, &h.me, g.clone(), now_us(), h.timeouts());
+    let greeter = Greeter {
+        sock,
+        addr: mh_addr,
+        g,
+    };
+    run(d, m, acts, Some(greeter), Some((prev, peer_addr))).await
+}
+
+/// Runs one pull for an MH detected on a cell (its first packet came from `mac`).
+pub async fn pull_detected(d: Arc<Daemon>, mh: IpAddr, mac: [u8; 6]) {
+    let h = d.handoff.as_ref().unwrap();
+    let id = h.next_handoff_id();
+    let (m, acts) = NewSide::detected(id, &h.me, mh, mac, now_us(), h.timeouts());
+    run(d, m, acts, None, None).await
+}
+
+/// What asking every peer came to.
+enum Located {
+    /// This peer serves the MH and accepted: the handoff goes on on its channel.
+    Found {
+        peer: String,
+        ch: Channel,
+        answer: Message,
+    },
+    /// Every peer answered: nobody serves the MH (`NotHere`), or one refused (`Abort`).
+    Answer(Message),
+    /// Some peer could not be asked: the MH's connections may be there.
+    Lost(String),
+}
+
+/// Sends `msg` (a detection) to every peer at once and waits for their answers, at
+/// most `wait`. A peer whose msrd is down (connection refused) serves nothing.
+async fn locate(d: &Arc<Daemon>, msg: &Message, handoff_id: u64, wait: Duration) -> Located {
+    let h = d.handoff.as_ref().unwrap();
+    let mut asks = tokio::task::JoinSet::new();
+    for p in &h.cfg.peers {
+        let (d, msg, id, addr) = (d.clone(), msg.clone(), p.id.clone(), p.address);
+        asks.spawn(async move {
+            let h = d.handoff.as_ref().unwrap();
+            let r = tokio::time::timeout(wait, async {
+                let mut ch = Channel::connect(h, &id, addr).await?;
+                ch.send(&msg).await?;
+                let answer = ch.recv().await?;
+                Ok::<_, ChannelError>((ch, answer))
+            })
+            .await;
+            (id, r)
+        });
+    }
+    let (mut refusal, mut lost) = (None, None);
+    while let Some(done) = asks.join_next().await {
+        let Ok((peer, r)) = done else { continue };
+        match r {
+            Ok(Ok((ch, answer @ Message::Accepted { .. }))) => {
+                // The others answered, or will be dropped with their channels.
+                return Located::Found { peer, ch, answer };
+            }
+            Ok(Ok((_, Message::NotHere { .. }))) => {}
+            Ok(Ok((_, abort @ Message::Abort { .. }))) => refusal = Some(abort),
+            Ok(Ok((_, other))) => lost = Some(format!("{peer} answered {other:?}")),
+            Ok(Err(e)) if e.refused() => debug!(%peer, "peer down: serves nothing"),
+            Ok(Err(e)) => lost = Some(format!("{peer}: {e}")),
+            Err(_) => lost = Some(format!("{peer} did not answer in time")),
+        }
+    }
+    match (refusal, lost) {
+        (Some(a), _) => Located::Answer(a),
+        (None, Some(why)) => Located::Lost(why),
+        (None, None) => Located::Answer(Message::NotHere { handoff_id }),
+    }
+}
+
+async fn run(
+    d: Arc<Daemon>,
+    mut m: NewSide,
+    mut acts: Vec<Action>,
+    greeter: Option<Greeter>,
+    old: Option<(String, SocketAddr)>,
+) {
+    let h = d.handoff.as_ref().unwrap();
+    let mh = crate::admission::canonical(m.mh());
+    let id = m.handoff_id;
+    let mut prev = old.as_ref().map_or_else(String::new, |o| o.0.clone());
     let mut ch: Option<Channel> = None;
     let mut restored: Vec<Restored> = Vec::new();
     // The MH's flows that closed at the old MSR lately (from the images).
@@ -50,11 +163,30 @@ pub async fn pull(
                 Action::Hold(mh) => {
                     hold(&d, h, mh);
                     // From here the MH may send through us: its segments are held.
-                    let r = h.answer(mh, &g, GreetStatus::Holding, None, 0);
-                    reply(&sock, mh_addr, &r).await;
+                    Greeter::tell(&greeter, &d, mh, GreetStatus::Holding, None, 0).await;
+                }
+                Action::Send(msg) if ch.is_none() && old.is_none() => {
+                    let wait = Duration::from_micros(
+                        m.poll_timeout().unwrap_or(0).saturating_sub(now_us()),
+                    );
+                    match locate(&d, &msg, id, wait).await {
+                        Located::Found {
+                            peer,
+                            ch: c,
+                            answer,
+                        } => {
+                            m.set_old_msr(&peer);
+                            prev = peer;
+                            ch = Some(c);
+                            next = Some(NewEvent::Message(answer));
+                        }
+                        Located::Answer(a) => next = Some(NewEvent::Message(a)),
+                        Located::Lost(why) => lost = Some(why),
+                    }
                 }
                 Action::Send(msg) => {
                     if ch.is_none() {
+                        let (prev, peer_addr) = old.clone().expect("a greeting names its MSR");
                         let wait = Duration::from_micros(
                             m.poll_timeout().unwrap_or(0).saturating_sub(now_us()),
                         );
@@ -77,7 +209,8 @@ pub async fn pull(
                             }
                         }
                     }
-                    if let Err(e) = ch.as_mut().unwrap().send(&msg).await {
+                    let Some(c) = ch.as_mut() else { continue };
+                    if let Err(e) = c.send(&msg).await {
                         warn!(peer = %prev, error = %e, "handoff message not sent");
                     }
                 }
@@ -93,7 +226,9 @@ pub async fn pull(
                         // MH's token (shipped on the authenticated channel) is now ours.
                         let mut mm = h.mhs.lock().unwrap();
                         let st = mm.entry(mh).or_default();
-                        st.last_greeting_ts = st.last_greeting_ts.max(g.ts_ms);
+                        if let Some(g) = m.greeting() {
+                            st.last_greeting_ts = st.last_greeting_ts.max(g.ts_ms);
+                        }
                         if let Some(t) = m.token().and_then(unhex) {
                             st.token = Some(t);
                         }
@@ -117,7 +252,11 @@ pub async fn pull(
                     restored = ok;
                 }
                 Action::Reroute(mh) => take_over(&d, mh),
-                Action::Unroute(mh) => give_up_route(&d, mh),
+                Action::Unroute(mh) => {
+                    give_up_route(&d, mh);
+                    crate::detect::forget(&d, mh);
+                }
+                Action::Arrived { mh, mac } => crate::detect::present(&d, mh, mac),
                 Action::Quarantine(mh) => {
                     hold(&d, h, mh);
                     release_later(&d, mh, Duration::from_millis(h.cfg.hold_after_ms));
@@ -161,15 +300,15 @@ pub async fn pull(
                     if r.outcome != hlog::Outcome::Rejected || h.may_log(mh) {
                         write_log(&d, r, &entries);
                     }
-                    let rep = if ok {
-                        h.answer(mh, &g, GreetStatus::Moved, None, moved)
+                    let (status, reason, n) = if ok {
+                        (GreetStatus::Moved, None, moved)
                     } else if old_down {
                         info!(%mh, old = %prev, "old MSR down: the MH attaches here");
-                        h.answer(mh, &g, GreetStatus::Attached, None, 0)
+                        (GreetStatus::Attached, None, 0)
                     } else {
-                        h.answer(mh, &g, GreetStatus::Failed, reason, 0)
+                        (GreetStatus::Failed, reason, 0)
                     };
-                    reply(&sock, mh_addr, &rep).await;
+                    Greeter::tell(&greeter, &d, mh, status, reason, n).await;
                 }
                 other => debug!(action = ?other, "not a new-side action"),
             }
@@ -203,7 +342,7 @@ pub async fn pull(
                 m.handle(NewEvent::Message(msg), now_us())
             }
             Ok(Err(ChannelError::Wire(e))) => {
-                rejected(&d, peer_addr, &e);
+                rejected(&d, c.addr(), &e);
                 m.handle_channel_lost(&e.to_string())
             }
             Ok(Err(e)) => m.handle_channel_lost(&e.to_string()),

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use itcp_handoff::log::{self as hlog, ConnEntry};
-use itcp_handoff::machine::{Action, MhKnown, OldEvent, OldSide};
+use itcp_handoff::machine::{Action, MhKnown, OldEvent, OldSide, Request};
 use itcp_proto::channel::Message;
 use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn};
@@ -61,51 +61,69 @@ async fn serve_one(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
         Ok(Err(e)) => return debug!(%peer, error = %e, "handoff channel closed"),
         Err(_) => return debug!(%peer, "handoff channel idle: closed"),
     };
-    let Message::HandoffRequest {
-        handoff_id,
-        greeting,
-    } = first
-    else {
-        let e = format!("{:?} opened with {first:?}", ch.peer());
-        return rejected(&d, peer, &e);
+    let (handoff_id, req) = match first {
+        Message::HandoffRequest {
+            handoff_id,
+            greeting,
+        } => (handoff_id, Asked::Greeting(greeting)),
+        Message::Detected {
+            handoff_id,
+            mh,
+            mac,
+        } => match itcp_proto::hex::parse_mac(&mac) {
+            Some(mac) => (handoff_id, Asked::Detected { mh, mac }),
+            None => {
+                let e = format!("{:?} sent a detection with bad MAC {mac:?}", ch.peer());
+                return rejected(&d, peer, &e);
+            }
+        },
+        first => {
+            let e = format!("{:?} opened with {first:?}", ch.peer());
+            return rejected(&d, peer, &e);
+        }
     };
     // An upgrade is handing the connections over: the new MSR rolls back, the MH
     // stays here and greets again.
     let Some(_busy) = h.try_busy() else {
         return debug!(%peer, "handoff request while upgrading: closed");
     };
-    old_side(d.clone(), ch, peer, handoff_id, greeting).await
+    old_side(d.clone(), ch, peer, handoff_id, req).await
 }
 
-async fn old_side(
-    d: Arc<Daemon>,
-    mut ch: Channel,
-    peer: SocketAddr,
-    handoff_id: u64,
-    greeting: itcp_proto::greeting::Greeting,
-) {
+/// What the peer asked for (owned).
+enum Asked {
+    Greeting(itcp_proto::greeting::Greeting),
+    Detected { mh: std::net::IpAddr, mac: [u8; 6] },
+}
+
+async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id: u64, req: Asked) {
     let h = d.handoff.as_ref().unwrap();
     let from = ch.peer().to_string();
-    let mh = crate::admission::canonical(greeting.mh);
-    let (token, last_ts) = {
+    let req = match &req {
+        Asked::Greeting(g) => Request::Greeting(g),
+        Asked::Detected { mh, mac } => Request::Detected {
+            mh: crate::admission::canonical(*mh),
+            mac: *mac,
+        },
+    };
+    let mh = crate::admission::canonical(match req {
+        Request::Greeting(g) => g.mh,
+        Request::Detected { mh, .. } => mh,
+    });
+    let (token, last_ts, mac) = {
         let m = h.mhs.lock().unwrap();
         m.get(&mh)
-            .map(|s| (s.token.clone(), s.last_greeting_ts))
+            .map(|s| (s.token.clone(), s.last_greeting_ts, s.mac))
             .unwrap_or_default()
     };
     let known = MhKnown {
         token: token.as_deref(),
         last_greeting_ts: last_ts,
+        mac,
+        local: d.sessions.of_mh(mh).len(),
     };
-    let (mut m, mut acts) = OldSide::start(
-        &h.me,
-        &from,
-        handoff_id,
-        &greeting,
-        known,
-        now_us(),
-        h.timeouts(),
-    );
+    let (mut m, mut acts) =
+        OldSide::start(&h.me, &from, handoff_id, req, known, now_us(), h.timeouts());
     let mut frozen: Vec<Frozen> = Vec::new();
     let mut entries: Vec<ConnEntry> = Vec::new();
     // However this handoff ends, the MH's connections in setup stop waiting for it.
@@ -195,6 +213,7 @@ async fn old_side(
                 }
                 // The new MSR took the address and then gave it back.
                 Action::Reroute(mh) => take_over(&d, mh),
+                Action::Forget(mh) => crate::detect::forget(&d, mh),
                 Action::Unfreeze(mh) => {
                     release(&d, mh);
                     if !frozen.is_empty() {

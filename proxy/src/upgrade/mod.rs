@@ -715,6 +715,7 @@ fn handover(d: &Daemon, services: &Services, q: &Quiesced) -> Handover<RawFd> {
                 last_nonce: st.last_nonce.clone(),
                 last_reply: st.last_reply.clone(),
                 claimed: st.claimed,
+                mac: st.mac.as_ref().map(itcp_proto::hex::mac),
                 release_hold_in_ms: st
                     .release_at
                     .filter(|(gen, _)| *gen == st.hold_gen)
@@ -899,6 +900,7 @@ fn stage(d: &Arc<Daemon>, h: Handover<OwnedFd>) -> Result<Staged, String> {
                     last_reply: r.last_reply.clone(),
                     pulling: false,
                     claimed: r.claimed,
+                    mac: r.mac.as_deref().and_then(itcp_proto::hex::parse_mac),
                     release_at: None,
                 },
             );

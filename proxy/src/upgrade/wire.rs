@@ -87,6 +87,9 @@ pub struct MhRecord {
     pub last_nonce: Option<String>,
     pub last_reply: Option<GreetReply>,
     pub claimed: bool,
+    /// The link-layer address bound to the MH (network detection), `xx:xx:…`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
     /// A hold after a handoff out, due for release in this many ms.
     pub release_hold_in_ms: Option<u64>,
 }
@@ -565,6 +568,7 @@ mod tests {
                 last_nonce: None,
                 last_reply: None,
                 claimed: true,
+                mac: Some("02:00:00:00:00:64".into()),
                 release_hold_in_ms: Some(1500),
             }],
             sockets: vec![

@@ -1,0 +1,149 @@
+//! Network detection (DESIGN.md §7): an MSR learns that an MH arrived in one of its
+//! `detect = "network"` cells from the MH's first IPv4 packet there, with no greeting,
+//! agent or library on the MH.
+//!
+//! msrd's rules ([`crate::intercept::Detection`]) report the first packet of an MH
+//! that is not *present* here on NFLOG and drop its packets (never answer them) for at
+//! most `[handoff] detect_hold_ms`. This task asks every peer for the MH's connections
+//! ([`crate::handoff::new_side::pull_detected`]); the peer serving the MH hands them
+//! over only if the packet's link-layer address is the one bound to the MH there.
+//! Once they run here (or no peer serves the MH) the MH is present: no more reports
+//! for it until it is seen in another MSR's cell.
+//!
+//! Trust: the cell's link layer authenticates stations (WPA2/802.1X); an MH is its
+//! MAC and IP address as first seen at the MSR that served it. A station spoofing an
+//! MH's IP from another cell moves nothing, and its reports are rate-limited per MH.
+
+use std::net::IpAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tracing::{debug, info, warn};
+
+use crate::daemon::Daemon;
+use crate::nflog::{self, Logged};
+
+/// Reads the rules' reports until the daemon ends. The group is retried while another
+/// process holds it (an msrd being upgraded still runs).
+pub async fn run(d: Arc<Daemon>, group: u16) {
+    let mut warned = false;
+    let fd = loop {
+        let opened = nflog::open(group).and_then(|fd| {
+            // SAFETY: the OwnedFd is valid, open and owned by the AsyncFd from here on.
+            unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+                .map_err(|e| std::io::Error::other(e.to_string()))
+        });
+        match opened {
+            Ok(fd) => break fd,
+            Err(e) => {
+                if !warned {
+                    warn!(group, error = %e, "network detection waits for its NFLOG group");
+                    warned = true;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    info!(group, "network detection up");
+    let mut buf = vec![0u8; 65536];
+    loop {
+        let Ok(mut ready) = fd.readable().await else {
+            return;
+        };
+        let raw = std::os::fd::AsRawFd::as_raw_fd(fd.get_ref());
+        // SAFETY: buf is live and writable for its whole length.
+        let n = unsafe { libc::recv(raw, buf.as_mut_ptr().cast(), buf.len(), 0) };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EAGAIN) => ready.clear_ready(),
+                Some(libc::EINTR) => {}
+                // Reports were lost (a burst): the MHs' next packets report again.
+                Some(libc::ENOBUFS) => debug!("NFLOG reports overran"),
+                _ => {
+                    warn!(error = %e, "NFLOG read failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            continue;
+        }
+        for l in nflog::parse(&buf[..n as usize]) {
+            on_arrival(&d, l);
+        }
+    }
+}
+
+/// An MH not present here sent a packet on a detecting cell.
+fn on_arrival(d: &Arc<Daemon>, l: Logged) {
+    let mh = crate::admission::canonical(l.src);
+    let Some(h) = d.handoff.as_ref() else { return };
+    if !d.is_mh(mh) {
+        return;
+    }
+    let Some(mac) = l.mac else {
+        if h.may_log(mh) {
+            warn!(%mh, "arrival without a link-layer address: not an Ethernet cell?");
+        }
+        return;
+    };
+    {
+        let m = h.mhs.lock().unwrap();
+        if m.get(&mh).is_some_and(|s| s.pulling) {
+            return;
+        }
+    }
+    if d.sessions
+        .of_mh(mh)
+        .iter()
+        .any(|s| s.frozen.load(Ordering::Relaxed))
+    {
+        return;
+    }
+    if !h.pull_allowed(mh) {
+        if h.may_log(mh) {
+            debug!(%mh, "arrival ignored: pulls for this MH are rate-limited");
+        }
+        return;
+    }
+    let Some(busy) = h.try_busy() else {
+        return;
+    };
+    h.set_pulling(mh, true);
+    debug!(%mh, mac = %itcp_proto::hex::mac(&mac), ifindex = l.ifindex, "MH arrived");
+    let d = d.clone();
+    tokio::spawn(async move {
+        let _busy = busy;
+        crate::handoff::new_side::pull_detected(d.clone(), mh, mac).await;
+        d.handoff.as_ref().unwrap().set_pulling(mh, false);
+    });
+}
+
+/// The MH is served here now (its connections arrived, or it has none anywhere).
+pub fn present(d: &Daemon, mh: IpAddr, mac: Option<[u8; 6]>) {
+    if let (Some(h), Some(mac)) = (&d.handoff, mac) {
+        h.mhs.lock().unwrap().entry(mh).or_default().mac = Some(mac);
+    }
+    if let Err(e) = d.rules.set_present(mh, true) {
+        warn!(%mh, error = %e, "MH not marked present: its packets keep being reported");
+    }
+}
+
+/// The MH is in another MSR's cell now: its presence and address binding here end,
+/// and this MSR stops answering for it on the fixed LAN.
+pub fn forget(d: &Daemon, mh: IpAddr) {
+    let claimed = d.handoff.as_ref().is_some_and(|h| {
+        let mut m = h.mhs.lock().unwrap();
+        m.get_mut(&mh).is_some_and(|s| {
+            s.mac = None;
+            s.claimed
+        })
+    });
+    if claimed && d.sessions.of_mh(mh).is_empty() {
+        crate::handoff::give_up_route(d, mh);
+    }
+    if let Err(e) = d.rules.set_present(mh, false) {
+        warn!(%mh, error = %e, "MH still marked present here");
+    }
+}

@@ -1,0 +1,220 @@
+//! The packets msrd's own nftables rules report on an NFLOG group (nfnetlink_log):
+//! network detection's "an MH not present here sent a packet on a cell". Opening binds
+//! the group with the packet's first bytes copied and no batching (each report is
+//! sent at once, not after a second or 100 packets); [`parse`] is pure.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use crate::netlink::{
+    align4, begin_msg, end_msg, kernel_error, next_seq, nl_exchange, nl_socket, put_attr,
+    put_nfgenmsg, u16_at, u32_at, NFGENMSG_LEN, NLA_HDRLEN, NLMSG_HDRLEN,
+};
+
+// From linux/netfilter/nfnetlink_log.h.
+const NFNL_SUBSYS_ULOG: u16 = 4;
+const NFULNL_MSG_PACKET: u16 = 0;
+const NFULNL_MSG_CONFIG: u16 = 1;
+const NFULA_CFG_CMD: u16 = 1;
+const NFULA_CFG_MODE: u16 = 2;
+const NFULA_CFG_TIMEOUT: u16 = 4;
+const NFULA_CFG_QTHRESH: u16 = 5;
+const NFULNL_CFG_CMD_BIND: u8 = 1;
+const NFULNL_COPY_PACKET: u8 = 2;
+const NFULA_IFINDEX_INDEV: u16 = 4;
+const NFULA_HWADDR: u16 = 8;
+const NFULA_PAYLOAD: u16 = 9;
+
+/// Bytes of each packet copied: the IPv4 header is all detection needs.
+const COPY_RANGE: u32 = 64;
+
+/// One reported packet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Logged {
+    /// Interface it came in on.
+    pub ifindex: u32,
+    /// The sender's link-layer address (None if the kernel gave none).
+    pub mac: Option<[u8; 6]>,
+    /// The packet's source address.
+    pub src: IpAddr,
+}
+
+/// Opens a non-blocking netlink socket bound to NFLOG group `group`. Fails with EBUSY while another
+/// socket (an msrd being upgraded) holds the group.
+pub fn open(group: u16) -> io::Result<OwnedFd> {
+    let fd = nl_socket(libc::NETLINK_NETFILTER)?;
+    let seq = next_seq(1);
+    let req = config_msg(group, seq);
+    let ack = nl_exchange(fd.as_raw_fd(), &req, seq, 1, seq)?;
+    if ack.errno != 0 {
+        return Err(kernel_error(
+            &format!("NFLOG group {group}"),
+            ack.errno,
+            (ack.errno == libc::EBUSY).then_some("another program listens on it"),
+            &ack,
+        ));
+    }
+    // Reports are read by an async task from here on.
+    // SAFETY: fcntl on our own live fd.
+    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(fd)
+}
+
+/// Binds `group`, copies `COPY_RANGE` bytes of each packet, flushes every packet at
+/// once (queue threshold 1, no timer).
+fn config_msg(group: u16, seq: u32) -> Vec<u8> {
+    let ty = (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG;
+    let mut b = Vec::new();
+    let flags = (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16;
+    let m = begin_msg(&mut b, ty, flags, seq);
+    put_nfgenmsg(&mut b, libc::AF_UNSPEC as u8, group);
+    put_attr(&mut b, NFULA_CFG_CMD, &[NFULNL_CFG_CMD_BIND]);
+    let mut mode = COPY_RANGE.to_be_bytes().to_vec();
+    mode.extend_from_slice(&[NFULNL_COPY_PACKET, 0]);
+    put_attr(&mut b, NFULA_CFG_MODE, &mode);
+    put_attr(&mut b, NFULA_CFG_QTHRESH, &1u32.to_be_bytes());
+    put_attr(&mut b, NFULA_CFG_TIMEOUT, &0u32.to_be_bytes());
+    end_msg(&mut b, m);
+    b
+}
+
+/// The packets reported in one datagram (anything else, or malformed, is skipped).
+pub fn parse(dgram: &[u8]) -> Vec<Logged> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off + NLMSG_HDRLEN <= dgram.len() {
+        let len = u32_at(dgram, off) as usize;
+        if len < NLMSG_HDRLEN || off + len > dgram.len() {
+            break;
+        }
+        let ty = u16_at(dgram, off + 4);
+        if ty == (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET {
+            let body = &dgram[off + NLMSG_HDRLEN..off + len];
+            if let Some(l) = parse_packet(body) {
+                out.push(l);
+            }
+        }
+        off += align4(len);
+    }
+    out
+}
+
+fn parse_packet(body: &[u8]) -> Option<Logged> {
+    let mut a = NFGENMSG_LEN;
+    let (mut ifindex, mut mac, mut src) = (0, None, None);
+    while a + NLA_HDRLEN <= body.len() {
+        let alen = u16_at(body, a) as usize;
+        if alen < NLA_HDRLEN || a + alen > body.len() {
+            return None;
+        }
+        let p = &body[a + NLA_HDRLEN..a + alen];
+        match u16_at(body, a + 2) & 0x3fff {
+            NFULA_IFINDEX_INDEV if p.len() == 4 => {
+                ifindex = u32::from_be_bytes([p[0], p[1], p[2], p[3]]);
+            }
+            // struct nfulnl_msg_packet_hw: be16 length, 2 bytes pad, 8 bytes address.
+            NFULA_HWADDR if p.len() >= 12 && u16::from_be_bytes([p[0], p[1]]) == 6 => {
+                mac = Some([p[4], p[5], p[6], p[7], p[8], p[9]]);
+            }
+            NFULA_PAYLOAD if p.len() >= 20 && p[0] >> 4 == 4 => {
+                src = Some(IpAddr::V4(Ipv4Addr::new(p[12], p[13], p[14], p[15])));
+            }
+            _ => {}
+        }
+        a += align4(alen);
+    }
+    Some(Logged {
+        ifindex,
+        mac,
+        src: src?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A packet message as the kernel sends it.
+    fn packet(ifindex: u32, mac: &[u8; 6], payload: &[u8]) -> Vec<u8> {
+        let mut b = Vec::new();
+        let m = begin_msg(&mut b, (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET, 0, 0);
+        put_nfgenmsg(&mut b, libc::AF_INET as u8, 4954);
+        put_attr(&mut b, 1, &[0x08, 0x00, 0, 0]); // NFULA_PACKET_HDR
+        put_attr(&mut b, NFULA_IFINDEX_INDEV, &ifindex.to_be_bytes());
+        let mut hw = 6u16.to_be_bytes().to_vec();
+        hw.extend_from_slice(&[0, 0]);
+        hw.extend_from_slice(mac);
+        hw.extend_from_slice(&[0, 0]);
+        put_attr(&mut b, NFULA_HWADDR, &hw);
+        put_attr(&mut b, NFULA_PAYLOAD, payload);
+        end_msg(&mut b, m);
+        b
+    }
+
+    fn ipv4_header(src: [u8; 4]) -> Vec<u8> {
+        let mut h = vec![0x45, 0, 0, 20, 0, 0, 0x40, 0, 64, 6, 0, 0];
+        h.extend_from_slice(&src);
+        h.extend_from_slice(&[10, 0, 0, 1]);
+        h
+    }
+
+    #[test]
+    fn reports_interface_mac_and_source_of_each_packet() {
+        let mac = [2, 0, 0, 0, 0, 0x64];
+        let mut d = packet(7, &mac, &ipv4_header([10, 2, 0, 100]));
+        d.extend(packet(
+            8,
+            &[2, 0, 0, 0, 0, 0x65],
+            &ipv4_header([10, 2, 0, 101]),
+        ));
+        let got = parse(&d);
+        assert_eq!(
+            got,
+            vec![
+                Logged {
+                    ifindex: 7,
+                    mac: Some(mac),
+                    src: "10.2.0.100".parse().unwrap()
+                },
+                Logged {
+                    ifindex: 8,
+                    mac: Some([2, 0, 0, 0, 0, 0x65]),
+                    src: "10.2.0.101".parse().unwrap()
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn junk_and_truncation_yield_nothing() {
+        let d = packet(7, &[2, 0, 0, 0, 0, 1], &ipv4_header([10, 2, 0, 100]));
+        for cut in 0..d.len() {
+            // Never panics; a cut message is dropped whole.
+            assert!(parse(&d[..cut]).len() <= 1);
+        }
+        assert!(
+            parse(&packet(7, &[2; 6], &[0x60; 40])).is_empty(),
+            "not IPv4"
+        );
+        assert!(parse(b"\xff\xff\xff\xff garbage").is_empty());
+    }
+
+    #[test]
+    fn config_binds_the_group_without_batching() {
+        let b = config_msg(4954, 9);
+        assert_eq!(u16_at(&b, 4), 0x0401);
+        assert_eq!(
+            &b[NLMSG_HDRLEN + 2..NLMSG_HDRLEN + 4],
+            &4954u16.to_be_bytes()
+        );
+        // cmd, mode (range 64, copy packet), qthresh 1, timeout 0.
+        let attrs = &b[NLMSG_HDRLEN + NFGENMSG_LEN..];
+        assert_eq!(&attrs[..5], &[5, 0, 1, 0, 1]);
+        assert_eq!(&attrs[8..18], &[10, 0, 2, 0, 0, 0, 0, 64, 2, 0]);
+        assert_eq!(&attrs[20..28], &[8, 0, 5, 0, 0, 0, 0, 1]);
+        assert_eq!(&attrs[28..36], &[8, 0, 4, 0, 0, 0, 0, 0]);
+    }
+}

@@ -1,0 +1,316 @@
+//! Mobile hosts that run nothing of ours (DESIGN.md §7), end to end on the lab: every
+//! MSR's cell answers for the gateway with one shared MAC, msrd learns an MH's arrival
+//! from its first packet in the cell (`detect = "network"`) and pulls its connections
+//! from whichever peer serves them. The MH runs plain programs: no agent, no mh-lib.
+//! Needs root.
+
+use std::time::{Duration, Instant};
+
+use itcp_handoff::log::Outcome;
+use itcp_proto::control::Kind;
+use itcp_testbed::lab::{self, addr, bin_path, Host, Lab, LabConfig};
+use itcp_testbed::ttcp::RecvReport;
+
+const TRANSPARENT: &str = "[transparent]\nenabled = true\nports = [5001, 5002]\n";
+
+/// Two MSRs with network detection, transparent mode for ports 5001–5002, RSTs
+/// counted at the FH and at MH 1.
+fn network_lab(seed: u64, mhs: usize) -> Lab {
+    let mut lab = Lab::with_mhs(LabConfig::clean(2, seed), mhs).unwrap();
+    lab.start_itcp_network(TRANSPARENT).unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    lab.watch_rsts(Host::Mh).unwrap();
+    lab
+}
+
+fn diag(lab: &Lab) -> String {
+    let mut s = String::new();
+    for k in 1..=2 {
+        for set in ["present4", "arriving4", "chain detect"] {
+            let mut args = vec!["list"];
+            args.extend(set.split(' '));
+            if args.len() == 2 {
+                args.insert(1, "set");
+            }
+            args.splice(2..2, ["inet", "itcp_msrd"]);
+            let o = lab.run(Host::Msr(k), "nft", &args);
+            let o = o.map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+            s += &format!(
+                "--- MSR{k} {set}: {}\n",
+                o.unwrap_or_default().replace('\n', " ")
+            );
+        }
+    }
+    for h in [Host::Mh, Host::Msr(1), Host::Msr(2)] {
+        if let Ok(o) = lab.run(
+            h,
+            "nstat",
+            &[
+                "-az",
+                "TcpExtTSEcrRejected",
+                "TcpExtPAWSEstab",
+                "TcpExtTCPACKSkippedPAWS",
+                "TcpExtTCPACKSkippedSeq",
+            ],
+        ) {
+            s += &format!(
+                "--- {h:?} nstat: {}\n",
+                String::from_utf8_lossy(&o.stdout).replace('\n', " | ")
+            );
+        }
+    }
+    if let Ok(o) = lab.run(Host::Mh, "ss", &["-tinoe"]) {
+        s += &format!("--- MH ss: {}\n", String::from_utf8_lossy(&o.stdout));
+    }
+    if let Ok(o) = lab.run(Host::Mh, "nstat", &["-a"]) {
+        s += &format!(
+            "--- MH nstat: {}\n",
+            String::from_utf8_lossy(&o.stdout).replace('\n', " | ")
+        );
+    }
+    if let Ok(c) = lab.counters() {
+        s += &format!("--- air counters: {c:?}\n");
+    }
+    for f in ["msrd1.log", "msrd2.log"] {
+        let t = std::fs::read_to_string(lab.dir.join(f)).unwrap_or_default();
+        let tail: Vec<&str> = t.lines().rev().take(60).collect();
+        s += &format!(
+            "--- {f} (last lines)\n{}\n",
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    s
+}
+
+/// Relayed transparent connections of MH 1 at MSR `k`.
+fn relays_at(lab: &Lab, k: usize) -> usize {
+    lab.msrd_sessions(k)
+        .unwrap_or_default()
+        .iter()
+        .filter(|s| s.kind == Kind::Transparent && s.mh.ip() == addr::MH)
+        .count()
+}
+
+/// A ping from MH `j` (from `src`) to the FH: true if one of 3 echoes (1 s apart at
+/// most) is answered.
+fn ping(lab: &Lab, j: usize, src: &str) -> bool {
+    let fh = addr::FH.to_string();
+    (0..3).any(|_| {
+        lab.run(
+            Host::mh(j),
+            "ping",
+            &["-n", "-q", "-c", "1", "-W", "1", "-I", src, &fh],
+        )
+        .is_ok_and(|o| o.status.success())
+    })
+}
+
+fn recv_report(lab: &mut Lab, idx: usize) -> RecvReport {
+    let (_, out, err) = lab.wait(idx, Duration::from_secs(60)).unwrap();
+    serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("receiver: {e}: {err}\n{}", diag(lab)))
+}
+
+#[test]
+fn an_mh_that_runs_nothing_of_ours_keeps_its_transfers_and_its_ping_across_ten_moves() {
+    let mut lab = network_lab(101, 1);
+    let ttcp = bin_path("ttcp");
+    let (down, up) = (lab::fh_addr(5001), lab::fh_addr(5002));
+    // Plain ttcp (no --itcp): the MH just connects; msrd intercepts.
+    let fh_send = lab
+        .spawn(
+            Host::Fh,
+            &ttcp,
+            &["send", "--listen", &down, "--duration", "20"],
+        )
+        .unwrap();
+    let fh_recv = lab
+        .spawn(Host::Fh, &ttcp, &["recv", "--listen", &up])
+        .unwrap();
+    lab.wait_listening(Host::Fh, 5001).unwrap();
+    lab.wait_listening(Host::Fh, 5002).unwrap();
+    let mh_recv = lab
+        .spawn(Host::Mh, &ttcp, &["recv", "--connect", &down])
+        .unwrap();
+    let mh_send = lab
+        .spawn(
+            Host::Mh,
+            &ttcp,
+            &["send", "--connect", &up, "--duration", "20"],
+        )
+        .unwrap();
+    // ITCP_PCAP=1 (with ITCP_LAB_KEEP=1) records what the MH and the MSRs see.
+    if std::env::var_os("ITCP_PCAP").is_some() {
+        for (h, f) in [
+            (Host::Mh, "mh.pcap"),
+            (Host::Msr(1), "msr1.pcap"),
+            (Host::Msr(2), "msr2.pcap"),
+        ] {
+            let f = lab.dir.join(f).display().to_string();
+            lab.spawn(
+                h,
+                "tcpdump",
+                &["-i", "any", "-U", "-nn", "-e", "-s", "128", "-w", &f],
+            )
+            .unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let mh = addr::MH.to_string();
+    assert!(
+        ping(&lab, 1, &mh),
+        "no ping before any move\n{}",
+        diag(&lab)
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while relays_at(&lab, 1) < 2 {
+        assert!(
+            Instant::now() < deadline,
+            "transfers not relayed at MSR1\n{}",
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut at = 1;
+    for n in 1..=10 {
+        let to = 3 - at;
+        // Non-overlapped: out of every cell for 0.5 s, then into the other one.
+        lab.assoc(&[]).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        lab.assoc(&[to]).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while relays_at(&lab, to) < 2 || relays_at(&lab, at) > 0 {
+            assert!(
+                Instant::now() < deadline,
+                "move {n}: the connections did not follow the MH to MSR{to}\n{}",
+                diag(&lab)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        assert!(
+            ping(&lab, 1, &mh),
+            "move {n}: ping unanswered\n{}",
+            diag(&lab)
+        );
+        at = to;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let down_report = recv_report(&mut lab, mh_recv);
+    let up_report = recv_report(&mut lab, fh_recv);
+    for (what, r) in [("download", &down_report), ("upload", &up_report)] {
+        assert!(r.ok && r.verified, "{what}: {:?}\n{}", r.error, diag(&lab));
+        assert!(r.bytes > 0, "{what}: nothing received");
+        eprintln!(
+            "{what}: {} bytes, longest stall {:.3} s",
+            r.bytes, r.longest_stall_s
+        );
+    }
+    let _ = lab.wait(fh_send, Duration::from_secs(10));
+    let _ = lab.wait(mh_send, Duration::from_secs(10));
+    // The FH saw the MH's own address all along, and nobody saw a reset.
+    assert!(
+        up_report.peer.starts_with("10.2.0.100:"),
+        "{}",
+        up_report.peer
+    );
+    let (fh_in, fh_out) = lab.rsts(Host::Fh).unwrap();
+    let (mh_in, mh_out) = lab.rsts(Host::Mh).unwrap();
+    assert_eq!(
+        (fh_in, fh_out, mh_in, mh_out),
+        (0, 0, 0, 0),
+        "RSTs (FH in, FH out, MH in, MH out)\n{}",
+        diag(&lab)
+    );
+    // Ten handoffs, each on record at both MSRs, all moved.
+    let moved: usize = (1..=2)
+        .map(|k| {
+            let recs = lab.handoff_records(k);
+            assert!(
+                recs.iter().all(|r| r.outcome == Outcome::Moved),
+                "MSR{k}: {recs:?}"
+            );
+            recs.len()
+        })
+        .sum();
+    assert_eq!(moved, 20, "two records per handoff");
+}
+
+#[test]
+fn a_station_spoofing_an_mh_from_the_other_cell_moves_nothing() {
+    // MH 2 plays the attacker: in cell 2, with its own MAC and MH 1's address.
+    let mut lab = network_lab(103, 2);
+    lab.assoc_mh(2, &[2]).unwrap();
+    let ttcp = bin_path("ttcp");
+    let down = lab::fh_addr(5001);
+    let fh_send = lab
+        .spawn(
+            Host::Fh,
+            &ttcp,
+            &["send", "--listen", &down, "--duration", "6"],
+        )
+        .unwrap();
+    lab.wait_listening(Host::Fh, 5001).unwrap();
+    let mh_recv = lab
+        .spawn(Host::Mh, &ttcp, &["recv", "--connect", &down])
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while relays_at(&lab, 1) < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "not relayed at MSR1\n{}",
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let victim = addr::MH.to_string();
+    lab.run(
+        Host::mh(2),
+        "ip",
+        &["addr", "add", &format!("{victim}/32"), "dev", "air0"],
+    )
+    .unwrap();
+    // Spoofed packets for 3 s: pings and TCP from the victim's address.
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(3) {
+        let _ = ping(&lab, 2, &victim);
+    }
+    let r = recv_report(&mut lab, mh_recv);
+    let _ = lab.wait(fh_send, Duration::from_secs(10));
+    assert!(r.ok && r.verified, "{:?}\n{}", r.error, diag(&lab));
+    // The victim's transfer never stopped: nothing of it was frozen or held.
+    let bound = 0.5; // [handoff] detect_hold_ms
+    assert!(
+        r.longest_stall_s < bound,
+        "the victim stalled {:.3} s\n{}",
+        r.longest_stall_s,
+        diag(&lab)
+    );
+    assert_eq!(
+        relays_at(&lab, 2),
+        0,
+        "connections moved to the attacker's cell"
+    );
+    let refused: Vec<_> = lab
+        .handoff_records(1)
+        .into_iter()
+        .filter(|r| r.outcome == Outcome::Rejected)
+        .collect();
+    assert!(
+        refused.iter().all(|r| r
+            .reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("not the one bound")),
+        "{refused:?}"
+    );
+    assert!(!refused.is_empty(), "no refusal on record at MSR1");
+    assert!(
+        lab.handoff_records(1)
+            .iter()
+            .all(|r| r.outcome != Outcome::Moved),
+        "something moved"
+    );
+    let (mh_in, mh_out) = lab.rsts(Host::Mh).unwrap();
+    assert_eq!((mh_in, mh_out), (0, 0), "RSTs at the victim");
+}
