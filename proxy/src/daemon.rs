@@ -1184,6 +1184,7 @@ pub(crate) fn rules_of(cfg: &MsrdConfig) -> Rules {
             (!ifs.is_empty()).then(|| crate::intercept::Detection {
                 interfaces: ifs,
                 mh_prefixes: cfg.access.mh_prefixes.clone(),
+                gateways: cfg.msr.gateway.clone(),
                 group: i.nflog_group,
                 hold_ms: cfg.handoff.detect_hold_ms,
             })

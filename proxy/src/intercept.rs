@@ -30,14 +30,18 @@ pub struct Rules {
     pub detect: Option<Detection>,
 }
 
-/// Network detection: the first IPv4 packet of an MH that is not present here (set
-/// `present4`) on one of `interfaces` is reported on NFLOG group `group` and dropped;
-/// the MH's packets are then dropped (never answered) until msrd marks it present, at
-/// most `hold_ms` per report (set `arriving4`).
+/// Network detection, in a `netdev` table of the same name hooked at the cells'
+/// ingress: the first frame of an MH that is not present here (set `present4`) on one
+/// of `interfaces` — an IPv4 packet, or an ARP packet it sends (a host announcing
+/// itself or resolving its gateway on association) — is reported on NFLOG group
+/// `group`. Its IPv4 packets are then dropped (never answered) until msrd marks it
+/// present, at most `hold_ms` per report (set `arriving4`); ARP passes.
 #[derive(Debug, Clone)]
 pub struct Detection {
     pub interfaces: Vec<String>,
     pub mh_prefixes: Vec<IpPrefix>,
+    /// The router's own cell addresses (in the MH prefixes, but no MH).
+    pub gateways: Vec<IpAddr>,
     pub group: u16,
     pub hold_ms: u64,
 }
@@ -82,9 +86,6 @@ impl Rules {
             }
         }
         s += "  }\n";
-        if let Some(dt) = &self.detect {
-            s += &dt.nft_rules();
-        }
         // Flow holds (handoff): every TCP packet from or to a held MH is dropped — never
         // answered — in both directions, for forwarded and local traffic. Loopback is
         // exempt: a restored socket may be handed a replayed FIN through it.
@@ -124,6 +125,9 @@ impl Rules {
             s += "  }\n";
         }
         s += "}\n";
+        if let Some(dt) = &self.detect {
+            s += &dt.nft_table(t);
+        }
         s
     }
 
@@ -133,9 +137,10 @@ impl Rules {
         if self.detect.is_none() || !mh.is_ipv4() {
             return Ok(());
         }
-        crate::netlink::nft_set_element(&self.table, "present4", mh, present)?;
+        let t = &self.table;
+        crate::netlink::nft_netdev_set_element(t, "present4", mh, present)?;
         if present {
-            crate::netlink::nft_set_element(&self.table, "arriving4", mh, false)?;
+            crate::netlink::nft_netdev_set_element(t, "arriving4", mh, false)?;
         }
         Ok(())
     }
@@ -213,37 +218,51 @@ impl Rules {
     /// Removes everything `install` made. Errors are ignored: this runs at exit.
     pub fn remove(&self) {
         let _ = run("nft", &["delete", "table", "inet", &self.table], "");
+        if self.detect.is_some() {
+            let _ = run("nft", &["delete", "table", "netdev", &self.table], "");
+        }
         let _ = run("ip", &["-force", "-batch", "-"], &self.ip_remove());
     }
 }
 
 impl Detection {
-    fn nft_rules(&self) -> String {
+    fn nft_table(&self, t: &str) -> String {
         let ifs: Vec<String> = self.interfaces.iter().map(|i| format!("{i:?}")).collect();
         let v4: Vec<&IpPrefix> = self.mh_prefixes.iter().filter(|p| p.is_ipv4()).collect();
+        let gw: Vec<&IpAddr> = self.gateways.iter().filter(|g| g.is_ipv4()).collect();
+        let g = self.group;
         let mut s = format!(
-            "  set present4 {{\n    type ipv4_addr;\n    size 65536;\n  }}\n\
-             \x20 set arriving4 {{\n    type ipv4_addr;\n    flags dynamic, timeout;\n    timeout {}ms;\n    size 65536;\n  }}\n",
-            self.hold_ms
-        );
-        // Before the holds and TPROXY: an arriving MH's packets are neither
-        // intercepted nor forwarded until its connections are here.
-        s += &format!(
-            "  chain detect {{\n    type filter hook prerouting priority mangle - 20; policy accept;\n\
-             \x20   iifname != {} accept\n",
+            "add table netdev {t}\ndelete table netdev {t}\ntable netdev {t} {{\n\
+             \x20 set present4 {{\n    type ipv4_addr;\n    size 65536;\n  }}\n\
+             \x20 set arriving4 {{\n    type ipv4_addr;\n    flags dynamic, timeout;\n    timeout {}ms;\n    size 65536;\n  }}\n\
+             \x20 chain cells {{\n    type filter hook ingress devices = {} priority -500; policy accept;\n\
+             \x20   ether type arp jump arp_in\n    ether type != ip accept\n",
+            self.hold_ms,
             set(&ifs)
         );
-        if v4.is_empty() {
-            s += "    meta nfproto ipv4 accept\n";
-        } else {
-            s += &format!("    ip saddr != {} accept\n", set(&v4));
-        }
-        // The router's own addresses (the gateway is in the MH prefix) are no MH.
-        s += "    fib saddr type local accept\n";
+        let not_mh = |key: &str| {
+            let mut r = String::new();
+            if v4.is_empty() {
+                r += "    accept\n";
+            } else {
+                r += &format!("    {key} != {} accept\n", set(&v4));
+            }
+            if !gw.is_empty() {
+                r += &format!("    {key} {} accept\n", set(&gw));
+            }
+            r += &format!("    {key} @present4 accept\n");
+            r
+        };
+        s += &not_mh("ip saddr");
         s += &format!(
-            "    ip saddr @present4 accept\n    ip saddr @arriving4 counter drop\n\
-             \x20   meta nfproto ipv4 add @arriving4 {{ ip saddr }} counter log group {} drop\n  }}\n",
-            self.group
+            "    ip saddr @arriving4 counter drop\n\
+             \x20   add @arriving4 {{ ip saddr }} counter log group {g} drop\n  }}\n"
+        );
+        s += "  chain arp_in {\n";
+        s += &not_mh("arp saddr ip");
+        s += &format!(
+            "    arp saddr ip @arriving4 accept\n\
+             \x20   add @arriving4 {{ arp saddr ip }} counter log group {g} accept\n  }}\n}}\n"
         );
         s
     }
@@ -313,26 +332,45 @@ mod tests {
         r.detect = Some(Detection {
             interfaces: vec!["cell0".into(), "cell1".into()],
             mh_prefixes: r.transparent.as_ref().unwrap().mh_prefixes.clone(),
+            gateways: vec!["10.2.0.1".parse().unwrap()],
             group: 77,
             hold_ms: 500,
         });
         let s = r.nft_script();
-        let chain = &s[s.find("chain detect").unwrap()..];
-        let chain = &chain[..chain.find("  }").unwrap()];
-        let got: Vec<&str> = chain.lines().skip(2).map(str::trim).collect();
+        let t = &s[s
+            .find("add table netdev itcp_msrd")
+            .expect("a netdev table")..];
+        let chain = |name: &str| -> Vec<String> {
+            let c = &t[t.find(&format!("chain {name} {{")).unwrap()..];
+            let c = &c[..c.find("  }").unwrap()];
+            c.lines().skip(1).map(|l| l.trim().to_string()).collect()
+        };
         assert_eq!(
-            got,
+            chain("cells"),
             [
-                "iifname != { \"cell0\", \"cell1\" } accept",
+                "type filter hook ingress devices = { \"cell0\", \"cell1\" } priority -500; policy accept;",
+                "ether type arp jump arp_in",
+                "ether type != ip accept",
                 "ip saddr != { 10.2.0.0/24 } accept",
-                "fib saddr type local accept",
+                "ip saddr { 10.2.0.1 } accept",
                 "ip saddr @present4 accept",
                 "ip saddr @arriving4 counter drop",
-                "meta nfproto ipv4 add @arriving4 { ip saddr } counter log group 77 drop",
+                "add @arriving4 { ip saddr } counter log group 77 drop",
             ]
         );
-        assert!(s.contains("timeout 500ms;"));
-        assert!(!rules(true).nft_script().contains("detect"));
+        // ARP reports an arrival too, and always passes.
+        assert_eq!(
+            chain("arp_in"),
+            [
+                "arp saddr ip != { 10.2.0.0/24 } accept",
+                "arp saddr ip { 10.2.0.1 } accept",
+                "arp saddr ip @present4 accept",
+                "arp saddr ip @arriving4 accept",
+                "add @arriving4 { arp saddr ip } counter log group 77 accept",
+            ]
+        );
+        assert!(t.contains("timeout 500ms;"));
+        assert!(!rules(true).nft_script().contains("netdev"));
     }
 
     #[test]

@@ -47,15 +47,31 @@ const ACK_TIMEOUT: libc::timeval = libc::timeval {
 /// NFT_MSG_NEWSETELEM or NFT_MSG_DELSETELEM with NLM_F_ACK, NFNL_MSG_BATCH_END), waits for the ack.
 /// Adding an element already present is Ok; deleting one that is absent is Ok (ENOENT ignored).
 pub fn nft_set_element(table: &str, set: &str, ip: IpAddr, add: bool) -> io::Result<()> {
+    set_element(libc::NFPROTO_INET as u8, "inet", table, set, ip, add)
+}
+
+/// [`nft_set_element`] for a table of family `netdev`.
+pub fn nft_netdev_set_element(table: &str, set: &str, ip: IpAddr, add: bool) -> io::Result<()> {
+    set_element(libc::NFPROTO_NETDEV as u8, "netdev", table, set, ip, add)
+}
+
+fn set_element(
+    family: u8,
+    family_name: &str,
+    table: &str,
+    set: &str,
+    ip: IpAddr,
+    add: bool,
+) -> io::Result<()> {
     let what = if add {
-        format!("nft: add element {ip} to set {set} of table inet {table}")
+        format!("nft: add element {ip} to set {set} of table {family_name} {table}")
     } else {
-        format!("nft: delete element {ip} from set {set} of table inet {table}")
+        format!("nft: delete element {ip} from set {set} of table {family_name} {table}")
     };
     check_name(table, "table", &what)?;
     check_name(set, "set", &what)?;
     let seq = next_seq(3);
-    let req = nft_setelem_batch(table, set, &[(ip_bytes(ip), None)], add, seq);
+    let req = nft_setelem_batch(family, table, set, &[(ip_bytes(ip), None)], add, seq);
     let ack = nl_request(libc::NETLINK_NETFILTER, &req, seq, 3, seq.wrapping_add(1))
         .map_err(|e| context(&what, e))?;
     let (table_off, set_off) = nft_setelem_attr_offsets(table);
@@ -255,7 +271,7 @@ pub fn nft_flow_elements(
             .iter()
             .map(|(a, z, t)| (flow_key(*a, *z), Some(t.as_millis().max(1) as u64)))
             .collect();
-        let b = nft_setelem_batch(table, set, &elems, true, seq);
+        let b = nft_setelem_batch(libc::NFPROTO_INET as u8, table, set, &elems, true, seq);
         let ack = nl_request(libc::NETLINK_NETFILTER, &b, seq, 3, seq.wrapping_add(1))
             .map_err(|e| context(&what, e))?;
         if ack.errno != 0 {
@@ -280,6 +296,7 @@ fn flow_key(a: SocketAddr, z: SocketAddr) -> Vec<u8> {
 /// The whole batch for one set-element change: BATCH_BEGIN (seq), the element
 /// message (seq + 1, the one that is acked), BATCH_END (seq + 2).
 fn nft_setelem_batch(
+    family: u8,
     table: &str,
     set: &str,
     elems: &[(Vec<u8>, Option<u64>)],
@@ -308,7 +325,7 @@ fn nft_setelem_batch(
         req | flags as u16,
         seq.wrapping_add(1),
     );
-    put_nfgenmsg(&mut b, libc::NFPROTO_INET as u8, 0);
+    put_nfgenmsg(&mut b, family, 0);
     put_attr_str(&mut b, NFTA_SET_ELEM_LIST_TABLE, table);
     put_attr_str(&mut b, NFTA_SET_ELEM_LIST_SET, set);
     let elements = begin_nested(&mut b, NFTA_SET_ELEM_LIST_ELEMENTS);
@@ -843,6 +860,7 @@ mod tests {
     #[test]
     fn setelem_batch_v4_layout() {
         let b = nft_setelem_batch(
+            libc::NFPROTO_INET as u8,
             "itcp_msrd",
             "held4",
             &[(ip_bytes("10.2.0.100".parse().unwrap()), None)],
@@ -890,7 +908,14 @@ mod tests {
     #[test]
     fn setelem_batch_v6_delete() {
         let ip: IpAddr = "2001:db8::64".parse().unwrap();
-        let b = nft_setelem_batch("t", "held6", &[(ip_bytes(ip), None)], false, 100);
+        let b = nft_setelem_batch(
+            libc::NFPROTO_INET as u8,
+            "t",
+            "held6",
+            &[(ip_bytes(ip), None)],
+            false,
+            100,
+        );
         let msgs = split(&b);
         let (ty, flags, _, p) = msgs[1];
         assert_eq!(ty, (10 << 8) | 14);

@@ -22,6 +22,7 @@ const NFULA_CFG_TIMEOUT: u16 = 4;
 const NFULA_CFG_QTHRESH: u16 = 5;
 const NFULNL_CFG_CMD_BIND: u8 = 1;
 const NFULNL_COPY_PACKET: u8 = 2;
+const NFULA_PACKET_HDR: u16 = 1;
 const NFULA_IFINDEX_INDEV: u16 = 4;
 const NFULA_HWADDR: u16 = 8;
 const NFULA_PAYLOAD: u16 = 9;
@@ -102,9 +103,31 @@ pub fn parse(dgram: &[u8]) -> Vec<Logged> {
     out
 }
 
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_ARP: u16 = 0x0806;
+
+/// The sender of an IPv4 packet or of an Ethernet/IPv4 ARP packet (and the ARP
+/// sender's hardware address).
+fn sender(proto: u16, p: &[u8]) -> Option<(IpAddr, Option<[u8; 6]>)> {
+    match proto {
+        ETH_P_IP if p.len() >= 20 && p[0] >> 4 == 4 => {
+            Some((IpAddr::V4(Ipv4Addr::new(p[12], p[13], p[14], p[15])), None))
+        }
+        // htype 1, ptype IPv4, hlen 6, plen 4; sha at 8, spa at 14.
+        ETH_P_ARP if p.len() >= 28 && p[..6] == [0, 1, 8, 0, 6, 4] => {
+            let sha = [p[8], p[9], p[10], p[11], p[12], p[13]];
+            Some((
+                IpAddr::V4(Ipv4Addr::new(p[14], p[15], p[16], p[17])),
+                Some(sha),
+            ))
+        }
+        _ => None,
+    }
+}
+
 fn parse_packet(body: &[u8]) -> Option<Logged> {
     let mut a = NFGENMSG_LEN;
-    let (mut ifindex, mut mac, mut src) = (0, None, None);
+    let (mut ifindex, mut mac, mut payload, mut proto) = (0, None, None, ETH_P_IP);
     while a + NLA_HDRLEN <= body.len() {
         let alen = u16_at(body, a) as usize;
         if alen < NLA_HDRLEN || a + alen > body.len() {
@@ -112,6 +135,8 @@ fn parse_packet(body: &[u8]) -> Option<Logged> {
         }
         let p = &body[a + NLA_HDRLEN..a + alen];
         match u16_at(body, a + 2) & 0x3fff {
+            // struct nfulnl_msg_packet_hdr: be16 hw_protocol, hook, pad.
+            NFULA_PACKET_HDR if p.len() >= 2 => proto = u16::from_be_bytes([p[0], p[1]]),
             NFULA_IFINDEX_INDEV if p.len() == 4 => {
                 ifindex = u32::from_be_bytes([p[0], p[1], p[2], p[3]]);
             }
@@ -119,17 +144,16 @@ fn parse_packet(body: &[u8]) -> Option<Logged> {
             NFULA_HWADDR if p.len() >= 12 && u16::from_be_bytes([p[0], p[1]]) == 6 => {
                 mac = Some([p[4], p[5], p[6], p[7], p[8], p[9]]);
             }
-            NFULA_PAYLOAD if p.len() >= 20 && p[0] >> 4 == 4 => {
-                src = Some(IpAddr::V4(Ipv4Addr::new(p[12], p[13], p[14], p[15])));
-            }
+            NFULA_PAYLOAD => payload = Some(p),
             _ => {}
         }
         a += align4(alen);
     }
+    let (src, sha) = sender(proto, payload?)?;
     Some(Logged {
         ifindex,
-        mac,
-        src: src?,
+        mac: mac.or(sha),
+        src,
     })
 }
 
@@ -139,10 +163,17 @@ mod tests {
 
     /// A packet message as the kernel sends it.
     fn packet(ifindex: u32, mac: &[u8; 6], payload: &[u8]) -> Vec<u8> {
+        let proto = if payload.len() == 28 {
+            ETH_P_ARP
+        } else {
+            ETH_P_IP
+        };
         let mut b = Vec::new();
         let m = begin_msg(&mut b, (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET, 0, 0);
-        put_nfgenmsg(&mut b, libc::AF_INET as u8, 4954);
-        put_attr(&mut b, 1, &[0x08, 0x00, 0, 0]); // NFULA_PACKET_HDR
+        put_nfgenmsg(&mut b, 5, 4954); // NFPROTO_NETDEV
+        let mut hdr = proto.to_be_bytes().to_vec();
+        hdr.extend_from_slice(&[0, 0]);
+        put_attr(&mut b, NFULA_PACKET_HDR, &hdr);
         put_attr(&mut b, NFULA_IFINDEX_INDEV, &ifindex.to_be_bytes());
         let mut hw = 6u16.to_be_bytes().to_vec();
         hw.extend_from_slice(&[0, 0]);
@@ -186,6 +217,32 @@ mod tests {
                 }
             ]
         );
+    }
+
+    #[test]
+    fn an_arp_sender_is_reported_with_its_hardware_address() {
+        let sha = [2, 0, 0, 0, 0, 0x66];
+        let mut arp = vec![0, 1, 8, 0, 6, 4, 0, 1];
+        arp.extend_from_slice(&sha);
+        arp.extend_from_slice(&[10, 2, 0, 102, 0, 0, 0, 0, 0, 0, 10, 2, 0, 1]);
+        let mut d = packet(3, &sha, &arp);
+        // Without NFULA_HWADDR the ARP sender's address stands in.
+        let at = d.len() - align4(NLA_HDRLEN + 28) - align4(NLA_HDRLEN + 12);
+        d.drain(at..at + align4(NLA_HDRLEN + 12));
+        let len = d.len() as u32;
+        d[..4].copy_from_slice(&len.to_ne_bytes());
+        assert_eq!(
+            parse(&d),
+            vec![Logged {
+                ifindex: 3,
+                mac: Some(sha),
+                src: "10.2.0.102".parse().unwrap()
+            }]
+        );
+        // ARP probes (sender 0.0.0.0) and non-Ethernet ARP are reported as such or not at all.
+        let mut bad = arp.clone();
+        bad[4] = 8;
+        assert!(parse(&packet(3, &sha, &bad)).is_empty());
     }
 
     #[test]

@@ -105,6 +105,17 @@ fn ping(lab: &Lab, j: usize, src: &str) -> bool {
     })
 }
 
+/// What a host's OS does when it associates with a cell (detecting network
+/// attachment, RFC 4436): an ARP request for its gateway, from its own address.
+fn associated(lab: &Lab, j: usize) {
+    let gw = addr::CELL_GW.to_string();
+    let _ = lab.run(
+        Host::mh(j),
+        "arping",
+        &["-q", "-c", "1", "-w", "1", "-I", "air0", &gw],
+    );
+}
+
 fn recv_report(lab: &mut Lab, idx: usize) -> RecvReport {
     let (_, out, err) = lab.wait(idx, Duration::from_secs(60)).unwrap();
     serde_json::from_str(out.trim())
@@ -178,6 +189,7 @@ fn an_mh_that_runs_nothing_of_ours_keeps_its_transfers_and_its_ping_across_ten_m
         lab.assoc(&[]).unwrap();
         std::thread::sleep(Duration::from_millis(500));
         lab.assoc(&[to]).unwrap();
+        associated(&lab, 1);
         let deadline = Instant::now() + Duration::from_secs(5);
         while relays_at(&lab, to) < 2 || relays_at(&lab, at) > 0 {
             assert!(

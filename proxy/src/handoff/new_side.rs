@@ -88,8 +88,10 @@ enum Located {
         ch: Channel,
         answer: Message,
     },
-    /// Every peer answered: nobody serves the MH (`NotHere`), or one refused (`Abort`).
+    /// Every peer answered: nobody serves the MH (`NotHere`)...
     Answer(Message),
+    /// ...or this one serves it and refused (`Abort`: another link-layer address).
+    Refused { peer: String, abort: Message },
     /// Some peer could not be asked: the MH's connections may be there.
     Lost(String),
 }
@@ -122,7 +124,7 @@ async fn locate(d: &Arc<Daemon>, msg: &Message, handoff_id: u64, wait: Duration)
                 return Located::Found { peer, ch, answer };
             }
             Ok(Ok((_, Message::NotHere { .. }))) => {}
-            Ok(Ok((_, abort @ Message::Abort { .. }))) => refusal = Some(abort),
+            Ok(Ok((_, abort @ Message::Abort { .. }))) => refusal = Some((peer, abort)),
             Ok(Ok((_, other))) => lost = Some(format!("{peer} answered {other:?}")),
             Ok(Err(e)) if e.refused() => debug!(%peer, "peer down: serves nothing"),
             Ok(Err(e)) => lost = Some(format!("{peer}: {e}")),
@@ -130,7 +132,7 @@ async fn locate(d: &Arc<Daemon>, msg: &Message, handoff_id: u64, wait: Duration)
         }
     }
     match (refusal, lost) {
-        (Some(a), _) => Located::Answer(a),
+        (Some((peer, abort)), _) => Located::Refused { peer, abort },
         (None, Some(why)) => Located::Lost(why),
         (None, None) => Located::Answer(Message::NotHere { handoff_id }),
     }
@@ -181,6 +183,10 @@ async fn run(
                             next = Some(NewEvent::Message(answer));
                         }
                         Located::Answer(a) => next = Some(NewEvent::Message(a)),
+                        Located::Refused { peer, abort } => {
+                            m.set_old_msr(&peer);
+                            next = Some(NewEvent::Message(abort));
+                        }
                         Located::Lost(why) => lost = Some(why),
                     }
                 }
