@@ -15,12 +15,24 @@ const TRANSPARENT: &str = "[transparent]\nenabled = true\nports = [5001, 5002]\n
 
 /// Two MSRs with network detection, transparent mode for ports 5001–5002, RSTs
 /// counted at the FH and at MH 1.
-fn network_lab(seed: u64, mhs: usize) -> Lab {
+fn network_lab(seed: u64, mhs: usize) -> (Lab, Vec<usize>) {
     let mut lab = Lab::with_mhs(LabConfig::clean(2, seed), mhs).unwrap();
-    lab.start_itcp_network(TRANSPARENT).unwrap();
+    let msrds = lab.start_itcp_network(TRANSPARENT).unwrap();
     lab.watch_rsts(Host::Fh).unwrap();
     lab.watch_rsts(Host::Mh).unwrap();
-    lab
+    (lab, msrds)
+}
+
+/// The MAC address of MSR `k`'s cell interface.
+fn cell_mac(lab: &Lab, k: usize) -> String {
+    let o = lab
+        .run(Host::Msr(k), "ip", &["-br", "link", "show", "cell0"])
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    out.split_whitespace()
+        .nth(2)
+        .unwrap_or_default()
+        .to_string()
 }
 
 fn diag(lab: &Lab) -> String {
@@ -124,7 +136,11 @@ fn recv_report(lab: &mut Lab, idx: usize) -> RecvReport {
 
 #[test]
 fn an_mh_that_runs_nothing_of_ours_keeps_its_transfers_and_its_ping_across_ten_moves() {
-    let mut lab = network_lab(101, 1);
+    let (mut lab, msrds) = network_lab(101, 1);
+    // Both cells answer with the one gateway MAC.
+    for k in 1..=2 {
+        assert_eq!(cell_mac(&lab, k), addr::GATEWAY_MAC);
+    }
     let ttcp = bin_path("ttcp");
     let (down, up) = (lab::fh_addr(5001), lab::fh_addr(5002));
     // Plain ttcp (no --itcp): the MH just connects; msrd intercepts.
@@ -245,12 +261,16 @@ fn an_mh_that_runs_nothing_of_ours_keeps_its_transfers_and_its_ping_across_ten_m
         })
         .sum();
     assert_eq!(moved, 20, "two records per handoff");
+    // msrd gives the cell its own MAC back when it stops.
+    lab.terminate(msrds[0]);
+    lab.wait(msrds[0], Duration::from_secs(40)).unwrap();
+    assert_eq!(cell_mac(&lab, 1), addr::msr_cell_mac(1));
 }
 
 #[test]
 fn a_station_spoofing_an_mh_from_the_other_cell_moves_nothing() {
     // MH 2 plays the attacker: in cell 2, with its own MAC and MH 1's address.
-    let mut lab = network_lab(103, 2);
+    let (mut lab, _) = network_lab(103, 2);
     lab.assoc_mh(2, &[2]).unwrap();
     let ttcp = bin_path("ttcp");
     let down = lab::fh_addr(5001);
