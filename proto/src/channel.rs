@@ -677,10 +677,22 @@ mod tests {
                 peer: "10.0.0.1:80".parse().unwrap(),
                 age_ms: 1500,
             }],
+            mac: Some("02:00:00:00:00:64".into()),
         };
         let f = c.seal(&m);
         // Bytes are not hex-encoded into the JSON.
         assert!(f.len() < 160_000, "{}", f.len());
         assert_eq!(s.open(&f).unwrap().unwrap().0, m);
+        // The detection messages travel the same way.
+        for m in [
+            Message::Detected {
+                handoff_id: 4,
+                mh: "10.2.0.100".parse().unwrap(),
+                mac: "02:00:00:00:00:64".into(),
+            },
+            Message::NotHere { handoff_id: 4 },
+        ] {
+            assert_eq!(s.open(&c.seal(&m)).unwrap().unwrap().0, m);
+        }
     }
 }
