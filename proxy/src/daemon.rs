@@ -1102,6 +1102,9 @@ fn listen_socket(
     };
     let fd = s.as_raw_fd();
     sockopt::set_reuseaddr(fd)?;
+    if addr.is_ipv6() {
+        sockopt::set_v6only(fd)?;
+    }
     if transparent {
         sockopt::set_transparent(fd, addr.is_ipv6())?;
     }

@@ -182,23 +182,20 @@ impl Rules {
     }
 
     /// `ip -batch` lines installing the policy route (after removing an old copy).
+    /// `ip -4 -batch` and `ip -6 -batch` lines (a batch line cannot carry `-6` itself).
     pub fn ip_install(&self) -> [String; 2] {
         let (m, t) = (self.fwmark, self.route_table);
-        [
+        ["0.0.0.0/0", "::/0"].map(|any| {
             format!(
-                "rule del fwmark {m:#x} lookup {t}\nroute flush table {t}\nrule add fwmark {m:#x} lookup {t}\nroute add local 0.0.0.0/0 dev lo table {t}\n"
-            ),
-            format!(
-                "-6 rule del fwmark {m:#x} lookup {t}\n-6 route flush table {t}\n-6 rule add fwmark {m:#x} lookup {t}\n-6 route add local ::/0 dev lo table {t}\n"
-            ),
-        ]
+                "rule del fwmark {m:#x} lookup {t}\nroute flush table {t}\nrule add fwmark {m:#x} lookup {t}\nroute add local {any} dev lo table {t}\n"
+            )
+        })
     }
 
+    /// `ip -4 -batch` and `ip -6 -batch` lines removing what `ip_install` made.
     pub fn ip_remove(&self) -> String {
         let (m, t) = (self.fwmark, self.route_table);
-        format!(
-            "rule del fwmark {m:#x} lookup {t}\nroute flush table {t}\n-6 rule del fwmark {m:#x} lookup {t}\n-6 route flush table {t}\n"
-        )
+        format!("rule del fwmark {m:#x} lookup {t}\nroute flush table {t}\n")
     }
 
     /// Installs the table and the policy route.
@@ -206,12 +203,16 @@ impl Rules {
         run("nft", &["-f", "-"], &self.nft_script())?;
         let [v4, v6] = self.ip_install();
         // Deleting what is not there fails harmlessly: -force goes on past it.
-        run("ip", &["-force", "-batch", "-"], &v4).or_else(|e| {
+        run("ip", &["-4", "-force", "-batch", "-"], &v4).or_else(|e| {
             // -force still reports failure if any line failed; the adds must have worked.
             check_rule(self.fwmark, false).then_some(()).ok_or(e)
         })?;
         // IPv6 may be disabled on the router: then there is nothing to intercept there.
-        let _ = run("ip", &["-force", "-batch", "-"], &v6);
+        if let Err(e) = run("ip", &["-6", "-force", "-batch", "-"], &v6) {
+            if !check_rule(self.fwmark, true) {
+                tracing::info!(error = %e, "no IPv6 policy route (IPv6 off?): IPv6 is not intercepted");
+            }
+        }
         Ok(())
     }
 
@@ -221,7 +222,9 @@ impl Rules {
         if self.detect.is_some() {
             let _ = run("nft", &["delete", "table", "netdev", &self.table], "");
         }
-        let _ = run("ip", &["-force", "-batch", "-"], &self.ip_remove());
+        for v in ["-4", "-6"] {
+            let _ = run("ip", &[v, "-force", "-batch", "-"], &self.ip_remove());
+        }
     }
 }
 
@@ -417,7 +420,10 @@ mod tests {
         let [v4, v6] = rules(false).ip_install();
         assert!(v4.contains("rule add fwmark 0x4954 lookup 4954"));
         assert!(v4.contains("route add local 0.0.0.0/0 dev lo table 4954"));
-        assert!(v6.contains("-6 route add local ::/0 dev lo table 4954"));
+        assert!(v6.contains("route add local ::/0 dev lo table 4954"));
+        assert!(v6.contains("rule add fwmark 0x4954 lookup 4954"));
+        // ip's batch mode takes no options per line: the family is the caller's flag.
+        assert!(!v6.contains("-6") && !v4.contains("-4"), "{v6}");
         assert!(rules(false).ip_remove().contains("route flush table 4954"));
     }
 }

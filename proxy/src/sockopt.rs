@@ -57,6 +57,11 @@ pub fn set_transparent(fd: RawFd, ipv6: bool) -> io::Result<()> {
     }
 }
 
+/// An IPv6 socket for IPv6 only: `[::]:port` must not take IPv4's `0.0.0.0:port`.
+pub fn set_v6only(fd: RawFd) -> io::Result<()> {
+    set_int(fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1, "IPV6_V6ONLY")
+}
+
 pub fn set_reuseaddr(fd: RawFd) -> io::Result<()> {
     set_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1, "SO_REUSEADDR")
 }

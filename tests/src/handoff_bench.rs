@@ -54,6 +54,7 @@ fn lab(seed: u64) -> io::Result<Lab> {
         cell_up: fast,
         initial_cells: vec![1],
         veth: false,
+        ipv6: false,
     })
 }
 
@@ -273,6 +274,7 @@ fn download(with_move: bool, seed: u64) -> io::Result<(crate::ttcp::RecvReport, 
         cell_up: net.cell.clone(),
         initial_cells: vec![1],
         veth: false,
+        ipv6: false,
     })?;
     lab.start_itcp_mobility("[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n", AGENT)?;
     let ttcp = bin_path("ttcp");

@@ -73,6 +73,29 @@ pub mod addr {
     pub const GATEWAY_MAC: &str = "00:00:5e:00:01:01";
 }
 
+/// The lab's IPv6 addresses ([`LabConfig::ipv6`]): the IPv4 plan with 2001:db8::/64
+/// (WAN), 2001:db8:1::/64 (fixed LAN), 2001:db8:2::/64 (cells).
+pub mod addr6 {
+    use std::net::Ipv6Addr;
+    pub const FH: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 1);
+    pub const GW_WAN: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0, 0, 0, 0, 0, 2);
+    pub const GW_LAN: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 1);
+    /// The gateway address every MSR owns on its cell interface.
+    pub const CELL_GW: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 1);
+    /// The cells' prefix.
+    pub const CELLS: &str = "2001:db8:2::/64";
+    /// MH j's address (1-based): 2001:db8:2::X with X = 99 + j as a 16-bit group, so MH 1
+    /// is 2001:db8:2::64 ([`MH`]).
+    pub fn mh(j: usize) -> Ipv6Addr {
+        Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 99 + j as u16)
+    }
+    pub const MH: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 2, 0, 0, 0, 0, 100);
+    /// MSR k's fixed-LAN address.
+    pub fn msr_lan(k: usize) -> Ipv6Addr {
+        Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 10 + k as u16)
+    }
+}
+
 /// A host of the lab.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Host {
@@ -134,6 +157,9 @@ pub struct LabConfig {
     /// Plain veth pairs instead of emulated links (FH–GW and MSR1–MH; needs one MSR):
     /// for relay benchmarks at full kernel speed. Such a lab has no emulator.
     pub veth: bool,
+    /// IPv6 too ([`addr6`]): every host dual-stack with static addresses, no router
+    /// advertisements, no DAD (the air stays quiet, addresses work at once).
+    pub ipv6: bool,
 }
 
 impl Default for LabConfig {
@@ -147,6 +173,7 @@ impl Default for LabConfig {
             cell_up: LinkParams::default(),
             initial_cells: vec![1],
             veth: false,
+            ipv6: false,
         }
     }
 }
@@ -350,7 +377,32 @@ pub fn reroute_mh(gw_ns: &str, mh_ns: &str, mh: std::net::Ipv4Addr, k: usize) ->
             addr::CELL_GW,
             addr::msr_cell_mac(k)
         ),
-    )
+    )?;
+    // The same for IPv6 in a dual-stack lab (MH j's address follows its IPv4 one).
+    if ipv6_on(mh_ns) {
+        let mh6 = addr6::mh(usize::from(mh.octets()[3]) - 99);
+        run_ip(
+            Some(gw_ns),
+            &format!("route replace {mh6}/128 via {}\n", addr6::msr_lan(k)),
+        )?;
+        run_ip(
+            Some(mh_ns),
+            &format!(
+                "neigh replace {} lladdr {} dev air0 nud permanent\n",
+                addr6::CELL_GW,
+                addr::msr_cell_mac(k)
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+/// True if IPv6 is on in namespace `ns` (a dual-stack lab).
+fn ipv6_on(ns: &str) -> bool {
+    sys::in_netns(ns, || {
+        std::fs::read_to_string("/proc/sys/net/ipv6/conf/all/disable_ipv6").map(|v| v.trim() == "0")
+    })
+    .unwrap_or(false)
 }
 
 /// MSR `k`'s beacon phase (ms within each second of the wall clock) for `seed`: the same
@@ -549,15 +601,25 @@ impl Lab {
             b += &format!("netns add {ns}\n");
         }
         run_ip(None, &b)?;
+        let v6 = if self.config.ipv6 { "0" } else { "1" };
         for ns in namespaces {
             run_ip(Some(ns), "link set lo up\n")?;
-            // IPv6 stays off on lab links: its router/neighbour chatter would use
-            // emulated airtime and skew counters. The tests speak IPv4.
+            // IPv6 stays off on lab links unless asked for: its router/neighbour chatter
+            // would use emulated airtime and skew counters. With it on, addresses are
+            // static: no router advertisements, no DAD, no autoconfiguration.
             sysctl(
                 ns,
                 &[
-                    ("net.ipv6.conf.all.disable_ipv6", "1"),
-                    ("net.ipv6.conf.default.disable_ipv6", "1"),
+                    ("net.ipv6.conf.all.disable_ipv6", v6),
+                    ("net.ipv6.conf.default.disable_ipv6", v6),
+                    ("net.ipv6.conf.all.accept_ra", "0"),
+                    ("net.ipv6.conf.default.accept_ra", "0"),
+                    ("net.ipv6.conf.all.autoconf", "0"),
+                    ("net.ipv6.conf.default.autoconf", "0"),
+                    ("net.ipv6.conf.all.dad_transmits", "0"),
+                    ("net.ipv6.conf.default.dad_transmits", "0"),
+                    ("net.ipv6.conf.all.router_solicitations", "0"),
+                    ("net.ipv6.conf.default.router_solicitations", "0"),
                     ("net.ipv4.conf.all.rp_filter", "0"),
                     ("net.ipv4.conf.default.rp_filter", "0"),
                 ],
@@ -637,6 +699,9 @@ impl Lab {
                 ),
             )?;
         }
+        if self.config.ipv6 {
+            self.build_ipv6()?;
+        }
         let first = self.config.initial_cells.first().copied().unwrap_or(1);
         for j in 1..=self.mhs {
             reroute_mh(
@@ -644,6 +709,52 @@ impl Lab {
                 &self.ns(Host::mh(j)),
                 addr::mh(j),
                 first,
+            )?;
+        }
+        Ok(())
+    }
+
+    /// IPv6 addresses and routes on the links `build` made (see [`addr6`]).
+    fn build_ipv6(&self) -> io::Result<()> {
+        let (gw, n) = (self.ns(Host::Gw), self.config.msrs);
+        run_ip(
+            Some(&self.ns(Host::Fh)),
+            &format!(
+                "addr add {}/64 dev wan0 nodad\nroute add default via {}\n",
+                addr6::FH,
+                addr6::GW_WAN
+            ),
+        )?;
+        run_ip(
+            Some(&gw),
+            &format!(
+                "addr add {}/64 dev wan0 nodad\naddr add {}/64 dev br0 nodad\n",
+                addr6::GW_WAN,
+                addr6::GW_LAN
+            ),
+        )?;
+        sysctl(&gw, &[("net.ipv6.conf.all.forwarding", "1")])?;
+        for k in 1..=n {
+            let msr = self.ns(Host::Msr(k));
+            run_ip(
+                Some(&msr),
+                &format!(
+                    "addr add {}/64 dev lan0 nodad\naddr add {}/64 dev cell0 nodad\nroute add default via {}\n",
+                    addr6::msr_lan(k),
+                    addr6::CELL_GW,
+                    addr6::GW_LAN
+                ),
+            )?;
+            sysctl(&msr, &[("net.ipv6.conf.all.forwarding", "1")])?;
+        }
+        for j in 1..=self.mhs {
+            run_ip(
+                Some(&self.ns(Host::mh(j))),
+                &format!(
+                    "addr add {}/64 dev air0 nodad\nroute add default via {}\n",
+                    addr6::mh(j),
+                    addr6::CELL_GW
+                ),
             )?;
         }
         Ok(())
@@ -860,9 +971,21 @@ impl Lab {
         program: impl AsRef<std::ffi::OsStr>,
         args: &[&str],
     ) -> io::Result<usize> {
+        self.spawn_env(h, program, args, &[])
+    }
+
+    /// [`Lab::spawn`] with extra environment variables.
+    pub fn spawn_env(
+        &mut self,
+        h: Host,
+        program: impl AsRef<std::ffi::OsStr>,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> io::Result<usize> {
         let child = self
             .command(h, program)?
             .args(args)
+            .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()?;
@@ -1082,6 +1205,7 @@ impl Lab {
             gw += &format!("route del {}/32\n", addr::mh(j));
         }
         gw += "route replace 10.2.0.0/24 dev br0\n";
+        gw += &self.onlink6();
         run_ip(Some(&self.ns(Host::Gw)), &gw)?;
         let mut msrds = Vec::new();
         for k in 1..=self.config.msrs {
@@ -1143,6 +1267,7 @@ impl Lab {
             gw += &format!("route del {}/32\n", addr::mh(j));
         }
         gw += "route replace 10.2.0.0/24 dev br0\n";
+        gw += &self.onlink6();
         run_ip(Some(&self.ns(Host::Gw)), &gw)?;
         self.msr_extra = format!("gateway_mac = \"{}\"\n", addr::GATEWAY_MAC);
         self.cell_extra = "detect = \"network\"\n".into();
@@ -1160,6 +1285,19 @@ impl Lab {
             )?;
         }
         Ok(msrds)
+    }
+
+    /// `ip -batch` lines routing the IPv6 cells' prefix on-link at the GW (the MSR
+    /// serving an MH answers NDP for it), replacing the per-MH host routes.
+    fn onlink6(&self) -> String {
+        if !self.config.ipv6 {
+            return String::new();
+        }
+        let mut s = String::new();
+        for j in 1..=self.mhs {
+            s += &format!("route del {}/128\n", addr6::mh(j));
+        }
+        s + &format!("route replace {} dev br0\n", addr6::CELLS)
     }
 
     /// Where MH `j`'s agent writes its events (`agent.events` for MH 1,
@@ -1223,8 +1361,16 @@ impl Lab {
         } else {
             String::new()
         };
+        let (gw6, cells6) = if self.config.ipv6 {
+            (
+                format!(", \"{}\"", addr6::CELL_GW),
+                format!(", \"{}\"", addr6::CELLS),
+            )
+        } else {
+            (String::new(), String::new())
+        };
         format!(
-            "[msr]\nid = \"msr{k}\"\ngateway = [\"{}\"]\ncontrol_socket = \"{}\"\nlog_level = \"{}\"\n{}\n[access]\nmh_prefixes = [\"10.2.0.0/24\"]\n{}\n\n[[cell]]\ninterface = \"cell0\"\n{}\n{extra}{beacon}",
+            "[msr]\nid = \"msr{k}\"\ngateway = [\"{}\"{gw6}]\ncontrol_socket = \"{}\"\nlog_level = \"{}\"\n{}\n[access]\nmh_prefixes = [\"10.2.0.0/24\"{cells6}]\n{}\n\n[[cell]]\ninterface = \"cell0\"\n{}\n{extra}{beacon}",
             addr::CELL_GW,
             self.msrd_control(k).display(),
             self.msrd_log_level,

@@ -219,6 +219,7 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
         cell_up: r.net.cell.clone(),
         initial_cells: vec![1],
         veth: false,
+        ipv6: false,
     })?;
     for (k, p) in cell_links {
         lab.emu(Request::Link {

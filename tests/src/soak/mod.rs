@@ -346,6 +346,7 @@ pub fn run(o: &SoakOpts, progress: &dyn Fn(&str)) -> io::Result<SoakReport> {
             cell_up: cell,
             initial_cells: vec![1],
             veth: false,
+            ipv6: false,
         },
         o.mhs,
     )?;

@@ -1,0 +1,172 @@
+//! IPv6 end to end on a dual-stack lab (static addresses, no router advertisements,
+//! no DAD): explicit mode (SOCKS ATYP 04 over IPv6), transparent mode (TPROXY for
+//! `ip6`) and passive open, each checked byte for byte with the FH seeing the MH's own
+//! IPv6 address. Needs root.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream};
+use std::time::Duration;
+
+use itcp_mh::{ItcpListener, MhOptions, Token};
+use itcp_testbed::lab::{addr6, bin_path, Host, Lab, LabConfig};
+use itcp_testbed::sys::in_netns;
+use itcp_testbed::ttcp::{RecvReport, SendReport};
+
+fn lab6(extra: &str) -> Lab {
+    let mut cfg = LabConfig::clean(1, 61);
+    cfg.ipv6 = true;
+    let mut lab = Lab::new(cfg).unwrap();
+    let c = lab.msrd_config(1, extra);
+    lab.start_msrd(1, &c).unwrap();
+    lab
+}
+
+fn fh6(port: u16) -> String {
+    SocketAddr::new(addr6::FH.into(), port).to_string()
+}
+
+/// The MH's I-TCP gateway over IPv6.
+fn gw6() -> String {
+    SocketAddr::new(addr6::CELL_GW.into(), 1080).to_string()
+}
+
+/// ttcp `send` at `from`, `recv` at `to` (the listener started first), `extra_*` flags;
+/// returns both reports.
+fn transfer(
+    lab: &mut Lab,
+    (from, send): (Host, &[&str]),
+    (to, recv): (Host, &[&str]),
+    env: &[(&str, &str)],
+) -> (SendReport, RecvReport) {
+    let ttcp = bin_path("ttcp");
+    let mut sa = vec!["send", "--bytes", "8M"];
+    sa.extend_from_slice(send);
+    let mut ra = vec!["recv", "--bytes", "8M"];
+    ra.extend_from_slice(recv);
+    let (listener, lh) = if sa.contains(&"--listen") {
+        (&sa, from)
+    } else {
+        (&ra, to)
+    };
+    let port: u16 = listener
+        .iter()
+        .skip_while(|a| **a != "--listen")
+        .nth(1)
+        .and_then(|a| a.parse::<SocketAddr>().ok())
+        .map(|a| a.port())
+        .unwrap();
+    let (s, r) = if listener == &sa {
+        let s = lab.spawn_env(from, &ttcp, &sa, env).unwrap();
+        lab.wait_listening(lh, port).unwrap();
+        (s, lab.spawn_env(to, &ttcp, &ra, env).unwrap())
+    } else {
+        let r = lab.spawn_env(to, &ttcp, &ra, env).unwrap();
+        lab.wait_listening(lh, port).unwrap();
+        (lab.spawn_env(from, &ttcp, &sa, env).unwrap(), r)
+    };
+    let (_, rout, rerr) = lab.wait(r, Duration::from_secs(60)).unwrap();
+    let (_, sout, serr) = lab.wait(s, Duration::from_secs(60)).unwrap();
+    let log = std::fs::read_to_string(lab.dir.join("msrd1.log")).unwrap_or_default();
+    let r: RecvReport =
+        serde_json::from_str(rout.trim()).unwrap_or_else(|e| panic!("recv: {e}: {rerr}\n{log}"));
+    let s: SendReport =
+        serde_json::from_str(sout.trim()).unwrap_or_else(|e| panic!("send: {e}: {serr}\n{log}"));
+    assert!(
+        r.ok && s.ok && r.verified,
+        "{:?} {:?}\n{log}",
+        r.error,
+        s.error
+    );
+    (s, r)
+}
+
+fn ip_of(a: &str) -> IpAddr {
+    a.parse::<SocketAddr>().unwrap().ip()
+}
+
+#[test]
+fn explicit_mode_over_ipv6_both_ways() {
+    let mut lab = lab6("");
+    let env = [("ITCP_GATEWAY", gw6())];
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let fh = fh6(5001);
+    let (s, r) = transfer(
+        &mut lab,
+        (Host::Fh, &["--listen", &fh]),
+        (Host::Mh, &["--connect", &fh, "--itcp"]),
+        &env,
+    );
+    assert_eq!(ip_of(&s.peer), IpAddr::V6(addr6::MH), "the FH sees the MH");
+    assert_eq!(s.peer, r.local);
+    let fh = fh6(5002);
+    let (s, r) = transfer(
+        &mut lab,
+        (Host::Mh, &["--connect", &fh, "--itcp"]),
+        (Host::Fh, &["--listen", &fh]),
+        &env,
+    );
+    assert_eq!(r.peer, s.local);
+    let sessions = lab.msrd_stats(1).unwrap();
+    assert_eq!(sessions.stats.connections_total, 2, "{sessions:?}");
+}
+
+#[test]
+fn transparent_mode_over_ipv6_both_ways() {
+    let mut lab = lab6("[transparent]\nenabled = true\nports = [5001, 5002]\n");
+    let fh = fh6(5001);
+    let (s, r) = transfer(
+        &mut lab,
+        (Host::Fh, &["--listen", &fh]),
+        (Host::Mh, &["--connect", &fh]),
+        &[],
+    );
+    assert_eq!(s.peer, r.local, "the FH sees exactly the MH's socket");
+    let fh = fh6(5002);
+    let (s, r) = transfer(
+        &mut lab,
+        (Host::Mh, &["--connect", &fh]),
+        (Host::Fh, &["--listen", &fh]),
+        &[],
+    );
+    assert_eq!(r.peer, s.local);
+    let st = lab.msrd_stats(1).unwrap();
+    assert_eq!(st.stats.connections_total, 2, "through msrd: {st:?}");
+}
+
+#[test]
+fn passive_open_over_ipv6() {
+    let lab = lab6("");
+    let opts = MhOptions::new()
+        .gateway(SocketAddr::new(addr6::CELL_GW.into(), 1080))
+        .token(Token([9; 16]))
+        .connect_timeout(Duration::from_secs(5));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let ns = lab.ns(Host::Mh);
+    let mh = std::thread::spawn(move || {
+        in_netns(&ns, || {
+            let l = ItcpListener::bind_with(&opts, 6000)?;
+            tx.send(l.local_addr()?).unwrap();
+            let (mut s, peer) = l.accept()?;
+            let mut msg = String::new();
+            s.read_to_string(&mut msg)?;
+            s.write_all(format!("ack {msg}").as_bytes())?;
+            Ok((peer, msg))
+        })
+        .unwrap()
+    });
+    let bound = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(bound, SocketAddr::new(addr6::MH.into(), 6000));
+    let local = in_netns(&lab.ns(Host::Fh), || {
+        let mut s = TcpStream::connect_timeout(&bound, Duration::from_secs(5))?;
+        s.write_all(b"hello over v6")?;
+        s.shutdown(Shutdown::Write)?;
+        let mut back = String::new();
+        s.read_to_string(&mut back)?;
+        assert_eq!(back, "ack hello over v6");
+        s.local_addr()
+    })
+    .unwrap();
+    let (peer, msg) = mh.join().unwrap();
+    assert_eq!(msg, "hello over v6");
+    assert_eq!(peer, local, "the MH learns the FH's IPv6 address");
+}
