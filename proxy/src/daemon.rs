@@ -1323,6 +1323,14 @@ async fn bind_rest(
             if let Err(e) = r {
                 warn!(interface = %lan, error = %e, "proxied ARP replies may be delayed");
             }
+            // Proxy neighbour entries answer IPv6 solicitations only with proxy_ndp on.
+            if cfg.access.mh_prefixes.iter().any(|p| !p.is_ipv4()) {
+                let r =
+                    crate::netlink::proxy_ndp_path(lan).and_then(|p| footprint.set_sysctl(&p, "1"));
+                if let Err(e) = r {
+                    warn!(interface = %lan, error = %e, "no proxy NDP: IPv6 MHs cannot move here");
+                }
+            }
         }
         info!(%listen, greet_port = port, peers = cfg.handoff.peers.len(), "handoff up");
     }

@@ -31,11 +31,12 @@ pub struct Rules {
 }
 
 /// Network detection, in a `netdev` table of the same name hooked at the cells'
-/// ingress: the first frame of an MH that is not present here (set `present4`) on one
-/// of `interfaces` — an IPv4 packet, or an ARP packet it sends (a host announcing
-/// itself or resolving its gateway on association) — is reported on NFLOG group
-/// `group`. Its IPv4 packets are then dropped (never answered) until msrd marks it
-/// present, at most `hold_ms` per report (set `arriving4`); ARP passes.
+/// ingress: the first frame of an MH that is not present here (sets `present4`,
+/// `present6`) on one of `interfaces` — an IP packet, or an ARP or neighbour discovery
+/// packet it sends (a host announcing itself or resolving its gateway on association)
+/// — is reported on NFLOG group `group`. Its other packets are then dropped (never
+/// answered) until msrd marks it present, at most `hold_ms` per report (sets
+/// `arriving4`, `arriving6`); ARP and neighbour discovery pass.
 #[derive(Debug, Clone)]
 pub struct Detection {
     pub interfaces: Vec<String>,
@@ -134,13 +135,21 @@ impl Rules {
     /// Marks `mh` present here (no more detection for it) or not, and ends its
     /// arrival hold. No-ops without detection.
     pub fn set_present(&self, mh: IpAddr, present: bool) -> io::Result<()> {
-        if self.detect.is_none() || !mh.is_ipv4() {
+        let Some(dt) = &self.detect else {
+            return Ok(());
+        };
+        if !dt.mh_prefixes.iter().any(|p| p.contains(mh)) {
             return Ok(());
         }
+        let (p, a) = if mh.is_ipv4() {
+            ("present4", "arriving4")
+        } else {
+            ("present6", "arriving6")
+        };
         let t = &self.table;
-        crate::netlink::nft_netdev_set_element(t, "present4", mh, present)?;
+        crate::netlink::nft_netdev_set_element(t, p, mh, present)?;
         if present {
-            crate::netlink::nft_netdev_set_element(t, "arriving4", mh, false)?;
+            crate::netlink::nft_netdev_set_element(t, a, mh, false)?;
         }
         Ok(())
     }
@@ -233,15 +242,20 @@ impl Detection {
         let ifs: Vec<String> = self.interfaces.iter().map(|i| format!("{i:?}")).collect();
         let v4: Vec<&IpPrefix> = self.mh_prefixes.iter().filter(|p| p.is_ipv4()).collect();
         let gw: Vec<&IpAddr> = self.gateways.iter().filter(|g| g.is_ipv4()).collect();
+        let v6: Vec<&IpPrefix> = self.mh_prefixes.iter().filter(|p| !p.is_ipv4()).collect();
+        let gw6: Vec<&IpAddr> = self.gateways.iter().filter(|g| !g.is_ipv4()).collect();
         let g = self.group;
         let mut s = format!(
             "add table netdev {t}\ndelete table netdev {t}\ntable netdev {t} {{\n\
              \x20 set present4 {{\n    type ipv4_addr;\n    size 65536;\n  }}\n\
-             \x20 set arriving4 {{\n    type ipv4_addr;\n    flags dynamic, timeout;\n    timeout {}ms;\n    size 65536;\n  }}\n\
-             \x20 chain cells {{\n    type filter hook ingress devices = {} priority -500; policy accept;\n\
-             \x20   ether type arp jump arp_in\n    ether type != ip accept\n",
+             \x20 set arriving4 {{\n    type ipv4_addr;\n    flags dynamic, timeout;\n    timeout {0}ms;\n    size 65536;\n  }}\n\
+             \x20 set present6 {{\n    type ipv6_addr;\n    size 65536;\n  }}\n\
+             \x20 set arriving6 {{\n    type ipv6_addr;\n    flags dynamic, timeout;\n    timeout {0}ms;\n    size 65536;\n  }}\n\
+             \x20 chain cells {{\n    type filter hook ingress devices = {1} priority -500; policy accept;\n\
+             \x20   ether type arp jump arp_in\n{2}    ether type != ip accept\n",
             self.hold_ms,
-            set(&ifs)
+            set(&ifs),
+            if v6.is_empty() { "" } else { "    ether type ip6 jump ip6_in\n" }
         );
         let not_mh = |key: &str| {
             let mut r = String::new();
@@ -265,8 +279,23 @@ impl Detection {
         s += &not_mh("arp saddr ip");
         s += &format!(
             "    arp saddr ip @arriving4 accept\n\
-             \x20   add @arriving4 {{ arp saddr ip }} counter log group {g} accept\n  }}\n}}\n"
+             \x20   add @arriving4 {{ arp saddr ip }} counter log group {g} accept\n  }}\n"
         );
+        if !v6.is_empty() {
+            s += &format!("  chain ip6_in {{\n    ip6 saddr != {} accept\n", set(&v6));
+            if !gw6.is_empty() {
+                s += &format!("    ip6 saddr {} accept\n", set(&gw6));
+            }
+            s += &format!(
+                "    ip6 saddr @present6 accept\n\
+                 \x20   icmpv6 type {{ nd-router-solicit, nd-neighbor-solicit, nd-neighbor-advert }} jump nd_in\n\
+                 \x20   ip6 saddr @arriving6 counter drop\n\
+                 \x20   add @arriving6 {{ ip6 saddr }} counter log group {g} drop\n  }}\n\
+                 \x20 chain nd_in {{\n    ip6 saddr @arriving6 accept\n\
+                 \x20   add @arriving6 {{ ip6 saddr }} counter log group {g} accept\n  }}\n"
+            );
+        }
+        s += "}\n";
         s
     }
 }
@@ -335,7 +364,7 @@ mod tests {
         r.detect = Some(Detection {
             interfaces: vec!["cell0".into(), "cell1".into()],
             mh_prefixes: r.transparent.as_ref().unwrap().mh_prefixes.clone(),
-            gateways: vec!["10.2.0.1".parse().unwrap()],
+            gateways: vec!["10.2.0.1".parse().unwrap(), "2001:db8::1".parse().unwrap()],
             group: 77,
             hold_ms: 500,
         });
@@ -353,6 +382,7 @@ mod tests {
             [
                 "type filter hook ingress devices = { \"cell0\", \"cell1\" } priority -500; policy accept;",
                 "ether type arp jump arp_in",
+                "ether type ip6 jump ip6_in",
                 "ether type != ip accept",
                 "ip saddr != { 10.2.0.0/24 } accept",
                 "ip saddr { 10.2.0.1 } accept",
@@ -370,6 +400,18 @@ mod tests {
                 "arp saddr ip @present4 accept",
                 "arp saddr ip @arriving4 accept",
                 "add @arriving4 { arp saddr ip } counter log group 77 accept",
+            ]
+        );
+        // IPv6: neighbour discovery reports and passes, like ARP.
+        assert_eq!(
+            chain("ip6_in"),
+            [
+                "ip6 saddr != { 2001:db8::/64 } accept",
+                "ip6 saddr { 2001:db8::1 } accept",
+                "ip6 saddr @present6 accept",
+                "icmpv6 type { nd-router-solicit, nd-neighbor-solicit, nd-neighbor-advert } jump nd_in",
+                "ip6 saddr @arriving6 counter drop",
+                "add @arriving6 { ip6 saddr } counter log group 77 drop",
             ]
         );
         assert!(t.contains("timeout 500ms;"));

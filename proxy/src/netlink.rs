@@ -9,7 +9,7 @@ use std::cell::RefCell;
 use std::ffi::CString;
 use std::io;
 use std::mem::{size_of, zeroed};
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -168,6 +168,81 @@ pub fn send_garp(ifname: &str, ip: Ipv4Addr) -> io::Result<()> {
 }
 
 /// Sets /proc/sys/net/ipv4/neigh/<ifname>/proxy_delay to 0 (proxied ARP replies are otherwise delayed up to 0.8 s).
+/// Announces on `ifname` that `ip` is reachable at this interface's MAC: an unsolicited
+/// neighbour advertisement (override flag, target link-layer address option) to all
+/// nodes, so neighbours (the GW) repoint an entry made for another MSR (RFC 4861 §7.2.6).
+pub fn send_unsolicited_na(ifname: &str, ip: Ipv6Addr) -> io::Result<()> {
+    let what = format!("unsolicited NA: announce {ip} on {ifname}");
+    let ifindex = ifindex(ifname, &what)?;
+    let sock = socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_ICMPV6)
+        .map_err(|e| context(&what, e))?;
+    let fd = sock.as_raw_fd();
+    let mac = link_mac(ifname).map_err(|e| context(&what, e))?;
+    let set = |level, name, v: libc::c_int| {
+        // SAFETY: v is a live c_int and its size is passed along.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                level,
+                name,
+                (&v as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(context(&what, io::Error::last_os_error()));
+        }
+        Ok(())
+    };
+    // Neighbour discovery is only valid with hop limit 255.
+    set(libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_HOPS, 255)?;
+    set(
+        libc::IPPROTO_IPV6,
+        libc::IPV6_MULTICAST_IF,
+        ifindex as libc::c_int,
+    )?;
+    let na = na_message(ip, mac);
+    // SAFETY: sockaddr_in6 is plain data; all-zero is a valid value.
+    let mut to: libc::sockaddr_in6 = unsafe { zeroed() };
+    to.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+    to.sin6_addr.s6_addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1).octets();
+    to.sin6_scope_id = ifindex;
+    // SAFETY: na and to are live for the call; their sizes are passed along.
+    let n = unsafe {
+        libc::sendto(
+            fd,
+            na.as_ptr().cast(),
+            na.len(),
+            0,
+            (&to as *const libc::sockaddr_in6).cast(),
+            size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+        )
+    };
+    if n < 0 {
+        return Err(context(&what, io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// An ICMPv6 neighbour advertisement for `target` at `mac`, override flag set (the
+/// kernel fills in the checksum of a raw ICMPv6 socket).
+fn na_message(target: Ipv6Addr, mac: [u8; 6]) -> Vec<u8> {
+    let mut m = vec![136, 0, 0, 0, 0x20, 0, 0, 0];
+    m.extend_from_slice(&target.octets());
+    // Option 2 (target link-layer address), length 1 (8 bytes).
+    m.extend_from_slice(&[2, 1]);
+    m.extend_from_slice(&mac);
+    m
+}
+
+/// `/proc/sys/net/ipv6/conf/<ifname>/proxy_ndp`, which proxy neighbour entries need
+/// for IPv6.
+pub fn proxy_ndp_path(ifname: &str) -> io::Result<String> {
+    Ok(proxy_delay_path(ifname)?
+        .replace("ipv4/neigh/", "ipv6/conf/")
+        .replace("/proxy_delay", "/proxy_ndp"))
+}
+
 pub fn proxy_delay_path(ifname: &str) -> io::Result<String> {
     // The name becomes a path component: refuse anything that could leave the directory.
     if ifname.is_empty()
@@ -790,6 +865,24 @@ mod tests {
 
     fn ne32(v: u32) -> [u8; 4] {
         v.to_ne_bytes()
+    }
+
+    #[test]
+    fn neighbour_advertisement_layout() {
+        let t: Ipv6Addr = "2001:db8:2::64".parse().unwrap();
+        let m = na_message(t, [2, 0, 0, 0, 1, 1]);
+        assert_eq!(m.len(), 32);
+        assert_eq!(
+            &m[..8],
+            &[136, 0, 0, 0, 0x20, 0, 0, 0],
+            "override, not solicited"
+        );
+        assert_eq!(&m[8..24], &t.octets());
+        assert_eq!(&m[24..], &[2, 1, 2, 0, 0, 0, 1, 1]);
+        assert_eq!(
+            proxy_ndp_path("lan0").unwrap(),
+            "/proc/sys/net/ipv6/conf/lan0/proxy_ndp"
+        );
     }
 
     #[test]

@@ -105,13 +105,18 @@ pub fn parse(dgram: &[u8]) -> Vec<Logged> {
 
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_ARP: u16 = 0x0806;
+const ETH_P_IPV6: u16 = 0x86dd;
 
-/// The sender of an IPv4 packet or of an Ethernet/IPv4 ARP packet (and the ARP
-/// sender's hardware address).
+/// The sender of an IPv4 or IPv6 packet, or of an Ethernet/IPv4 ARP packet (and the
+/// ARP sender's hardware address).
 fn sender(proto: u16, p: &[u8]) -> Option<(IpAddr, Option<[u8; 6]>)> {
     match proto {
         ETH_P_IP if p.len() >= 20 && p[0] >> 4 == 4 => {
             Some((IpAddr::V4(Ipv4Addr::new(p[12], p[13], p[14], p[15])), None))
+        }
+        ETH_P_IPV6 if p.len() >= 40 && p[0] >> 4 == 6 => {
+            let src: [u8; 16] = p[8..24].try_into().ok()?;
+            Some((IpAddr::V6(src.into()), None))
         }
         // htype 1, ptype IPv4, hlen 6, plen 4; sha at 8, spa at 14.
         ETH_P_ARP if p.len() >= 28 && p[..6] == [0, 1, 8, 0, 6, 4] => {
@@ -252,9 +257,17 @@ mod tests {
             // Never panics; a cut message is dropped whole.
             assert!(parse(&d[..cut]).len() <= 1);
         }
+        let mut v6 = vec![0x60; 40];
+        let mh6: std::net::Ipv6Addr = "2001:db8:2::64".parse().unwrap();
+        v6[8..24].copy_from_slice(&mh6.octets());
+        let mut d6 = packet(7, &[2; 6], &v6);
+        // packet() tags 40-byte payloads as IPv4: retag as IPv6.
+        let at = NLMSG_HDRLEN + NFGENMSG_LEN + NLA_HDRLEN;
+        d6[at..at + 2].copy_from_slice(&ETH_P_IPV6.to_be_bytes());
+        assert_eq!(parse(&d6)[0].src, IpAddr::V6(mh6));
         assert!(
             parse(&packet(7, &[2; 6], &[0x60; 40])).is_empty(),
-            "not IPv4"
+            "an IPv6 header tagged IPv4"
         );
         assert!(parse(b"\xff\xff\xff\xff garbage").is_empty());
     }

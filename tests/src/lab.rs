@@ -1279,10 +1279,11 @@ impl Lab {
             msrds.push(self.start_msrd(k, &cfg)?);
         }
         for j in 1..=self.mhs {
-            run_ip(
-                Some(&self.ns(Host::mh(j))),
-                &format!("neigh del {} dev air0\n", addr::CELL_GW),
-            )?;
+            let mut b = format!("neigh del {} dev air0\n", addr::CELL_GW);
+            if self.config.ipv6 {
+                b += &format!("neigh del {} dev air0\n", addr6::CELL_GW);
+            }
+            run_ip(Some(&self.ns(Host::mh(j))), &b)?;
         }
         Ok(msrds)
     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use itcp_handoff::log::Outcome;
 use itcp_proto::control::Kind;
-use itcp_testbed::lab::{self, addr, bin_path, Host, Lab, LabConfig};
+use itcp_testbed::lab::{self, addr, addr6, bin_path, Host, Lab, LabConfig};
 use itcp_testbed::ttcp::RecvReport;
 
 const TRANSPARENT: &str = "[transparent]\nenabled = true\nports = [5001, 5002]\n";
@@ -125,6 +125,16 @@ fn associated(lab: &Lab, j: usize) {
         Host::mh(j),
         "arping",
         &["-q", "-c", "1", "-w", "1", "-I", "air0", &gw],
+    );
+}
+
+/// The same for IPv6 (RFC 6059 probes the router; an echo to the gateway stands in).
+fn associated6(lab: &Lab, j: usize) {
+    let gw = addr6::CELL_GW.to_string();
+    let _ = lab.run(
+        Host::mh(j),
+        "ping",
+        &["-6", "-n", "-q", "-c", "1", "-W", "1", &gw],
     );
 }
 
@@ -345,4 +355,121 @@ fn a_station_spoofing_an_mh_from_the_other_cell_moves_nothing() {
     );
     let (mh_in, mh_out) = lab.rsts(Host::Mh).unwrap();
     assert_eq!((mh_in, mh_out), (0, 0), "RSTs at the victim");
+}
+
+/// Transparent connections of MH 1 at MSR `k` over IPv4 and over IPv6.
+fn relays_by_family(lab: &Lab, k: usize) -> (usize, usize) {
+    let s = lab.msrd_sessions(k).unwrap_or_default();
+    let n = |ip: std::net::IpAddr| {
+        s.iter()
+            .filter(|s| s.kind == Kind::Transparent && s.mh.ip() == ip)
+            .count()
+    };
+    (n(addr::MH.into()), n(addr6::MH.into()))
+}
+
+#[test]
+fn a_dual_stack_mh_that_runs_nothing_of_ours_moves_its_ipv4_and_ipv6_connections_together() {
+    let mut cfg = LabConfig::clean(2, 107);
+    cfg.ipv6 = true;
+    let mut lab = Lab::new(cfg).unwrap();
+    lab.start_itcp_network("[transparent]\nenabled = true\nports = [5001, 5003, 5004]\n")
+        .unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    lab.watch_rsts(Host::Mh).unwrap();
+    let ttcp = bin_path("ttcp");
+    let v4 = lab::fh_addr(5001);
+    let v6 = std::net::SocketAddr::new(addr6::FH.into(), 5003).to_string();
+    let v6up = std::net::SocketAddr::new(addr6::FH.into(), 5004).to_string();
+    let fh: Vec<usize> = [
+        &["send", "--listen", &v4, "--duration", "10"][..],
+        &["send", "--listen", &v6, "--duration", "10"],
+        &["recv", "--listen", &v6up],
+    ]
+    .iter()
+    .map(|a| lab.spawn(Host::Fh, &ttcp, a).unwrap())
+    .collect();
+    for p in [5001, 5003, 5004] {
+        lab.wait_listening(Host::Fh, p).unwrap();
+    }
+    let down4 = lab
+        .spawn(Host::Mh, &ttcp, &["recv", "--connect", &v4])
+        .unwrap();
+    let down6 = lab
+        .spawn(Host::Mh, &ttcp, &["recv", "--connect", &v6])
+        .unwrap();
+    let up6 = lab
+        .spawn(
+            Host::Mh,
+            &ttcp,
+            &["send", "--connect", &v6up, "--duration", "10"],
+        )
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while relays_by_family(&lab, 1) != (1, 2) {
+        assert!(
+            Instant::now() < deadline,
+            "not relayed at MSR1: {:?}\n{}",
+            relays_by_family(&lab, 1),
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut at = 1;
+    for n in 1..=4 {
+        let to = 3 - at;
+        lab.assoc(&[]).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        lab.assoc(&[to]).unwrap();
+        associated(&lab, 1);
+        associated6(&lab, 1);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while relays_by_family(&lab, to) != (1, 2) || relays_by_family(&lab, at) != (0, 0) {
+            assert!(
+                Instant::now() < deadline,
+                "move {n}: at MSR{to} {:?}, left at MSR{at} {:?}\n{}",
+                relays_by_family(&lab, to),
+                relays_by_family(&lab, at),
+                diag(&lab)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (fh6, mh6) = (addr6::FH.to_string(), addr6::MH.to_string());
+        assert!(ping(&lab, 1, &addr::MH.to_string()), "move {n}: IPv4 ping");
+        let args = ["-6", "-n", "-q", "-c", "1", "-W", "2", "-I", &mh6, &fh6];
+        assert!(
+            lab.run(Host::Mh, "ping", &args)
+                .is_ok_and(|o| o.status.success()),
+            "move {n}: IPv6 ping\n{}",
+            diag(&lab)
+        );
+        at = to;
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    for (what, idx) in [
+        ("IPv4 download", down4),
+        ("IPv6 download", down6),
+        ("IPv6 upload", fh[2]),
+    ] {
+        let r = recv_report(&mut lab, idx);
+        assert!(
+            r.ok && r.verified && r.bytes > 0,
+            "{what}: {:?}\n{}",
+            r.error,
+            diag(&lab)
+        );
+        eprintln!(
+            "{what}: {} bytes, longest stall {:.3} s",
+            r.bytes, r.longest_stall_s
+        );
+    }
+    let _ = lab.wait(up6, Duration::from_secs(10));
+    let (fh_in, fh_out) = lab.rsts(Host::Fh).unwrap();
+    let (mh_in, mh_out) = lab.rsts(Host::Mh).unwrap();
+    assert_eq!(
+        (fh_in, fh_out, mh_in, mh_out),
+        (0, 0, 0, 0),
+        "RSTs\n{}",
+        diag(&lab)
+    );
 }

@@ -244,8 +244,9 @@ impl Handoffs {
 // ---------------------------------------------------------------------------------
 // Routing and holds.
 
-/// Makes the fixed LAN deliver `mh`'s traffic here: proxy ARP, then a gratuitous ARP
-/// that repoints neighbours (the GW) which still have another MSR's MAC.
+/// Makes the fixed LAN deliver `mh`'s traffic here: proxy ARP (proxy NDP), then a
+/// gratuitous ARP (an unsolicited neighbour advertisement) that repoints neighbours
+/// (the GW) which still have another MSR's MAC.
 pub fn take_over(d: &Daemon, mh: IpAddr) {
     let Some(lan) = &d.handoff_cfg().lan_interface else {
         return;
@@ -256,10 +257,12 @@ pub fn take_over(d: &Daemon, mh: IpAddr) {
     if let Err(e) = crate::netlink::proxy_neigh(lan, mh, true) {
         warn!(%mh, interface = %lan, error = %e, "proxy ARP entry not added");
     }
-    if let IpAddr::V4(v4) = mh {
-        if let Err(e) = crate::netlink::send_garp(lan, v4) {
-            warn!(%mh, interface = %lan, error = %e, "gratuitous ARP not sent");
-        }
+    let announced = match mh {
+        IpAddr::V4(v4) => crate::netlink::send_garp(lan, v4),
+        IpAddr::V6(v6) => crate::netlink::send_unsolicited_na(lan, v6),
+    };
+    if let Err(e) = announced {
+        warn!(%mh, interface = %lan, error = %e, "takeover not announced (gratuitous ARP / unsolicited NA)");
     }
 }
 
