@@ -27,6 +27,8 @@ const NFTA_DATA_VALUE: u16 = 1;
 const NLMSGERR_ATTR_MSG: u16 = 1;
 const NLMSGERR_ATTR_OFFS: u16 = 2;
 
+/// From linux/rtnetlink.h (not in libc): the initial congestion window route metric.
+const RTAX_INITCWND: u16 = 11;
 const ARPOP_REQUEST: u16 = 1;
 const ARPOP_REPLY: u16 = 2;
 
@@ -86,6 +88,76 @@ fn set_element(
         libc::ENOENT if !add && hint.is_none() => Ok(()),
         e => Err(kernel_error(&what, e, hint, &ack)),
     }
+}
+
+/// Adds (replacing) or deletes a host route to `dst` out of `ifname` in the main
+/// table, like `ip route replace DST/32 dev IFNAME initcwnd N proto P` (or `ip route
+/// del DST dev IFNAME`): RTM_NEWROUTE / RTM_DELROUTE on NETLINK_ROUTE, NLM_F_ACK.
+/// Deleting an absent route is Ok. No process runs on the handoff path.
+pub fn host_route(
+    dst: IpAddr,
+    ifname: &str,
+    initcwnd: u32,
+    proto: u8,
+    add: bool,
+) -> io::Result<()> {
+    let what = format!(
+        "ip route: {} {dst} dev {ifname}",
+        if add { "replace" } else { "del" }
+    );
+    let ifindex = ifindex(ifname, &what)?;
+    let seq = next_seq(1);
+    let req = route_msg(add, seq, dst, ifindex, initcwnd, proto);
+    let ack = nl_request(libc::NETLINK_ROUTE, &req, seq, 1, seq).map_err(|e| context(&what, e))?;
+    match ack.errno {
+        0 => Ok(()),
+        libc::ESRCH | libc::ENOENT if !add => Ok(()),
+        e => Err(kernel_error(&what, e, None, &ack)),
+    }
+}
+
+fn route_msg(add: bool, seq: u32, dst: IpAddr, ifindex: u32, initcwnd: u32, proto: u8) -> Vec<u8> {
+    let (ty, flags) = if add {
+        (libc::RTM_NEWROUTE, libc::NLM_F_CREATE | libc::NLM_F_REPLACE)
+    } else {
+        (libc::RTM_DELROUTE, 0)
+    };
+    let (family, len) = match dst {
+        IpAddr::V4(_) => (libc::AF_INET, 32),
+        IpAddr::V6(_) => (libc::AF_INET6, 128),
+    };
+    let mut b = Vec::with_capacity(64);
+    let m = begin_msg(
+        &mut b,
+        ty,
+        (libc::NLM_F_REQUEST | libc::NLM_F_ACK | flags) as u16,
+        seq,
+    );
+    // struct rtmsg: family, dst_len, src_len, tos, table, protocol, scope, type; flags.
+    b.extend_from_slice(&[
+        family as u8,
+        len,
+        0,
+        0,
+        libc::RT_TABLE_MAIN,
+        if add { proto } else { 0 },
+        if add {
+            libc::RT_SCOPE_LINK
+        } else {
+            libc::RT_SCOPE_NOWHERE
+        },
+        if add { libc::RTN_UNICAST } else { 0 },
+    ]);
+    b.extend_from_slice(&0u32.to_ne_bytes());
+    put_attr(&mut b, libc::RTA_DST, &ip_bytes(dst));
+    put_attr(&mut b, libc::RTA_OIF, &ifindex.to_ne_bytes());
+    if add {
+        let metrics = begin_nested(&mut b, libc::RTA_METRICS);
+        put_attr(&mut b, RTAX_INITCWND, &initcwnd.to_ne_bytes());
+        end_nested(&mut b, metrics);
+    }
+    end_msg(&mut b, m);
+    b
 }
 
 /// Adds or removes a proxy-neighbour entry (like `ip neigh add proxy IP dev IFNAME`):
@@ -865,6 +937,24 @@ mod tests {
 
     fn ne32(v: u32) -> [u8; 4] {
         v.to_ne_bytes()
+    }
+
+    #[test]
+    fn host_route_layout() {
+        let b = route_msg(true, 7, "10.2.0.100".parse().unwrap(), 3, 40, 73);
+        assert_eq!(u16_at(&b, 4), libc::RTM_NEWROUTE);
+        let r = &b[NLMSG_HDRLEN..];
+        // AF_INET, /32, main table, proto 73, link scope, unicast.
+        assert_eq!(&r[..8], &[2, 32, 0, 0, 254, 73, 253, 1]);
+        // RTA_DST, RTA_OIF, RTA_METRICS { RTAX_INITCWND 40 }.
+        assert_eq!(&r[12..20], &[8, 0, 1, 0, 10, 2, 0, 100]);
+        assert_eq!(&r[20..28], &[8, 0, 4, 0, 3, 0, 0, 0]);
+        assert_eq!(&r[28..32], &[12, 0, 8, 0x80], "RTA_METRICS, nested");
+        assert_eq!(&r[32..40], &[8, 0, 11, 0, 40, 0, 0, 0]);
+        let d = route_msg(false, 8, "2001:db8:2::64".parse().unwrap(), 3, 0, 73);
+        assert_eq!(u16_at(&d, 4), libc::RTM_DELROUTE);
+        assert_eq!(d[NLMSG_HDRLEN + 1], 128);
+        assert!(d.len() < b.len() + 12, "no metrics on delete");
     }
 
     #[test]

@@ -7,7 +7,10 @@ use std::process::{Command, Output};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use itcp_proxy::netlink::{nft_set_element, proxy_delay_path, proxy_neigh, send_garp};
+use itcp_proxy::netlink::{
+    host_route, link_mac, nft_set_element, proxy_delay_path, proxy_neigh, send_garp,
+    send_unsolicited_na, set_link_mac,
+};
 
 const TABLE: &str = "itcp_test";
 
@@ -249,6 +252,95 @@ fn garp_updates_peer_neighbour() {
         );
         std::thread::sleep(Duration::from_millis(10));
     }
+}
+
+#[test]
+fn unsolicited_na_updates_peer_neighbour() {
+    let a = Netns::new();
+    let b = Netns::new();
+    a.sh(&[
+        "ip", "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b.name,
+    ]);
+    for (ns, dev) in [(&a, "va"), (&b, "vb")] {
+        ns.sh(&["sysctl", "-qw", "net.ipv6.conf.all.dad_transmits=0"]);
+        ns.sh(&[
+            "sysctl",
+            "-qw",
+            &format!("net.ipv6.conf.{dev}.dad_transmits=0"),
+        ]);
+        ns.sh(&["ip", "link", "set", dev, "up"]);
+    }
+    b.sh(&[
+        "ip",
+        "addr",
+        "add",
+        "2001:db8:9::1/64",
+        "dev",
+        "vb",
+        "nodad",
+    ]);
+    let stale = "02:00:00:00:00:99";
+    b.sh(&[
+        "ip",
+        "neigh",
+        "replace",
+        "2001:db8:9::64",
+        "lladdr",
+        stale,
+        "dev",
+        "vb",
+        "nud",
+        "stale",
+    ]);
+    let neigh = || b.sh(&["ip", "neigh", "show", "2001:db8:9::64", "dev", "vb"]);
+    let mac = a.mac("va");
+    // The link-local address the advertisement is sent from takes a moment to appear.
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let sent = a.run(|| send_unsolicited_na("va", "2001:db8:9::64".parse().unwrap()));
+        std::thread::sleep(Duration::from_millis(50));
+        if neigh().contains(&mac) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{sent:?}: {}", neigh());
+    }
+}
+
+#[test]
+fn host_route_and_link_mac_round_trip() {
+    let ns = Netns::new();
+    ns.sh(&["ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1"]);
+    ns.sh(&["ip", "link", "set", "d0", "up"]);
+    let mh: IpAddr = "10.9.0.100".parse().unwrap();
+    ns.run(|| host_route(mh, "d0", 40, 73, true)).unwrap();
+    let r = ns.sh(&["ip", "route", "show", "10.9.0.100"]);
+    assert!(
+        r.contains("dev d0") && r.contains("proto 73") && r.contains("initcwnd 40"),
+        "{r}"
+    );
+    // Replacing is idempotent; deleting twice is fine.
+    ns.run(|| host_route(mh, "d0", 50, 73, true)).unwrap();
+    assert!(ns
+        .sh(&["ip", "route", "show", "10.9.0.100"])
+        .contains("initcwnd 50"));
+    for _ in 0..2 {
+        ns.run(|| host_route(mh, "d0", 0, 73, false)).unwrap();
+    }
+    assert_eq!(ns.sh(&["ip", "route", "show", "10.9.0.100"]).trim(), "");
+    let e = ns
+        .run(|| host_route(mh, "nosuch0", 40, 73, true))
+        .unwrap_err();
+    assert!(e.to_string().contains("nosuch0"), "{e}");
+    // A cell interface takes the gateway MAC and gives it back.
+    let own = ns.run(|| link_mac("d0")).unwrap();
+    let vmac = [0, 0, 0x5e, 0, 1, 1];
+    ns.run(|| set_link_mac("d0", vmac)).unwrap();
+    assert_eq!(ns.run(|| link_mac("d0")).unwrap(), vmac);
+    assert!(ns
+        .sh(&["ip", "link", "show", "d0"])
+        .contains("00:00:5e:00:01:01"));
+    ns.run(|| set_link_mac("d0", own)).unwrap();
+    assert_eq!(ns.run(|| link_mac("d0")).unwrap(), own);
 }
 
 #[test]

@@ -311,26 +311,11 @@ impl FlightRoute {
         if segs <= 10 {
             return None; // The default initial window covers it.
         }
-        let prefix = if mh.is_ipv4() { "32" } else { "128" };
-        let cwnd = (segs + 2).min(1000).to_string();
-        let ok = std::process::Command::new("ip")
-            .args([
-                "route",
-                "replace",
-                &format!("{mh}/{prefix}"),
-                "dev",
-                &dev,
-                "initcwnd",
-                &cwnd,
-                // Marked as msrd's: flushed after a crash (footprint).
-                "proto",
-                &crate::footprint::ROUTE_PROTO.to_string(),
-            ])
-            .status()
-            .map(|s| s.success())
-            .unwrap_or(false);
-        if !ok {
-            warn!(%mh, %dev, "no initcwnd route for the restore: bytes in flight wait for a timeout");
+        let cwnd = (segs + 2).min(1000) as u32;
+        // Marked as msrd's (proto): flushed after a crash (footprint).
+        let proto = crate::footprint::ROUTE_PROTO;
+        if let Err(e) = crate::netlink::host_route(mh, &dev, cwnd, proto, true) {
+            warn!(%mh, %dev, error = %e, "no initcwnd route for the restore: bytes in flight wait for a timeout");
             return None;
         }
         Some(FlightRoute { mh, dev })
@@ -339,16 +324,10 @@ impl FlightRoute {
 
 impl Drop for FlightRoute {
     fn drop(&mut self) {
-        let prefix = if self.mh.is_ipv4() { "32" } else { "128" };
-        let _ = std::process::Command::new("ip")
-            .args([
-                "route",
-                "del",
-                &format!("{}/{prefix}", self.mh),
-                "dev",
-                &self.dev,
-            ])
-            .status();
+        let proto = crate::footprint::ROUTE_PROTO;
+        if let Err(e) = crate::netlink::host_route(self.mh, &self.dev, 0, proto, false) {
+            warn!(mh = %self.mh, error = %e, "initcwnd route not removed");
+        }
     }
 }
 
