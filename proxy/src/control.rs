@@ -18,6 +18,38 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::sessions::Sessions;
 
+/// Longest request line read (requests are tens of bytes): a longer one is answered
+/// with an error and the connection closed, so nothing buffers without bound.
+pub const MAX_LINE: usize = 64 << 10;
+
+/// Reads one line of at most [`MAX_LINE`] bytes. Ok(None) at the end of the stream;
+/// Err(()) when the line is too long.
+async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+) -> Result<Option<String>, ()> {
+    use tokio::io::AsyncReadExt;
+    buf.clear();
+    let n = match (&mut *r)
+        .take(MAX_LINE as u64 + 1)
+        .read_until(b'\n', buf)
+        .await
+    {
+        Ok(n) => n,
+        Err(_) => return Ok(None),
+    };
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() != Some(&b'\n') && buf.len() > MAX_LINE {
+        return Err(());
+    }
+    while buf.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
+        buf.pop();
+    }
+    Ok(Some(String::from_utf8_lossy(buf).into_owned()))
+}
+
 /// An operator's upgrade request: the outcome goes back on `reply`; `written` tells
 /// the daemon that the answer is out (an old msrd exits only then).
 pub struct UpgradeAsk {
@@ -96,8 +128,18 @@ pub async fn serve_on(
         let (sessions, id, upgrades) = (sessions.clone(), id.clone(), upgrades.clone());
         tokio::spawn(async move {
             let (r, mut w) = stream.into_split();
-            let mut lines = BufReader::new(r).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
+            let mut r = BufReader::new(r);
+            let mut buf = Vec::new();
+            loop {
+                let line = match read_line(&mut r, &mut buf).await {
+                    Ok(Some(l)) => l,
+                    Ok(None) => break,
+                    Err(()) => {
+                        let e = format!("request line longer than {MAX_LINE} bytes: closed");
+                        let _ = w.write_all(Reply::error(e).to_line().as_bytes()).await;
+                        break;
+                    }
+                };
                 let mut written = None;
                 let reply = match (Request::parse(&line), &upgrades) {
                     (Ok(Request::Upgrade), Some(up)) => {
@@ -177,6 +219,47 @@ mod tests {
         assert!(!first.ok);
         let second = Reply::parse(&lines.next_line().await.unwrap().unwrap()).unwrap();
         assert_eq!(second.stats().unwrap().msr, "m");
+        server.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn an_endless_line_is_refused_and_the_socket_serves_on() {
+        let dir = std::env::temp_dir().join(format!("itcp-control-long-{}", std::process::id()));
+        let path = dir.join("c.sock");
+        let s = Arc::new(Sessions::default());
+        let server = tokio::spawn({
+            let path = path.clone();
+            async move { serve(&path, "m".into(), s).await }
+        });
+        let c = loop {
+            match tokio::net::UnixStream::connect(&path).await {
+                Ok(c) => break c,
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(10)).await,
+            }
+        };
+        let (r, mut w) = c.into_split();
+        // 4 MiB with no newline: refused after MAX_LINE, not buffered to the end.
+        let writer = tokio::spawn(async move {
+            let chunk = vec![b'x'; 64 << 10];
+            for _ in 0..64 {
+                if w.write_all(&chunk).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let mut lines = BufReader::new(r).lines();
+        let reply = Reply::parse(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        let e = reply.into_result().unwrap_err();
+        assert!(e.contains("longer than"), "{e}");
+        // Closed: end of stream, or a reset for the bytes it never read.
+        assert!(!matches!(lines.next_line().await, Ok(Some(_))), "closed");
+        writer.abort();
+        let mut c = tokio::net::UnixStream::connect(&path).await.unwrap();
+        c.write_all(b"{\"op\":\"stats\"}\n").await.unwrap();
+        let mut lines = BufReader::new(c).lines();
+        let ok = Reply::parse(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(ok.stats().unwrap().msr, "m");
         server.abort();
         let _ = std::fs::remove_dir_all(&dir);
     }

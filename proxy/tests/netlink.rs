@@ -309,7 +309,9 @@ fn unsolicited_na_updates_peer_neighbour() {
 #[test]
 fn host_route_and_link_mac_round_trip() {
     let ns = Netns::new();
-    ns.sh(&["ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1"]);
+    ns.sh(&[
+        "ip", "link", "add", "d0", "type", "veth", "peer", "name", "d1",
+    ]);
     ns.sh(&["ip", "link", "set", "d0", "up"]);
     let mh: IpAddr = "10.9.0.100".parse().unwrap();
     ns.run(|| host_route(mh, "d0", 40, 73, true)).unwrap();
