@@ -980,3 +980,22 @@ fn stock_clients_get_errors_they_understand() {
     );
     assert!(took < Duration::from_secs(3), "{took:?}");
 }
+
+#[test]
+fn an_unresolvable_name_answers_host_unreachable_within_the_resolve_timeout() {
+    // Names are resolved with the router's resolver; in the lab nothing answers (the
+    // MSR has no route to any nameserver), so every name fails.
+    let lab = lab_with_msrd("[relay]\nresolve_timeout_ms = 1000\n");
+    let (code, err, took) = curl_mh(
+        &lab,
+        &["--socks5-hostname", "10.2.0.1:1080", "http://nosuch.invalid/"],
+    );
+    eprintln!("unresolvable: {code:?} {err} in {took:?}");
+    assert!(
+        err.contains("(4)") || err.to_lowercase().contains("host unreachable"),
+        "{err}"
+    );
+    assert!(took < Duration::from_millis(2500), "{took:?}");
+    let log = std::fs::read_to_string(lab.dir.join("msrd1.log")).unwrap_or_default();
+    assert!(log.contains("nosuch.invalid"), "the failure is logged:\n{log}");
+}
