@@ -5,7 +5,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -58,7 +58,6 @@ pub struct Daemon {
     /// Flips to true when draining: accept loops stop.
     draining: watch::Sender<bool>,
     /// Accepted connections without a session yet (an upgrade waits for them).
-    pub(crate) in_setup: Arc<AtomicUsize>,
     /// Upgrade requests from the control socket, and where the main loop takes them.
     pub(crate) upgrades: mpsc::UnboundedSender<UpgradeAsk>,
     upgrade_asks: Mutex<Option<mpsc::UnboundedReceiver<UpgradeAsk>>>,
@@ -129,7 +128,6 @@ impl Daemon {
         let setups = Setups::new(a.max_handshakes as usize, a.max_handshakes_per_mh as usize);
         let (upgrades, asks) = mpsc::unbounded_channel();
         Ok(Arc::new(Daemon {
-            in_setup: Arc::new(AtomicUsize::new(0)),
             upgrades,
             upgrade_asks: Mutex::new(Some(asks)),
             admission: Arc::new(Mutex::new(admission)),
@@ -1133,14 +1131,12 @@ pub(crate) async fn accept_loop(d: Arc<Daemon>, l: TcpListener, transparent: boo
                     continue;
                 };
                 let d = d.clone();
-                // Counted as in setup until its session exists (upgrades wait for it).
-                let n = d.in_setup.clone();
+                // The slot counts it as in setup until its session exists (handoffs
+                // and upgrades wait for it).
                 if transparent {
-                    let f = serve_transparent(d, s, peer, Some(setup), None);
-                    tokio::spawn(crate::upgrade::in_setup(&n, f));
+                    tokio::spawn(serve_transparent(d, s, peer, Some(setup), None));
                 } else {
-                    let f = serve_request(d, s, peer, Some(setup), None);
-                    tokio::spawn(crate::upgrade::in_setup(&n, f));
+                    tokio::spawn(serve_request(d, s, peer, Some(setup), None));
                 }
             }
             Err(e) => {

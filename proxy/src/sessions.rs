@@ -184,8 +184,6 @@ impl Sessions {
             frozen: AtomicBool::new(false),
             moved_in,
         });
-        // No longer in setup (what an upgrade waits for).
-        crate::upgrade::settled();
         if moved_in {
             self.stats
                 .connections_moved_in

@@ -32,7 +32,6 @@
 pub mod fdpass;
 pub mod wire;
 
-use std::cell::RefCell;
 use std::collections::HashSet;
 use std::ffi::OsString;
 use std::io;
@@ -40,7 +39,7 @@ use std::net::SocketAddr;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
 use std::process::{Child, Command};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -134,37 +133,6 @@ pub fn refuse(ch: &OwnedFd, error: &str) {
             error: error.to_string(),
         },
     );
-}
-
-// ---------------------------------------------------------------------------------
-// Connections in setup.
-
-tokio::task_local! {
-    static IN_SETUP: RefCell<Option<InSetup>>;
-}
-
-/// A connection in setup (accepted, no session yet), counted until dropped.
-struct InSetup(Arc<AtomicUsize>);
-
-impl Drop for InSetup {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-/// Runs the service of an accepted connection, counted as in setup until its session
-/// exists ([`settled`]) or it ends.
-pub fn in_setup<F: std::future::Future>(
-    count: &Arc<AtomicUsize>,
-    f: F,
-) -> impl std::future::Future<Output = F::Output> {
-    count.fetch_add(1, Ordering::SeqCst);
-    IN_SETUP.scope(RefCell::new(Some(InSetup(count.clone()))), f)
-}
-
-/// The connection served by this task has its session now (no-op elsewhere).
-pub fn settled() {
-    let _ = IN_SETUP.try_with(|s| s.borrow_mut().take());
 }
 
 // ---------------------------------------------------------------------------------
@@ -598,22 +566,12 @@ async fn quiesce(d: &Arc<Daemon>, services: &Services) -> Result<Quiesced, (Quie
     }
     // Fixed-side setups in flight finish and become relays; connections in setup that
     // wait for the MH are sessions (handshake, intercepted) and are paused below.
+    // Connections accepted and not yet sessions count too (Inflight's arriving).
     let busy = d.inflight.settle_all(SETUP_WAIT).await;
     if busy > 0 {
         warn!(
             busy,
-            "upgrade: fixed-side connects still in flight end with this process"
-        );
-    }
-    let deadline = Instant::now() + SETUP_WAIT;
-    while d.in_setup.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-    let left = d.in_setup.load(Ordering::SeqCst);
-    if left > 0 {
-        warn!(
-            left,
-            "upgrade: connections still in setup (request, connect, SOCKS BIND) end with this process"
+            "upgrade: connections still in setup (accepted, or connecting to the fixed host) end with this process"
         );
     }
     let mut seen = HashSet::new();
@@ -1044,25 +1002,4 @@ mod tests {
         assert!(e.contains("interception rules"), "{e}");
     }
 
-    #[test]
-    fn setup_is_counted_until_the_session_exists() {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .build()
-            .unwrap();
-        let n = Arc::new(AtomicUsize::new(0));
-        rt.block_on(async {
-            let n2 = n.clone();
-            in_setup(&n, async move {
-                assert_eq!(n2.load(Ordering::SeqCst), 1);
-                settled();
-                assert_eq!(n2.load(Ordering::SeqCst), 0);
-                settled();
-            })
-            .await;
-            // Ended without a session: counted off too.
-            in_setup(&n, async {}).await;
-        });
-        assert_eq!(n.load(Ordering::SeqCst), 0);
-        settled(); // outside any connection: nothing
-    }
 }
