@@ -14,7 +14,7 @@ use itcp_proto::socks::{self, Addr, Command, Method, ProtoError, Reply, Token};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use crate::admission::{Admission, Refusal, Setups};
 use crate::cells::CellMap;
@@ -244,7 +244,7 @@ impl Daemon {
         let wl = wireless.local_addr().unwrap_or(mh);
         let s: Arc<Session> = self.sessions.open(kind, mh, fh, wl);
         drop(connecting);
-        info!(id = s.id, kind = ?kind, %mh, %fh, "connection open");
+        info!(conn = s.id, kind = ?kind, mh = %mh.ip(), mh_port = mh.port(), %fh, "connection open");
         self.relay_session(s, wireless, fixed, Pending::default(), adm)
             .await;
     }
@@ -360,6 +360,7 @@ impl Daemon {
         sockopt::abort_on_close(wireless.as_raw_fd());
         sockopt::abort_on_close(fixed.as_raw_fd());
         let pause = s.pause.subscribe();
+        let span = tracing::info_span!("conn", conn = s.id, mh = %s.mh.ip());
         let end = relay::relay(
             &wireless,
             &fixed,
@@ -368,6 +369,7 @@ impl Daemon {
             &pause,
             pending,
         )
+        .instrument(span)
         .await;
         match end {
             End::Paused(pending) => {
@@ -389,7 +391,7 @@ impl Daemon {
             End::WirelessAborted | End::FixedAborted => {}
             // The MH stayed away past the linger: the FH gets a clean end of stream.
             End::WirelessTimedOut => {
-                info!(id = s.id, mh = %s.mh, "the MH stayed away past the linger: closing");
+                info!(conn = s.id, mh = %s.mh.ip(), "the MH stayed away past the linger: closing");
                 sockopt::close_gracefully(fixed.as_raw_fd());
                 let _ = sockopt::shutdown_write(fixed.as_raw_fd());
             }
@@ -526,7 +528,7 @@ fn delivered(s: &TcpStream) -> bool {
 
 fn log_closed(s: &Session, end: &End) {
     info!(
-        id = s.id,
+        conn = s.id,
         end = ?end,
         bytes_up = s.counters.up.load(Ordering::Relaxed),
         bytes_down = s.counters.down.load(Ordering::Relaxed),
@@ -647,7 +649,7 @@ pub(crate) async fn serve_request(
                 Ok(Ok(r)) => done = Some(r),
                 Ok(Err(Failed::Frozen)) => {}
                 Err(_) => {
-                    debug!(%peer, "request handshake timed out");
+                    debug!(mh = %peer.ip(), mh_port = peer.port(), "request handshake timed out");
                     return d.sessions.close(&sess);
                 }
                 Ok(Err(e)) => {
@@ -709,7 +711,7 @@ pub(crate) async fn serve_request(
         }
     };
     if let Err(e) = r {
-        debug!(%peer, error = %e, "request ended with an error");
+        debug!(mh = %peer.ip(), mh_port = peer.port(), error = %e, "request ended with an error");
     }
 }
 
@@ -722,7 +724,7 @@ async fn handshake_failed(
     e: Failed,
 ) {
     let Failed::Proto(p) = &e else {
-        return debug!(%peer, error = %e, "request handshake failed");
+        return debug!(mh = %peer.ip(), mh_port = peer.port(), error = %e, "request handshake failed");
     };
     d.sessions
         .stats
@@ -733,12 +735,12 @@ async fn handshake_failed(
         // A SOCKS4 client understands only a SOCKS4 rejection.
         let _ = s.write_all(&socks::SOCKS4_REJECTION).await;
         if log {
-            warn!(%peer, "SOCKS4 request refused: msrd speaks SOCKS5 (RFC 1928)");
+            warn!(mh = %peer.ip(), mh_port = peer.port(), "SOCKS4 request refused: msrd speaks SOCKS5 (RFC 1928)");
         }
     } else {
         let _ = send_reply(s, p.reply(), &unspecified_like(peer)).await;
         if log {
-            warn!(%peer, error = %e, "request rejected");
+            warn!(mh = %peer.ip(), mh_port = peer.port(), error = %e, "request rejected");
         }
     }
 }
@@ -769,7 +771,7 @@ impl Handshake<'_> {
 /// Refuses with NotAllowed if the admission says no.
 async fn refuse(d: &Daemon, s: &mut TcpStream, peer: SocketAddr, why: Refusal) -> io::Result<()> {
     if d.may_log(peer.ip()) {
-        warn!(%peer, reason = why.as_str(), "request refused");
+        warn!(mh = %peer.ip(), mh_port = peer.port(), reason = why.as_str(), "request refused");
     }
     send_reply(s, Reply::NotAllowed, &unspecified_like(peer)).await
 }
@@ -837,25 +839,30 @@ async fn do_connect(
                 .stats
                 .connections_failed
                 .fetch_add(1, Ordering::Relaxed);
-            info!(mh = %peer, target = %target, reply = reply.description(), reason = %why, "request refused");
+            info!(mh = %peer.ip(), mh_port = peer.port(), target = %target, reply = reply.description(), reason = %why, "request refused");
             return send_reply(&mut s, reply, &unspecified_like(peer)).await;
         }
     };
-    let fixed =
-        match crate::fixed::connect_as(peer, fh, &d.cfg.fixed, d.cfg.relay.connect_timeout()).await
-        {
-            Ok(f) => f,
-            Err(e) => {
-                d.sessions
-                    .stats
-                    .connections_failed
-                    .fetch_add(1, Ordering::Relaxed);
-                let reply = Reply::from_io_error(&e);
-                info!(mh = %peer, %fh, error = %e, reply = reply.description(), "connect failed");
-                send_reply(&mut s, reply, &unspecified_like(peer)).await?;
-                return Ok(());
-            }
-        };
+    let fixed = match crate::fixed::connect_as(
+        peer,
+        fh,
+        &d.cfg.fixed,
+        d.cfg.relay.connect_timeout(),
+    )
+    .await
+    {
+        Ok(f) => f,
+        Err(e) => {
+            d.sessions
+                .stats
+                .connections_failed
+                .fetch_add(1, Ordering::Relaxed);
+            let reply = Reply::from_io_error(&e);
+            info!(mh = %peer.ip(), mh_port = peer.port(), %fh, error = %e, reply = reply.description(), "connect failed");
+            send_reply(&mut s, reply, &unspecified_like(peer)).await?;
+            return Ok(());
+        }
+    };
     let bound = fixed.local_addr()?;
     send_reply(&mut s, Reply::Succeeded, &Addr::Ip(bound)).await?;
     // Bytes the client sent right behind its request belong to the stream.
@@ -914,11 +921,11 @@ async fn do_listen(
     let l = match d.listeners.listen(addr, &d.cfg.fixed) {
         Ok(l) => l,
         Err(e) => {
-            info!(mh = %peer, %addr, error = %e, "listen failed");
+            info!(mh = %peer.ip(), mh_port = peer.port(), %addr, error = %e, "listen failed");
             return send_reply(&mut s, Reply::from_io_error(&e), &unspecified_like(peer)).await;
         }
     };
-    info!(mh = %peer, addr = %l.addr, "listening for the MH");
+    info!(mh = %peer.ip(), mh_port = peer.port(), addr = %l.addr, "listening for the MH");
     send_reply(&mut s, Reply::Succeeded, &Addr::Ip(l.addr)).await?;
     let wl = s.local_addr().unwrap_or(l.addr);
     let sess = d.sessions.open(Kind::Listen, l.addr, l.addr, wl);
@@ -1421,7 +1428,7 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
             d.draining.subscribe(),
         ))
     });
-    info!(id = %cfg.msr.id, nofile, pid = std::process::id(), "msrd ready");
+    info!(msr = %cfg.msr.id, nofile, pid = std::process::id(), "msrd ready");
     crate::notify::notify("READY=1");
 
     let mut asks = d.upgrade_asks.lock().unwrap().take().expect("run once");

@@ -222,13 +222,13 @@ pub async fn serve(listener: TcpListener, sessions: Arc<Sessions>, msr: String) 
             }
         };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            debug!(%peer, "metrics listener: too many connections, closing");
+            debug!(client = %peer, "metrics listener: too many connections, closing");
             continue;
         };
         let (sessions, msr) = (sessions.clone(), msr.clone());
         tokio::spawn(async move {
             if let Err(e) = handle(s, &sessions, &msr).await {
-                debug!(%peer, error = %e, "metrics request dropped");
+                debug!(client = %peer, error = %e, "metrics request dropped");
             }
             drop(slot);
         });

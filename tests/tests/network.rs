@@ -355,6 +355,20 @@ fn a_station_spoofing_an_mh_from_the_other_cell_moves_nothing() {
     );
     let (mh_in, mh_out) = lab.rsts(Host::Mh).unwrap();
     assert_eq!((mh_in, mh_out), (0, 0), "RSTs at the victim");
+    // Both MSRs' log lines of one attempt carry the same handoff span fields.
+    for (k, other) in [(1, "msr2"), (2, "msr1")] {
+        let log = std::fs::read_to_string(lab.dir.join(format!("msrd{k}.log"))).unwrap();
+        let line = log
+            .lines()
+            .find(|l| l.contains("outcome=Rejected"))
+            .unwrap_or_else(|| panic!("no refusal logged at MSR{k}"));
+        assert!(
+            line.contains("handoff{handoff=")
+                && line.contains("mh=10.2.0.100")
+                && line.contains(&format!("peer={other}")),
+            "{line}"
+        );
+    }
 }
 
 /// Transparent connections of MH 1 at MSR `k` over IPv4 and over IPv6.

@@ -988,7 +988,11 @@ fn an_unresolvable_name_answers_host_unreachable_within_the_resolve_timeout() {
     let lab = lab_with_msrd("[relay]\nresolve_timeout_ms = 1000\n");
     let (code, err, took) = curl_mh(
         &lab,
-        &["--socks5-hostname", "10.2.0.1:1080", "http://nosuch.invalid/"],
+        &[
+            "--socks5-hostname",
+            "10.2.0.1:1080",
+            "http://nosuch.invalid/",
+        ],
     );
     eprintln!("unresolvable: {code:?} {err} in {took:?}");
     assert!(
@@ -997,5 +1001,8 @@ fn an_unresolvable_name_answers_host_unreachable_within_the_resolve_timeout() {
     );
     assert!(took < Duration::from_millis(2500), "{took:?}");
     let log = std::fs::read_to_string(lab.dir.join("msrd1.log")).unwrap_or_default();
-    assert!(log.contains("nosuch.invalid"), "the failure is logged:\n{log}");
+    assert!(
+        log.contains("nosuch.invalid"),
+        "the failure is logged:\n{log}"
+    );
 }

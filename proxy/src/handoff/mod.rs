@@ -350,6 +350,6 @@ pub fn rejected(d: &Daemon, peer: SocketAddr, e: &dyn std::fmt::Display) {
         .fetch_add(1, Ordering::Relaxed);
     let h = d.handoff.as_ref().unwrap();
     if h.may_log(peer.ip()) {
-        warn!(%peer, error = %e, "handoff channel: rejected");
+        warn!(addr = %peer, error = %e, "handoff channel: rejected");
     }
 }

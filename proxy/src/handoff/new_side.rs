@@ -17,7 +17,7 @@ use itcp_proto::channel::Message;
 use itcp_proto::greeting::{GreetStatus, Greeting};
 use itcp_proto::hex::unhex;
 use tokio::net::UdpSocket;
-use tracing::{debug, info, warn};
+use tracing::{debug, field, info, info_span, warn, Instrument};
 
 use super::channel::{Channel, ChannelError};
 use super::greeting::reply;
@@ -64,12 +64,15 @@ pub async fn pull(
     let h = d.handoff.as_ref().unwrap();
     let id = h.next_handoff_id();
     let (m, acts) = NewSide::start(id, &h.me, g.clone(), now_us(), h.timeouts());
+    let span = info_span!("handoff", handoff = id, mh = %m.mh(), role = "new", peer = %prev);
     let greeter = Greeter {
         sock,
         addr: mh_addr,
         g,
     };
-    run(d, m, acts, Some(greeter), Some((prev, peer_addr))).await
+    run(d, m, acts, Some(greeter), Some((prev, peer_addr)))
+        .instrument(span)
+        .await
 }
 
 /// Runs one pull for an MH detected on a cell (its first packet came from `mac`).
@@ -77,7 +80,9 @@ pub async fn pull_detected(d: Arc<Daemon>, mh: IpAddr, mac: [u8; 6]) {
     let h = d.handoff.as_ref().unwrap();
     let id = h.next_handoff_id();
     let (m, acts) = NewSide::detected(id, &h.me, mh, mac, now_us(), h.timeouts());
-    run(d, m, acts, None, None).await
+    // The peer is known once one answers for the MH.
+    let span = info_span!("handoff", handoff = id, %mh, role = "new", peer = field::Empty);
+    run(d, m, acts, None, None).instrument(span).await
 }
 
 /// What asking every peer came to.
@@ -177,6 +182,7 @@ async fn run(
                             ch: c,
                             answer,
                         } => {
+                            tracing::Span::current().record("peer", field::display(&peer));
                             m.set_old_msr(&peer);
                             prev = peer;
                             ch = Some(c);
@@ -184,6 +190,7 @@ async fn run(
                         }
                         Located::Answer(a) => next = Some(NewEvent::Message(a)),
                         Located::Refused { peer, abort } => {
+                            tracing::Span::current().record("peer", field::display(&peer));
                             m.set_old_msr(&peer);
                             next = Some(NewEvent::Message(abort));
                         }

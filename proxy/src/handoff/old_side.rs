@@ -11,7 +11,7 @@ use itcp_handoff::log::{self as hlog, ConnEntry};
 use itcp_handoff::machine::{Action, MhKnown, OldEvent, OldSide, Request};
 use itcp_proto::channel::Message;
 use tokio::net::{TcpListener, TcpStream};
-use tracing::{debug, warn};
+use tracing::{debug, warn, Instrument};
 
 use super::channel::{Channel, ChannelError};
 use super::sockets::{capture_one, delete, freeze, resume};
@@ -58,8 +58,8 @@ async fn serve_one(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
     let first = match tokio::time::timeout(Duration::from_secs(10), ch.recv()).await {
         Ok(Ok(m)) => m,
         Ok(Err(ChannelError::Wire(e))) => return rejected(&d, peer, &e),
-        Ok(Err(e)) => return debug!(%peer, error = %e, "handoff channel closed"),
-        Err(_) => return debug!(%peer, "handoff channel idle: closed"),
+        Ok(Err(e)) => return debug!(addr = %peer, error = %e, "handoff channel closed"),
+        Err(_) => return debug!(addr = %peer, "handoff channel idle: closed"),
     };
     let (handoff_id, req) = match first {
         Message::HandoffRequest {
@@ -85,9 +85,17 @@ async fn serve_one(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
     // An upgrade is handing the connections over: the new MSR rolls back, the MH
     // stays here and greets again.
     let Some(_busy) = h.try_busy() else {
-        return debug!(%peer, "handoff request while upgrading: closed");
+        return debug!(addr = %peer, "handoff request while upgrading: closed");
     };
-    old_side(d.clone(), ch, peer, handoff_id, req).await
+    let mh = match &req {
+        Asked::Greeting(g) => g.mh,
+        Asked::Detected { mh, .. } => *mh,
+    };
+    let span =
+        tracing::info_span!("handoff", handoff = handoff_id, %mh, role = "old", peer = %ch.peer());
+    old_side(d.clone(), ch, peer, handoff_id, req)
+        .instrument(span)
+        .await
 }
 
 /// What the peer asked for (owned).
@@ -166,7 +174,7 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                                 over.push(f)
                             }
                             Err(e) => {
-                                warn!(id = f.session.id, error = %e, "connection cannot be captured: the handoff is off");
+                                warn!(conn = f.session.id, error = %e, "connection cannot be captured: the handoff is off");
                                 failure = Some(format!("connection {}: {e}", f.session.id));
                                 live.push(f);
                             }

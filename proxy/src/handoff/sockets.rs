@@ -108,7 +108,7 @@ pub fn spawn_service(d: &Arc<Daemon>, f: Frozen) {
         Kind::Intercepted => {
             let Some(adm) = f.admitted else {
                 return warn!(
-                    id = f.session.id,
+                    conn = f.session.id,
                     "intercepted connection not admitted: dropped"
                 );
             };
@@ -140,7 +140,7 @@ pub fn spawn_service(d: &Arc<Daemon>, f: Frozen) {
             });
         }
         _ => warn!(
-            id = f.session.id,
+            conn = f.session.id,
             "frozen connection without a service: dropped"
         ),
     }
@@ -152,7 +152,7 @@ pub fn resume(d: &Arc<Daemon>, frozen: Vec<Frozen>) {
         for s in std::iter::once(&f.wireless).chain(f.fixed.as_ref()) {
             if let Ok(true) = itcp_handoff::repair::in_repair(s.as_fd()) {
                 if let Err(e) = itcp_handoff::unfreeze(s.as_fd()) {
-                    warn!(id = f.session.id, error = %e, "cannot unfreeze a socket");
+                    warn!(conn = f.session.id, error = %e, "cannot unfreeze a socket");
                 }
             }
         }
@@ -181,11 +181,11 @@ pub fn delete(d: &Daemon, frozen: Vec<Frozen>) {
                 Ok(std) => {
                     if let Err(e) = itcp_handoff::delete(OwnedFd::from(std)) {
                         // Closing it now could send a FIN: keep the fd (a leak, logged).
-                        warn!(id = f.session.id, error = %e.error, "socket not deleted");
+                        warn!(conn = f.session.id, error = %e.error, "socket not deleted");
                         std::mem::forget(e.fd);
                     }
                 }
-                Err(e) => warn!(id = f.session.id, error = %e, "socket not deleted"),
+                Err(e) => warn!(conn = f.session.id, error = %e, "socket not deleted"),
             }
         }
         d.sessions
@@ -399,7 +399,7 @@ pub fn restart_all(d: &Arc<Daemon>, mut restored: Vec<Restored>) -> (Vec<u64>, V
     let (mut resumed, mut failed) = (Vec::new(), Vec::new());
     for r in restored {
         if let Err(e) = restart_one(&r) {
-            warn!(id = r.id, error = %e, "restored connection did not restart: kept at the old MSR");
+            warn!(conn = r.id, error = %e, "restored connection did not restart: kept at the old MSR");
             failed.push((r.id, format!("restart: {e}")));
             discard(r.id, r.wireless.0);
             if let Some((fd, _)) = r.fixed {
@@ -409,7 +409,7 @@ pub fn restart_all(d: &Arc<Daemon>, mut restored: Vec<Restored>) -> (Vec<u64>, V
         }
         if let (Kind::Listen, Some(addr)) = (r.kind, r.listen) {
             if let Err(e) = d.listeners.listen(addr, &d.cfg.fixed) {
-                warn!(id = r.id, %addr, error = %e, "listener not re-created");
+                warn!(conn = r.id, %addr, error = %e, "listener not re-created");
                 failed.push((r.id, format!("listen {addr}: {e}")));
                 continue;
             }
@@ -445,7 +445,7 @@ pub fn restart_all(d: &Arc<Daemon>, mut restored: Vec<Restored>) -> (Vec<u64>, V
             }
         };
         let s = d.sessions.open_moved(r.kind, mh, fh, wl);
-        info!(id = s.id, from_id = r.id, kind = r.kind.as_str(), %mh, %fh, "connection moved in");
+        info!(conn = s.id, from_conn = r.id, kind = r.kind.as_str(), mh = %mh.ip(), mh_port = mh.port(), %fh, "connection moved in");
         // A handshake is admitted once its request is known, wherever that is.
         let admitted =
             (!matches!(r.kind, Kind::Listen | Kind::Handshake)).then(|| d.admit_moved(s.mh_ip()));

@@ -1001,5 +1001,4 @@ mod tests {
         let e = incompatible(&tp, &footprint_of(&old), &names).unwrap();
         assert!(e.contains("interception rules"), "{e}");
     }
-
 }
