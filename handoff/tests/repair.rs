@@ -1017,6 +1017,65 @@ fn large_flight_with_lost_acks_moves() {
     assert_eq!(lab.peer_rsts(), 0);
 }
 
+/// The peer's bytes reached the old MSR and were acknowledged, but the ACKs were lost
+/// on the way back (a downlink queue full of other traffic), so the peer still holds
+/// them as unacknowledged. The MSR side never sent a byte (the accepted side of an
+/// upload). The restored socket must tell the peer on its own, with an ACK the peer
+/// accepts, even while none of the peer's retransmissions reach it (msrd's network
+/// detection drops the MH's first packet in a new cell; here the new MSR's hold stays
+/// on). The repair-off window probe alone does not do it: its sequence number is
+/// `snd_una - 1` by design, so the peer answers it but ignores its ACK field.
+#[test]
+fn restored_socket_acknowledges_bytes_whose_acks_were_lost() {
+    let _g = serial();
+    let mut lab = Lab::new(false);
+    let mp = 7025;
+    let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+    let (mut a, mut m) = pair(&lab, &l, mp, &Tune::default());
+    let pp = a.local_addr().unwrap().port();
+    let mut up = Gen::new(18);
+    up.write(&mut a, 10_000);
+    check(18, 0, &read_n(&mut m, 10_000), "warm-up");
+    // The MSR's ACKs are lost from now on; the peer's bytes still reach it.
+    lab.lose(pp, mp);
+    up.write(&mut a, 8_000);
+    wait_until("8 kB at the MSR", Duration::from_secs(2), || {
+        ioctl_u32(&m, libc::FIONREAD) == 8_000
+    });
+    assert_eq!(
+        ioctl_u32(&a, libc::TIOCOUTQ),
+        8_000,
+        "the peer holds its bytes as unacknowledged"
+    );
+    lab.block(&lab.m1.clone(), pp, mp, true, true);
+    lab.unlose();
+    let (img, mut r) = hand_over(&mut lab, m, pp, mp, &RestoreOptions::default());
+    assert!(img.send.unacked.is_empty() && img.send.unsent.is_empty());
+    assert_eq!(img.recv.data.len(), 8_000);
+    // Restart behind the hold: the peer's retransmissions keep being dropped.
+    let t0 = Instant::now();
+    restart(r.as_fd(), &img).unwrap();
+    let end = t0 + Duration::from_secs(2);
+    while ioctl_u32(&a, libc::TIOCOUTQ) != 0 {
+        assert!(
+            Instant::now() < end,
+            "the peer's snd_una did not advance in 2 s: it still holds {} B \
+             unacknowledged (the restored socket sent it no acceptable ACK)",
+            ioctl_u32(&a, libc::TIOCOUTQ)
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    eprintln!(
+        "  peer's bytes acknowledged {:?} after restart",
+        t0.elapsed()
+    );
+    lab.unblock(&lab.m2.clone());
+    check(18, 10_000, &read_n(&mut r, 8_000), "queued bytes");
+    up.write(&mut a, 20_000);
+    check(18, 18_000, &read_n(&mut r, 20_000), "after the move");
+    assert_eq!(lab.peer_rsts(), 0);
+}
+
 /// Test 4: rollback: capture, then unfreeze in place: the connection keeps working.
 #[test]
 fn rollback_unfreeze_keeps_the_connection() {
