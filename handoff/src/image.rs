@@ -1602,12 +1602,14 @@ pub fn restore(img: &SocketImage, opts: &RestoreOptions) -> io::Result<OwnedFd> 
 /// field. Left alone, the peer learns nothing until one of its retransmissions reaches
 /// the restored socket; if those are lost too (msrd's network detection consumes the
 /// MH's first packet in a new cell, the hold drops what comes before restart) its
-/// timer backs off and, with every handoff, the transfer stalls for good. So restart
-/// replays an old duplicate ACK from the peer (a [`Segment`] below the receive window,
-/// over the loopback path like the replayed FIN), which the kernel answers, as TCP
-/// must, with its current ACK: sequence number `snd_nxt`, `rcv_nxt`, the window. The
-/// peer sees one ACK; it fails with a clear error if the replayed segment does not
-/// reach the socket (a hold must let packets on `lo`, or marked `inject_mark`, through).
+/// timer backs off and, with every handoff, the transfer stalls for good. So unless
+/// restart re-sends data from the acknowledged point (which carries the ACK and whose
+/// last segment the peer accepts), it replays an old duplicate ACK from the peer (a
+/// [`Segment`] below the receive window, over the loopback path like the replayed FIN),
+/// which the kernel answers, as TCP must, with its current ACK: sequence number
+/// `snd_nxt`, `rcv_nxt`, the window. The peer sees one ACK; restart fails with a clear
+/// error if the replayed segment does not reach the socket (a hold must let packets on
+/// `lo`, or marked `inject_mark`, through).
 ///
 /// Call it once the new host routes the flow and the flow may reach the socket. It is
 /// fine to call it before releasing an *ingress* hold, and better: segments the hold
@@ -1644,16 +1646,19 @@ pub fn restart(fd: BorrowedFd<'_>, img: &SocketImage, opts: &RestoreOptions) -> 
     let rest: &[u8] = &img.send.unsent;
     let fin_now = img.send.fin == SendFin::Queued || (img.send.fin == SendFin::Sent && as_new);
     let writes = !first.is_empty() || !rest.is_empty();
-    // The window probe makes the peer answer with its ACK and window at once; when we
-    // are about to send data anyway, that data does it.
+    // The window probe makes the peer answer with its ACK and window at once, and the
+    // replayed old ACK makes the socket send its own, acceptable, ACK (see above). When
+    // we are about to send data from the acknowledged point anyway, that data does
+    // both: its last segment ends at or beyond the original snd_nxt, so the peer
+    // accepts it.
     let how = if writes && as_new {
         RepairOff::NoProbe
     } else {
+        // Still in repair mode (the kernel answers segments all the same), so that a
+        // failure leaves a socket that closes silently.
+        send_current_ack(fd, img, opts)?;
         RepairOff::WithProbe
     };
-    // Still in repair mode (the kernel answers segments all the same), so that a
-    // failure leaves a socket that closes silently.
-    send_current_ack(fd, img, opts)?;
     repair::repair_off(fd, how)?;
     // Leaving repair mode clears the socket's address reuse (SK_NO_REUSE): if the
     // process then dies, what is left of the socket (TIME_WAIT, an orphaned FIN_WAIT)
