@@ -677,6 +677,7 @@ mod tests {
                 peer: "10.0.0.1:80".parse().unwrap(),
                 age_ms: 1500,
             }],
+            mac: None,
         };
         let f = c.seal(&m);
         // Bytes are not hex-encoded into the JSON.

@@ -284,6 +284,7 @@ fn proxy_delay_zeroed_and_restored() {
             fwmark: 0x4955,
             route_table: 4955,
             transparent: None,
+            detect: None,
         },
         lan_interface: Some("v0".into()),
         mh_prefixes: vec!["10.9.0.0/24".parse().unwrap()],

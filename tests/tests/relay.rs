@@ -631,6 +631,7 @@ fn a_flow_hold_stalls_the_mh_silently_and_release_resumes_it() {
         fwmark: 0x4954,
         route_table: 4954,
         transparent: None,
+        detect: None,
     };
     let mh: std::net::IpAddr = addr::MH.into();
     in_netns(&lab.ns(Host::Msr(1)), || rules.hold(mh)).unwrap();
