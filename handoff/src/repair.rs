@@ -122,8 +122,6 @@ pub struct TcpInfo {
     pub snd_mss: u32,
     pub snd_cwnd: u32,
     pub rtt_us: u32,
-    /// Segments sent so far (`tcpi_segs_out`, pure ACKs included).
-    pub segs_out: u32,
     /// Segments received so far (`tcpi_segs_in`), counted as they reach the socket.
     pub segs_in: u32,
 }
@@ -397,7 +395,6 @@ pub fn tcp_info(fd: BorrowedFd<'_>) -> io::Result<TcpInfo> {
         snd_mss: i.tcpi_snd_mss,
         snd_cwnd: i.tcpi_snd_cwnd,
         rtt_us: i.tcpi_rtt,
-        segs_out: i.tcpi_segs_out,
         segs_in: i.tcpi_segs_in,
     })
 }
