@@ -7,7 +7,7 @@
 //!  old MSR                                  new MSR
 //!  block the flow (netfilter)               hold the flow (netfilter, ingress)
 //!  capture(fd)  ── image ─────────────────▶ restore(&image, &opts) -> fd (repair mode)
-//!  delete(fd)   (nothing sent)              restart(fd, &image)    (live again)
+//!  delete(fd)   (nothing sent)              restart(fd, &image, &opts) (live again)
 //!                                           release the hold
 //!  rollback instead: unfreeze(fd)
 //! ```
@@ -18,7 +18,7 @@
 //!   of them (`recv.seq`, the kernel's `copied_seq`), and whether the peer's FIN had
 //!   arrived (`recv.fin`). Restored with `TCP_QUEUE_SEQ` = `recv.seq`, then the bytes are
 //!   written into the receive queue. A received FIN cannot be restored through
-//!   TCP_REPAIR; it is *replayed*: [`crate::packet::FinSegment`] is sent from the peer's
+//!   TCP_REPAIR; it is *replayed*: a [`crate::packet::Segment`] is sent from the peer's
 //!   address to the restored socket over loopback, which moves it to CLOSE_WAIT so its
 //!   reader gets EOF after the queued bytes.
 //! * **Send side**: `send.una` (the kernel's `snd_una`, the first byte the peer has not
@@ -81,7 +81,7 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::packet::FinSegment;
+use crate::packet::Segment;
 use crate::repair::{self, state as st, Queue, RawRepairWindow, RepairOff, RepairOptions};
 
 /// The TCP state of a captured connection.
@@ -299,7 +299,7 @@ pub enum UnackedRestore {
     AsSent,
 }
 
-/// Options of [`restore`].
+/// Options of [`restore`], and of [`restart`] (which uses `inject_mark`).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RestoreOptions {
     /// Set IP_TRANSPARENT even if the original socket did not have it (needed to bind
@@ -308,9 +308,11 @@ pub struct RestoreOptions {
     pub unacked: UnackedRestore,
     /// Return the socket with O_NONBLOCK set.
     pub nonblocking: bool,
-    /// SO_MARK of the replayed FIN packet (0: none), so that a flow hold can let it
-    /// through. The replayed FIN arrives on `lo`; a hold that matches only packets
-    /// from outside (`iifname != "lo"`) needs no mark.
+    /// SO_MARK of the packets replayed to the socket from the peer's address (0: none):
+    /// the peer's FIN at restore, an old ACK at restart. It lets a flow hold let them
+    /// through, and routes them to this host when the socket's local address is not
+    /// one of its own (a transparent socket). They arrive on `lo`; a hold that matches
+    /// only packets from outside (`iifname != "lo"`) needs no mark.
     pub inject_mark: u32,
 }
 
@@ -1361,12 +1363,13 @@ fn choose_as_new(
 fn replay_fin(fd: BorrowedFd<'_>, img: &SocketImage, opts: &RestoreOptions) -> io::Result<()> {
     let rcv_nxt = img.recv.seq.wrapping_add(img.recv.data.len() as u32);
     let snd_shift = img.options.wscale.map_or(0, |w| w.snd);
-    let seg = FinSegment {
+    let seg = Segment {
         src: canonical(&img.remote),
         dst: canonical(&img.local),
         seq: rcv_nxt,
         ack: img.send_base(),
         window: (img.window.snd_wnd >> snd_shift).min(65535) as u16,
+        fin: true,
         // TSval 0 is what a fresh socket's ts_recent holds, so PAWS always passes and
         // the restored socket echoes 0 (no RTT sample) until the peer's next segment;
         // TSecr is our own clock now.
@@ -1394,6 +1397,70 @@ fn replay_fin(fd: BorrowedFd<'_>, img: &SocketImage, opts: &RestoreOptions) -> i
         }
         std::thread::sleep(Duration::from_micros(50));
     }
+}
+
+/// Makes the restored socket send the peer its current ACK (see [`restart`]): replays
+/// a duplicate ACK from the peer whose sequence number is below the receive window,
+/// which TCP answers with an ACK of its own (RFC 793 p. 69; Linux:
+/// `tcp_validate_incoming` → `tcp_send_dupack`), with the sequence number
+/// `tcp_acceptable_seq` gives: `snd_nxt`, which the peer accepts. Waits until the socket
+/// has taken the replayed segment.
+///
+/// Linux answers such segments at most once per `net.ipv4.tcp_invalid_ratelimit`
+/// (500 ms) per socket. A restored socket has answered none unless segments from the
+/// peer reached it before restart (the hold released first) and drew a duplicate or
+/// challenge ACK, which then told the peer the same: the replayed segment arriving
+/// without an answer is fine.
+fn send_current_ack(
+    fd: BorrowedFd<'_>,
+    img: &SocketImage,
+    opts: &RestoreOptions,
+) -> io::Result<()> {
+    // The raw socket is made in the calling thread's namespace: from another one the
+    // segment would be routed there, maybe out to a real network.
+    if !repair::in_thread_netns(fd)? {
+        return Err(invalid(
+            "restart: the socket belongs to another network namespace than the calling \
+             thread; run restart in the socket's own (it replays a segment to the socket \
+             through a raw socket of the calling thread's namespace)"
+                .into(),
+        ));
+    }
+    let before = repair::tcp_info(fd)?;
+    let snd_shift = img.options.wscale.map_or(0, |w| w.snd);
+    let seg = Segment {
+        src: canonical(&img.remote),
+        dst: canonical(&img.local),
+        // rcv_wup only grows: whatever arrived since restore, this is old.
+        seq: img.window.rcv_wup.wrapping_sub(1),
+        ack: img.send_base(),
+        window: (img.window.snd_wnd >> snd_shift).min(65535) as u16,
+        fin: false,
+        // No timestamp option: once a real segment from the peer has set ts_recent, a
+        // TSval of ours would fail PAWS, and an old pure ACK that fails PAWS is dropped
+        // unanswered. Without the option Linux skips PAWS.
+        timestamps: None,
+    };
+    repair::send_raw_ip(&seg.dst, &seg.to_ip_packet(), opts.inject_mark)
+        .map_err(|e| repair::ctx(e, "restart: replay an old ACK"))?;
+    let deadline = Instant::now() + Duration::from_millis(500);
+    // Counted in segs_in under the socket lock, which TCP_INFO takes: once the count
+    // is seen, the segment has been processed (or is, from the backlog, as the lock is
+    // released).
+    while repair::tcp_info(fd)?.segs_in == before.segs_in {
+        if Instant::now() > deadline {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "restart: the old ACK replayed from {} did not reach the restored \
+                     socket: a flow hold must let packets on lo (or marked {}) through",
+                    seg.src, opts.inject_mark
+                ),
+            ));
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+    Ok(())
 }
 
 /// Creates a socket connected as the image says, without sending a packet, and leaves
@@ -1520,17 +1587,39 @@ pub fn restore(img: &SocketImage, opts: &RestoreOptions) -> io::Result<OwnedFd> 
     Ok(sock)
 }
 
-/// Makes a restored socket live: leaves repair mode and writes the send queue as new
-/// data with `send()` — the unacknowledged bytes too unless [`restore`] put them back
-/// as sent — then shuts down writing if the original had sent FIN, and finally sets
-/// TCP_NOTSENT_LOWAT (after the queue, which it would otherwise hold back).
+/// Makes a restored socket live: makes it send the peer its current ACK (see below),
+/// leaves repair mode and writes the send queue as new data with `send()` — the
+/// unacknowledged bytes too unless [`restore`] put them back as sent — then shuts down
+/// writing if the original had sent FIN, and finally sets TCP_NOTSENT_LOWAT (after the
+/// queue, which it would otherwise hold back). `opts` are the options the socket was
+/// restored with (restart uses `inject_mark`).
+///
+/// **The ACK.** The peer may still hold as unacknowledged bytes the original socket
+/// had received and acknowledged: the ACKs were lost (a downlink queue full of other
+/// traffic, the freeze). Only an *acceptable* segment from us tells it otherwise, and
+/// the window probe that leaving repair mode sends is not one: its sequence number is
+/// `snd_una - 1` by design, so that the peer answers it, and the peer ignores its ACK
+/// field. Left alone, the peer learns nothing until one of its retransmissions reaches
+/// the restored socket; if those are lost too (msrd's network detection consumes the
+/// MH's first packet in a new cell, the hold drops what comes before restart) its
+/// timer backs off and, with every handoff, the transfer stalls for good. So unless
+/// restart re-sends data from the acknowledged point (which carries the ACK and whose
+/// last segment the peer accepts), it replays an old duplicate ACK from the peer (a
+/// [`Segment`] below the receive window, over the loopback path like the replayed FIN),
+/// which the kernel answers, as TCP must, with its current ACK: sequence number
+/// `snd_nxt`, `rcv_nxt`, the window. The peer sees one ACK; restart fails with a clear
+/// error if the replayed segment does not reach the socket (a hold must let packets on
+/// `lo`, or marked `inject_mark`, through).
 ///
 /// Call it once the new host routes the flow and the flow may reach the socket. It is
 /// fine to call it before releasing an *ingress* hold, and better: segments the hold
 /// kept then find a socket that has already re-sent up to the original `snd_nxt`, so
 /// their ACKs are accepted. Works on blocking and non-blocking sockets (waits up to
-/// 5 s for send-buffer space, which restore sized for the whole queue).
-pub fn restart(fd: BorrowedFd<'_>, img: &SocketImage) -> io::Result<()> {
+/// 5 s for send-buffer space, which restore sized for the whole queue). Run it in the
+/// network namespace the socket belongs to (checked); needs CAP_NET_RAW for the
+/// replayed ACK. On an error before repair mode is left, the socket is still in repair
+/// mode: closing it sends nothing.
+pub fn restart(fd: BorrowedFd<'_>, img: &SocketImage, opts: &RestoreOptions) -> io::Result<()> {
     if !repair::in_repair(fd)? {
         return Err(invalid(
             "restart: the socket is not in repair mode (restarted already?)".into(),
@@ -1557,11 +1646,17 @@ pub fn restart(fd: BorrowedFd<'_>, img: &SocketImage) -> io::Result<()> {
     let rest: &[u8] = &img.send.unsent;
     let fin_now = img.send.fin == SendFin::Queued || (img.send.fin == SendFin::Sent && as_new);
     let writes = !first.is_empty() || !rest.is_empty();
-    // The window probe makes the peer answer with its ACK and window at once; when we
-    // are about to send data anyway, that data does it.
+    // The window probe makes the peer answer with its ACK and window at once, and the
+    // replayed old ACK makes the socket send its own, acceptable, ACK (see above). When
+    // we are about to send data from the acknowledged point anyway, that data does
+    // both: its last segment ends at or beyond the original snd_nxt, so the peer
+    // accepts it.
     let how = if writes && as_new {
         RepairOff::NoProbe
     } else {
+        // Still in repair mode (the kernel answers segments all the same), so that a
+        // failure leaves a socket that closes silently.
+        send_current_ack(fd, img, opts)?;
         RepairOff::WithProbe
     };
     repair::repair_off(fd, how)?;

@@ -1,30 +1,35 @@
-//! The one packet a restore has to forge: the peer's FIN, replayed to the restored
-//! socket.
+//! The packets a restore has to forge, addressed from the peer to the restored socket
+//! through a raw socket so that they arrive over the loopback path (the real peer never
+//! sees them):
 //!
-//! TCP_REPAIR can put bytes in a receive queue but cannot mark it "FIN received". A
-//! connection whose peer had already closed its direction (CLOSE_WAIT, LAST_ACK,
-//! CLOSING) is therefore restored one sequence number short, and this FIN — addressed
-//! from the peer to the restored socket through a raw socket, so it arrives over the
-//! loopback path — moves it to CLOSE_WAIT exactly as the original FIN did. The real
-//! peer never sees it; it only sees (at most) a duplicate ACK of a FIN it already knows
-//! was acknowledged.
+//! * **The peer's FIN.** TCP_REPAIR can put bytes in a receive queue but cannot mark it
+//!   "FIN received". A connection whose peer had already closed its direction
+//!   (CLOSE_WAIT, LAST_ACK, CLOSING) is therefore restored one sequence number short,
+//!   and this FIN moves it to CLOSE_WAIT exactly as the original FIN did. The real peer
+//!   only sees (at most) a duplicate ACK of a FIN it already knows was acknowledged.
+//! * **An old duplicate ACK** (below the receive window), which TCP must answer with
+//!   its current ACK (RFC 793, p. 69): the way to make a restored socket send the peer
+//!   an *acceptable* ACK at restart (see [`crate::image::restart`]).
 //!
 //! Pure code: builds bytes, checksums included, so it is unit-tested without sockets.
 
 use std::net::{IpAddr, SocketAddr};
 
-/// A FIN|ACK segment from `src` (the peer) to `dst` (the restored socket).
+/// An ACK (or FIN|ACK) segment without data from `src` (the peer) to `dst` (the
+/// restored socket).
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct FinSegment {
+pub struct Segment {
     pub src: SocketAddr,
     pub dst: SocketAddr,
-    /// Sequence number of the FIN: the restored socket's `rcv_nxt`.
+    /// Sequence number (of the FIN: the restored socket's `rcv_nxt`).
     pub seq: u32,
     /// Acknowledgement: the restored socket's `snd_una` (acknowledges nothing new).
     pub ack: u32,
     /// Window field, already scaled down by the peer's window scale.
     pub window: u16,
-    /// TSval and TSecr, when the connection uses timestamps.
+    /// FIN|ACK rather than a plain ACK.
+    pub fin: bool,
+    /// TSval and TSecr, when the segment carries the timestamp option.
     pub timestamps: Option<(u32, u32)>,
 }
 
@@ -55,7 +60,7 @@ pub fn checksum(bytes: &[u8]) -> u16 {
     fold(sum16(0, bytes))
 }
 
-impl FinSegment {
+impl Segment {
     /// The TCP header (with options), checksum filled in.
     fn tcp_header(&self) -> Vec<u8> {
         let opt_len = if self.timestamps.is_some() { 12 } else { 0 };
@@ -66,7 +71,7 @@ impl FinSegment {
         t.extend_from_slice(&self.seq.to_be_bytes());
         t.extend_from_slice(&self.ack.to_be_bytes());
         t.push(((hlen / 4) as u8) << 4);
-        t.push(TCP_FIN | TCP_ACK);
+        t.push(if self.fin { TCP_FIN | TCP_ACK } else { TCP_ACK });
         t.extend_from_slice(&self.window.to_be_bytes());
         t.extend_from_slice(&[0, 0]); // checksum
         t.extend_from_slice(&[0, 0]); // urgent pointer
@@ -143,13 +148,14 @@ fn v6_octets(a: IpAddr) -> [u8; 16] {
 mod tests {
     use super::*;
 
-    fn seg(src: &str, dst: &str, ts: bool) -> FinSegment {
-        FinSegment {
+    fn seg(src: &str, dst: &str, ts: bool) -> Segment {
+        Segment {
             src: src.parse().unwrap(),
             dst: dst.parse().unwrap(),
             seq: 0x0102_0304,
             ack: 0xa0b0_c0d0,
             window: 512,
+            fin: true,
             timestamps: ts.then_some((7, 9)),
         }
     }
@@ -181,6 +187,18 @@ mod tests {
         pseudo.extend_from_slice(&p[40..]);
         assert_eq!(checksum(&pseudo), 0, "TCP checksum");
         assert_eq!(p[40 + 12] >> 4, 5);
+        assert_eq!(p[40 + 13], 0x11, "FIN|ACK");
+        let ack = Segment {
+            fin: false,
+            ..seg("[fd77::1]:5000", "[fd77::2]:7000", false)
+        };
+        let p = ack.to_ip_packet();
+        assert_eq!(p[40 + 13], 0x10, "ACK");
+        let mut pseudo = Vec::new();
+        pseudo.extend_from_slice(&p[8..40]);
+        pseudo.extend_from_slice(&[0, 0, 0, 20, 0, 0, 0, 6]);
+        pseudo.extend_from_slice(&p[40..]);
+        assert_eq!(checksum(&pseudo), 0, "TCP checksum of the plain ACK");
     }
 
     #[test]

@@ -41,6 +41,7 @@ const TCPOPT_TIMESTAMP: u32 = 8;
 const SIOCINQ: libc::Ioctl = libc::FIONREAD;
 const SIOCOUTQ: libc::Ioctl = libc::TIOCOUTQ;
 const SIOCOUTQNSD: libc::Ioctl = 0x894B;
+const SIOCGSKNS: libc::Ioctl = 0x894C;
 
 /// `tcpi_options` bits.
 pub const TCPI_OPT_TIMESTAMPS: u8 = 1;
@@ -121,6 +122,8 @@ pub struct TcpInfo {
     pub snd_mss: u32,
     pub snd_cwnd: u32,
     pub rtt_us: u32,
+    /// Segments received so far (`tcpi_segs_in`), counted as they reach the socket.
+    pub segs_in: u32,
 }
 
 fn cvt(ret: c_int) -> io::Result<c_int> {
@@ -392,6 +395,7 @@ pub fn tcp_info(fd: BorrowedFd<'_>) -> io::Result<TcpInfo> {
         snd_mss: i.tcpi_snd_mss,
         snd_cwnd: i.tcpi_snd_cwnd,
         rtt_us: i.tcpi_rtt,
+        segs_in: i.tcpi_segs_in,
     })
 }
 
@@ -416,6 +420,21 @@ pub fn outq(fd: BorrowedFd<'_>) -> io::Result<u32> {
 /// `write_seq - snd_nxt` (`SIOCOUTQNSD`): not yet sent, counting an unsent FIN.
 pub fn outq_notsent(fd: BorrowedFd<'_>) -> io::Result<u32> {
     ioctl_int(fd, SIOCOUTQNSD, "SIOCOUTQNSD")
+}
+
+/// Whether the socket belongs to the calling thread's network namespace (`SIOCGSKNS`
+/// gives the socket's; both are compared by device and inode).
+pub fn in_thread_netns(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: SIOCGSKNS takes no argument and returns a new descriptor.
+    let ns = cvt(unsafe { libc::ioctl(fd.as_raw_fd(), SIOCGSKNS) })
+        .map_err(|e| ctx(e, "SIOCGSKNS (the socket's network namespace)"))?;
+    // SAFETY: `ns` was just returned by the kernel and nobody else owns it.
+    let ns = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(ns) });
+    let theirs = ns.metadata()?;
+    let ours = std::fs::metadata("/proc/thread-self/ns/net")
+        .map_err(|e| ctx(e, "/proc/thread-self/ns/net"))?;
+    Ok((theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()))
 }
 
 /// `recv(MSG_PEEK | MSG_DONTWAIT)` into `buf`; in repair mode this reads the selected

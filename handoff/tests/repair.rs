@@ -630,6 +630,12 @@ fn hand_over(
     (img, TcpStream::from(fd))
 }
 
+/// Restarts a restored socket from namespace `ns`, the socket's own: restart replays a
+/// segment to it through a raw socket of the calling thread's namespace.
+fn restart_in(ns: &str, r: &TcpStream, img: &SocketImage, opts: &RestoreOptions) {
+    in_ns(ns, || restart(r.as_fd(), img, opts)).unwrap();
+}
+
 // ------------------------------------------------------------------ tests
 
 /// Test 1: data flowing both ways, bytes in both queues (unacked ones the peer has,
@@ -707,7 +713,7 @@ fn live_connection_moves_with_both_queues() {
         // Release the hold, restart.
         lab.unblock(&lab.m2.clone());
         let t = Instant::now();
-        restart(r.as_fd(), &img).unwrap();
+        restart_in(&lab.m2, &r, &img, &opts);
         eprintln!("  restart {:?}", t.elapsed());
 
         // The peer reads everything; the restored socket reads the peer's 30 kB + more.
@@ -761,7 +767,7 @@ fn half_closed_connections_move() {
         assert!(img.recv.fin);
         assert_eq!(tcp_state(&r), 8, "restored socket in CLOSE_WAIT");
         lab.unblock(&lab.m2.clone());
-        restart(r.as_fd(), &img).unwrap();
+        restart_in(&lab.m2, &r, &img, &RestoreOptions::default());
         let mut got = Vec::new();
         r.read_to_end(&mut got).unwrap();
         assert_eq!(got.len(), 20_000, "bytes before EOF");
@@ -805,7 +811,7 @@ fn half_closed_connections_move() {
         assert_eq!(img.state, TcpState::FinWait1);
         assert_eq!(img.send.fin, SendFin::Queued);
         lab.unblock(&lab.m2.clone());
-        restart(r.as_fd(), &img).unwrap();
+        restart_in(&lab.m2, &r, &img, &RestoreOptions::default());
         let mut got = Vec::new();
         a.read_to_end(&mut got).unwrap();
         assert_eq!(got.len(), 40_000);
@@ -845,7 +851,7 @@ fn half_closed_connections_move() {
         assert_eq!(img.state, TcpState::FinWait2);
         assert_eq!(img.send.fin, SendFin::Acked);
         lab.unblock(&lab.m2.clone());
-        restart(r.as_fd(), &img).unwrap();
+        restart_in(&lab.m2, &r, &img, &RestoreOptions::default());
         up.write(&mut a, 10_000);
         a.shutdown(Shutdown::Write).unwrap();
         let mut got = Vec::new();
@@ -887,7 +893,7 @@ fn half_closed_connections_move() {
         assert_eq!(img.send.fin, SendFin::Sent);
         assert_eq!(img.send.unacked.len(), 3_000);
         lab.unblock(&lab.m2.clone());
-        restart(r.as_fd(), &img).unwrap();
+        restart_in(&lab.m2, &r, &img, &opts);
         let t = Instant::now();
         let mut got = Vec::new();
         a.read_to_end(&mut got).unwrap();
@@ -941,7 +947,7 @@ fn unacked_bytes_reach_the_peer_at_once() {
         lab.unblock(&lab.m2.clone());
         let ra = reader_n(a.try_clone().unwrap(), 8_000);
         let t0 = Instant::now();
-        restart(r.as_fd(), &img).unwrap();
+        restart_in(&lab.m2, &r, &img, &RestoreOptions::default());
         let (got, at) = ra.join().unwrap().unwrap();
         check(10, 10_000, &got, "restored bytes");
         let dt = at.duration_since(t0);
@@ -1007,13 +1013,72 @@ fn large_flight_with_lost_acks_moves() {
     );
     lab.unblock(&lab.m2.clone());
     let t0 = Instant::now();
-    restart(r.as_fd(), &img).unwrap();
+    restart_in(&lab.m2, &r, &img, &RestoreOptions::default());
     down.write(&mut r, 100_000);
     r.shutdown(Shutdown::Write).unwrap();
     let (got, _) = ra.join().unwrap().expect("peer read");
     eprintln!("  restart -> peer EOF: {:?}", t0.elapsed());
     assert_eq!(got.len() as u64, down.off);
     check(11, 0, &got, "whole stream");
+    assert_eq!(lab.peer_rsts(), 0);
+}
+
+/// The peer's bytes reached the old MSR and were acknowledged, but the ACKs were lost
+/// on the way back (a downlink queue full of other traffic), so the peer still holds
+/// them as unacknowledged. The MSR side never sent a byte (the accepted side of an
+/// upload). The restored socket must tell the peer on its own, with an ACK the peer
+/// accepts, even while none of the peer's retransmissions reach it (msrd's network
+/// detection drops the MH's first packet in a new cell; here the new MSR's hold stays
+/// on). The repair-off window probe alone does not do it: its sequence number is
+/// `snd_una - 1` by design, so the peer answers it but ignores its ACK field.
+#[test]
+fn restored_socket_acknowledges_bytes_whose_acks_were_lost() {
+    let _g = serial();
+    let mut lab = Lab::new(false);
+    let mp = 7025;
+    let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+    let (mut a, mut m) = pair(&lab, &l, mp, &Tune::default());
+    let pp = a.local_addr().unwrap().port();
+    let mut up = Gen::new(18);
+    up.write(&mut a, 10_000);
+    check(18, 0, &read_n(&mut m, 10_000), "warm-up");
+    // The MSR's ACKs are lost from now on; the peer's bytes still reach it.
+    lab.lose(pp, mp);
+    up.write(&mut a, 8_000);
+    wait_until("8 kB at the MSR", Duration::from_secs(2), || {
+        ioctl_u32(&m, libc::FIONREAD) == 8_000
+    });
+    assert_eq!(
+        ioctl_u32(&a, libc::TIOCOUTQ),
+        8_000,
+        "the peer holds its bytes as unacknowledged"
+    );
+    lab.block(&lab.m1.clone(), pp, mp, true, true);
+    lab.unlose();
+    let (img, mut r) = hand_over(&mut lab, m, pp, mp, &RestoreOptions::default());
+    assert!(img.send.unacked.is_empty() && img.send.unsent.is_empty());
+    assert_eq!(img.recv.data.len(), 8_000);
+    // Restart behind the hold: the peer's retransmissions keep being dropped.
+    let t0 = Instant::now();
+    restart_in(&lab.m2, &r, &img, &RestoreOptions::default());
+    let end = t0 + Duration::from_secs(2);
+    while ioctl_u32(&a, libc::TIOCOUTQ) != 0 {
+        assert!(
+            Instant::now() < end,
+            "the peer's snd_una did not advance in 2 s: it still holds {} B \
+             unacknowledged (the restored socket sent it no acceptable ACK)",
+            ioctl_u32(&a, libc::TIOCOUTQ)
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    eprintln!(
+        "  peer's bytes acknowledged {:?} after restart",
+        t0.elapsed()
+    );
+    lab.unblock(&lab.m2.clone());
+    check(18, 10_000, &read_n(&mut r, 8_000), "queued bytes");
+    up.write(&mut a, 20_000);
+    check(18, 18_000, &read_n(&mut r, 20_000), "after the move");
     assert_eq!(lab.peer_rsts(), 0);
 }
 
@@ -1083,7 +1148,7 @@ fn ipv6_half_closed_moves() {
     assert!(img.local.is_ipv6());
     assert_eq!(img.state, TcpState::CloseWait);
     lab.unblock(&lab.m2.clone());
-    restart(r.as_fd(), &img).unwrap();
+    restart_in(&lab.m2, &r, &img, &RestoreOptions::default());
     let ra = reader(a.try_clone().unwrap(), 0);
     let mut got = Vec::new();
     r.read_to_end(&mut got).unwrap();
@@ -1147,9 +1212,11 @@ fn bench_capture_restore_per_socket() {
         let res = t.elapsed();
         lab.unblock(&lab.m2.clone());
         let t = Instant::now();
-        for (r, i) in restored.iter().zip(&imgs) {
-            restart(r.as_fd(), i).unwrap();
-        }
+        in_ns(&lab.m2, || {
+            for (r, i) in restored.iter().zip(&imgs) {
+                restart(r.as_fd(), i, &RestoreOptions::default()).unwrap();
+            }
+        });
         let rst = t.elapsed();
         let per = |d: Duration| d / n as u32;
         eprintln!(
@@ -1206,7 +1273,7 @@ fn bench_capture_restore_per_socket() {
         assert_eq!(img.recv.data.len(), mb);
         lab.unblock(&lab.m2.clone());
         let t = Instant::now();
-        restart(r.as_fd(), &img).unwrap();
+        restart_in(&lab.m2, &r, &img, &RestoreOptions::default());
         eprintln!(
             "1 MB each way ({} B send queue, {} B receive queue): restart {:?}",
             img.send.unacked.len() + img.send.unsent.len(),
@@ -1284,7 +1351,7 @@ fn socket_options_are_carried() {
     let (img, mut r) = hand_over(&mut lab, m, pp, mp, &RestoreOptions::default());
     assert_eq!(img.sockopts.congestion.as_deref(), Some("reno"));
     lab.unblock(&lab.m2.clone());
-    restart(r.as_fd(), &img).unwrap();
+    restart_in(&lab.m2, &r, &img, &RestoreOptions::default());
     for (level, name, v) in opts {
         let want = if name == libc::TCP_WINDOW_CLAMP {
             clamp

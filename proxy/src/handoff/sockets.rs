@@ -205,6 +205,8 @@ pub struct Restored {
     fixed: Option<(OwnedFd, SocketImage)>,
     listen: Option<SocketAddr>,
     pending: Pending,
+    /// What restore used: restart replays a segment to each socket too.
+    opts: RestoreOptions,
 }
 
 fn decode(b: &[u8]) -> io::Result<SocketImage> {
@@ -267,7 +269,7 @@ pub fn restore_one(c: &ConnImage, policy: UnackedRestore, fwmark: u32) -> io::Re
     let wfd = itcp_handoff::restore(&w, &opts)?;
     let xopts = RestoreOptions {
         transparent: true,
-        ..opts
+        ..opts.clone()
     };
     // On failure `wfd` is dropped in repair mode: nothing is sent.
     let fixed = if !c.fixed.is_empty() {
@@ -284,6 +286,7 @@ pub fn restore_one(c: &ConnImage, policy: UnackedRestore, fwmark: u32) -> io::Re
         fixed,
         listen,
         pending,
+        opts,
     })
 }
 
@@ -384,9 +387,9 @@ fn restart_one(r: &Restored) -> io::Result<()> {
             "MSRD_FAULT=fail_restart: injected restart failure",
         ));
     }
-    itcp_handoff::restart(r.wireless.0.as_fd(), &r.wireless.1)?;
+    itcp_handoff::restart(r.wireless.0.as_fd(), &r.wireless.1, &r.opts)?;
     if let Some((fd, img)) = &r.fixed {
-        itcp_handoff::restart(fd.as_fd(), img)?;
+        itcp_handoff::restart(fd.as_fd(), img, &r.opts)?;
     }
     Ok(())
 }
