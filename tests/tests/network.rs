@@ -11,6 +11,14 @@ use itcp_proto::control::Kind;
 use itcp_testbed::lab::{self, addr, addr6, bin_path, Host, Lab, LabConfig};
 use itcp_testbed::ttcp::RecvReport;
 
+/// The tests here measure stalls and move times: one at a time, so that one's lab
+/// does not take the other's CPU (cargo runs a file's tests in parallel).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 const TRANSPARENT: &str = "[transparent]\nenabled = true\nports = [5001, 5002]\n";
 
 /// Two MSRs with network detection, transparent mode for ports 5001–5002, RSTs
@@ -146,6 +154,7 @@ fn recv_report(lab: &mut Lab, idx: usize) -> RecvReport {
 
 #[test]
 fn an_mh_that_runs_nothing_of_ours_keeps_its_transfers_and_its_ping_across_ten_moves() {
+    let _serial = serial();
     let (mut lab, msrds) = network_lab(101, 1);
     // Both cells answer with the one gateway MAC.
     for k in 1..=2 {
@@ -279,6 +288,7 @@ fn an_mh_that_runs_nothing_of_ours_keeps_its_transfers_and_its_ping_across_ten_m
 
 #[test]
 fn a_station_spoofing_an_mh_from_the_other_cell_moves_nothing() {
+    let _serial = serial();
     // MH 2 plays the attacker: in cell 2, with its own MAC and MH 1's address.
     let (mut lab, _) = network_lab(103, 2);
     lab.assoc_mh(2, &[2]).unwrap();
@@ -384,6 +394,7 @@ fn relays_by_family(lab: &Lab, k: usize) -> (usize, usize) {
 
 #[test]
 fn a_dual_stack_mh_that_runs_nothing_of_ours_moves_its_ipv4_and_ipv6_connections_together() {
+    let _serial = serial();
     let mut cfg = LabConfig::clean(2, 107);
     cfg.ipv6 = true;
     let mut lab = Lab::new(cfg).unwrap();
@@ -496,6 +507,7 @@ fn a_dual_stack_mh_that_runs_nothing_of_ours_moves_its_ipv4_and_ipv6_connections
 /// announces itself on association as its OS would (an ARP for its gateway).
 #[test]
 fn network_detection_moves_reach_the_first_byte_quickly() {
+    let _serial = serial();
     use itcp_testbed::emu::AssocEvent;
     use itcp_testbed::scenario::Net;
     use itcp_testbed::stream::StreamCheck;
