@@ -11,6 +11,10 @@
 //!
 //! Hysteresis: after a move, no eager move for `hysteresis` (an MH at a cell edge must
 //! not ping-pong); an expired current MSR always allows a move.
+//!
+//! An MH need not wait for the next beacon: when its link comes up in a new cell the
+//! agent solicits one ([`Solicitor`], DESIGN.md §7), and the answer goes through the
+//! same [`Detector`].
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -158,6 +162,65 @@ impl Detector {
     }
 }
 
+/// When to solicit an advertisement (DESIGN.md §7): on link-up, at once and then
+/// `repeats` more times `spacing` apart, until any beacon is heard or the link goes
+/// down again. A lost solicitation or a lost answer costs `spacing`, not a beacon
+/// interval.
+#[derive(Debug, Clone)]
+pub struct Solicitor {
+    spacing_ns: u64,
+    repeats: u32,
+    /// Solicitations still to send in this burst.
+    left: u32,
+    next_ns: u64,
+    seq: u64,
+}
+
+impl Solicitor {
+    /// A solicitor that sends 1 + `repeats` solicitations per link-up, `spacing` apart.
+    pub fn new(repeats: u32, spacing: Duration) -> Self {
+        Self {
+            spacing_ns: spacing.as_nanos() as u64,
+            repeats,
+            left: 0,
+            next_ns: 0,
+            seq: 0,
+        }
+    }
+
+    /// The link came up at `now`: start a burst (replacing one under way).
+    pub fn link_up(&mut self, now: u64) {
+        self.left = 1 + self.repeats;
+        self.next_ns = now;
+    }
+
+    /// The link went down: nobody would hear us.
+    pub fn link_down(&mut self) {
+        self.left = 0;
+    }
+
+    /// A beacon arrived: an MSR answered (or advertised anyway), stop soliciting.
+    pub fn on_beacon(&mut self) {
+        self.left = 0;
+    }
+
+    /// When the next solicitation is due, if one is.
+    pub fn next_due(&self) -> Option<u64> {
+        (self.left > 0).then_some(self.next_ns)
+    }
+
+    /// If a solicitation is due at `now`, its sequence number (send it now).
+    pub fn poll(&mut self, now: u64) -> Option<u64> {
+        if self.left == 0 || now < self.next_ns {
+            return None;
+        }
+        self.left -= 1;
+        self.next_ns = now + self.spacing_ns;
+        self.seq += 1;
+        Some(self.seq)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -243,6 +306,31 @@ mod tests {
                 to: "msr2".into()
             })
         );
+    }
+
+    #[test]
+    fn solicitations_burst_on_link_up_until_a_beacon() {
+        const MS: u64 = 1_000_000;
+        let mut s = Solicitor::new(2, Duration::from_millis(20));
+        assert_eq!((s.next_due(), s.poll(0)), (None, None));
+        s.link_up(100 * MS);
+        assert_eq!(s.next_due(), Some(100 * MS));
+        assert_eq!(s.poll(99 * MS), None);
+        assert_eq!(s.poll(100 * MS), Some(1));
+        assert_eq!(s.poll(100 * MS), None);
+        assert_eq!(s.next_due(), Some(120 * MS));
+        assert_eq!(s.poll(121 * MS), Some(2));
+        assert_eq!(s.poll(141 * MS), Some(3));
+        // Three in all.
+        assert_eq!((s.poll(500 * MS), s.next_due()), (None, None));
+        // A beacon stops the burst; so does the link going down.
+        s.link_up(600 * MS);
+        assert_eq!(s.poll(600 * MS), Some(4));
+        s.on_beacon();
+        assert_eq!((s.poll(700 * MS), s.next_due()), (None, None));
+        s.link_up(800 * MS);
+        s.link_down();
+        assert_eq!(s.poll(800 * MS), None);
     }
 
     #[test]
