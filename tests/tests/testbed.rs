@@ -437,6 +437,51 @@ fn regular_tcp_baseline_reroutes_on_beacons() {
     assert!(o.coverage < 1.0 && o.coverage > 0.7, "{}", o.coverage);
 }
 
+/// With solicitation the baseline's MH hears the new MSR within milliseconds of
+/// entering its cell, as the I-TCP agent does, instead of up to a beacon interval.
+#[test]
+fn regular_tcp_baseline_with_solicitation_hears_the_new_msr_at_once() {
+    let _g = serial();
+    let mut net = Net::lan();
+    net.cell.loss = Loss::None;
+    let o = scenario::run(&Run {
+        net,
+        cells: Cells::NonOverlapped {
+            period_s: 2.0,
+            gap_s: 0.4,
+        },
+        mode: Mode::RegularTcp(MobileIpOpts {
+            solicit: true,
+            ..MobileIpOpts::default()
+        }),
+        traffic: Traffic {
+            bytes: 1_500_000,
+            buf: Some(16 * 1024),
+            cc: Some("reno".into()),
+        },
+        seed: 6,
+        msrs: 2,
+        timeout: Duration::from_secs(120),
+    })
+    .unwrap();
+    assert!(o.recv.ok, "{:?}", o.recv.error);
+    assert!(o.registrations.len() >= 2, "{:?}", o.registrations);
+    let mut ms = Vec::new();
+    for g in &o.registrations {
+        let entered = o
+            .events
+            .iter()
+            .filter(|e| e.cells == vec![g.msr] && e.t_ns <= g.heard_ns)
+            .map(|e| e.t_ns)
+            .max()
+            .expect("heard an MSR whose cell the MH never entered");
+        ms.push((g.heard_ns - entered) as f64 / 1e6);
+    }
+    eprintln!("entered the cell → heard its MSR: {ms:.1?} ms");
+    // Solicitation up, advertisement down: two 2 ms hops and a little serialization.
+    assert!(ms.iter().all(|&m| m < 30.0), "{ms:?}");
+}
+
 #[test]
 fn bench_baseline_command_prints_a_table() {
     let _g = serial();
