@@ -174,7 +174,10 @@ pub fn beacon(data: &[u8]) {
         }
     }
     if let Ok(s) = Solicitation::parse(data) {
-        assert!(beacon.is_err(), "{data:?} parses as a beacon and a solicitation");
+        assert!(
+            beacon.is_err(),
+            "{data:?} parses as a beacon and a solicitation"
+        );
         assert_eq!(Solicitation::parse(&s.to_bytes()), Ok(s));
     }
 }
