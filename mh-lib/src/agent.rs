@@ -284,7 +284,10 @@ impl Agent {
             let now = self.t_start.elapsed().as_nanos() as u64;
             match ev {
                 LinkEvent::Up => self.solicitor.link_up(now),
-                LinkEvent::Down => self.solicitor.link_down(),
+                LinkEvent::Down => {
+                    self.solicitor.link_down();
+                    self.det.link_lost();
+                }
             }
         }
         Ok(())

@@ -108,6 +108,15 @@ impl Detector {
         }
     }
 
+    /// The MH's link went down (carrier lost: it is in no cell). Every MSR but the
+    /// current one is out of range: forget them, so that none is moved to when the
+    /// current one's advertisement expires (that is a loss), and the next beacon of any
+    /// of them is a fresh arrival. The current one expires as usual.
+    pub fn link_lost(&mut self) {
+        let cur = self.current.clone();
+        self.heard.retain(|m, _| Some(m) == cur.as_ref());
+    }
+
     /// A beacon arrived at `now` (ns on a monotonic clock).
     pub fn on_beacon(&mut self, now: u64, b: &Beacon) -> Option<Decision> {
         let prev = self.heard.insert(
@@ -331,6 +340,40 @@ mod tests {
         s.link_up(800 * MS);
         s.link_down();
         assert_eq!(s.poll(800 * MS), None);
+    }
+
+    #[test]
+    fn after_a_carrier_loss_only_new_beacons_count() {
+        let mut d = det(Policy::Eager);
+        d.on_beacon(0, &b("msr1"));
+        // Overlap: msr2 heard, but no move within the hysteresis period.
+        d.on_beacon(S, &b("msr2"));
+        d.on_beacon(S + S / 2, &b("msr1"));
+        d.on_beacon(S + S / 2 + 10, &b("msr2"));
+        assert_eq!(d.current(), Some("msr1"));
+        // The MH loses its link: msr2, heard last, must not be moved to when msr1
+        // expires; that is a loss.
+        d.link_lost();
+        assert_eq!(
+            d.on_tick(5 * S),
+            Some(Decision::Lost {
+                from: "msr1".into()
+            })
+        );
+        // Back in msr1's cell shortly after: a fresh arrival, even though msr1 was
+        // heard within 1.5 intervals before the loss (no hysteresis here).
+        let mut d = Detector::new(Policy::Eager, Duration::from_secs(1), Duration::ZERO);
+        d.on_beacon(0, &b("msr1"));
+        d.on_beacon(2 * S, &b("msr1"));
+        d.on_beacon(2 * S + 100, &b("msr2")); // overlap: moves to the newcomer
+        assert_eq!(d.current(), Some("msr2"));
+        d.on_beacon(2 * S + 200, &b("msr1")); // still heard: no move back
+        assert_eq!(d.current(), Some("msr2"));
+        d.link_lost();
+        assert!(
+            d.on_beacon(2 * S + S / 2, &b("msr1")).is_some(),
+            "fresh again"
+        );
     }
 
     #[test]

@@ -171,7 +171,10 @@ impl MobileIp {
                     for ev in w.read().unwrap_or_default() {
                         match ev {
                             LinkEvent::Up => solicitor.link_up(sys::mono_ns()),
-                            LinkEvent::Down => solicitor.link_down(),
+                            LinkEvent::Down => {
+                                solicitor.link_down();
+                                det.link_lost();
+                            }
                         }
                     }
                     if let Some(seq) = solicitor.poll(sys::mono_ns()) {
