@@ -61,6 +61,8 @@ put("socks_client", "session", bytes([5, 0x80, 1, 0, 5, 0, 0]) + addr("v4") + b"
 put("beacon", "beacon", json.dumps({"msr": "msr1", "mac": "02:00:00:00:01:01",
                                     "lifetime_ms": 3000, "seq": 42}))
 put("beacon", "beacon-compact", '{"msr":"m","mac":"","lifetime_ms":0,"seq":18446744073709551615}')
+put("beacon", "solicit", '{"solicit":{"seq":1}}')
+put("beacon", "solicit-spaced", ' { "solicit" : { "seq" : 18446744073709551615 } }\n')
 
 g = {"mh": "10.2.0.100", "prev_msr": "msr1", "new_msr": "msr2", "ts_ms": 1700000000000,
      "nonce": "03" * 16, "proof": "ab" * 32}

@@ -8,6 +8,13 @@
 //! one it names acts), retransmitted until answered: the answer is kept by the MSR and
 //! repeated, so a retransmission doubles as a status poll.
 //!
+//! The agent does not wait for the next beacon when its interface associates with a
+//! cell: it watches the interface's carrier ([`crate::link`], rtnetlink) and, when it
+//! comes up, broadcasts a [`Solicitation`] to the greeting port at once and twice more
+//! 20 ms apart unless a beacon arrives first ([`Solicitor`]); the MSRs in the cell
+//! answer with their beacon at once (DESIGN.md §7). [`AgentConfig::solicit`] turns it
+//! off.
+//!
 //! Applications see [`Event`]s: attached, moved, move failed, lost (no MSR heard),
 //! refused, regained. `itcp-mh-agent` prints them as JSON lines.
 
@@ -17,10 +24,12 @@ use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use itcp_proto::beacon::Solicitation;
 use itcp_proto::greeting::{GreetMsg, GreetReply, GreetStatus, Greeting};
 use serde::Serialize;
 
-use crate::mobility::{Beacon, Decision, Detector, Policy};
+use crate::link::{LinkEvent, LinkWatch};
+use crate::mobility::{Beacon, Decision, Detector, Policy, Solicitor};
 use crate::socks::Token;
 
 /// How the agent runs.
@@ -48,11 +57,18 @@ pub struct AgentConfig {
     pub greet_retry: Duration,
     /// Give up a move after this long without a final answer.
     pub greet_timeout: Duration,
+    /// Solicit a beacon when the interface's carrier comes up (on by default).
+    pub solicit: bool,
+    /// Solicitations after the first one of a link-up, unless a beacon arrives (2).
+    pub solicit_repeats: u32,
+    /// Between those solicitations (20 ms).
+    pub solicit_spacing: Duration,
 }
 
 impl AgentConfig {
     /// Defaults for `interface`, `mh`, `gateway` and `token`: ports 4345/4346, eager,
-    /// 2 s hysteresis, 1 s beacons, 200 ms retransmission, 10 s timeout.
+    /// 2 s hysteresis, 1 s beacons, 200 ms retransmission, 10 s timeout, solicitation on
+    /// link-up (3 × 20 ms).
     pub fn new(interface: &str, mh: IpAddr, gateway: IpAddr, token: Token) -> Self {
         AgentConfig {
             interface: interface.into(),
@@ -66,6 +82,9 @@ impl AgentConfig {
             beacon_interval: Duration::from_secs(1),
             greet_retry: Duration::from_millis(200),
             greet_timeout: Duration::from_secs(10),
+            solicit: true,
+            solicit_repeats: 2,
+            solicit_spacing: Duration::from_millis(20),
         }
     }
 }
@@ -167,10 +186,13 @@ pub struct Agent {
     t_start: Instant,
     /// `Lost` was reported and nothing heard of the current MSR since.
     lost: bool,
+    /// The interface's carrier (None: solicitation is off).
+    link: Option<LinkWatch>,
+    solicitor: Solicitor,
 }
 
 impl Agent {
-    /// Opens the beacon and greeting sockets.
+    /// Opens the beacon and greeting sockets, and the link watch if soliciting.
     pub fn new(cfg: AgentConfig) -> io::Result<Agent> {
         let beacons =
             UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], cfg.beacon_port))).map_err(|e| {
@@ -182,6 +204,12 @@ impl Agent {
         beacons.set_nonblocking(true)?;
         greet.set_nonblocking(true)?;
         let det = Detector::new(cfg.policy, cfg.beacon_interval, cfg.hysteresis);
+        let link = if cfg.solicit {
+            Some(LinkWatch::open(&cfg.interface)?)
+        } else {
+            None
+        };
+        let solicitor = Solicitor::new(cfg.solicit_repeats, cfg.solicit_spacing);
         Ok(Agent {
             cfg,
             beacons,
@@ -192,6 +220,8 @@ impl Agent {
             attached: None,
             t_start: Instant::now(),
             lost: false,
+            link,
+            solicitor,
         })
     }
 
@@ -203,15 +233,24 @@ impl Agent {
     pub fn run(&mut self, stop: &AtomicBool, mut on_event: impl FnMut(Event)) -> io::Result<()> {
         let mut buf = vec![0u8; 4096];
         while !stop.load(Ordering::Relaxed) {
-            let wait_ms = match &self.pending {
+            let mut wait_ms = match &self.pending {
                 Some(p) => p.last_sent.map_or(0, |t| {
                     self.cfg.greet_retry.saturating_sub(t.elapsed()).as_millis() as i32
                 }),
                 None => 50,
             };
-            poll2(&self.beacons, &self.greet, wait_ms.clamp(0, 50))?;
+            if let Some(due) = self.solicitor.next_due() {
+                let ns = due.saturating_sub(self.now_ns());
+                wait_ms = wait_ms.min(ns.div_ceil(1_000_000).min(50) as i32);
+            }
+            let mut fds = vec![self.beacons.as_raw_fd(), self.greet.as_raw_fd()];
+            fds.extend(self.link.as_ref().map(LinkWatch::fd));
+            poll_fds(&fds, wait_ms.clamp(0, 50))?;
+            self.watch_link()?;
+            self.solicit();
             while let Ok((n, _)) = self.beacons.recv_from(&mut buf) {
                 if let Ok(b) = serde_json::from_slice::<Beacon>(&buf[..n]) {
+                    self.solicitor.on_beacon();
                     self.macs.insert(b.msr.clone(), b.mac.clone());
                     let now = self.now_ns();
                     if let Some(d) = self.det.on_beacon(now, &b) {
@@ -234,6 +273,33 @@ impl Agent {
             self.retransmit(&mut on_event)?;
         }
         Ok(())
+    }
+
+    /// Carrier changes: a link-up starts a burst of solicitations.
+    fn watch_link(&mut self) -> io::Result<()> {
+        let Some(w) = &mut self.link else {
+            return Ok(());
+        };
+        for ev in w.read()? {
+            let now = self.t_start.elapsed().as_nanos() as u64;
+            match ev {
+                LinkEvent::Up => self.solicitor.link_up(now),
+                LinkEvent::Down => {
+                    self.solicitor.link_down();
+                    self.det.link_lost();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the solicitation due now, if any (broadcast on the interface).
+    fn solicit(&mut self) {
+        if let Some(seq) = self.solicitor.poll(self.now_ns()) {
+            let dst = SocketAddr::from((Ipv4Addr::BROADCAST, self.cfg.greet_port));
+            // A lost one is made up by the next of the burst, or the next beacon.
+            let _ = self.greet.send_to(&Solicitation::new(seq).to_bytes(), dst);
+        }
     }
 
     fn greeting(&self, from: Option<&str>, to: &str) -> io::Result<(Vec<u8>, String)> {
@@ -408,21 +474,17 @@ fn bind_to_device(s: &UdpSocket, ifname: &str) -> io::Result<()> {
     Ok(())
 }
 
-fn poll2(a: &UdpSocket, b: &UdpSocket, timeout_ms: i32) -> io::Result<()> {
-    let mut fds = [
-        libc::pollfd {
-            fd: a.as_raw_fd(),
+fn poll_fds(fds: &[std::os::fd::RawFd], timeout_ms: i32) -> io::Result<()> {
+    let mut fds: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
             events: libc::POLLIN,
             revents: 0,
-        },
-        libc::pollfd {
-            fd: b.as_raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    // SAFETY: fds is a valid array of two pollfd.
-    let r = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+        })
+        .collect();
+    // SAFETY: fds is a valid array of fds.len() pollfd.
+    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
     if r < 0 {
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {

@@ -16,7 +16,8 @@
 //!   session [`token`](mod@token) (explicit, `ITCP_TOKEN`, or a shared token file), timeouts.
 //! * [`socks`] — the sans-IO wire codec, used by this library and by `msrd`.
 //! * [`mobility`] / [`agent`] — movement detection and the mobility agent that greets
-//!   new MSRs (`itcp-mh-agent`).
+//!   new MSRs (`itcp-mh-agent`); [`link`] — the wireless interface's carrier from
+//!   rtnetlink, on which the agent solicits a beacon.
 //!
 //! # Example: connect
 //!
@@ -78,6 +79,7 @@
 pub mod agent;
 mod blocking;
 mod handshake;
+pub mod link;
 pub mod mobility;
 #[cfg(feature = "tokio")]
 pub mod nonblocking;

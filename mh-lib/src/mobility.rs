@@ -11,6 +11,10 @@
 //!
 //! Hysteresis: after a move, no eager move for `hysteresis` (an MH at a cell edge must
 //! not ping-pong); an expired current MSR always allows a move.
+//!
+//! An MH need not wait for the next beacon: when its link comes up in a new cell the
+//! agent solicits one ([`Solicitor`], DESIGN.md §7), and the answer goes through the
+//! same [`Detector`].
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -104,6 +108,15 @@ impl Detector {
         }
     }
 
+    /// The MH's link went down (carrier lost: it is in no cell). Every MSR but the
+    /// current one is out of range: forget them, so that none is moved to when the
+    /// current one's advertisement expires (that is a loss), and the next beacon of any
+    /// of them is a fresh arrival. The current one expires as usual.
+    pub fn link_lost(&mut self) {
+        let cur = self.current.clone();
+        self.heard.retain(|m, _| Some(m) == cur.as_ref());
+    }
+
     /// A beacon arrived at `now` (ns on a monotonic clock).
     pub fn on_beacon(&mut self, now: u64, b: &Beacon) -> Option<Decision> {
         let prev = self.heard.insert(
@@ -155,6 +168,65 @@ impl Detector {
             }
             None => None,
         }
+    }
+}
+
+/// When to solicit an advertisement (DESIGN.md §7): on link-up, at once and then
+/// `repeats` more times `spacing` apart, until any beacon is heard or the link goes
+/// down again. A lost solicitation or a lost answer costs `spacing`, not a beacon
+/// interval.
+#[derive(Debug, Clone)]
+pub struct Solicitor {
+    spacing_ns: u64,
+    repeats: u32,
+    /// Solicitations still to send in this burst.
+    left: u32,
+    next_ns: u64,
+    seq: u64,
+}
+
+impl Solicitor {
+    /// A solicitor that sends 1 + `repeats` solicitations per link-up, `spacing` apart.
+    pub fn new(repeats: u32, spacing: Duration) -> Self {
+        Self {
+            spacing_ns: spacing.as_nanos() as u64,
+            repeats,
+            left: 0,
+            next_ns: 0,
+            seq: 0,
+        }
+    }
+
+    /// The link came up at `now`: start a burst (replacing one under way).
+    pub fn link_up(&mut self, now: u64) {
+        self.left = 1 + self.repeats;
+        self.next_ns = now;
+    }
+
+    /// The link went down: nobody would hear us.
+    pub fn link_down(&mut self) {
+        self.left = 0;
+    }
+
+    /// A beacon arrived: an MSR answered (or advertised anyway), stop soliciting.
+    pub fn on_beacon(&mut self) {
+        self.left = 0;
+    }
+
+    /// When the next solicitation is due, if one is.
+    pub fn next_due(&self) -> Option<u64> {
+        (self.left > 0).then_some(self.next_ns)
+    }
+
+    /// If a solicitation is due at `now`, its sequence number (send it now).
+    pub fn poll(&mut self, now: u64) -> Option<u64> {
+        if self.left == 0 || now < self.next_ns {
+            return None;
+        }
+        self.left -= 1;
+        self.next_ns = now + self.spacing_ns;
+        self.seq += 1;
+        Some(self.seq)
     }
 }
 
@@ -242,6 +314,65 @@ mod tests {
                 from: Some("msr1".into()),
                 to: "msr2".into()
             })
+        );
+    }
+
+    #[test]
+    fn solicitations_burst_on_link_up_until_a_beacon() {
+        const MS: u64 = 1_000_000;
+        let mut s = Solicitor::new(2, Duration::from_millis(20));
+        assert_eq!((s.next_due(), s.poll(0)), (None, None));
+        s.link_up(100 * MS);
+        assert_eq!(s.next_due(), Some(100 * MS));
+        assert_eq!(s.poll(99 * MS), None);
+        assert_eq!(s.poll(100 * MS), Some(1));
+        assert_eq!(s.poll(100 * MS), None);
+        assert_eq!(s.next_due(), Some(120 * MS));
+        assert_eq!(s.poll(121 * MS), Some(2));
+        assert_eq!(s.poll(141 * MS), Some(3));
+        // Three in all.
+        assert_eq!((s.poll(500 * MS), s.next_due()), (None, None));
+        // A beacon stops the burst; so does the link going down.
+        s.link_up(600 * MS);
+        assert_eq!(s.poll(600 * MS), Some(4));
+        s.on_beacon();
+        assert_eq!((s.poll(700 * MS), s.next_due()), (None, None));
+        s.link_up(800 * MS);
+        s.link_down();
+        assert_eq!(s.poll(800 * MS), None);
+    }
+
+    #[test]
+    fn after_a_carrier_loss_only_new_beacons_count() {
+        let mut d = det(Policy::Eager);
+        d.on_beacon(0, &b("msr1"));
+        // Overlap: msr2 heard, but no move within the hysteresis period.
+        d.on_beacon(S, &b("msr2"));
+        d.on_beacon(S + S / 2, &b("msr1"));
+        d.on_beacon(S + S / 2 + 10, &b("msr2"));
+        assert_eq!(d.current(), Some("msr1"));
+        // The MH loses its link: msr2, heard last, must not be moved to when msr1
+        // expires; that is a loss.
+        d.link_lost();
+        assert_eq!(
+            d.on_tick(5 * S),
+            Some(Decision::Lost {
+                from: "msr1".into()
+            })
+        );
+        // Back in msr1's cell shortly after: a fresh arrival, even though msr1 was
+        // heard within 1.5 intervals before the loss (no hysteresis here).
+        let mut d = Detector::new(Policy::Eager, Duration::from_secs(1), Duration::ZERO);
+        d.on_beacon(0, &b("msr1"));
+        d.on_beacon(2 * S, &b("msr1"));
+        d.on_beacon(2 * S + 100, &b("msr2")); // overlap: moves to the newcomer
+        assert_eq!(d.current(), Some("msr2"));
+        d.on_beacon(2 * S + 200, &b("msr1")); // still heard: no move back
+        assert_eq!(d.current(), Some("msr2"));
+        d.link_lost();
+        assert!(
+            d.on_beacon(2 * S + S / 2, &b("msr1")).is_some(),
+            "fresh again"
         );
     }
 

@@ -16,7 +16,7 @@
 
 use std::fmt::Debug;
 
-use crate::beacon::Beacon;
+use crate::beacon::{Beacon, Solicitation};
 use crate::channel::{self, WireError};
 use crate::greeting::{parse_greet_msg, parse_greet_reply};
 use crate::hex::unhex;
@@ -163,13 +163,22 @@ pub fn socks_client(data: &[u8]) {
     }
 }
 
-/// `Beacon::parse`; a decoded beacon re-encodes to one that decodes the same.
+/// `Beacon::parse` and `Solicitation::parse`; a decoded beacon or solicitation
+/// re-encodes to one that decodes the same, and nothing is both.
 pub fn beacon(data: &[u8]) {
-    if let Ok(b) = Beacon::parse(data) {
+    let beacon = Beacon::parse(data);
+    if let Ok(b) = &beacon {
         let bytes = b.to_bytes();
         if bytes.len() <= crate::beacon::MAX_DATAGRAM {
-            assert_eq!(Beacon::parse(&bytes), Ok(b));
+            assert_eq!(Beacon::parse(&bytes).as_ref(), Ok(b));
         }
+    }
+    if let Ok(s) = Solicitation::parse(data) {
+        assert!(
+            beacon.is_err(),
+            "{data:?} parses as a beacon and a solicitation"
+        );
+        assert_eq!(Solicitation::parse(&s.to_bytes()), Ok(s));
     }
 }
 

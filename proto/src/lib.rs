@@ -6,7 +6,7 @@
 //! | module | format | between |
 //! |---|---|---|
 //! | [`socks`] | SOCKS5 + I-TCP extensions (token, LISTEN/ACCEPT) | MH ⇄ MSR, TCP |
-//! | [`beacon`] | MSR advertisement | MSR → cell, UDP |
+//! | [`beacon`] | MSR advertisement; MH solicitation of one | MSR → cell, MH → cell, UDP |
 //! | [`greeting`] | greeting with proof, reply | MH ⇄ MSR, UDP |
 //! | [`channel`] | authenticated frames carrying handoff messages and images | MSR ⇄ MSR, TCP |
 //! | [`control`] | operator requests and replies (JSON lines) | msrd ⇄ `itcpctl`, Unix socket |

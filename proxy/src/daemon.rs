@@ -61,6 +61,9 @@ pub struct Daemon {
     /// Upgrade requests from the control socket, and where the main loop takes them.
     pub(crate) upgrades: mpsc::UnboundedSender<UpgradeAsk>,
     upgrade_asks: Mutex<Option<mpsc::UnboundedReceiver<UpgradeAsk>>>,
+    /// The beacons on the cells (when `[beacon]` is on and a cell could be opened),
+    /// which also answer solicitations.
+    pub beacons: std::sync::OnceLock<Arc<crate::beacon::Advertiser>>,
 }
 
 /// A connection counted by admission until dropped (it travels with the connection's
@@ -130,6 +133,7 @@ impl Daemon {
         Ok(Arc::new(Daemon {
             upgrades,
             upgrade_asks: Mutex::new(Some(asks)),
+            beacons: std::sync::OnceLock::new(),
             admission: Arc::new(Mutex::new(admission)),
             setups: Arc::new(Mutex::new(setups)),
             // 3 lines at once per source, then one every 10 s.
@@ -1350,6 +1354,14 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
     let nofile = sockopt::raise_nofile_limit();
     let d = Daemon::new(fit_to_fd_limit(cfg, nofile))?;
     let cfg = &d.cfg;
+    // Before the greeting sockets serve: they pass solicitations to it.
+    if cfg.beacon.enabled {
+        if let Some(a) =
+            crate::beacon::Advertiser::open(&cfg.beacon, &cfg.msr.id, &cfg.beacon_interfaces())
+        {
+            let _ = d.beacons.set(Arc::new(a));
+        }
+    }
     let footprint = crate::footprint::Footprint {
         state_file: {
             let mut p = cfg.msr.control_socket.clone().into_os_string();
@@ -1420,11 +1432,10 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
         (Some(dt), Some(_)) => Some(tokio::spawn(crate::detect::run(d.clone(), dt.group))),
         _ => None,
     };
-    let beacons = cfg.beacon.enabled.then(|| {
+    let beacons = d.beacons.get().map(|a| {
         tokio::spawn(crate::beacon::run(
             cfg.beacon.clone(),
-            cfg.msr.id.clone(),
-            cfg.beacon_interfaces(),
+            a.clone(),
             d.draining.subscribe(),
         ))
     });

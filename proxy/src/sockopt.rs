@@ -88,6 +88,28 @@ pub fn bind_to_device(fd: RawFd, ifname: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// The interface a socket is bound to (SO_BINDTODEVICE), if any.
+pub fn bound_device(fd: RawFd) -> io::Result<Option<String>> {
+    let mut name = [0u8; libc::IFNAMSIZ];
+    let mut len = name.len() as libc::socklen_t;
+    // SAFETY: name and len are valid out-pointers for the given length.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::SOL_SOCKET,
+            libc::SO_BINDTODEVICE,
+            name.as_mut_ptr().cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let name = &name[..(len as usize).min(name.len())];
+    let end = name.iter().position(|&b| b == 0).unwrap_or(name.len());
+    Ok((end > 0).then(|| String::from_utf8_lossy(&name[..end]).into_owned()))
+}
+
 /// Options that must be in place before the handshake (buffers decide the window scale).
 pub fn apply_pre_connect(fd: RawFd, t: &TcpTuning) -> io::Result<()> {
     if let Some(b) = t.send_buffer.filter(|&b| b > 0) {

@@ -9,9 +9,18 @@
 //! trip to a home agent), moves the GW's host route for the MH and the MH's default
 //! gateway entry to the new MSR. Those two route changes stand in for the Mobile-IP
 //! tunnel; the links, losses and timing are the very ones I-TCP is measured on.
+//!
+//! With [`MobileIpOpts::solicit`] the MH does not wait for the next advertisement, as
+//! the I-TCP agent does not (DESIGN.md §7): when its air0 gets carrier (it joined a
+//! cell; mh-lib's [`LinkWatch`] over rtnetlink) it broadcasts a solicitation to
+//! [`SOLICIT_PORT`] at once and twice more 20 ms apart until an advertisement arrives
+//! (mh-lib's [`Solicitor`]), and each MSR answers one heard on its cell with its
+//! advertisement at once, rate-limited per source as msrd does. Mobile IP agent
+//! solicitation (RFC 5944 §2.2) works the same way.
 
 use std::io;
 use std::net::{SocketAddr, UdpSocket};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -21,10 +30,15 @@ use serde::{Deserialize, Serialize};
 
 use crate::lab::{addr, reroute, Host, Lab};
 use crate::sys;
-use itcp_mh::mobility::{Beacon, Decision, Detector, Policy};
+use itcp_handoff::greet::PerAddr;
+use itcp_mh::link::{LinkEvent, LinkWatch};
+use itcp_mh::mobility::{Beacon, Decision, Detector, Policy, Solicitor};
+use itcp_proto::beacon::Solicitation;
 
 /// UDP port of the baseline's agent advertisements.
 pub const BEACON_PORT: u16 = 4344;
+/// UDP port the baseline's MSRs hear solicitations on.
+pub const SOLICIT_PORT: u16 = 4343;
 
 #[derive(Debug, Clone)]
 pub struct MobileIpOpts {
@@ -34,6 +48,9 @@ pub struct MobileIpOpts {
     pub policy: Policy,
     /// Delay between hearing the new MSR and the reroute taking effect.
     pub registration_delay: Duration,
+    /// Solicit an advertisement when the MH's link comes up (see the module docs);
+    /// false: wait for the periodic ones.
+    pub solicit: bool,
 }
 
 impl Default for MobileIpOpts {
@@ -42,6 +59,7 @@ impl Default for MobileIpOpts {
             beacon_interval: Duration::from_secs(1),
             policy: Policy::Eager,
             registration_delay: Duration::ZERO,
+            solicit: false,
         }
     }
 }
@@ -69,12 +87,28 @@ impl MobileIp {
         let listen = sys::in_netns(&lab.ns(Host::Mh), || {
             UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], BEACON_PORT)))
         })?;
-        listen.set_read_timeout(Some(Duration::from_millis(50)))?;
+        listen.set_nonblocking(true)?;
+        // The MH's side of solicitation: air0's carrier, and a broadcast socket on air0.
+        let soliciting = if opts.solicit {
+            Some(sys::in_netns(&lab.ns(Host::Mh), || {
+                let w = LinkWatch::open("air0")?;
+                let s = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))?;
+                s.set_broadcast(true)?;
+                bind_to_device(&s, "air0")?;
+                Ok((w, s))
+            })?)
+        } else {
+            None
+        };
         for k in 1..=lab.msrs() {
-            let sock = sys::in_netns(&lab.ns(Host::Msr(k)), || {
+            let (sock, heard) = sys::in_netns(&lab.ns(Host::Msr(k)), || {
                 let s = UdpSocket::bind(SocketAddr::from((addr::CELL_GW, 0)))?;
                 s.set_broadcast(true)?;
-                Ok(s)
+                // Solicitations from the cell (broadcast to SOLICIT_PORT).
+                let h = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], SOLICIT_PORT)))?;
+                bind_to_device(&h, "cell0")?;
+                h.set_nonblocking(true)?;
+                Ok((s, h))
             })?;
             let interval = opts.beacon_interval;
             // Each MSR beacons at its own seeded phase of the wall clock, exactly as msrd
@@ -88,6 +122,9 @@ impl MobileIp {
                 let dst = SocketAddr::from(([10, 2, 0, 255], BEACON_PORT));
                 let msg = format!("MIP-ADV msr={k}");
                 let mut next = sys::mono_ns() + phase.as_nanos() as u64;
+                // As msrd: 4 answers at once per source, then 2 per second.
+                let mut limit = PerAddr::new(4, 2.0, 4096);
+                let mut buf = [0u8; 512];
                 while !stop.load(Ordering::Relaxed) {
                     let now = sys::mono_ns();
                     if now >= next {
@@ -95,7 +132,17 @@ impl MobileIp {
                         next += interval.as_nanos() as u64;
                     }
                     let wait = next.saturating_sub(sys::mono_ns()).min(50_000_000);
-                    std::thread::sleep(Duration::from_nanos(wait));
+                    if sys::poll_readable(&[heard.as_raw_fd()], Some(wait))
+                        .is_ok_and(|r| !r.is_empty())
+                    {
+                        while let Ok((n, from)) = heard.recv_from(&mut buf) {
+                            let answer = Solicitation::parse(&buf[..n]).is_ok()
+                                && limit.allow(&from.ip(), sys::mono_ns() / 1_000_000);
+                            if answer {
+                                let _ = sock.send_to(msg.as_bytes(), dst);
+                            }
+                        }
+                    }
                 }
             }));
         }
@@ -108,12 +155,38 @@ impl MobileIp {
             // hysteresis: a Mobile-IP MH registers as soon as it decides to move.
             let mut det = Detector::new(opts.policy, opts.beacon_interval, Duration::ZERO);
             let lifetime_ms = 3 * opts.beacon_interval.as_millis() as u64;
+            let mut soliciting = soliciting;
+            // As the I-TCP agent: 3 solicitations 20 ms apart per link-up.
+            let mut solicitor = Solicitor::new(2, Duration::from_millis(20));
             let mut buf = [0u8; 256];
             while !stop2.load(Ordering::Relaxed) {
+                let mut fds = vec![listen.as_raw_fd()];
+                fds.extend(soliciting.as_ref().map(|(w, _)| w.fd()));
+                let now = sys::mono_ns();
+                let wait = solicitor
+                    .next_due()
+                    .map_or(50_000_000, |t| t.saturating_sub(now).min(50_000_000));
+                let _ = sys::poll_readable(&fds, Some(wait));
+                if let Some((w, s)) = &mut soliciting {
+                    for ev in w.read().unwrap_or_default() {
+                        match ev {
+                            LinkEvent::Up => solicitor.link_up(sys::mono_ns()),
+                            LinkEvent::Down => {
+                                solicitor.link_down();
+                                det.link_lost();
+                            }
+                        }
+                    }
+                    if let Some(seq) = solicitor.poll(sys::mono_ns()) {
+                        let dst = SocketAddr::from(([255, 255, 255, 255], SOLICIT_PORT));
+                        let _ = s.send_to(&Solicitation::new(seq).to_bytes(), dst);
+                    }
+                }
                 let heard = sys::mono_ns();
                 let decision = match listen.recv(&mut buf) {
                     Ok(n) => {
                         let heard = sys::mono_ns();
+                        solicitor.on_beacon();
                         let Some(msr) = std::str::from_utf8(&buf[..n])
                             .ok()
                             .and_then(|s| s.strip_prefix("MIP-ADV msr="))
@@ -129,7 +202,7 @@ impl MobileIp {
                         };
                         det.on_beacon(heard, &beacon)
                     }
-                    // Timeout: advertisements may have expired (lazy moves).
+                    // Nothing heard: advertisements may have expired (lazy moves).
                     Err(_) => det.on_tick(heard),
                 };
                 if let Some(Decision::Move { from, to }) = decision {
@@ -159,6 +232,24 @@ impl MobileIp {
     pub fn registrations(&self) -> Vec<Registration> {
         self.registrations.lock().unwrap().clone()
     }
+}
+
+fn bind_to_device(s: &UdpSocket, ifname: &str) -> io::Result<()> {
+    // SAFETY: the name bytes are valid for their length.
+    let r = unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_BINDTODEVICE,
+            ifname.as_ptr().cast(),
+            ifname.len() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("bind to {ifname}: {e}")));
+    }
+    Ok(())
 }
 
 impl Drop for MobileIp {

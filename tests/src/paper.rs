@@ -10,11 +10,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::baseline::MobileIpOpts;
 use crate::emu::LinkParams;
 use crate::lab;
 use crate::report::{median, COLUMNS, PAPER_ITCP, PAPER_REGULAR};
-use crate::scenario::{self, Cells, Mode, Net, Outcome, Run, Traffic};
+use crate::scenario::{self, Cells, Detection, Mode, Net, Outcome, Run, Traffic};
 use crate::svg::{Marker, Plot, Series};
 use itcp_mh::mobility::Policy;
 
@@ -69,6 +68,8 @@ pub struct PaperOpts {
     pub sweep: bool,
     /// msrd settings for the I-TCP runs (appended to every msrd config).
     pub msrd_extra: String,
+    /// How the MH notices a move, in both modes (beacons: the paper's).
+    pub detection: Detection,
     /// Where docs/results.md and docs/results/*.svg go.
     pub out: PathBuf,
 }
@@ -88,18 +89,10 @@ fn is_itcp(m: &Mode) -> bool {
     matches!(m, Mode::Itcp { .. })
 }
 
-fn itcp(msrd_extra: &str, agent: &[&str]) -> Mode {
-    Mode::Itcp {
-        msrd_extra: msrd_extra.into(),
-        agent: agent.iter().map(|s| s.to_string()).collect(),
-    }
-}
-
-fn regular(policy: Policy) -> Mode {
-    Mode::RegularTcp(MobileIpOpts {
-        policy,
-        ..MobileIpOpts::default()
-    })
+/// Regular TCP and I-TCP as `o` says (detection, msrd settings), with `policy` and
+/// extra agent arguments.
+fn modes(o: &PaperOpts, policy: Policy, agent: &[&str]) -> [Mode; 2] {
+    o.detection.modes(policy, &o.msrd_extra, agent)
 }
 
 /// Runs the jobs, `parallel` at a time, reporting progress.
@@ -161,7 +154,7 @@ fn matrix_jobs(o: &PaperOpts) -> Vec<Job> {
             let mb = if net.name == "LAN" { 4.0 } else { 2.0 };
             let bytes = (mb * 1_048_576.0 * o.scale) as u64;
             for (col, cells) in Cells::paper_columns().into_iter().enumerate() {
-                for mode in [regular(Policy::Eager), itcp(&o.msrd_extra, &[])] {
+                for mode in modes(o, Policy::Eager, &[]) {
                     for seed in 1..=o.seeds {
                         jobs.push(Job {
                             key: key(v, &net.name, col, mode_name(&mode), seed),
@@ -421,7 +414,7 @@ fn seed000_jobs(o: &PaperOpts) -> Vec<Job> {
         ..lab::link(64_000, 300.0, 0.0)
     };
     let mut jobs = Vec::new();
-    for mode in [regular(Policy::Eager), itcp(&o.msrd_extra, &[])] {
+    for mode in modes(o, Policy::Eager, &[]) {
         for seed in 1..=o.seeds.min(3) {
             jobs.push(Job {
                 key: format!("s000/{}/{seed}", mode_name(&mode)),
@@ -451,7 +444,7 @@ fn seed003_jobs(o: &PaperOpts) -> Vec<Job> {
         ("eager", Policy::Eager, "eager"),
         ("lazy", Policy::Lazy, "lazy"),
     ] {
-        for mode in [regular(policy), itcp(&o.msrd_extra, &["--policy", agent])] {
+        for mode in modes(o, policy, &["--policy", agent]) {
             for seed in 1..=o.seeds.min(3) {
                 jobs.push(Job {
                     key: format!("s003/{pname}/{}/{seed}", mode_name(&mode)),
@@ -513,7 +506,7 @@ fn sweep_points() -> Vec<(String, Net, Cells)> {
 fn sweep_jobs(o: &PaperOpts) -> Vec<Job> {
     let mut jobs = Vec::new();
     for (label, net, cells) in sweep_points() {
-        for mode in [regular(Policy::Eager), itcp(&o.msrd_extra, &[])] {
+        for mode in modes(o, Policy::Eager, &[]) {
             jobs.push(Job {
                 key: format!("sweep/{label}/{}", mode_name(&mode)),
                 run: Run {
@@ -617,6 +610,9 @@ pub fn run(o: &PaperOpts, progress: &(dyn Fn(&str) + Sync)) -> io::Result<String
         * Regular TCP: the MSRs are plain routers; when the MH hears a new MSR its agent moves the GW's route and the MH's gateway (Mobile-IP-like rerouting, no registration delay).\n\
         * I-TCP: msrd on both MSRs with handoffs; the MH's mobility agent (`itcp-mh-agent`) greets the new MSR, which fetches the connection with TCP_REPAIR.\n\
         * Traffic: the FH sends 4 MB (LAN) or 2 MB (WAN) to the MH; goodput is measured at the MH by `ttcp`, which verifies every byte. KB = 1024 bytes.\n";
+    if o.detection == Detection::Solicit {
+        md += "* Detection: link-up solicitation in both modes: when the MH's carrier comes up in a cell (the emulator turns it on at association), its agent asks for a beacon and the MSRs answer at once, instead of the wait for the next periodic beacon.\n";
+    }
     let _ = writeln!(
         md,
         "* msrd settings for these tables: {}\n",

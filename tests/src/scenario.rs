@@ -124,6 +124,71 @@ impl Cells {
     }
 }
 
+/// How the MH notices that it moved (DESIGN.md §7). A comparison uses the same for
+/// both modes: the I-TCP agent and the baseline's Mobile-IP-like agent detect alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Detection {
+    /// The MSRs' periodic beacons (every 1 s), as in the paper: up to an interval's
+    /// wait after each move.
+    #[default]
+    Beacon,
+    /// Link-up solicitation: when the MH's carrier comes up it asks for a beacon, and
+    /// the MSRs answer at once.
+    Solicit,
+}
+
+impl Detection {
+    pub const ALL: [Detection; 2] = [Detection::Beacon, Detection::Solicit];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Detection::Beacon => "beacon",
+            Detection::Solicit => "solicit",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Detection> {
+        Detection::ALL.into_iter().find(|d| d.name() == s)
+    }
+
+    /// `itcp-mh-agent` arguments for this detection (it solicits by default).
+    pub fn agent_args(self) -> &'static [&'static str] {
+        match self {
+            Detection::Beacon => &["--no-solicit"],
+            Detection::Solicit => &[],
+        }
+    }
+
+    /// The baseline's options for this detection and movement `policy`.
+    pub fn mobile_ip(self, policy: itcp_mh::mobility::Policy) -> MobileIpOpts {
+        MobileIpOpts {
+            policy,
+            solicit: self == Detection::Solicit,
+            ..MobileIpOpts::default()
+        }
+    }
+
+    /// Both modes of a comparison with this detection: regular TCP with `policy`, and
+    /// I-TCP with `msrd_extra` and extra agent arguments.
+    pub fn modes(
+        self,
+        policy: itcp_mh::mobility::Policy,
+        msrd_extra: &str,
+        agent: &[&str],
+    ) -> [Mode; 2] {
+        let mut args: Vec<String> = self.agent_args().iter().map(|a| a.to_string()).collect();
+        args.extend(agent.iter().map(|a| a.to_string()));
+        [
+            Mode::RegularTcp(self.mobile_ip(policy)),
+            Mode::Itcp {
+                msrd_extra: msrd_extra.into(),
+                agent: args,
+            },
+        ]
+    }
+}
+
 /// How the connection crosses the MSRs.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum Mode {
@@ -382,6 +447,29 @@ pub fn coverage(events: &[AssocEvent], from: u64, to: u64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn detection_is_the_same_in_both_modes() {
+        use itcp_mh::mobility::Policy;
+        for d in Detection::ALL {
+            assert_eq!(Detection::parse(d.name()), Some(d));
+            let [Mode::RegularTcp(mip), Mode::Itcp { msrd_extra, agent }] =
+                d.modes(Policy::Lazy, "x", &["--policy", "lazy"])
+            else {
+                panic!("regular TCP, then I-TCP");
+            };
+            assert_eq!((mip.policy, msrd_extra.as_str()), (Policy::Lazy, "x"));
+            // The I-TCP agent solicits unless told not to; the baseline only if told to.
+            assert_eq!(mip.solicit, d == Detection::Solicit);
+            assert_eq!(
+                agent.contains(&"--no-solicit".to_string()),
+                d == Detection::Beacon
+            );
+            assert!(agent.ends_with(&["--policy".into(), "lazy".into()]));
+        }
+        assert_eq!(Detection::parse("network"), None);
+        assert_eq!(Detection::default(), Detection::Beacon);
+    }
 
     #[test]
     fn coverage_counts_gaps() {

@@ -100,6 +100,19 @@ pub fn open_tap(ifname: &str) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
+const TUNSETCARRIER: libc::c_ulong = 0x4004_54e2;
+
+/// Turns the carrier of a TAP device on or off (TUNSETCARRIER, Linux ≥ 4.18), as a NIC
+/// does when it gains or loses its link: the kernel reports the change on rtnetlink
+/// (IFF_LOWER_UP), and transmits nothing while it is off.
+pub fn set_carrier(tap: RawFd, on: bool) -> io::Result<()> {
+    let v: libc::c_int = on.into();
+    // SAFETY: TUNSETCARRIER reads one int through the pointer, which lives across the call.
+    check(unsafe { libc::ioctl(tap, TUNSETCARRIER, &v) })
+        .map_err(|e| io::Error::new(e.kind(), format!("TUNSETCARRIER {on}: {e}")))?;
+    Ok(())
+}
+
 /// Sets the MAC address of `ifname` in the current network namespace.
 pub fn set_mac(ifname: &str, mac: [u8; 6]) -> io::Result<()> {
     // SAFETY: plain socket creation; owned below.

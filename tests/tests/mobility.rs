@@ -119,3 +119,246 @@ fn the_detector_follows_the_mh_across_cells() {
         "no ping-pong, every move seen"
     );
 }
+
+/// msrd's socket buffers for [`moves_to_first_byte`]: 64 KB each way, as in the handoff
+/// benchmark. A handoff ships every byte queued at the old MSR; with autotuned buffers
+/// a bulk download at 10 Mbit/s into a 2 Mbit/s cell piles up ~10 MB there, and
+/// moving that (60-90 ms) would hide the detection this test is about.
+const MSRD_64K: &str = "[wireless]\nsend_buffer = 65536\nrecv_buffer = 65536\n\
+[fixed]\nsend_buffer = 65536\nrecv_buffer = 65536\n";
+
+/// What [`moves_to_first_byte`] measured.
+struct FirstBytes {
+    /// Per move: association with the new cell → first byte read at the MH, ms.
+    ms: Vec<f64>,
+    median_ms: f64,
+    p95_ms: f64,
+}
+
+/// An FH download through I-TCP to a reader in this process (in the MH's namespace,
+/// verifying every byte and timestamping every read) across `moves` non-overlapped
+/// moves between two cells (leave, 0.3–0.5 s without a cell, join the other), on the
+/// paper's LAN profile, with msrd's default beacons (1 s) and the agent run with
+/// `agent_args`. The FH sends with a 16 KB socket buffer (the paper's era), msrd with
+/// [`MSRD_64K`]. Measures, per move, the time from the association with the new cell
+/// (the emulator's history) to the first byte the MH reads after it, and prints where
+/// that time went (the new MSR's handoff record).
+fn moves_to_first_byte(seed: u64, moves: usize, agent_args: &[&str]) -> FirstBytes {
+    use itcp_testbed::emu::AssocEvent;
+    use itcp_testbed::lab::{self, bin_path};
+    use itcp_testbed::scenario::Net;
+    use itcp_testbed::stream::StreamCheck;
+    use itcp_testbed::ttcp::SendReport;
+    use std::io::Read;
+
+    let net = Net::lan();
+    let mut lab = Lab::new(LabConfig::links(2, seed, net.wan, net.cell)).unwrap();
+    let mut args = vec!["--hysteresis-ms", "0"];
+    args.extend_from_slice(agent_args);
+    lab.start_itcp_mobility(MSRD_64K, &args).unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    lab.watch_rsts(Host::Mh).unwrap();
+    let diag = |lab: &Lab| {
+        let mut s = String::new();
+        for f in [
+            "agent.events",
+            "agent.log",
+            "msrd1.log",
+            "msrd2.log",
+            "airlink.log",
+        ] {
+            let t = std::fs::read_to_string(lab.dir.join(f)).unwrap_or_default();
+            let tail: Vec<&str> = t.lines().rev().take(30).collect();
+            s += &format!(
+                "--- {f}\n{}\n",
+                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            );
+        }
+        s
+    };
+
+    // Long enough for every move: 1.2 s in each cell, ≤ 0.5 s gaps, the moves' own time
+    // (up to a beacon interval more without solicitation).
+    let secs = 2 + moves as u64 * 3;
+    let fh = lab::fh_addr(5001);
+    let sender = lab
+        .spawn(
+            Host::Fh,
+            bin_path("ttcp"),
+            &[
+                "send",
+                "--listen",
+                &fh,
+                "--duration",
+                &secs.to_string(),
+                "--seed",
+                &seed.to_string(),
+                "--buf",
+                "16384",
+            ],
+        )
+        .unwrap();
+    lab.wait_listening(Host::Fh, 5001).unwrap();
+    let (mh_ns, token) = (lab.ns(Host::Mh), lab.mh_token_file(1));
+    let reader = std::thread::spawn(move || -> Result<(u64, Vec<u64>), String> {
+        let opts = itcp_mh::MhOptions::new()
+            .gateway(SocketAddr::from((lab::addr::CELL_GW, 1080)))
+            .token_file(token);
+        let mut s = in_netns(&mh_ns, || {
+            itcp_mh::ItcpStream::connect_with(&opts, fh.as_str())
+        })
+        .map_err(|e| format!("connect: {e}"))?;
+        let mut check = StreamCheck::new(seed);
+        let mut buf = vec![0u8; 64 * 1024];
+        let (mut total, mut reads) = (0u64, Vec::new());
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => return Ok((total, reads)),
+                Ok(n) => {
+                    reads.push(mono_ns());
+                    check.check(&buf[..n]).map_err(|m| m.to_string())?;
+                    total += n as u64;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(format!("read at byte {total}: {e}")),
+            }
+        }
+    });
+
+    std::thread::sleep(Duration::from_millis(1000));
+    let mut at = 1;
+    for i in 0..moves {
+        let to = 3 - at;
+        let gap = Duration::from_millis(300 + 50 * (i as u64 % 5));
+        lab.assoc(&[]).unwrap();
+        std::thread::sleep(gap);
+        lab.assoc(&[to]).unwrap();
+        // The move completes (the agent reports it), then the MH stays a while: long
+        // enough that the other MSR counts as newly heard at the next move.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while lab
+            .agent_events()
+            .iter()
+            .filter(|e| e["event"] == "moved")
+            .count()
+            <= i
+        {
+            assert!(
+                Instant::now() < deadline,
+                "move {} not seen\n{}",
+                i + 1,
+                diag(&lab)
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        std::thread::sleep(Duration::from_millis(1200));
+        at = to;
+    }
+    let (total, reads) = reader
+        .join()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("reader: {e}\n{}", diag(&lab)));
+    let (_, out, err) = lab.wait(sender, Duration::from_secs(30)).unwrap();
+    let send: SendReport =
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("sender: {e}: {err}"));
+    assert!(send.ok, "sender: {:?}\n{}", send.error, diag(&lab));
+    assert_eq!(total, send.bytes, "every byte sent was read, verified");
+    let rsts = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
+    assert_eq!(rsts, ((0, 0), (0, 0)), "RSTs at FH and MH\n{}", diag(&lab));
+
+    // Joins: an association with a cell right after a blackout.
+    let events: Vec<AssocEvent> = lab.emu_status().unwrap().events;
+    let joins: Vec<u64> = events
+        .windows(2)
+        .filter(|w| w[0].cells.is_empty() && !w[1].cells.is_empty())
+        .map(|w| w[1].t_ns)
+        .collect();
+    assert_eq!(joins.len(), moves, "{events:?}");
+    let ms: Vec<f64> = joins
+        .iter()
+        .map(|&t| {
+            let first = reads
+                .iter()
+                .find(|&&r| r > t)
+                .expect("bytes after every move");
+            (first - t) as f64 / 1e6
+        })
+        .collect();
+    // Where the time goes: the new MSRs' handoff records (wall clock, µs) against the
+    // joins (monotonic clock).
+    let wall_minus_mono_us = {
+        let wall = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_micros() as i64;
+        wall - (mono_ns() / 1000) as i64
+    };
+    let mut news: Vec<itcp_handoff::log::Record> = (1..=2)
+        .flat_map(|k| lab.handoff_records(k))
+        .filter(|r| r.role == itcp_handoff::log::Role::New)
+        .collect();
+    news.sort_by_key(|r| r.phases.greeting);
+    for (i, (&t, m)) in joins.iter().zip(&ms).enumerate() {
+        let join_us = (t / 1000) as i64 + wall_minus_mono_us;
+        let since = |p: Option<u64>| p.map_or(f64::NAN, |p| (p as i64 - join_us) as f64 / 1000.0);
+        let rec = news.iter().find(|r| {
+            r.phases
+                .greeting
+                .is_some_and(|g| g as i64 >= join_us - 1000)
+        });
+        let p = rec.map(|r| r.phases.clone()).unwrap_or_default();
+        eprintln!(
+            "move {}: from the join, ms: greeting at the new MSR {:.1}, restored {:.1}, resumed {:.1}, first byte {m:.1} ({} KiB moved)",
+            i + 1,
+            since(p.greeting),
+            since(p.restored),
+            since(p.resumed),
+            rec.and_then(|r| r.bytes_moved).unwrap_or(0) / 1024,
+        );
+    }
+    let mut sorted = ms.clone();
+    sorted.sort_by(f64::total_cmp);
+    let median_ms = itcp_testbed::report::median(&sorted);
+    let p95_ms = sorted[((sorted.len() as f64 * 0.95).ceil() as usize).clamp(1, sorted.len()) - 1];
+    FirstBytes {
+        ms,
+        median_ms,
+        p95_ms,
+    }
+}
+
+#[test]
+fn solicitation_on_link_up_brings_the_first_byte_within_50_ms_of_association() {
+    let r = moves_to_first_byte(21, 10, &[]);
+    eprintln!(
+        "solicitation, 10 non-overlapped moves on the LAN profile: association → first byte \
+         median {:.1} ms, p95 {:.1} ms (each: {:.1?})",
+        r.median_ms, r.p95_ms, r.ms
+    );
+    assert!(
+        r.median_ms < 50.0,
+        "median {:.1} ms: {:.1?}",
+        r.median_ms,
+        r.ms
+    );
+}
+
+/// The same moves with the agent waiting for the MSRs' beacons (every 1 s): the first
+/// byte comes up to a beacon interval later. Shows what solicitation saves; slow, so
+/// run on demand (`-- --ignored`).
+#[test]
+#[ignore]
+fn without_solicitation_the_first_byte_waits_for_a_beacon() {
+    let r = moves_to_first_byte(21, 10, &["--no-solicit"]);
+    eprintln!(
+        "beacons only (1 s), 10 non-overlapped moves on the LAN profile: association → first \
+         byte median {:.1} ms, p95 {:.1} ms (each: {:.1?})",
+        r.median_ms, r.p95_ms, r.ms
+    );
+    assert!(
+        r.median_ms > 100.0,
+        "median {:.1} ms: {:.1?}",
+        r.median_ms,
+        r.ms
+    );
+}

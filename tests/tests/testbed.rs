@@ -214,6 +214,78 @@ fn blackout_shows_as_a_stall_of_at_least_the_gap() {
     );
 }
 
+/// The MH's air0 has carrier exactly while the MH is in a cell, and the MH's kernel
+/// says so on rtnetlink at once when the MH joins a cell (what the agent's link-up
+/// solicitation relies on; a carrier loss may be announced up to 1 s late, the kernel's
+/// link-watch rate limit).
+#[test]
+fn the_mhs_carrier_follows_its_association_and_is_announced_at_once() {
+    use itcp_mh::link::{LinkEvent, LinkWatch};
+    let _g = serial();
+    let lab = Lab::new(LabConfig::default()).unwrap();
+    let mut w = sys::in_netns(&lab.ns(Host::Mh), || LinkWatch::open("air0")).unwrap();
+    let flags = || {
+        let out = lab
+            .run(Host::Mh, "ip", &["-o", "link", "show", "air0"])
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // Waits for the next link event, returns it and how long after `t0` it came.
+    let next = |w: &mut LinkWatch, t0: u64| -> (LinkEvent, f64) {
+        let deadline = Instant::now() + Duration::from_secs(3);
+        loop {
+            if let Some(&e) = w.read().unwrap().first() {
+                return (e, (sys::mono_ns() - t0) as f64 / 1e6);
+            }
+            assert!(Instant::now() < deadline, "no link event in 3 s");
+            sys::poll_readable(&[w.fd()], Some(10_000_000)).unwrap();
+        }
+    };
+    assert_eq!(
+        next(&mut w, sys::mono_ns()).0,
+        LinkEvent::Up,
+        "up at start (cell 1)"
+    );
+    assert!(flags().contains("LOWER_UP"), "{}", flags());
+    let mut ups = Vec::new();
+    for (i, cells) in [
+        vec![2],
+        vec![],
+        vec![1],
+        vec![],
+        vec![1, 2],
+        vec![],
+        vec![2],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // More than a second apart, so that the kernel's rate limit on losses (one
+        // link-watch run per second, system-wide) does not merge a loss with a gain.
+        std::thread::sleep(Duration::from_millis(1100));
+        let t0 = sys::mono_ns();
+        lab.assoc(&cells).unwrap();
+        if i == 0 {
+            // Moving between cells keeps the carrier: nothing to announce.
+            std::thread::sleep(Duration::from_millis(200));
+            assert!(w.read().unwrap().is_empty());
+            assert!(flags().contains("LOWER_UP"));
+            continue;
+        }
+        let (e, ms) = next(&mut w, t0);
+        if cells.is_empty() {
+            assert_eq!(e, LinkEvent::Down);
+            assert!(flags().contains("NO-CARRIER"), "{}", flags());
+        } else {
+            assert_eq!(e, LinkEvent::Up);
+            assert!(flags().contains("LOWER_UP"), "{}", flags());
+            ups.push(ms);
+        }
+    }
+    eprintln!("association → carrier up announced: {ups:.2?} ms");
+    assert!(ups.iter().all(|&ms| ms < 20.0), "{ups:?}");
+}
+
 #[test]
 fn overlapped_handoff_shows_no_stall() {
     let _g = serial();
@@ -363,6 +435,51 @@ fn regular_tcp_baseline_reroutes_on_beacons() {
         );
     }
     assert!(o.coverage < 1.0 && o.coverage > 0.7, "{}", o.coverage);
+}
+
+/// With solicitation the baseline's MH hears the new MSR within milliseconds of
+/// entering its cell, as the I-TCP agent does, instead of up to a beacon interval.
+#[test]
+fn regular_tcp_baseline_with_solicitation_hears_the_new_msr_at_once() {
+    let _g = serial();
+    let mut net = Net::lan();
+    net.cell.loss = Loss::None;
+    let o = scenario::run(&Run {
+        net,
+        cells: Cells::NonOverlapped {
+            period_s: 2.0,
+            gap_s: 0.4,
+        },
+        mode: Mode::RegularTcp(MobileIpOpts {
+            solicit: true,
+            ..MobileIpOpts::default()
+        }),
+        traffic: Traffic {
+            bytes: 1_500_000,
+            buf: Some(16 * 1024),
+            cc: Some("reno".into()),
+        },
+        seed: 6,
+        msrs: 2,
+        timeout: Duration::from_secs(120),
+    })
+    .unwrap();
+    assert!(o.recv.ok, "{:?}", o.recv.error);
+    assert!(o.registrations.len() >= 2, "{:?}", o.registrations);
+    let mut ms = Vec::new();
+    for g in &o.registrations {
+        let entered = o
+            .events
+            .iter()
+            .filter(|e| e.cells == vec![g.msr] && e.t_ns <= g.heard_ns)
+            .map(|e| e.t_ns)
+            .max()
+            .expect("heard an MSR whose cell the MH never entered");
+        ms.push((g.heard_ns - entered) as f64 / 1e6);
+    }
+    eprintln!("entered the cell → heard its MSR: {ms:.1?} ms");
+    // Solicitation up, advertisement down: two 2 ms hops and a little serialization.
+    assert!(ms.iter().all(|&m| m < 30.0), "{ms:?}");
 }
 
 #[test]

@@ -218,8 +218,9 @@ void itcp_set_event_callback(itcp_event_cb cb, void *user);
  * interface is the wireless interface (e.g. "air0"), mh_addr the MH's address.
  * options is NULL or "key=value" items separated by commas or spaces: policy=eager
  * or lazy, hysteresis_ms, beacon_interval_ms, greet_retry_ms, greet_timeout_ms,
- * beacon_port (4345), greet_port (4346). The gateway and token come from the
- * configuration, as for itcp_connect.
+ * solicit=1 or 0 (ask for a beacon when the interface's carrier comes up instead of
+ * waiting for the next one; default 1), beacon_port (4345), greet_port (4346). The
+ * gateway and token come from the configuration, as for itcp_connect.
  *
  * Returns 0, or -1 with errno: EALREADY (an agent runs in this process), EINVAL (a
  * bad argument or option), EADDRINUSE (the beacon port is taken), EACCES (not

@@ -494,6 +494,13 @@ fn agent_options(cfg: &mut AgentConfig, text: &str) -> io::Result<()> {
             "beacon_interval_ms" => cfg.beacon_interval = Duration::from_millis(num()?.max(1)),
             "greet_retry_ms" => cfg.greet_retry = Duration::from_millis(num()?.max(1)),
             "greet_timeout_ms" => cfg.greet_timeout = Duration::from_millis(num()?),
+            "solicit" => {
+                cfg.solicit = match v {
+                    "1" | "yes" => true,
+                    "0" | "no" => false,
+                    _ => return Err(bad("expected 1 or 0")),
+                }
+            }
             "beacon_port" | "greet_port" => {
                 let p = u16::try_from(num()?).map_err(|_| bad("not a port"))?;
                 if k == "beacon_port" {
@@ -502,7 +509,7 @@ fn agent_options(cfg: &mut AgentConfig, text: &str) -> io::Result<()> {
                     cfg.greet_port = p;
                 }
             }
-            _ => return Err(bad("unknown key (policy, hysteresis_ms, beacon_interval_ms, greet_retry_ms, greet_timeout_ms, beacon_port, greet_port)")),
+            _ => return Err(bad("unknown key (policy, hysteresis_ms, beacon_interval_ms, greet_retry_ms, greet_timeout_ms, solicit, beacon_port, greet_port)")),
         }
     }
     Ok(())
@@ -708,8 +715,9 @@ c_api! {
     /// interface is the wireless interface (e.g. "air0"), mh_addr the MH's address.
     /// options is NULL or "key=value" items separated by commas or spaces: policy=eager
     /// or lazy, hysteresis_ms, beacon_interval_ms, greet_retry_ms, greet_timeout_ms,
-    /// beacon_port (4345), greet_port (4346). The gateway and token come from the
-    /// configuration, as for itcp_connect.
+    /// solicit=1 or 0 (ask for a beacon when the interface's carrier comes up instead of
+    /// waiting for the next one; default 1), beacon_port (4345), greet_port (4346). The
+    /// gateway and token come from the configuration, as for itcp_connect.
     ///
     /// Returns 0, or -1 with errno: EALREADY (an agent runs in this process), EINVAL (a
     /// bad argument or option), EADDRINUSE (the beacon port is taken), EACCES (not
@@ -907,6 +915,10 @@ mod tests {
         assert_eq!(errno_and_msg(&e).0, libc::EINVAL);
         assert!(agent_options(&mut cfg, "greet_port=70000").is_err());
         assert!(agent_options(&mut cfg, "").is_ok());
+        assert!(cfg.solicit);
+        agent_options(&mut cfg, "solicit=0").unwrap();
+        assert!(!cfg.solicit);
+        assert!(agent_options(&mut cfg, "solicit=maybe").is_err());
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! itcp-mh-agent --interface air0 --mh 10.2.0.100 [--config /etc/itcp/mh.toml]
 //!               [--gateway 10.2.0.1] [--policy eager|lazy] [--hysteresis-ms 2000]
 //!               [--beacon-interval-ms 1000] [--beacon-port 4345] [--greet-port 4346]
-//!               [--token-file PATH]
+//!               [--token-file PATH] [--no-solicit]
 //! ```
 //! The gateway defaults to the config file's, else the default route's; the token comes
 //! from `--token-file`, the config file's `token_file`, `ITCP_TOKEN`, `ITCP_TOKEN_FILE`
@@ -31,12 +31,18 @@ static SPEC: Spec = Spec {
     about: "the mobility agent of an I-TCP mobile host",
     synopsis: &["--interface IF --mh ADDR [--config FILE] [--gateway ADDR]
 [--policy eager|lazy] [--hysteresis-ms MS] [--beacon-interval-ms MS]
-[--beacon-port PORT] [--greet-port PORT] [--token-file PATH]"],
+[--beacon-port PORT] [--greet-port PORT] [--token-file PATH] [--no-solicit]"],
     description: "\
 itcp-mh-agent runs on a mobile host (MH). It listens on its wireless interface for the
 beacons of the mobility support routers (MSRs), chooses a cell with the given policy,
 greets the new cell's MSR (which then fetches the MH's connections from the old one)
 and points the MH's route to the I-TCP gateway at it.
+
+It does not wait for the next beacon when the interface associates with a cell: it
+watches the interface's carrier (rtnetlink) and, when it comes up, broadcasts a
+solicitation to the MSRs' greeting port at once and twice more 20 ms apart unless a
+beacon arrives first; the MSRs in the cell answer with their beacon at once. It also
+solicits when it starts on an interface that has carrier.
 
 It prints one JSON object per line on stdout for each event: attached, moved,
 move_failed, refused, lost, regained. Applications reach the gateway with the MH
@@ -100,6 +106,11 @@ configuration file wins over the built-in defaults.",
             "PATH",
             "Read (or create) the MH session token in this file.",
         ),
+        Flag::switch(
+            "no-solicit",
+            "Do not solicit a beacon when the interface's carrier comes up: wait for the \
+             MSRs' periodic beacons (up to a beacon interval after each move).",
+        ),
     ],
     commands: &[],
     sections: &[
@@ -148,6 +159,7 @@ struct Opts {
     beacon_port: Option<u16>,
     greet_port: Option<u16>,
     token_file: Option<String>,
+    no_solicit: bool,
 }
 
 fn parse(mut a: Args) -> itcp_cli::Result<Opts> {
@@ -171,6 +183,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Opts> {
             Arg::Flag("beacon-port") => o.beacon_port = Some(a.port("beacon-port")?),
             Arg::Flag("greet-port") => o.greet_port = Some(a.port("greet-port")?),
             Arg::Flag("token-file") => o.token_file = Some(a.value("token-file")?),
+            Arg::Flag("no-solicit") => o.no_solicit = true,
             other => return Err(a.unexpected(other)),
         }
     }
@@ -243,6 +256,7 @@ fn main() -> ExitCode {
     if let Some(v) = o.greet_port {
         cfg.greet_port = v;
     }
+    cfg.solicit = !o.no_solicit;
     let mut agent = match Agent::new(cfg) {
         Ok(a) => a,
         Err(e) => return fail(e),
@@ -297,6 +311,9 @@ mod tests {
         .unwrap();
         assert_eq!(o.policy, Some(Policy::Lazy));
         assert_eq!((o.beacon_port, o.hysteresis_ms), (Some(65535), Some(0)));
+        assert!(!o.no_solicit);
+        let o = p(&["--interface", "air0", "--mh", "10.2.0.100", "--no-solicit"]).unwrap();
+        assert!(o.no_solicit);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The greeting server: one UDP socket per cell interface (a greeting from the fixed
 //! LAN or any other interface never reaches msrd). What a greeting may do is decided
 //! by `itcp_handoff::greet::decide`; this file answers and carries out the decision.
+//! Solicitations arrive on the same port and go to the beacons (`crate::beacon`).
 
 use std::io;
 use std::net::SocketAddr;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use itcp_handoff::greet::{self, Context, Decision, MhView};
+use itcp_proto::beacon::Solicitation;
 use itcp_proto::greeting::{parse_greet_msg, GreetReply, GreetStatus, MAX_DATAGRAM};
 use tokio::net::UdpSocket;
 use tracing::{debug, info, warn};
@@ -78,6 +80,10 @@ fn bind_any(s: &std::net::UdpSocket, port: u16) -> io::Result<()> {
 /// Serves MH greetings arriving on one cell interface.
 pub async fn serve_greetings(d: Arc<Daemon>, sock: UdpSocket) {
     let sock = Arc::new(sock);
+    let ifname = sockopt::bound_device(sock.as_raw_fd())
+        .ok()
+        .flatten()
+        .unwrap_or_default();
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
     loop {
         let (n, from) = match sock.recv_from(&mut buf).await {
@@ -88,6 +94,10 @@ pub async fn serve_greetings(d: Arc<Daemon>, sock: UdpSocket) {
                 continue;
             }
         };
+        if let Ok(s) = Solicitation::parse(&buf[..n]) {
+            crate::beacon::on_solicitation(d.beacons.get().map(|a| &**a), &ifname, from, s);
+            continue;
+        }
         let h = d.handoff.as_ref().unwrap();
         match parse_greet_msg(&buf[..n]) {
             Ok(msg) => on_greeting(&d, &sock, from, msg.greeting).await,

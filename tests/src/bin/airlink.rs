@@ -31,7 +31,9 @@ static SPEC: Spec = Spec {
 airlink holds one TAP device per emulated port, created in the network namespaces of a
 testbed lab (itcp-lab(1) starts it), and carries frames between them through emulated
 links and cells: bandwidth, delay, loss models, bandwidth traces (mahimahi format, with
-\"trace_file\": PATH), and cell association of the mobile host.
+\"trace_file\": PATH), and cell association of the mobile host. An MH's TAP device has
+carrier while the MH is in at least one cell and none while it is in no cell, as a
+wireless NIC reports association.
 
 It prints 'ready' on stdout once every device exists and the control socket listens,
 then answers JSON-line requests on the control socket (itcp-lab ctl). It dies with its
@@ -120,6 +122,8 @@ fn run(config: String, control: String) -> Result<(), String> {
         .map_err(|e| format!("port {}: {e}", p.name))?;
         taps.push(fd);
     }
+    // Each MH's carrier as its initial association says.
+    apply_carrier(&mut emu, &taps);
     let _ = std::fs::remove_file(&control);
     let listener = UnixListener::bind(&control).map_err(|e| format!("{control}: {e}"))?;
     listener.set_nonblocking(true).map_err(|e| e.to_string())?;
@@ -133,6 +137,7 @@ fn run(config: String, control: String) -> Result<(), String> {
     loop {
         let now = sys::mono_ns();
         emu.advance(now, &mut out);
+        apply_carrier(&mut emu, &taps);
         for (port, f) in out.drain(..) {
             if sys::write_frame(taps[port].as_raw_fd(), &f).is_err() {
                 // EIO while the interface is down: the frame is lost like on a dead link.
@@ -173,6 +178,7 @@ fn run(config: String, control: String) -> Result<(), String> {
                         while let Some(pos) = c.buf.iter().position(|&b| b == b'\n') {
                             let line: Vec<u8> = c.buf.drain(..=pos).collect();
                             let reply = answer(&mut emu, &line, write_errors);
+                            apply_carrier(&mut emu, &taps);
                             let mut w = serde_json::to_vec(&reply).expect("replies serialize");
                             w.push(b'\n');
                             if c.stream.write_all(&w).is_err() {
@@ -188,6 +194,17 @@ fn run(config: String, control: String) -> Result<(), String> {
         closed.dedup();
         for i in closed.into_iter().rev() {
             clients.remove(i);
+        }
+    }
+}
+
+/// Sets the carrier changes the emulator recorded on the MHs' TAP devices, at once:
+/// association changes reach the MH the way a NIC reports them. A failure is logged
+/// (the frames still follow the association).
+fn apply_carrier(emu: &mut Emulator, taps: &[OwnedFd]) {
+    for (port, on) in emu.take_carrier_changes() {
+        if let Err(e) = sys::set_carrier(taps[port].as_raw_fd(), on) {
+            eprintln!("airlink: port {}: {e}", emu.port_names()[port]);
         }
     }
 }

@@ -18,10 +18,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use itcp_cli::{Arg, Args, Command, Flag, Section, Spec};
+use itcp_mh::mobility::Policy;
 use itcp_testbed::baseline::MobileIpOpts;
 use itcp_testbed::lab::{self, Host, Lab, LabConfig};
 use itcp_testbed::report::{self, Table};
-use itcp_testbed::scenario::{self, Cells, Mode, Net, Run, Traffic};
+use itcp_testbed::scenario::{self, Cells, Detection, Mode, Net, Run, Traffic};
 
 const SEEDS: Flag = Flag::value(
     "seeds",
@@ -37,6 +38,13 @@ const SCALE: Flag = Flag::value(
     "scale",
     "F",
     "Transfer size factor, greater than 0: 4 MB (LAN) and 2 MB (WAN) times F (default 1).",
+);
+const DETECTION: Flag = Flag::value(
+    "detection",
+    "beacon|solicit",
+    "How the MH notices a move, the same in both modes: beacon, the MSRs' periodic beacons \
+     every 1 s as in the paper (default); solicit, link-up solicitation (the MH asks for a \
+     beacon when its carrier comes up in a cell, the MSRs answer at once).",
 );
 const JSON_OUT: Flag = Flag::value(
     "json",
@@ -70,7 +78,7 @@ run's lab is removed by 'itcp-lab cleanup'.",
         Command {
             name: "bench baseline",
             synopsis: "[--seeds N] [--nets lan,wan] [--scale F] [--buf BYTES|auto]
-[--cc NAME|default] [--json FILE]",
+[--cc NAME|default] [--detection beacon|solicit] [--json FILE]",
             about: "Regular TCP (plain routers + Mobile-IP-like rerouting) in the paper's four \
                     cell configurations. Defaults: 1 seed, both nets, 4 MB (LAN) / 2 MB (WAN) \
                     scaled by F=1, 16 KiB buffers, reno.",
@@ -88,6 +96,7 @@ run's lab is removed by 'itcp-lab cleanup'.",
                     "NAME|default",
                     "The FH's congestion control (default reno; default: the kernel's).",
                 ),
+                DETECTION,
                 JSON_OUT,
             ],
         },
@@ -122,7 +131,7 @@ run's lab is removed by 'itcp-lab cleanup'.",
             name: "bench paper",
             synopsis: "[--seeds 5] [--scale 1] [--parallel 2] [--variants era,modern]
 [--nets lan,wan] [--others yes|no] [--sweep yes|no] [--msrd 'TOML']
-[--out docs]",
+[--detection beacon|solicit] [--out docs]",
             about: "The paper's Tables 1-2 (regular TCP vs I-TCP with handoffs), seeds 000/003 \
                     scenarios, optional sweep; writes docs/results.md and docs/results/*.svg.",
             flags: &[
@@ -146,6 +155,7 @@ run's lab is removed by 'itcp-lab cleanup'.",
                     "TOML",
                     "Appended to every msrd config of the I-TCP runs ('\\n' for newlines).",
                 ),
+                DETECTION,
                 Flag::value("out", "DIR", "Where results.md and results/*.svg go (default docs)."),
             ],
         },
@@ -286,6 +296,7 @@ struct Baseline {
     scale: f64,
     buf: Option<usize>,
     cc: Option<String>,
+    detection: Detection,
     json_out: Option<String>,
 }
 
@@ -298,6 +309,11 @@ struct NoMoves {
 
 fn yes_no(a: &mut Args, flag: &str) -> itcp_cli::Result<bool> {
     Ok(a.choice(flag, &["yes", "no"])? == "yes")
+}
+
+fn detection(a: &mut Args) -> itcp_cli::Result<Detection> {
+    let v = a.choice("detection", &["beacon", "solicit"])?;
+    Ok(Detection::parse(v).expect("a listed choice"))
 }
 
 fn nets(a: &mut Args) -> itcp_cli::Result<Vec<Net>> {
@@ -326,6 +342,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
                 scale: 1.0,
                 buf: Some(16 * 1024),
                 cc: Some("reno".to_string()),
+                detection: Detection::Beacon,
                 json_out: None,
             };
             while let Some(arg) = a.next()? {
@@ -348,6 +365,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
                     }
                     Arg::Flag("json") => o.json_out = Some(a.value("json")?),
                     Arg::Flag("nets") => o.nets = nets(&mut a)?,
+                    Arg::Flag("detection") => o.detection = detection(&mut a)?,
                     other => return Err(a.unexpected(other)),
                 }
             }
@@ -393,6 +411,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
                 other_seeds: true,
                 sweep: false,
                 msrd_extra: String::new(),
+                detection: Detection::Beacon,
                 out: "docs".into(),
             };
             while let Some(arg) = a.next()? {
@@ -417,6 +436,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
                     Arg::Flag("others") => o.other_seeds = yes_no(&mut a, "others")?,
                     Arg::Flag("sweep") => o.sweep = yes_no(&mut a, "sweep")?,
                     Arg::Flag("msrd") => o.msrd_extra = a.value("msrd")?.replace("\\n", "\n"),
+                    Arg::Flag("detection") => o.detection = detection(&mut a)?,
                     Arg::Flag("out") => o.out = a.value("out")?.into(),
                     other => return Err(a.unexpected(other)),
                 }
@@ -592,15 +612,12 @@ fn demo(seed: u64) -> Result<(), String> {
     };
     println!("== I-TCP: msrd on both MSRs splits the connection; the MH's agent greets the new");
     println!("   MSR, which fetches the connection (TCP_REPAIR) from the old one.");
-    let itcp = scenario::run(&run(Mode::Itcp {
-        msrd_extra: String::new(),
-        agent: vec![],
-    }))
-    .map_err(|e| e.to_string())?;
+    // Both modes detect moves the same way: by the MSRs' beacons, as in the paper.
+    let [regular_mode, itcp_mode] = Detection::Beacon.modes(Policy::Eager, "", &[]);
+    let itcp = scenario::run(&run(itcp_mode)).map_err(|e| e.to_string())?;
     print!("{}", report::describe(&itcp));
     println!("\n== Regular TCP, same network and moves: plain routers, Mobile-IP-like rerouting.");
-    let regular = scenario::run(&run(Mode::RegularTcp(MobileIpOpts::default())))
-        .map_err(|e| e.to_string())?;
+    let regular = scenario::run(&run(regular_mode)).map_err(|e| e.to_string())?;
     print!("{}", report::describe(&regular));
     println!(
         "\nI-TCP {:.1} KB/s vs regular TCP {:.1} KB/s: ratio {:.2}",
@@ -624,6 +641,7 @@ fn bench_baseline(o: Baseline) -> Result<(), String> {
         scale,
         buf,
         cc,
+        detection,
         json_out,
     } = o;
     let mut table = Table::default();
@@ -636,7 +654,7 @@ fn bench_baseline(o: Baseline) -> Result<(), String> {
                 let run = Run {
                     net: net.clone(),
                     cells: cells.clone(),
-                    mode: Mode::RegularTcp(MobileIpOpts::default()),
+                    mode: Mode::RegularTcp(detection.mobile_ip(Policy::Eager)),
                     traffic: Traffic {
                         bytes,
                         buf,
@@ -988,6 +1006,16 @@ mod tests {
         assert!(
             matches!(p(&["bench", "paper", "--msrd", "a\\nb"]), Ok(Job::Paper(ref o)) if o.msrd_extra == "a\nb")
         );
+        assert!(
+            matches!(p(&["bench", "paper"]), Ok(Job::Paper(ref o)) if o.detection == Detection::Beacon)
+        );
+        assert!(
+            matches!(p(&["bench", "paper", "--detection", "solicit"]), Ok(Job::Paper(ref o)) if o.detection == Detection::Solicit)
+        );
+        assert!(
+            matches!(p(&["bench", "baseline", "--detection", "solicit"]), Ok(Job::Baseline(ref o)) if o.detection == Detection::Solicit)
+        );
+        assert!(p(&["bench", "paper", "--detection", "network"]).is_err());
         // Errors.
         assert!(p(&["bench", "baseline", "--scale", "0"]).is_err());
         assert!(p(&["bench", "baseline", "--seeds", "0"]).is_err());

@@ -19,6 +19,12 @@
 //! association and its own flushes. A frame from a cell goes to the MH whose MAC it is
 //! addressed to (broadcast: to every MH in the cell). Cells do not share capacity
 //! between MHs: each MH sees the cell's rate on its own links.
+//!
+//! Carrier: an MH's port has carrier while the MH is in at least one cell and none
+//! while it is in no cell, as a wireless NIC reports association to its host. The
+//! emulator only records the changes ([`Emulator::take_carrier_changes`]); the binary
+//! sets them on the MH's TAP device (TUNSETCARRIER), so the MH's kernel announces them
+//! on rtnetlink (IFF_LOWER_UP) like any NIC's.
 
 pub mod link;
 pub mod schedule;
@@ -330,6 +336,12 @@ pub struct Emulator {
     schedule: Option<Running>,
     /// MH 1's association history.
     events: Vec<AssocEvent>,
+    /// Port of MH j.
+    mh_ports: Vec<usize>,
+    /// Carrier last reported for MH j's port (None: not reported yet).
+    carrier: Vec<Option<bool>>,
+    /// Carrier changes not yet taken by the binary: (port, carrier on).
+    carrier_changes: Vec<(usize, bool)>,
     /// Unicast frames from an MH that never joined a cell, to no cell's MAC.
     pub mh_unknown_dst: u64,
     /// Unicast frames from a cell addressed to no MH (several MHs only).
@@ -399,6 +411,7 @@ impl Emulator {
         let mut assoc = Vec::new();
         let mut air_links = Vec::new();
         let mut mh_macs = Vec::new();
+        let mut mh_ports = Vec::new();
         if let Some(air) = &topo.air {
             let mut cell_ports = Vec::new();
             for (i, c) in air.cells.iter().enumerate() {
@@ -416,6 +429,7 @@ impl Emulator {
             for (j, name) in std::iter::once(&air.mh).chain(&air.mhs).enumerate() {
                 let mh = port(name)?;
                 claim(mh, Role::Mh(j))?;
+                mh_ports.push(mh);
                 let mac = match topo.ports[mh].mac.as_deref() {
                     Some(m) => Some(parse_mac(m)?),
                     None if several => {
@@ -461,6 +475,9 @@ impl Emulator {
             join_seq: 0,
             schedule: None,
             events: Vec::new(),
+            carrier: vec![None; mh_ports.len()],
+            mh_ports,
+            carrier_changes: Vec::new(),
             mh_unknown_dst: 0,
             cell_unknown_dst: 0,
         };
@@ -500,6 +517,11 @@ impl Emulator {
             }
             self.assoc[j][i] = inside;
         }
+        let on = self.assoc[j].iter().any(|&a| a);
+        if self.carrier[j] != Some(on) {
+            self.carrier[j] = Some(on);
+            self.carrier_changes.push((self.mh_ports[j], on));
+        }
         if j == 0 {
             self.events.push(AssocEvent {
                 t_ns: now,
@@ -507,6 +529,19 @@ impl Emulator {
             });
         }
         Ok(())
+    }
+
+    /// Carrier changes of the MHs' ports since the last call, in order: (port, carrier
+    /// on). The first call after [`Emulator::new`] reports every MH's initial carrier.
+    /// Call it after [`Emulator::handle`] and [`Emulator::advance`] and apply the
+    /// changes to the devices.
+    pub fn take_carrier_changes(&mut self) -> Vec<(usize, bool)> {
+        std::mem::take(&mut self.carrier_changes)
+    }
+
+    /// Whether MH `j`'s (0-based) port has carrier: it is in at least one cell.
+    pub fn carrier(&self, j: usize) -> bool {
+        self.carrier.get(j).copied().flatten().unwrap_or(false)
     }
 
     /// The cells MH 1 is in.
@@ -960,6 +995,81 @@ mod tests {
             ev.iter().map(|e| e.t_ns).collect::<Vec<_>>(),
             vec![0, 0, 1_000_000_000, 1_500_000_000]
         );
+    }
+
+    #[test]
+    fn carrier_follows_association() {
+        let mut e = Emulator::new(&topo(), 0).unwrap();
+        // The MH (port 4) starts in cell 1: carrier on, reported once.
+        assert_eq!(e.take_carrier_changes(), vec![(4, true)]);
+        assert!(e.take_carrier_changes().is_empty());
+        assert!(e.carrier(0));
+        let assoc = |e: &mut Emulator, t: u64, cells: Vec<usize>| {
+            assert!(e.handle(t, Request::Assoc { cells, mh: None }).ok);
+        };
+        // Moving between cells, or into an overlap, keeps the carrier: no change.
+        assoc(&mut e, 1, vec![1, 2]);
+        assoc(&mut e, 2, vec![2]);
+        assert!(e.take_carrier_changes().is_empty());
+        // Blackout: carrier off; back in a cell: on.
+        assoc(&mut e, 3, vec![]);
+        assert!(!e.carrier(0));
+        assoc(&mut e, 4, vec![]);
+        assoc(&mut e, 5, vec![1]);
+        assert_eq!(e.take_carrier_changes(), vec![(4, false), (4, true)]);
+        // A refused request changes nothing.
+        assert!(
+            !e.handle(
+                6,
+                Request::Assoc {
+                    cells: vec![7],
+                    mh: None
+                }
+            )
+            .ok
+        );
+        assert!(e.take_carrier_changes().is_empty());
+        // A schedule with gaps: off at each gap's start, on at its end.
+        e.handle(
+            10,
+            Request::Schedule {
+                schedule: Schedule {
+                    cells: vec![1, 2],
+                    period_s: 1.0,
+                    crossing: Crossing::Gap { gap_s: 0.5 },
+                    max_switches: Some(2),
+                },
+                start_in_s: 0.0,
+            },
+        );
+        assert!(e.take_carrier_changes().is_empty());
+        step(&mut e, 1_200_000_000);
+        assert_eq!(e.take_carrier_changes(), vec![(4, false)]);
+        step(&mut e, 1_600_000_000);
+        assert_eq!(e.take_carrier_changes(), vec![(4, true)]);
+        // Both edges of the second gap in one advance: both reported, in order.
+        step(&mut e, 3_000_000_000);
+        assert_eq!(e.take_carrier_changes(), vec![(4, false), (4, true)]);
+    }
+
+    #[test]
+    fn every_mh_has_its_own_carrier_and_a_blackout_start_is_reported() {
+        let mut t = two_mhs();
+        t.air.as_mut().unwrap().initial = vec![];
+        let mut e = Emulator::new(&t, 0).unwrap();
+        assert_eq!(e.take_carrier_changes(), vec![(4, false), (5, false)]);
+        assert!(
+            e.handle(
+                1,
+                Request::Assoc {
+                    cells: vec![2],
+                    mh: Some(2)
+                }
+            )
+            .ok
+        );
+        assert_eq!(e.take_carrier_changes(), vec![(5, true)]);
+        assert!(!e.carrier(0) && e.carrier(1));
     }
 
     #[test]
