@@ -39,6 +39,9 @@ pub struct AgentConfig {
     pub interface: String,
     /// The MH's address (what its connections use).
     pub mh: IpAddr,
+    /// The MH's other addresses (a dual-stack MH's IPv6 address): each is greeted
+    /// alongside `mh` at every move, so the connections that use it move too.
+    pub more_mh: Vec<IpAddr>,
     /// The cell gateway address every MSR shares (`10.2.0.1`).
     pub gateway: IpAddr,
     /// The MH's session token (proof in greetings).
@@ -73,6 +76,7 @@ impl AgentConfig {
         AgentConfig {
             interface: interface.into(),
             mh,
+            more_mh: Vec::new(),
             gateway,
             token,
             beacon_port: 4345,
@@ -146,29 +150,27 @@ fn nonce() -> io::Result<[u8; 16]> {
     Ok(crate::token::random_token()?.0)
 }
 
-/// Points the gateway address at `mac` (`ip neigh replace … nud permanent`).
+/// Points the gateway address at `mac` (a permanent neighbour entry, set over
+/// rtnetlink: no process runs on the move's path).
 pub fn point_gateway(gateway: IpAddr, mac: &str, interface: &str) -> io::Result<()> {
-    let out = std::process::Command::new("ip")
-        .args([
-            "neigh",
-            "replace",
-            &gateway.to_string(),
-            "lladdr",
-            mac,
-            "dev",
-            interface,
-            "nud",
-            "permanent",
-        ])
-        .output()
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot run ip: {e}")))?;
-    if !out.status.success() {
-        return Err(io::Error::other(format!(
-            "ip neigh replace {gateway} lladdr {mac} dev {interface}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
-    }
-    Ok(())
+    let m = crate::neigh::parse_mac(mac).ok_or_else(|| {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("beacon MAC {mac:?} is not a MAC address"),
+        )
+    })?;
+    crate::neigh::replace_permanent(gateway, m, interface)
+}
+
+/// A greeting for one of the MH's other addresses, retransmitted alongside the main
+/// one until its MSR answers for good (its outcome is the main move's).
+struct Sibling {
+    mh: IpAddr,
+    to: String,
+    msg: Vec<u8>,
+    nonce: String,
+    t0: Instant,
+    last_sent: Option<Instant>,
 }
 
 /// The agent: call [`Agent::run`] on a thread of its own.
@@ -176,6 +178,9 @@ pub struct Agent {
     cfg: AgentConfig,
     beacons: UdpSocket,
     greet: UdpSocket,
+    /// Greetings for the MH's IPv6 address go out from it (the MSR checks the source).
+    greet6: Option<UdpSocket>,
+    siblings: Vec<Sibling>,
     det: Detector,
     macs: std::collections::HashMap<String, String>,
     pending: Option<Pending>,
@@ -203,6 +208,17 @@ impl Agent {
         bind_to_device(&greet, &cfg.interface)?;
         beacons.set_nonblocking(true)?;
         greet.set_nonblocking(true)?;
+        let greet6 = match cfg.more_mh.iter().find(|a| a.is_ipv6()) {
+            Some(a6) => {
+                let s = UdpSocket::bind(SocketAddr::new(*a6, 0)).map_err(|e| {
+                    io::Error::new(e.kind(), format!("greeting socket on {a6}: {e}"))
+                })?;
+                bind_to_device(&s, &cfg.interface)?;
+                s.set_nonblocking(true)?;
+                Some(s)
+            }
+            None => None,
+        };
         let det = Detector::new(cfg.policy, cfg.beacon_interval, cfg.hysteresis);
         let link = if cfg.solicit {
             Some(LinkWatch::open(&cfg.interface)?)
@@ -214,6 +230,8 @@ impl Agent {
             cfg,
             beacons,
             greet,
+            greet6,
+            siblings: Vec::new(),
             det,
             macs: Default::default(),
             pending: None,
@@ -244,6 +262,7 @@ impl Agent {
                 wait_ms = wait_ms.min(ns.div_ceil(1_000_000).min(50) as i32);
             }
             let mut fds = vec![self.beacons.as_raw_fd(), self.greet.as_raw_fd()];
+            fds.extend(self.greet6.as_ref().map(|s| s.as_raw_fd()));
             fds.extend(self.link.as_ref().map(LinkWatch::fd));
             poll_fds(&fds, wait_ms.clamp(0, 50))?;
             self.watch_link()?;
@@ -262,6 +281,11 @@ impl Agent {
                 }
             }
             while let Ok((n, _)) = self.greet.recv_from(&mut buf) {
+                if let Ok(r) = serde_json::from_slice::<GreetReply>(&buf[..n]) {
+                    self.on_reply(r, &mut on_event)?;
+                }
+            }
+            while let Some(Ok((n, _))) = self.greet6.as_ref().map(|s| s.recv_from(&mut buf)) {
                 if let Ok(r) = serde_json::from_slice::<GreetReply>(&buf[..n]) {
                     self.on_reply(r, &mut on_event)?;
                 }
@@ -303,15 +327,17 @@ impl Agent {
     }
 
     fn greeting(&self, from: Option<&str>, to: &str) -> io::Result<(Vec<u8>, String)> {
+        self.greeting_for(self.cfg.mh, from, to)
+    }
+
+    fn greeting_for(
+        &self,
+        mh: IpAddr,
+        from: Option<&str>,
+        to: &str,
+    ) -> io::Result<(Vec<u8>, String)> {
         let prev = from.unwrap_or("");
-        let g = Greeting::new(
-            &self.cfg.token.0,
-            self.cfg.mh,
-            prev,
-            to,
-            unix_ms(),
-            nonce()?,
-        );
+        let g = Greeting::new(&self.cfg.token.0, mh, prev, to, unix_ms(), nonce()?);
         let nonce = g.nonce.clone();
         let msg = GreetMsg {
             greeting: g,
@@ -332,6 +358,18 @@ impl Agent {
                 let from = self.attached.clone();
                 let mac = self.macs.get(&to).cloned().unwrap_or_default();
                 let (msg, nonce) = self.greeting(from.as_deref(), &to)?;
+                self.siblings.clear();
+                for &mh in &self.cfg.more_mh {
+                    let (msg, nonce) = self.greeting_for(mh, from.as_deref(), &to)?;
+                    self.siblings.push(Sibling {
+                        mh,
+                        to: to.clone(),
+                        msg,
+                        nonce,
+                        t0: Instant::now(),
+                        last_sent: None,
+                    });
+                }
                 self.pending = Some(Pending {
                     from: from.unwrap_or_default(),
                     to,
@@ -352,7 +390,37 @@ impl Agent {
         }
     }
 
+    /// Sends the siblings' greetings that are due; drops those that timed out.
+    fn retransmit_siblings(&mut self) {
+        let (retry, timeout) = (self.cfg.greet_retry, self.cfg.greet_timeout);
+        self.siblings.retain(|s| s.t0.elapsed() <= timeout);
+        let ifindex = ifindex(&self.cfg.interface);
+        for sib in &mut self.siblings {
+            if sib.last_sent.is_some_and(|t| t.elapsed() < retry) {
+                continue;
+            }
+            // A lost send is retried at the next interval.
+            let _ = match (sib.mh, &self.greet6) {
+                (IpAddr::V6(_), Some(s6)) => {
+                    let all = std::net::SocketAddrV6::new(
+                        std::net::Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1),
+                        self.cfg.greet_port,
+                        0,
+                        ifindex,
+                    );
+                    s6.send_to(&sib.msg, all)
+                }
+                _ => {
+                    let dst = SocketAddr::from((Ipv4Addr::BROADCAST, self.cfg.greet_port));
+                    self.greet.send_to(&sib.msg, dst)
+                }
+            };
+            sib.last_sent = Some(Instant::now());
+        }
+    }
+
     fn retransmit(&mut self, on_event: &mut impl FnMut(Event)) -> io::Result<()> {
+        self.retransmit_siblings();
         let Some(p) = &mut self.pending else {
             return Ok(());
         };
@@ -382,6 +450,17 @@ impl Agent {
     }
 
     fn on_reply(&mut self, r: GreetReply, on_event: &mut impl FnMut(Event)) -> io::Result<()> {
+        // A sibling's answer: only a final one ends it (holding means: wait).
+        if let Some(i) = self
+            .siblings
+            .iter()
+            .position(|s| s.nonce == r.nonce && s.msr_is(&r.msr))
+        {
+            if r.status != GreetStatus::Holding {
+                self.siblings.remove(i);
+            }
+            return Ok(());
+        }
         let Some(p) = &mut self.pending else {
             return Ok(());
         };
@@ -454,6 +533,20 @@ impl Agent {
         }
         Ok(())
     }
+}
+
+impl Sibling {
+    fn msr_is(&self, msr: &str) -> bool {
+        self.to == msr
+    }
+}
+
+/// The interface's index (0 if unknown: the kernel then picks one).
+fn ifindex(ifname: &str) -> u32 {
+    std::ffi::CString::new(ifname)
+        // SAFETY: a NUL-terminated name that lives across the call.
+        .map(|n| unsafe { libc::if_nametoindex(n.as_ptr()) })
+        .unwrap_or(0)
 }
 
 fn bind_to_device(s: &UdpSocket, ifname: &str) -> io::Result<()> {

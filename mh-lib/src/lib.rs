@@ -81,6 +81,7 @@ mod blocking;
 mod handshake;
 pub mod link;
 pub mod mobility;
+pub mod neigh;
 #[cfg(feature = "tokio")]
 pub mod nonblocking;
 pub mod options;

@@ -1317,11 +1317,11 @@ async fn bind_rest(
         ));
         let port = cfg.handoff.greet_port;
         // Greetings are heard on the cells only, never from the fixed LAN.
-        let cells: Vec<String> = cfg.cells.iter().map(|c| c.interface.clone()).collect();
-        let greeters = crate::handoff::greeting::bind(&cells, port)
+        let socks = crate::handoff::greeting::sockets_of(cfg);
+        let greeters = crate::handoff::greeting::bind(&socks, port)
             .map_err(|e| io::Error::new(e.kind(), format!("[handoff] greet_port: {e}")))?;
-        for (ifname, g) in cells.into_iter().zip(greeters) {
-            bound.push((Role::Greeting, ifname, OwnedFd::from(g.into_std()?)));
+        for (gs, g) in socks.iter().zip(greeters) {
+            bound.push((Role::Greeting, gs.name(), OwnedFd::from(g.into_std()?)));
         }
         if let Some(lan) = &cfg.handoff.lan_interface {
             // Proxied ARP replies are otherwise delayed by up to 0.8 s.

@@ -1220,8 +1220,13 @@ impl Lab {
             let events = File::create(self.agent_events_path(j))?;
             let log = File::create(self.agent_log_path(j))?;
             let mh = addr::mh(j).to_string();
+            let mh6 = addr6::mh(j).to_string();
             let gw = addr::CELL_GW.to_string();
             let mut args = vec!["--interface", "air0", "--mh", &mh, "--gateway", &gw];
+            // A dual-stack MH's agent greets for both its addresses.
+            if self.config.ipv6 {
+                args.extend(["--mh", mh6.as_str()]);
+            }
             args.extend_from_slice(agent_args);
             let child = self
                 .command(Host::mh(j), bin_path("itcp-mh-agent"))?

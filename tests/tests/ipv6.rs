@@ -170,3 +170,127 @@ fn passive_open_over_ipv6() {
     assert_eq!(msg, "hello over v6");
     assert_eq!(peer, local, "the MH learns the FH's IPv6 address");
 }
+
+/// Explicit connections of MH 1 at MSR `k`: (IPv4, IPv6).
+fn explicit_at(lab: &Lab, k: usize) -> (usize, usize) {
+    let s = lab.msrd_sessions(k).unwrap_or_default();
+    let n = |v6: bool| {
+        s.iter()
+            .filter(|s| s.kind == itcp_proto::control::Kind::Connect && s.mh.is_ipv6() == v6)
+            .count()
+    };
+    (n(false), n(true))
+}
+
+#[test]
+fn a_dual_stack_agent_moves_its_ipv4_and_ipv6_connections_together() {
+    let mut cfg = LabConfig::clean(2, 67);
+    cfg.ipv6 = true;
+    let mut lab = Lab::new(cfg).unwrap();
+    lab.start_itcp_mobility(
+        "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n",
+        &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"],
+    )
+    .unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    lab.watch_rsts(Host::Mh).unwrap();
+    let ttcp = bin_path("ttcp");
+    let (fh4, fh6) = (
+        SocketAddr::from((itcp_testbed::lab::addr::FH, 5001)).to_string(),
+        fh6(5002),
+    );
+    let s4 = lab
+        .spawn(
+            Host::Fh,
+            &ttcp,
+            &["send", "--listen", &fh4, "--duration", "6"],
+        )
+        .unwrap();
+    let s6 = lab
+        .spawn(
+            Host::Fh,
+            &ttcp,
+            &["send", "--listen", &fh6, "--duration", "6"],
+        )
+        .unwrap();
+    lab.wait_listening(Host::Fh, 5001).unwrap();
+    lab.wait_listening(Host::Fh, 5002).unwrap();
+    let g4 = SocketAddr::from((itcp_testbed::lab::addr::CELL_GW, 1080)).to_string();
+    let r4 = lab
+        .spawn_env(
+            Host::Mh,
+            &ttcp,
+            &["recv", "--connect", &fh4, "--itcp"],
+            &[("ITCP_GATEWAY", &g4)],
+        )
+        .unwrap();
+    let g6 = gw6();
+    let r6 = lab
+        .spawn_env(
+            Host::Mh,
+            &ttcp,
+            &["recv", "--connect", &fh6, "--itcp"],
+            &[("ITCP_GATEWAY", &g6)],
+        )
+        .unwrap();
+    let log = |lab: &Lab| {
+        ["msrd1.log", "msrd2.log", "agent.events", "agent.log"]
+            .iter()
+            .map(|f| {
+                let t = std::fs::read_to_string(lab.dir.join(f)).unwrap_or_default();
+                let tail: Vec<&str> = t.lines().rev().take(25).collect();
+                format!(
+                    "--- {f}\n{}\n",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
+            })
+            .collect::<String>()
+    };
+    let wait_for = |lab: &Lab, k: usize, what: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(6);
+        while explicit_at(lab, k) != (1, 1) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what}: at MSR{k} {:?}\n{}",
+                explicit_at(lab, k),
+                log(lab)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for(&lab, 1, "before moving");
+    let mut at = 1;
+    for n in 1..=2 {
+        let to = 3 - at;
+        lab.assoc(&[]).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        lab.assoc(&[to]).unwrap();
+        wait_for(&lab, to, &format!("move {n}"));
+        at = to;
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    for (what, idx) in [("IPv4", r4), ("IPv6", r6)] {
+        let (_, out, err) = lab.wait(idx, Duration::from_secs(30)).unwrap();
+        let r: RecvReport = serde_json::from_str(out.trim())
+            .unwrap_or_else(|e| panic!("{what} receiver: {e}: {err}\n{}", log(&lab)));
+        assert!(r.ok && r.verified && r.bytes > 0, "{what}: {:?}", r.error);
+    }
+    let _ = (
+        lab.wait(s4, Duration::from_secs(10)),
+        lab.wait(s6, Duration::from_secs(10)),
+    );
+    let rsts = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
+    assert_eq!(rsts, ((0, 0), (0, 0)), "RSTs at FH and MH\n{}", log(&lab));
+    // Each move: one handoff per address, both moved.
+    let recs = lab.handoff_records(2);
+    for ip in [
+        IpAddr::V4(itcp_testbed::lab::addr::MH),
+        IpAddr::V6(addr6::MH),
+    ] {
+        assert!(
+            recs.iter()
+                .any(|r| r.mh == ip && r.outcome == itcp_handoff::log::Outcome::Moved),
+            "no move of {ip} into MSR2: {recs:?}"
+        );
+    }
+}

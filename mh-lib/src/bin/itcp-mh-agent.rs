@@ -60,7 +60,9 @@ configuration file wins over the built-in defaults.",
         Flag::value(
             "mh",
             "ADDR",
-            "The MH's own address, the one its connections use (required).",
+            "The MH's own address, the one its connections use (required). A dual-stack MH \
+             gives it twice, its IPv4 and its IPv6 address: both are greeted at every move, \
+             so the connections of both families move.",
         ),
         Flag::value(
             "config",
@@ -150,7 +152,7 @@ configuration file wins over the built-in defaults.",
 #[derive(Debug, Default, PartialEq)]
 struct Opts {
     interface: String,
-    mh: Option<IpAddr>,
+    mh: Vec<IpAddr>,
     config: Option<String>,
     gateway: Option<IpAddr>,
     policy: Option<Policy>,
@@ -167,7 +169,13 @@ fn parse(mut a: Args) -> itcp_cli::Result<Opts> {
     while let Some(arg) = a.next()? {
         match arg {
             Arg::Flag("interface") => o.interface = a.value("interface")?,
-            Arg::Flag("mh") => o.mh = Some(a.parse("mh", "an IP address")?),
+            Arg::Flag("mh") => {
+                let ip: IpAddr = a.parse("mh", "an IP address")?;
+                if o.mh.iter().any(|m| m.is_ipv4() == ip.is_ipv4()) {
+                    return Err(a.usage("--mh: at most one IPv4 and one IPv6 address"));
+                }
+                o.mh.push(ip);
+            }
             Arg::Flag("config") => o.config = Some(a.value("config")?),
             Arg::Flag("gateway") => o.gateway = Some(a.parse("gateway", "an IP address")?),
             Arg::Flag("policy") => {
@@ -190,7 +198,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Opts> {
     if o.interface.is_empty() {
         return Err(a.usage("--interface IF is required"));
     }
-    if o.mh.is_none() {
+    if o.mh.is_empty() {
         return Err(a.usage("--mh ADDR (the MH's address) is required"));
     }
     Ok(o)
@@ -231,8 +239,13 @@ fn main() -> ExitCode {
         Ok(t) => t,
         Err(e) => return fail(format!("session token: {e}")),
     };
-    let mh = o.mh.expect("parse requires --mh");
+    // The main address is the gateway's family; the other one is greeted alongside.
+    let (main, more): (Vec<IpAddr>, Vec<IpAddr>) =
+        o.mh.iter()
+            .partition(|m| m.is_ipv4() == gateway.is_ipv4() || o.mh.len() == 1);
+    let mh = *main.first().unwrap_or(&o.mh[0]);
     let mut cfg = AgentConfig::new(&o.interface, mh, gateway, token);
+    cfg.more_mh = more;
     if let Some(m) = file.as_ref().map(|c| &c.mobility) {
         cfg.beacon_port = m.beacon_port;
         cfg.hysteresis = m.hysteresis();
@@ -314,6 +327,17 @@ mod tests {
         assert!(!o.no_solicit);
         let o = p(&["--interface", "air0", "--mh", "10.2.0.100", "--no-solicit"]).unwrap();
         assert!(o.no_solicit);
+        // A dual-stack MH: one address of each family.
+        let o = p(&[
+            "--interface",
+            "air0",
+            "--mh",
+            "10.2.0.100",
+            "--mh",
+            "2001:db8:2::64",
+        ])
+        .unwrap();
+        assert_eq!(o.mh.len(), 2);
     }
 
     #[test]
@@ -342,5 +366,6 @@ mod tests {
         assert!(with(&["--gateway", "gw"]).starts_with("--gateway:"));
         assert_eq!(err(&["--mh", "10.2.0.100"]), "--interface IF is required");
         assert!(err(&["--interface", "air0", "--mh", "x"]).starts_with("--mh:"));
+        assert!(with(&["--mh", "10.2.0.101"]).contains("at most one IPv4 and one IPv6"));
     }
 }

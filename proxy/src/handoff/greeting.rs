@@ -20,24 +20,65 @@ use super::{new_side, release, take_over};
 use crate::daemon::Daemon;
 use crate::sockopt;
 
-/// Binds the greeting port on each cell interface.
-pub fn bind(interfaces: &[String], port: u16) -> io::Result<Vec<UdpSocket>> {
+/// One greeting socket: a cell interface and a family. IPv6 greetings come from MHs
+/// whose IPv6 connections move by greeting (a dual-stack agent greets for both).
+pub struct GreetSocket {
+    pub interface: String,
+    pub ipv6: bool,
+}
+
+impl GreetSocket {
+    /// The name the upgrade hand-over and `expected_sockets` know it by.
+    pub fn name(&self) -> String {
+        if self.ipv6 {
+            format!("{} ipv6", self.interface)
+        } else {
+            self.interface.clone()
+        }
+    }
+}
+
+/// The greeting sockets of a configuration: each cell interface, for IPv6 too when an
+/// MH prefix is IPv6.
+pub fn sockets_of(cfg: &itcp_config::MsrdConfig) -> Vec<GreetSocket> {
+    let v6 = cfg.access.mh_prefixes.iter().any(|p| !p.is_ipv4());
     let mut out = Vec::new();
-    for ifname in interfaces {
+    for c in &cfg.cells {
+        for ipv6 in [false, true].into_iter().filter(|&x| !x || v6) {
+            out.push(GreetSocket {
+                interface: c.interface.clone(),
+                ipv6,
+            });
+        }
+    }
+    out
+}
+
+/// Binds the greeting port on each of `socks`.
+pub fn bind(socks: &[GreetSocket], port: u16) -> io::Result<Vec<UdpSocket>> {
+    let mut out = Vec::new();
+    for g in socks {
         let s = (|| {
             // SO_BINDTODEVICE before bind, so that every cell can have the same port.
-            let fd = socket_v4()?;
+            let fd = socket(g.ipv6)?;
             sockopt::set_reuseaddr(fd.as_raw_fd())?;
-            sockopt::bind_to_device(fd.as_raw_fd(), ifname)?;
+            if g.ipv6 {
+                sockopt::set_v6only(fd.as_raw_fd())?;
+            }
+            sockopt::bind_to_device(fd.as_raw_fd(), &g.interface)?;
             let s = std::net::UdpSocket::from(fd);
-            bind_any(&s, port)?;
+            bind_any(&s, port, g.ipv6)?;
             s.set_nonblocking(true)?;
             Ok::<_, io::Error>(s)
         })()
         .map_err(|e| {
             io::Error::new(
                 e.kind(),
-                format!("greeting port {port} on cell interface {ifname}: {e}"),
+                format!(
+                    "greeting port {port} on cell interface {} ({}): {e}",
+                    g.interface,
+                    if g.ipv6 { "IPv6" } else { "IPv4" }
+                ),
             )
         })?;
         out.push(UdpSocket::from_std(s)?);
@@ -45,10 +86,11 @@ pub fn bind(interfaces: &[String], port: u16) -> io::Result<Vec<UdpSocket>> {
     Ok(out)
 }
 
-fn socket_v4() -> io::Result<std::os::fd::OwnedFd> {
+fn socket(ipv6: bool) -> io::Result<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
+    let family = if ipv6 { libc::AF_INET6 } else { libc::AF_INET };
     // SAFETY: plain socket(2); the fd is owned by the OwnedFd from here on.
-    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    let fd = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
@@ -56,20 +98,36 @@ fn socket_v4() -> io::Result<std::os::fd::OwnedFd> {
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
-fn bind_any(s: &std::net::UdpSocket, port: u16) -> io::Result<()> {
-    let sa = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: port.to_be(),
-        sin_addr: libc::in_addr { s_addr: 0 },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: binding our own socket to a sockaddr_in that lives across the call.
-    let r = unsafe {
-        libc::bind(
-            s.as_raw_fd(),
-            (&sa as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
+/// Binds to the wildcard address of the socket's family at `port`.
+fn bind_any(s: &std::net::UdpSocket, port: u16, ipv6: bool) -> io::Result<()> {
+    let r = if ipv6 {
+        // SAFETY: sockaddr_in6 is plain data; all-zero is the wildcard address.
+        let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
+        sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        sa.sin6_port = port.to_be();
+        // SAFETY: binding our own socket to a sockaddr_in6 that lives across the call.
+        unsafe {
+            libc::bind(
+                s.as_raw_fd(),
+                (&sa as *const libc::sockaddr_in6).cast(),
+                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
+            )
+        }
+    } else {
+        let sa = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr { s_addr: 0 },
+            sin_zero: [0; 8],
+        };
+        // SAFETY: binding our own socket to a sockaddr_in that lives across the call.
+        unsafe {
+            libc::bind(
+                s.as_raw_fd(),
+                (&sa as *const libc::sockaddr_in).cast(),
+                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+            )
+        }
     };
     if r != 0 {
         return Err(io::Error::last_os_error());

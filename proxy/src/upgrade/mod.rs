@@ -303,9 +303,9 @@ pub fn expected_sockets(cfg: &MsrdConfig) -> Vec<(Role, String)> {
     if let Some(a) = cfg.handoff.listen {
         v.push((Role::Channel, a.to_string()));
         v.extend(
-            cfg.cells
+            crate::handoff::greeting::sockets_of(cfg)
                 .iter()
-                .map(|c| (Role::Greeting, c.interface.clone())),
+                .map(|g| (Role::Greeting, g.name())),
         );
     }
     v.sort();
