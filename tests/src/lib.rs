@@ -20,6 +20,7 @@ pub mod bench;
 pub mod emu;
 pub mod handoff_bench;
 pub mod lab;
+pub mod moves;
 pub mod paper;
 pub mod report;
 pub mod rng;

@@ -143,13 +143,11 @@ struct FirstBytes {
 /// [`MSRD_64K`]. Measures, per move, the time from the association with the new cell
 /// (the emulator's history) to the first byte the MH reads after it, and prints where
 /// that time went (the new MSR's handoff record).
-fn moves_to_first_byte(seed: u64, moves: usize, agent_args: &[&str]) -> FirstBytes {
-    use itcp_testbed::emu::AssocEvent;
+fn moves_to_first_byte(seed: u64, n_moves: usize, agent_args: &[&str]) -> FirstBytes {
     use itcp_testbed::lab::{self, bin_path};
+    use itcp_testbed::moves;
     use itcp_testbed::scenario::Net;
-    use itcp_testbed::stream::StreamCheck;
     use itcp_testbed::ttcp::SendReport;
-    use std::io::Read;
 
     let net = Net::lan();
     let mut lab = Lab::new(LabConfig::links(2, seed, net.wan, net.cell)).unwrap();
@@ -179,7 +177,7 @@ fn moves_to_first_byte(seed: u64, moves: usize, agent_args: &[&str]) -> FirstByt
 
     // Long enough for every move: 1.2 s in each cell, ≤ 0.5 s gaps, the moves' own time
     // (up to a beacon interval more without solicitation).
-    let secs = 2 + moves as u64 * 3;
+    let secs = 2 + n_moves as u64 * 3;
     let fh = lab::fh_addr(5001);
     let sender = lab
         .spawn(
@@ -204,30 +202,16 @@ fn moves_to_first_byte(seed: u64, moves: usize, agent_args: &[&str]) -> FirstByt
         let opts = itcp_mh::MhOptions::new()
             .gateway(SocketAddr::from((lab::addr::CELL_GW, 1080)))
             .token_file(token);
-        let mut s = in_netns(&mh_ns, || {
+        let s = in_netns(&mh_ns, || {
             itcp_mh::ItcpStream::connect_with(&opts, fh.as_str())
         })
         .map_err(|e| format!("connect: {e}"))?;
-        let mut check = StreamCheck::new(seed);
-        let mut buf = vec![0u8; 64 * 1024];
-        let (mut total, mut reads) = (0u64, Vec::new());
-        loop {
-            match s.read(&mut buf) {
-                Ok(0) => return Ok((total, reads)),
-                Ok(n) => {
-                    reads.push(mono_ns());
-                    check.check(&buf[..n]).map_err(|m| m.to_string())?;
-                    total += n as u64;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(format!("read at byte {total}: {e}")),
-            }
-        }
+        moves::read_timestamped(s, seed)
     });
 
     std::thread::sleep(Duration::from_millis(1000));
     let mut at = 1;
-    for i in 0..moves {
+    for i in 0..n_moves {
         let to = 3 - at;
         let gap = Duration::from_millis(300 + 50 * (i as u64 % 5));
         lab.assoc(&[]).unwrap();
@@ -267,59 +251,14 @@ fn moves_to_first_byte(seed: u64, moves: usize, agent_args: &[&str]) -> FirstByt
     assert_eq!(rsts, ((0, 0), (0, 0)), "RSTs at FH and MH\n{}", diag(&lab));
 
     // Joins: an association with a cell right after a blackout.
-    let events: Vec<AssocEvent> = lab.emu_status().unwrap().events;
-    let joins: Vec<u64> = events
-        .windows(2)
-        .filter(|w| w[0].cells.is_empty() && !w[1].cells.is_empty())
-        .map(|w| w[1].t_ns)
+    let joins = moves::joins(&lab.emu_status().unwrap().events);
+    assert_eq!(joins.len(), n_moves, "one join per move");
+    let ms: Vec<f64> = moves::to_first_byte(&joins, &reads)
+        .into_iter()
+        .map(|m| m.expect("bytes after every move"))
         .collect();
-    assert_eq!(joins.len(), moves, "{events:?}");
-    let ms: Vec<f64> = joins
-        .iter()
-        .map(|&t| {
-            let first = reads
-                .iter()
-                .find(|&&r| r > t)
-                .expect("bytes after every move");
-            (first - t) as f64 / 1e6
-        })
-        .collect();
-    // Where the time goes: the new MSRs' handoff records (wall clock, µs) against the
-    // joins (monotonic clock).
-    let wall_minus_mono_us = {
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_micros() as i64;
-        wall - (mono_ns() / 1000) as i64
-    };
-    let mut news: Vec<itcp_handoff::log::Record> = (1..=2)
-        .flat_map(|k| lab.handoff_records(k))
-        .filter(|r| r.role == itcp_handoff::log::Role::New)
-        .collect();
-    news.sort_by_key(|r| r.phases.greeting);
-    for (i, (&t, m)) in joins.iter().zip(&ms).enumerate() {
-        let join_us = (t / 1000) as i64 + wall_minus_mono_us;
-        let since = |p: Option<u64>| p.map_or(f64::NAN, |p| (p as i64 - join_us) as f64 / 1000.0);
-        let rec = news.iter().find(|r| {
-            r.phases
-                .greeting
-                .is_some_and(|g| g as i64 >= join_us - 1000)
-        });
-        let p = rec.map(|r| r.phases.clone()).unwrap_or_default();
-        eprintln!(
-            "move {}: from the join, ms: greeting at the new MSR {:.1}, restored {:.1}, resumed {:.1}, first byte {m:.1} ({} KiB moved)",
-            i + 1,
-            since(p.greeting),
-            since(p.restored),
-            since(p.resumed),
-            rec.and_then(|r| r.bytes_moved).unwrap_or(0) / 1024,
-        );
-    }
-    let mut sorted = ms.clone();
-    sorted.sort_by(f64::total_cmp);
-    let median_ms = itcp_testbed::report::median(&sorted);
-    let p95_ms = sorted[((sorted.len() as f64 * 0.95).ceil() as usize).clamp(1, sorted.len()) - 1];
+    moves::print_phases(&lab, &joins, &ms);
+    let (median_ms, p95_ms) = moves::median_p95(&ms);
     FirstBytes {
         ms,
         median_ms,

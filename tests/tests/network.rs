@@ -508,11 +508,9 @@ fn a_dual_stack_mh_that_runs_nothing_of_ours_moves_its_ipv4_and_ipv6_connections
 #[test]
 fn network_detection_moves_reach_the_first_byte_quickly() {
     let _serial = serial();
-    use itcp_testbed::emu::AssocEvent;
+    use itcp_testbed::moves;
     use itcp_testbed::scenario::Net;
-    use itcp_testbed::stream::StreamCheck;
-    use itcp_testbed::sys::{in_netns, mono_ns};
-    use std::io::Read;
+    use itcp_testbed::sys::in_netns;
 
     let net = Net::lan();
     let seed = 109;
@@ -525,9 +523,9 @@ fn network_detection_moves_reach_the_first_byte_quickly() {
     .unwrap();
     lab.watch_rsts(Host::Fh).unwrap();
     lab.watch_rsts(Host::Mh).unwrap();
-    let moves = 10;
+    let n_moves = 10;
     let fh = lab::fh_addr(5001);
-    let secs = (3 + moves * 2).to_string();
+    let secs = (3 + n_moves * 2).to_string();
     let seed_s = seed.to_string();
     let args = [
         "send",
@@ -545,27 +543,13 @@ fn network_detection_moves_reach_the_first_byte_quickly() {
     let mh_ns = lab.ns(Host::Mh);
     let to: std::net::SocketAddr = fh.parse().unwrap();
     let reader = std::thread::spawn(move || -> Result<(u64, Vec<u64>), String> {
-        let mut s = in_netns(&mh_ns, || std::net::TcpStream::connect(to))
+        let s = in_netns(&mh_ns, || std::net::TcpStream::connect(to))
             .map_err(|e| format!("connect: {e}"))?;
-        let mut check = StreamCheck::new(seed);
-        let mut buf = vec![0u8; 64 * 1024];
-        let (mut total, mut reads) = (0u64, Vec::new());
-        loop {
-            match s.read(&mut buf) {
-                Ok(0) => return Ok((total, reads)),
-                Ok(n) => {
-                    reads.push(mono_ns());
-                    check.check(&buf[..n]).map_err(|m| m.to_string())?;
-                    total += n as u64;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(format!("read at byte {total}: {e}")),
-            }
-        }
+        moves::read_timestamped(s, seed)
     });
     std::thread::sleep(Duration::from_millis(1500));
     let mut at = 1;
-    for i in 0..moves {
+    for i in 0..n_moves {
         let to = 3 - at;
         lab.assoc(&[]).unwrap();
         std::thread::sleep(Duration::from_millis(300 + 50 * (i as u64 % 5)));
@@ -583,59 +567,16 @@ fn network_detection_moves_reach_the_first_byte_quickly() {
     assert_eq!(total, send.bytes, "every byte sent was read, verified");
     let rsts = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
     assert_eq!(rsts, ((0, 0), (0, 0)), "RSTs at FH and MH\n{}", diag(&lab));
-    let events: Vec<AssocEvent> = lab.emu_status().unwrap().events;
-    let joins: Vec<u64> = events
-        .windows(2)
-        .filter(|w| w[0].cells.is_empty() && !w[1].cells.is_empty())
-        .map(|w| w[1].t_ns)
+    let joins = moves::joins(&lab.emu_status().unwrap().events);
+    assert_eq!(joins.len(), n_moves, "one join per move");
+    let each: Vec<f64> = moves::to_first_byte(&joins, &reads)
+        .into_iter()
+        .map(|m| m.expect("bytes after every move"))
         .collect();
-    assert_eq!(joins.len(), moves, "{events:?}");
-    let mut ms: Vec<f64> = joins
-        .iter()
-        .map(|&t| {
-            let first = reads
-                .iter()
-                .find(|&&r| r > t)
-                .expect("bytes after every move");
-            (first - t) as f64 / 1e6
-        })
-        .collect();
-    // Where the time went: the new MSRs' handoff records (wall clock, µs).
-    let wall_minus_mono_us = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros() as i64
-        - (mono_ns() / 1000) as i64;
-    let news: Vec<itcp_handoff::log::Record> = (1..=2)
-        .flat_map(|k| lab.handoff_records(k))
-        .filter(|r| r.role == itcp_handoff::log::Role::New)
-        .collect();
-    for (i, (&t, m)) in joins.iter().zip(&ms).enumerate() {
-        let join_us = (t / 1000) as i64 + wall_minus_mono_us;
-        let rec = news
-            .iter()
-            .filter(|r| {
-                r.phases
-                    .greeting
-                    .is_some_and(|g| g as i64 >= join_us - 1000)
-            })
-            .min_by_key(|r| r.phases.greeting);
-        let since = |p: Option<u64>| p.map_or(f64::NAN, |p| (p as i64 - join_us) as f64 / 1e3);
-        let p = rec.map(|r| r.phases.clone()).unwrap_or_default();
-        eprintln!(
-            "move {}: from the join, ms: detected {:.1}, restored {:.1}, resumed {:.1}, first byte {m:.1}",
-            i + 1,
-            since(p.greeting),
-            since(p.restored),
-            since(p.resumed),
-        );
-    }
-    let each = ms.clone();
-    ms.sort_by(f64::total_cmp);
-    let median = itcp_testbed::report::median(&ms);
-    let p95 = ms[((ms.len() as f64 * 0.95).ceil() as usize).clamp(1, ms.len()) - 1];
+    moves::print_phases(&lab, &joins, &each);
+    let (median, p95) = moves::median_p95(&each);
     eprintln!(
-        "network detection, {moves} non-overlapped moves on the LAN profile: association → \
+        "network detection, {n_moves} non-overlapped moves on the LAN profile: association → \
          first byte median {median:.1} ms, p95 {p95:.1} ms (each: {each:.1?})"
     );
     // Detection needs no beacon: well under a beacon interval (1 s).

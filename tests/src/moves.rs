@@ -1,0 +1,126 @@
+//! Measuring what a move costs the MH: association with the new cell (the emulator's
+//! history) → the first byte its application reads after it, and where that time went
+//! (the new MSR's handoff record). Shared by the mobility and network tests.
+
+use std::io::Read;
+
+use itcp_handoff::log::{Record, Role};
+
+use crate::emu::AssocEvent;
+use crate::lab::Lab;
+use crate::stream::StreamCheck;
+use crate::sys::mono_ns;
+
+/// Reads `s` to its end, verifying the seeded stream and timestamping every read
+/// (CLOCK_MONOTONIC ns): (bytes, read times).
+pub fn read_timestamped(mut s: impl Read, seed: u64) -> Result<(u64, Vec<u64>), String> {
+    let mut check = StreamCheck::new(seed);
+    let mut buf = vec![0u8; 64 * 1024];
+    let (mut total, mut reads) = (0u64, Vec::new());
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return Ok((total, reads)),
+            Ok(n) => {
+                reads.push(mono_ns());
+                check.check(&buf[..n]).map_err(|m| m.to_string())?;
+                total += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(format!("read at byte {total}: {e}")),
+        }
+    }
+}
+
+/// The instants (CLOCK_MONOTONIC ns) the MH joined a cell right after a blackout.
+pub fn joins(events: &[AssocEvent]) -> Vec<u64> {
+    events
+        .windows(2)
+        .filter(|w| w[0].cells.is_empty() && !w[1].cells.is_empty())
+        .map(|w| w[1].t_ns)
+        .collect()
+}
+
+/// Per join: ms to the first read after it (None: nothing was read after it).
+pub fn to_first_byte(joins: &[u64], reads: &[u64]) -> Vec<Option<f64>> {
+    joins
+        .iter()
+        .map(|&t| {
+            reads
+                .iter()
+                .find(|&&r| r > t)
+                .map(|&r| (r - t) as f64 / 1e6)
+        })
+        .collect()
+}
+
+/// Median and p95 of `v`.
+pub fn median_p95(v: &[f64]) -> (f64, f64) {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    if s.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let p95 = s[((s.len() as f64 * 0.95).ceil() as usize).clamp(1, s.len()) - 1];
+    (crate::report::median(&s), p95)
+}
+
+/// Prints, per join, where the time to the first byte went: the new MSRs' handoff
+/// records (greeting or detection, restored, resumed), from the join.
+pub fn print_phases(lab: &Lab, joins: &[u64], first: &[f64]) {
+    let wall_minus_mono_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+        - (mono_ns() / 1000) as i64;
+    let news: Vec<Record> = (1..=lab.msrs())
+        .flat_map(|k| lab.handoff_records(k))
+        .filter(|r| r.role == Role::New)
+        .collect();
+    for (i, (&t, m)) in joins.iter().zip(first).enumerate() {
+        let join_us = (t / 1000) as i64 + wall_minus_mono_us;
+        let rec = news
+            .iter()
+            .filter(|r| {
+                r.phases
+                    .greeting
+                    .is_some_and(|g| g as i64 >= join_us - 1000)
+            })
+            .min_by_key(|r| r.phases.greeting);
+        let since = |p: Option<u64>| p.map_or(f64::NAN, |p| (p as i64 - join_us) as f64 / 1e3);
+        let p = rec.map(|r| r.phases.clone()).unwrap_or_default();
+        eprintln!(
+            "move {}: from the join, ms: greeting/detection at the new MSR {:.1}, restored {:.1}, resumed {:.1}, first byte {m:.1} ({} KiB moved)",
+            i + 1,
+            since(p.greeting),
+            since(p.restored),
+            since(p.resumed),
+            rec.and_then(|r| r.bytes_moved).unwrap_or(0) / 1024,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn joins_and_first_bytes() {
+        let ev = |t: u64, cells: Vec<usize>| AssocEvent { t_ns: t, cells };
+        let events = [
+            ev(0, vec![1]),
+            ev(10, vec![]),
+            ev(20, vec![2]),
+            ev(30, vec![2, 1]),
+            ev(40, vec![]),
+            ev(2_000_050, vec![1]),
+        ];
+        assert_eq!(joins(&events), [20, 2_000_050]);
+        let reads = [5, 1_000_020, 3_000_050];
+        assert_eq!(
+            to_first_byte(&[20, 2_000_050], &reads),
+            [Some(1.0), Some(1.0)]
+        );
+        assert_eq!(to_first_byte(&[4_000_000], &reads), [None]);
+        let (m, p) = median_p95(&[3.0, 1.0, 2.0, 100.0]);
+        assert_eq!((m, p), (2.5, 100.0));
+    }
+}
