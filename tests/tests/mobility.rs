@@ -9,6 +9,14 @@ use itcp_mh::mobility::{Beacon, Decision, Detector, Policy};
 use itcp_testbed::lab::{Host, Lab, LabConfig};
 use itcp_testbed::sys::{in_netns, mono_ns};
 
+/// One test at a time: one of them measures move times, which another lab running
+/// alongside on 2 cores would distort (cargo runs a file's tests in parallel).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn lab_with_two_msrds() -> Lab {
     let mut lab = Lab::new(LabConfig::default()).unwrap();
     for k in 1..=2 {
@@ -37,6 +45,7 @@ fn names(b: &[Beacon]) -> BTreeSet<String> {
 
 #[test]
 fn beacons_reach_the_mh_only_in_that_msrs_cell() {
+    let _serial = serial();
     let lab = lab_with_two_msrds();
     let sock = in_netns(&lab.ns(Host::Mh), || {
         UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 4345)))
@@ -77,6 +86,7 @@ fn beacons_reach_the_mh_only_in_that_msrs_cell() {
 
 #[test]
 fn the_detector_follows_the_mh_across_cells() {
+    let _serial = serial();
     let lab = lab_with_two_msrds();
     let sock = in_netns(&lab.ns(Host::Mh), || {
         UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 4345)))
@@ -268,6 +278,7 @@ fn moves_to_first_byte(seed: u64, n_moves: usize, agent_args: &[&str]) -> FirstB
 
 #[test]
 fn solicitation_on_link_up_brings_the_first_byte_within_50_ms_of_association() {
+    let _serial = serial();
     let r = moves_to_first_byte(21, 10, &[]);
     eprintln!(
         "solicitation, 10 non-overlapped moves on the LAN profile: association → first byte \
@@ -288,6 +299,7 @@ fn solicitation_on_link_up_brings_the_first_byte_within_50_ms_of_association() {
 #[test]
 #[ignore]
 fn without_solicitation_the_first_byte_waits_for_a_beacon() {
+    let _serial = serial();
     let r = moves_to_first_byte(21, 10, &["--no-solicit"]);
     eprintln!(
         "beacons only (1 s), 10 non-overlapped moves on the LAN profile: association → first \
