@@ -9,7 +9,7 @@
 //!  capture(fd)  ── image ─────────────────▶ restore(&image, &opts) -> fd (repair mode)
 //!  delete(fd)   (nothing sent)              restart(fd, &image, &opts) (live again)
 //!                                           release the hold
-//!  rollback instead: unfreeze(fd)
+//!  rollback instead: unfreeze(fd, mark)
 //! ```
 //!
 //! # What an image holds and how it is put back
@@ -1145,10 +1145,23 @@ fn read_sockopts(fd: BorrowedFd<'_>, local: &SocketAddr) -> io::Result<SockOpts>
     })
 }
 
-/// Leaves repair mode in place: the rollback path when a handoff fails. The kernel
-/// sends a window probe so that the peer's current ACK and window (possibly dropped
-/// while the flow was blocked) come back at once. Unblock the flow first.
-pub fn unfreeze(fd: BorrowedFd<'_>) -> io::Result<()> {
+/// Leaves repair mode in place: the rollback path when a handoff fails. As at
+/// [`restart`], the socket first sends the peer an acceptable ACK (replaying an old one
+/// from the peer, marked `inject_mark`): the peer may hold as unacknowledged bytes this
+/// socket acknowledged while their ACKs were lost, and the window probe that leaving
+/// repair mode sends (so that the peer's current ACK and window come back at once) has
+/// a sequence number the peer ignores the ACK of. If that replay fails, unfreezing goes
+/// on without it (the peer's next retransmission draws the ACK). Unblock the flow first;
+/// run it in the socket's network namespace.
+pub fn unfreeze(fd: BorrowedFd<'_>, inject_mark: u32) -> io::Result<()> {
+    repair::select_queue(fd, Queue::None)?;
+    if let Ok(img) = capture(fd) {
+        let opts = RestoreOptions {
+            inject_mark,
+            ..RestoreOptions::default()
+        };
+        let _ = send_current_ack(fd, &img, &opts);
+    }
     repair::select_queue(fd, Queue::None)?;
     repair::repair_off(fd, RepairOff::WithProbe)
 }

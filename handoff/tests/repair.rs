@@ -1082,6 +1082,59 @@ fn restored_socket_acknowledges_bytes_whose_acks_were_lost() {
     assert_eq!(lab.peer_rsts(), 0);
 }
 
+/// Rollback: bytes the peer sent and the MSR received, whose ACKs were lost, are
+/// acknowledged as the socket unfreezes, while the peer's retransmissions still do not
+/// get through (the window probe alone tells the peer nothing it accepts).
+#[test]
+fn unfrozen_socket_acknowledges_bytes_whose_acks_were_lost() {
+    let _g = serial();
+    let lab = Lab::new(false);
+    let mp = 7026;
+    let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+    let (mut a, mut m) = pair(&lab, &l, mp, &Tune::default());
+    let pp = a.local_addr().unwrap().port();
+    let mut up = Gen::new(19);
+    up.write(&mut a, 10_000);
+    check(19, 0, &read_n(&mut m, 10_000), "warm-up");
+    lab.lose(pp, mp);
+    up.write(&mut a, 8_000);
+    wait_until("8 kB at the MSR", Duration::from_secs(2), || {
+        ioctl_u32(&m, libc::FIONREAD) == 8_000
+    });
+    assert_eq!(
+        ioctl_u32(&a, libc::TIOCOUTQ),
+        8_000,
+        "unacknowledged at the peer"
+    );
+    lab.block(&lab.m1, pp, mp, true, true);
+    lab.unlose();
+    capture(m.as_fd()).unwrap();
+    // Rolling back: the MSR may send again, the peer's retransmissions still drop.
+    lab.unblock(&lab.m1);
+    lab.block(&lab.m1, pp, mp, true, false);
+    let t0 = Instant::now();
+    in_ns(&lab.m1, || unfreeze(m.as_fd(), 0)).unwrap();
+    let end = t0 + Duration::from_secs(2);
+    while ioctl_u32(&a, libc::TIOCOUTQ) != 0 {
+        assert!(
+            Instant::now() < end,
+            "the peer's snd_una did not advance in 2 s: it still holds {} B \
+             unacknowledged (the unfrozen socket sent it no acceptable ACK)",
+            ioctl_u32(&a, libc::TIOCOUTQ)
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    eprintln!(
+        "  peer's bytes acknowledged {:?} after unfreeze",
+        t0.elapsed()
+    );
+    lab.unblock(&lab.m1);
+    check(19, 10_000, &read_n(&mut m, 8_000), "queued bytes");
+    up.write(&mut a, 5_000);
+    check(19, 18_000, &read_n(&mut m, 5_000), "after the rollback");
+    assert_eq!(lab.peer_rsts(), 0);
+}
+
 /// Test 4: rollback: capture, then unfreeze in place: the connection keeps working.
 #[test]
 fn rollback_unfreeze_keeps_the_connection() {
@@ -1113,7 +1166,7 @@ fn rollback_unfreeze_keeps_the_connection() {
         "a frozen socket must not be readable"
     );
     lab.unblock(&lab.m1);
-    unfreeze(m.as_fd()).unwrap();
+    in_ns(&lab.m1, || unfreeze(m.as_fd(), 0)).unwrap();
     check(12, 5_000, &read_n(&mut a, 8_000), "after rollback, down");
     check(13, 0, &read_n(&mut m, 7_000), "after rollback, queued up");
     up.write(&mut a, 9_000);

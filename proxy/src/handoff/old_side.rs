@@ -162,7 +162,7 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                             continue;
                         }
                         f.session.frozen.store(true, Ordering::Relaxed);
-                        match capture_one(&f) {
+                        match capture_one(&f, d.cfg.interception.fwmark) {
                             Ok((img, e)) => {
                                 images.push(img);
                                 entries.push(e);

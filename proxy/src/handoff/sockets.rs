@@ -57,7 +57,8 @@ pub async fn freeze(d: &Daemon, mh: IpAddr) -> Vec<Frozen> {
     out
 }
 
-pub fn capture_one(f: &Frozen) -> io::Result<(ConnImage, ConnEntry)> {
+/// `mark`: msrd's fwmark, for the segment a rollback replays ([`itcp_handoff::unfreeze`]).
+pub fn capture_one(f: &Frozen, mark: u32) -> io::Result<(ConnImage, ConnEntry)> {
     let w = itcp_handoff::capture(f.wireless.as_fd())?;
     let x = match &f.fixed {
         // A closing relay's fixed side stays: the FH is on the fixed LAN, reachable
@@ -65,7 +66,7 @@ pub fn capture_one(f: &Frozen) -> io::Result<(ConnImage, ConnEntry)> {
         // the new MSR drops what strays its way (the flow travels in `closed`).
         Some(_) if f.session.kind == Kind::Closing => None,
         Some(x) => Some(itcp_handoff::capture(x.as_fd()).inspect_err(|_| {
-            let _ = itcp_handoff::unfreeze(f.wireless.as_fd());
+            let _ = itcp_handoff::unfreeze(f.wireless.as_fd(), mark);
         })?),
         None => None,
     };
@@ -151,7 +152,8 @@ pub fn resume(d: &Arc<Daemon>, frozen: Vec<Frozen>) {
     for f in frozen {
         for s in std::iter::once(&f.wireless).chain(f.fixed.as_ref()) {
             if let Ok(true) = itcp_handoff::repair::in_repair(s.as_fd()) {
-                if let Err(e) = itcp_handoff::unfreeze(s.as_fd()) {
+                let mark = d.cfg.interception.fwmark;
+                if let Err(e) = itcp_handoff::unfreeze(s.as_fd(), mark) {
                     warn!(conn = f.session.id, error = %e, "cannot unfreeze a socket");
                 }
             }
