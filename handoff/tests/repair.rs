@@ -1023,6 +1023,51 @@ fn large_flight_with_lost_acks_moves() {
     assert_eq!(lab.peer_rsts(), 0);
 }
 
+/// A connection whose peer (`a`) has sent 8000 bytes the MSR socket (`m`) received
+/// and acknowledged, every ACK lost: the peer still holds them as unacknowledged. The
+/// flow is blocked both ways at M1 and the loss is over. Returns (a, m, peer port, the
+/// peer's stream after 18000 bytes).
+fn acks_lost(lab: &Lab, mp: u16, seed: u64) -> (TcpStream, TcpStream, u16, Gen) {
+    let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+    let (mut a, mut m) = pair(lab, &l, mp, &Tune::default());
+    let pp = a.local_addr().unwrap().port();
+    let mut up = Gen::new(seed);
+    up.write(&mut a, 10_000);
+    check(seed, 0, &read_n(&mut m, 10_000), "warm-up");
+    // The MSR's ACKs are lost from now on; the peer's bytes still reach it.
+    lab.lose(pp, mp);
+    up.write(&mut a, 8_000);
+    wait_until("8 kB at the MSR", Duration::from_secs(2), || {
+        ioctl_u32(&m, libc::FIONREAD) == 8_000
+    });
+    assert_eq!(
+        ioctl_u32(&a, libc::TIOCOUTQ),
+        8_000,
+        "the peer holds its bytes as unacknowledged"
+    );
+    lab.block(&lab.m1, pp, mp, true, true);
+    lab.unlose();
+    (a, m, pp, up)
+}
+
+/// Waits (2 s at most) until the peer holds nothing unacknowledged, after `what`.
+fn wait_acknowledged(a: &TcpStream, t0: Instant, what: &str) {
+    let end = t0 + Duration::from_secs(2);
+    while ioctl_u32(a, libc::TIOCOUTQ) != 0 {
+        assert!(
+            Instant::now() < end,
+            "the peer's snd_una did not advance in 2 s: it still holds {} B \
+             unacknowledged (the socket sent it no acceptable ACK after {what})",
+            ioctl_u32(a, libc::TIOCOUTQ)
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    eprintln!(
+        "  peer's bytes acknowledged {:?} after {what}",
+        t0.elapsed()
+    );
+}
+
 /// The peer's bytes reached the old MSR and were acknowledged, but the ACKs were lost
 /// on the way back (a downlink queue full of other traffic), so the peer still holds
 /// them as unacknowledged. The MSR side never sent a byte (the accepted side of an
@@ -1036,45 +1081,14 @@ fn restored_socket_acknowledges_bytes_whose_acks_were_lost() {
     let _g = serial();
     let mut lab = Lab::new(false);
     let mp = 7025;
-    let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
-    let (mut a, mut m) = pair(&lab, &l, mp, &Tune::default());
-    let pp = a.local_addr().unwrap().port();
-    let mut up = Gen::new(18);
-    up.write(&mut a, 10_000);
-    check(18, 0, &read_n(&mut m, 10_000), "warm-up");
-    // The MSR's ACKs are lost from now on; the peer's bytes still reach it.
-    lab.lose(pp, mp);
-    up.write(&mut a, 8_000);
-    wait_until("8 kB at the MSR", Duration::from_secs(2), || {
-        ioctl_u32(&m, libc::FIONREAD) == 8_000
-    });
-    assert_eq!(
-        ioctl_u32(&a, libc::TIOCOUTQ),
-        8_000,
-        "the peer holds its bytes as unacknowledged"
-    );
-    lab.block(&lab.m1.clone(), pp, mp, true, true);
-    lab.unlose();
+    let (mut a, m, pp, mut up) = acks_lost(&lab, mp, 18);
     let (img, mut r) = hand_over(&mut lab, m, pp, mp, &RestoreOptions::default());
     assert!(img.send.unacked.is_empty() && img.send.unsent.is_empty());
     assert_eq!(img.recv.data.len(), 8_000);
     // Restart behind the hold: the peer's retransmissions keep being dropped.
     let t0 = Instant::now();
     restart_in(&lab.m2, &r, &img, &RestoreOptions::default());
-    let end = t0 + Duration::from_secs(2);
-    while ioctl_u32(&a, libc::TIOCOUTQ) != 0 {
-        assert!(
-            Instant::now() < end,
-            "the peer's snd_una did not advance in 2 s: it still holds {} B \
-             unacknowledged (the restored socket sent it no acceptable ACK)",
-            ioctl_u32(&a, libc::TIOCOUTQ)
-        );
-        thread::sleep(Duration::from_millis(1));
-    }
-    eprintln!(
-        "  peer's bytes acknowledged {:?} after restart",
-        t0.elapsed()
-    );
+    wait_acknowledged(&a, t0, "restart");
     lab.unblock(&lab.m2.clone());
     check(18, 10_000, &read_n(&mut r, 8_000), "queued bytes");
     up.write(&mut a, 20_000);
@@ -1090,44 +1104,14 @@ fn unfrozen_socket_acknowledges_bytes_whose_acks_were_lost() {
     let _g = serial();
     let lab = Lab::new(false);
     let mp = 7026;
-    let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
-    let (mut a, mut m) = pair(&lab, &l, mp, &Tune::default());
-    let pp = a.local_addr().unwrap().port();
-    let mut up = Gen::new(19);
-    up.write(&mut a, 10_000);
-    check(19, 0, &read_n(&mut m, 10_000), "warm-up");
-    lab.lose(pp, mp);
-    up.write(&mut a, 8_000);
-    wait_until("8 kB at the MSR", Duration::from_secs(2), || {
-        ioctl_u32(&m, libc::FIONREAD) == 8_000
-    });
-    assert_eq!(
-        ioctl_u32(&a, libc::TIOCOUTQ),
-        8_000,
-        "unacknowledged at the peer"
-    );
-    lab.block(&lab.m1, pp, mp, true, true);
-    lab.unlose();
+    let (mut a, mut m, pp, mut up) = acks_lost(&lab, mp, 19);
     capture(m.as_fd()).unwrap();
     // Rolling back: the MSR may send again, the peer's retransmissions still drop.
     lab.unblock(&lab.m1);
     lab.block(&lab.m1, pp, mp, true, false);
     let t0 = Instant::now();
     in_ns(&lab.m1, || unfreeze(m.as_fd(), 0)).unwrap();
-    let end = t0 + Duration::from_secs(2);
-    while ioctl_u32(&a, libc::TIOCOUTQ) != 0 {
-        assert!(
-            Instant::now() < end,
-            "the peer's snd_una did not advance in 2 s: it still holds {} B \
-             unacknowledged (the unfrozen socket sent it no acceptable ACK)",
-            ioctl_u32(&a, libc::TIOCOUTQ)
-        );
-        thread::sleep(Duration::from_millis(1));
-    }
-    eprintln!(
-        "  peer's bytes acknowledged {:?} after unfreeze",
-        t0.elapsed()
-    );
+    wait_acknowledged(&a, t0, "unfreeze");
     lab.unblock(&lab.m1);
     check(19, 10_000, &read_n(&mut m, 8_000), "queued bytes");
     up.write(&mut a, 5_000);

@@ -153,7 +153,7 @@ fn nonce() -> io::Result<[u8; 16]> {
 /// Points the gateway address at `mac` (a permanent neighbour entry, set over
 /// rtnetlink: no process runs on the move's path).
 pub fn point_gateway(gateway: IpAddr, mac: &str, interface: &str) -> io::Result<()> {
-    let m = crate::neigh::parse_mac(mac).ok_or_else(|| {
+    let m = itcp_proto::hex::parse_mac(mac).ok_or_else(|| {
         io::Error::new(
             io::ErrorKind::InvalidData,
             format!("beacon MAC {mac:?} is not a MAC address"),

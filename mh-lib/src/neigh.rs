@@ -42,11 +42,6 @@ pub fn neigh_msg(seq: u32, ifindex: u32, ip: IpAddr, mac: [u8; 6]) -> Vec<u8> {
     b
 }
 
-/// Parses `xx:xx:xx:xx:xx:xx`.
-pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
-    itcp_proto::hex::parse_mac(s)
-}
-
 /// Points `ip` at `mac` on interface `ifname`, permanently.
 pub fn replace_permanent(ip: IpAddr, mac: [u8; 6], ifname: &str) -> io::Result<()> {
     let what = || {

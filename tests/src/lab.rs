@@ -1200,21 +1200,7 @@ impl Lab {
             .iter()
             .map(|(k, n, v)| (*k, n.to_string(), v.to_string()))
             .collect();
-        let mut gw = String::new();
-        for j in 1..=self.mhs {
-            gw += &format!("route del {}/32\n", addr::mh(j));
-        }
-        gw += "route replace 10.2.0.0/24 dev br0\n";
-        gw += &self.onlink6();
-        run_ip(Some(&self.ns(Host::Gw)), &gw)?;
-        let mut msrds = Vec::new();
-        for k in 1..=self.config.msrs {
-            // "{MSR_LAN}" in msrd_extra is MSR k's fixed-LAN address.
-            let mine = msrd_extra.replace("{MSR_LAN}", &addr::msr_lan(k).to_string());
-            let extra = format!("{}\n{mine}", self.handoff_config(k));
-            let cfg = self.msrd_config(k, &extra);
-            msrds.push(self.start_msrd(k, &cfg)?);
-        }
+        let msrds = self.start_msrds_with_handoff(msrd_extra)?;
         let mut agents = Vec::new();
         for j in 1..=self.mhs {
             let events = File::create(self.agent_events_path(j))?;
@@ -1267,6 +1253,24 @@ impl Lab {
     /// entries the lab gave them and resolve the gateway by ARP, as any host does.
     /// Returns the spawn indices of the msrds (MSR order).
     pub fn start_itcp_network(&mut self, msrd_extra: &str) -> io::Result<Vec<usize>> {
+        self.msr_extra = format!("gateway_mac = \"{}\"\n", addr::GATEWAY_MAC);
+        self.cell_extra = "detect = \"network\"\n".into();
+        let msrds = self.start_msrds_with_handoff(msrd_extra)?;
+        for j in 1..=self.mhs {
+            let mut b = format!("neigh del {} dev air0\n", addr::CELL_GW);
+            if self.config.ipv6 {
+                b += &format!("neigh del {} dev air0\n", addr6::CELL_GW);
+            }
+            run_ip(Some(&self.ns(Host::mh(j))), &b)?;
+        }
+        Ok(msrds)
+    }
+
+    /// Routes the MH prefixes on-link at the GW (the MSR serving an MH answers ARP/NDP
+    /// for it) and starts msrd with `[handoff]` on every MSR, `msrd_extra` appended to
+    /// each config (`{MSR_LAN}` in it replaced by that MSR's LAN address). Returns the
+    /// spawn indices of the msrds (MSR order).
+    fn start_msrds_with_handoff(&mut self, msrd_extra: &str) -> io::Result<Vec<usize>> {
         let mut gw = String::new();
         for j in 1..=self.mhs {
             gw += &format!("route del {}/32\n", addr::mh(j));
@@ -1274,21 +1278,13 @@ impl Lab {
         gw += "route replace 10.2.0.0/24 dev br0\n";
         gw += &self.onlink6();
         run_ip(Some(&self.ns(Host::Gw)), &gw)?;
-        self.msr_extra = format!("gateway_mac = \"{}\"\n", addr::GATEWAY_MAC);
-        self.cell_extra = "detect = \"network\"\n".into();
         let mut msrds = Vec::new();
         for k in 1..=self.config.msrs {
+            // "{MSR_LAN}" in msrd_extra is MSR k's fixed-LAN address.
             let mine = msrd_extra.replace("{MSR_LAN}", &addr::msr_lan(k).to_string());
             let extra = format!("{}\n{mine}", self.handoff_config(k));
             let cfg = self.msrd_config(k, &extra);
             msrds.push(self.start_msrd(k, &cfg)?);
-        }
-        for j in 1..=self.mhs {
-            let mut b = format!("neigh del {} dev air0\n", addr::CELL_GW);
-            if self.config.ipv6 {
-                b += &format!("neigh del {} dev air0\n", addr6::CELL_GW);
-            }
-            run_ip(Some(&self.ns(Host::mh(j))), &b)?;
         }
         Ok(msrds)
     }
