@@ -11,13 +11,14 @@ fi
 
 # iproute2: namespaces, veth, bridge; nftables/iptables: msrd's interception (later
 # issues); iperf3, socat, haproxy: benchmark peers; tcpdump: captures in tests;
+# openssl: scripts/msr-certs makes the lab's CA and MSR certificates (channel TLS).
 # iputils-ping, iputils-arping: an unmodified MH's ping across moves and its announcement
 # on association (tests/tests/network.rs);
 # dpkg-dev, binutils: scripts/deb (dpkg-shlibdeps, strip) and its test;
 # prometheus: promtool checks msrd's /metrics; chromium: loads msrd's status page
 # headless (tests/tests/metrics.rs). Those two add ~150 MB of downloads, ~750 MB on
 # disk and ~30 s of installing.
-packages=(iproute2 nftables iptables iperf3 socat haproxy tcpdump iputils-ping iputils-arping curl ca-certificates build-essential pkg-config procps kmod dpkg-dev binutils prometheus chromium)
+packages=(iproute2 nftables iptables iperf3 socat haproxy tcpdump iputils-ping iputils-arping openssl curl ca-certificates build-essential pkg-config procps kmod dpkg-dev binutils prometheus chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -56,7 +56,7 @@ mod prefix;
 pub use error::{ConfigError, ConfigErrorKind};
 pub use mh::{parse_gateway, MhConfig, MhSection, MobilityPolicy, MobilitySection};
 pub use msrd::{
-    parse_mac, AccessSection, BeaconSection, CellSection, Detect, HandoffSection,
+    parse_mac, AccessSection, BeaconSection, CellSection, ChannelTls, Detect, HandoffSection,
     InterceptionSection, LogFormat, LogLevel, MetricsSection, MsrSection, MsrdConfig, PeerSection,
     RelaySection, TcpTuning, TransparentSection, UnackedPolicy, DEFAULT_SOCKS_PORT,
 };

@@ -125,6 +125,28 @@ pub struct HandoffSection {
     /// `[[handoff.peer]]`: the MSRs this one hands off with.
     #[serde(default, rename = "peer")]
     pub peers: Vec<PeerSection>,
+    /// `[handoff.tls]`: mutual TLS 1.3 on the channel with certificates from the
+    /// operator's CA, instead of a key per pair of MSRs.
+    #[serde(default)]
+    pub tls: Option<ChannelTls>,
+}
+
+/// `[handoff.tls]`: the MSR⇄MSR channel runs over mutual TLS 1.3. Every MSR holds a
+/// certificate from the operator's CA that names its `msr.id` (a DNS subjectAltName),
+/// so any two MSRs of one operator can hand off with no key per pair.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ChannelTls {
+    /// The operator's CA certificate(s), PEM: peers' certificates must chain to one.
+    pub ca: PathBuf,
+    /// This MSR's certificate, PEM (intermediates may follow it), naming `msr.id`.
+    pub cert: PathBuf,
+    /// Its private key, PEM (PKCS#8, SEC1 or PKCS#1), readable by msrd only.
+    pub key: PathBuf,
+    /// Accept channels from any MSR with a certificate of the CA, not only from the
+    /// `[[handoff.peer]]` list (true: one operator's MSRs hand off with each other).
+    #[serde(default = "default_true")]
+    pub accept_unlisted: bool,
 }
 
 impl Default for HandoffSection {
@@ -143,6 +165,7 @@ impl Default for HandoffSection {
             unacked: UnackedPolicy::default(),
             log_file: default_handoff_log(),
             peers: Vec::new(),
+            tls: None,
         }
     }
 }
@@ -172,7 +195,8 @@ pub enum UnackedPolicy {
     AsSent,
 }
 
-/// `[[handoff.peer]]`: one MSR to hand off with, and the key shared with it.
+/// `[[handoff.peer]]`: one MSR to hand off with, and the key shared with it (no key
+/// with `[handoff.tls]`: certificates authenticate).
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PeerSection {
@@ -204,6 +228,30 @@ impl PeerSection {
         };
         parse_key(text.trim()).map_err(|e| format!("peer {}: {e}", self.id))
     }
+}
+
+/// With `[handoff.tls]` an MSR id is the DNS name its certificate carries.
+fn check_dns_id(src: &Source<'_>, path: &str, id: &str) -> Result<(), ConfigError> {
+    let label_ok = |l: &str| {
+        !l.is_empty()
+            && l.len() <= 63
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    };
+    if id.len() > 253
+        || !id.split('.').all(label_ok)
+        || id.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+    {
+        return Err(src.invalid(
+            path,
+            format!(
+                "{id:?} cannot be named in a certificate: with [handoff.tls] MSR ids are DNS names \
+                 (letters, digits, '-' and '.', e.g. \"msr1\" or \"msr1.example.net\")"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn parse_key(s: &str) -> Result<Vec<u8>, String> {
@@ -944,6 +992,16 @@ impl MsrdConfig {
                     format!("peer {:?} is listed twice", p.id),
                 ));
             }
+            if h.tls.is_some() {
+                check_dns_id(src, &format!("{path}.id"), &p.id)?;
+                if p.key.is_some() || p.key_file.is_some() {
+                    return Err(src.invalid(
+                        &format!("{path}.key"),
+                        "with [handoff.tls] certificates authenticate the channel: remove key and key_file",
+                    ));
+                }
+                continue;
+            }
             match (&p.key, &p.key_file) {
                 (Some(_), Some(_)) => {
                     return Err(src.invalid(&format!("{path}.key"), "set key or key_file, not both"))
@@ -959,6 +1017,14 @@ impl MsrdConfig {
                     parse_key(k).map_err(|e| src.invalid(&format!("{path}.key"), e))?;
                 }
                 (None, Some(_)) => {}
+            }
+        }
+        if let Some(t) = &h.tls {
+            check_dns_id(src, "msr.id", &self.msr.id)?;
+            for (k, v) in [("ca", &t.ca), ("cert", &t.cert), ("key", &t.key)] {
+                if v.as_os_str().is_empty() {
+                    return Err(src.invalid(&format!("handoff.tls.{k}"), "must not be empty"));
+                }
             }
         }
         if !h.peers.is_empty() && h.listen.is_none() {

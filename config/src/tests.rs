@@ -595,6 +595,39 @@ fn handoff_section_defaults_peers_and_errors() {
 }
 
 #[test]
+fn handoff_tls_takes_certificates_instead_of_keys() {
+    let base = "[msr]\nid = \"msr1\"\ngateway = [\"10.2.0.1\"]\n[access]\nmh_prefixes = [\"10.2.0.0/24\"]\n\
+                [handoff]\nlisten = \"10.1.0.11:4347\"\n";
+    let tls = "[handoff.tls]\nca = \"/etc/itcp/ca.pem\"\ncert = \"/etc/itcp/msr.pem\"\nkey = \"/etc/itcp/msr.key\"\n";
+    let peer = "[[handoff.peer]]\nid = \"msr2\"\naddress = \"10.1.0.12:4347\"\n";
+    let c = msrd(&format!("{base}{peer}{tls}")).unwrap();
+    let t = c.handoff.tls.as_ref().unwrap();
+    assert_eq!(t.ca, std::path::Path::new("/etc/itcp/ca.pem"));
+    assert!(t.accept_unlisted);
+    // Without TLS the same peer needs a key.
+    msrd_err(&format!("{base}{peer}"), "handoff.peer[0].key");
+    // With it a key is a mistake, not silently ignored.
+    msrd_err(
+        &format!("{base}{peer}key = \"{}\"\n{tls}", "ab".repeat(16)),
+        "handoff.peer[0].key",
+    );
+    // Ids must be names a certificate can carry.
+    msrd_err(
+        &format!("{}{peer}{tls}", base.replace("msr1", "msr_1")),
+        "msr.id",
+    );
+    msrd_err(
+        &format!("{base}{}{tls}", peer.replace("msr2", "-msr2")),
+        "handoff.peer[0].id",
+    );
+    msrd_err(
+        &format!("{base}{}", tls.replace("/etc/itcp/ca.pem", "")),
+        "handoff.tls.ca",
+    );
+    msrd_err(&format!("{base}{tls}crl = \"x\"\n"), "crl");
+}
+
+#[test]
 fn metrics_section_defaults_and_errors() {
     let c = msrd(MIN).unwrap();
     assert_eq!(c.metrics, MetricsSection::default());

@@ -353,7 +353,8 @@ pub fn request_on(
 ) -> io::Result<Addr> {
     let gateway = stream.peer_addr()?;
     let token = opts.resolve_token()?;
-    let mut hs = Handshake::new(gateway, token, command, target);
+    let mh = stream.local_addr()?.ip();
+    let mut hs = Handshake::new(gateway, mh, token, command, target);
     let bound = drive(stream, &mut hs, opts, command)?;
     stream.set_read_timeout(None)?;
     stream.set_write_timeout(None)?;
@@ -386,7 +387,8 @@ fn open(
     let timeout = nonzero(opts.get_connect_timeout());
     let mut stream = TcpStream::connect_timeout(&gateway, timeout)
         .map_err(|e| (handshake::gateway_connect_error(gateway, e, timeout), false))?;
-    let mut hs = Handshake::new(gateway, token, command, addr.clone());
+    let mh = stream.local_addr().map_err(|e| (e, false))?.ip();
+    let mut hs = Handshake::new(gateway, mh, token, command, addr.clone());
     let bound = drive(&mut stream, &mut hs, opts, command).map_err(|e| (e, hs.got_reply()))?;
     let reset = stream
         .set_read_timeout(None)

@@ -1,12 +1,15 @@
 //! The client side of one request connection as a sans-IO state machine, driven by the
 //! blocking and the async flavours alike.
 //!
-//! Sequence: greeting offering `[0x80, 0x00]` → method choice → (if `0x80`: token →
+//! Sequence: greeting offering `[0x80, 0x00]` → method choice → (if `0x80`: the MSR's
+//! key share → our token sealed under an X25519 agreement (`itcp_proto::token_kx`) →
 //! token status) → request → reply. Each step says what to write and exactly how many
 //! bytes to read next, so the driver never reads past the reply into relayed data.
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+
+use itcp_proto::token_kx::SealedToken;
 
 use crate::socks::{self, Addr, Command, Method, Reply, Token};
 
@@ -36,6 +39,7 @@ pub(crate) enum Phase {
 #[derive(Debug)]
 enum State {
     MethodChoice,
+    KeyShare,
     TokenStatus,
     Reply(Vec<u8>),
     Done,
@@ -45,17 +49,29 @@ enum State {
 #[derive(Debug)]
 pub(crate) struct Handshake {
     gateway: SocketAddr,
+    /// Our address on the connection to the gateway (the sealed token is bound to it).
+    mh: IpAddr,
     token: Token,
+    /// Our key-share secret (drawn when the MSR's share arrives; set by tests).
+    secret: Option<[u8; 32]>,
     command: Command,
     addr: Addr,
     state: State,
 }
 
 impl Handshake {
-    pub(crate) fn new(gateway: SocketAddr, token: Token, command: Command, addr: Addr) -> Self {
+    pub(crate) fn new(
+        gateway: SocketAddr,
+        mh: IpAddr,
+        token: Token,
+        command: Command,
+        addr: Addr,
+    ) -> Self {
         Handshake {
             gateway,
+            mh,
             token,
+            secret: None,
             command,
             addr,
             state: State::MethodChoice,
@@ -74,7 +90,7 @@ impl Handshake {
 
     pub(crate) fn phase(&self) -> Phase {
         match self.state {
-            State::MethodChoice | State::TokenStatus => Phase::Negotiation,
+            State::MethodChoice | State::KeyShare | State::TokenStatus => Phase::Negotiation,
             State::Reply(_) | State::Done => Phase::Reply,
         }
     }
@@ -94,10 +110,11 @@ impl Handshake {
                     .ok_or_else(|| self.internal())?;
                 match method {
                     Method::ITCP_SESSION => {
-                        let mut write = Vec::with_capacity(17);
-                        socks::encode_token(&mut write, &self.token);
-                        self.state = State::TokenStatus;
-                        Ok(Step::Io { write, read: 2 })
+                        self.state = State::KeyShare;
+                        Ok(Step::Io {
+                            write: Vec::new(),
+                            read: socks::KEY_SHARE_LEN,
+                        })
                     }
                     Method::NO_AUTH => self.send_request(),
                     Method::NONE_ACCEPTABLE => Err(io::Error::new(
@@ -116,6 +133,26 @@ impl Handshake {
                         ),
                     )),
                 }
+            }
+            State::KeyShare => {
+                let (share, _) = socks::parse_key_share(bytes)
+                    .map_err(|e| self.malformed(e))?
+                    .ok_or_else(|| self.internal())?;
+                let secret = match self.secret {
+                    Some(s) => s,
+                    None => *self.secret.insert(crate::token::random_secret()?),
+                };
+                let sealed =
+                    SealedToken::seal(&self.token, &secret, &share, self.mh).map_err(|e| {
+                        io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            format!("I-TCP gateway {} sent a bad key share: {e}", self.gateway),
+                        )
+                    })?;
+                let mut write = Vec::with_capacity(socks::SEALED_TOKEN_LEN);
+                socks::encode_token(&mut write, &sealed);
+                self.state = State::TokenStatus;
+                Ok(Step::Io { write, read: 2 })
             }
             State::TokenStatus => {
                 let (status, _) = socks::parse_token_status(bytes)
@@ -207,7 +244,7 @@ impl Handshake {
     pub(crate) fn io_error(&self, e: io::Error, timeout: Option<std::time::Duration>) -> io::Error {
         let phase = match self.state {
             State::MethodChoice => "method negotiation",
-            State::TokenStatus => "token exchange",
+            State::KeyShare | State::TokenStatus => "token exchange",
             State::Reply(_) | State::Done => match self.command {
                 Command::Accept => "accept request",
                 Command::Connect => "connect request",
@@ -282,6 +319,10 @@ mod tests {
         "10.2.0.1:1080".parse().unwrap()
     }
 
+    fn mh() -> IpAddr {
+        "10.2.0.100".parse().unwrap()
+    }
+
     fn io_step(step: Step) -> (Vec<u8>, usize) {
         match step {
             Step::Io { write, read } => (write, read),
@@ -293,16 +334,26 @@ mod tests {
     fn full_exchange_with_token() {
         let token = Token([0xAB; 16]);
         let target = Addr::Ip("10.0.0.1:80".parse().unwrap());
-        let mut hs = Handshake::new(gw(), token, Command::Connect, target);
+        let mut hs = Handshake::new(gw(), mh(), token, Command::Connect, target);
         let (w, r) = io_step(hs.start().unwrap());
         assert_eq!(w, [5, 2, 0x80, 0]);
         assert_eq!(r, 2);
         assert_eq!(hs.phase(), Phase::Negotiation);
         let (w, r) = io_step(hs.input(&[5, 0x80]).unwrap());
-        assert_eq!(w[0], 1);
-        assert_eq!(&w[1..], &[0xAB; 16]);
+        assert!(w.is_empty());
+        assert_eq!(r, socks::KEY_SHARE_LEN);
+        // The MSR's key share; the token goes out sealed under it, never in clear.
+        let msr_secret = [0x42u8; 32];
+        let mut share = Vec::new();
+        socks::encode_key_share(&mut share, &itcp_proto::token_kx::public_key(&msr_secret));
+        hs.secret = Some([0x17; 32]);
+        let (w, r) = io_step(hs.input(&share).unwrap());
+        assert_eq!(w.len(), socks::SEALED_TOKEN_LEN);
+        assert!(!w.windows(16).any(|x| x == [0xAB; 16]), "token in clear");
+        let (sealed, _) = socks::parse_token(&w).unwrap().unwrap();
+        assert_eq!(sealed.open(&msr_secret, mh()), Ok(token));
         assert_eq!(r, 2);
-        let (w, r) = io_step(hs.input(&[1, 0]).unwrap());
+        let (w, r) = io_step(hs.input(&[2, 0]).unwrap());
         assert_eq!(w, [5, 1, 0, 1, 10, 0, 0, 1, 0, 80]);
         assert_eq!(r, 4);
         assert_eq!(hs.phase(), Phase::Reply);
@@ -319,6 +370,7 @@ mod tests {
     fn no_auth_skips_token_and_domain_reply() {
         let mut hs = Handshake::new(
             gw(),
+            mh(),
             Token([0; 16]),
             Command::Connect,
             Addr::Domain("fh".into(), 80),
@@ -337,7 +389,7 @@ mod tests {
     #[test]
     fn failures() {
         let target = Addr::Ip("10.0.0.1:9".parse().unwrap());
-        let mut hs = Handshake::new(gw(), Token([0; 16]), Command::Connect, target.clone());
+        let mut hs = Handshake::new(gw(), mh(), Token([0; 16]), Command::Connect, target.clone());
         hs.start().unwrap();
         hs.input(&[5, 0]).unwrap();
         hs.input(&[5, 5, 0, 1]).unwrap();
@@ -348,19 +400,22 @@ mod tests {
             "I-TCP gateway 10.2.0.1:1080 could not connect to 10.0.0.1:9: connection refused"
         );
 
-        let mut hs = Handshake::new(gw(), Token([0; 16]), Command::Connect, target.clone());
+        let mut hs = Handshake::new(gw(), mh(), Token([0; 16]), Command::Connect, target.clone());
         hs.start().unwrap();
         let e = hs.input(&[5, 0xFF]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
 
-        let mut hs = Handshake::new(gw(), Token([0; 16]), Command::Connect, target.clone());
+        let mut hs = Handshake::new(gw(), mh(), Token([0; 16]), Command::Connect, target.clone());
         hs.start().unwrap();
         hs.input(&[5, 0x80]).unwrap();
-        let e = hs.input(&[1, 1]).unwrap_err();
+        let mut share = Vec::new();
+        socks::encode_key_share(&mut share, &itcp_proto::token_kx::public_key(&[9; 32]));
+        hs.input(&share).unwrap();
+        let e = hs.input(&[2, 1]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied);
         assert!(e.to_string().contains("rejected the session token"), "{e}");
 
-        let mut hs = Handshake::new(gw(), Token([0; 16]), Command::Connect, target);
+        let mut hs = Handshake::new(gw(), mh(), Token([0; 16]), Command::Connect, target);
         hs.start().unwrap();
         let e = hs.input(&[4, 0]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
@@ -372,6 +427,7 @@ mod tests {
 
         let mut hs = Handshake::new(
             gw(),
+            mh(),
             Token([0; 16]),
             Command::Accept,
             any_addr_for(gw(), 80),
@@ -384,6 +440,7 @@ mod tests {
 
         let mut hs = Handshake::new(
             gw(),
+            mh(),
             Token([0; 16]),
             Command::Connect,
             Addr::Domain("x".repeat(300), 80),

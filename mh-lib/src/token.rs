@@ -87,6 +87,25 @@ pub fn random_token() -> io::Result<Token> {
     Ok(Token(bytes))
 }
 
+/// A fresh X25519 secret for one token exchange (getrandom(2)).
+pub(crate) fn random_secret() -> io::Result<[u8; 32]> {
+    let mut b = [0u8; 32];
+    let mut at = 0;
+    while at < b.len() {
+        // SAFETY: getrandom writes at most `len - at` bytes into the rest of our buffer.
+        let n = unsafe { libc::getrandom(b[at..].as_mut_ptr().cast(), b.len() - at, 0) };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+            continue;
+        }
+        at += n as usize;
+    }
+    Ok(b)
+}
+
 /// The random token of this process (drawn once, on first use), used when no shared
 /// token is available.
 pub fn process_token() -> io::Result<Token> {

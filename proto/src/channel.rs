@@ -141,6 +141,11 @@ pub struct ConnImage {
     /// MH's listening address, re-created at the new MSR.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listen: Option<String>,
+    /// For a request handshake (`handshake`) whose MSR sent its key share: the share's
+    /// X25519 secret (hex), so the new MSR's replay sends the same share and opens the
+    /// MH's sealed token. A secret: it travels only inside the channel's encryption.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kx: Option<String>,
 }
 
 /// Why a channel's bytes were rejected. Each says who and what, for the log.
@@ -288,7 +293,9 @@ pub fn parse_challenge(b: &[u8; CHALLENGE]) -> Result<[u8; NONCE], WireError> {
 pub struct Session {
     me: String,
     peer: String,
-    key: Vec<u8>,
+    /// None when the transport authenticates, encrypts and orders the frames (mutual
+    /// TLS): frames then carry zero tags, which nobody checks.
+    key: Option<Vec<u8>>,
     /// The nonce our frames are bound to (the peer's).
     send_nonce: [u8; NONCE],
     /// The nonce the peer's frames are bound to (ours).
@@ -333,7 +340,7 @@ pub fn hello(
     let s = Session {
         me: me.into(),
         peer: peer.into(),
-        key: key.to_vec(),
+        key: Some(key.to_vec()),
         send_nonce: *challenge_nonce,
         recv_nonce: *my_nonce,
         send_seq: 0,
@@ -342,15 +349,8 @@ pub fn hello(
     (out, s)
 }
 
-/// The acceptor's side: checks the hello at the start of `buf` (Ok(None): need more;
-/// never more than [`MAX_HELLO`] bytes) against our challenge `nonce`, and opens the
-/// session with the peer it authenticates. `key_of` gives a peer's key.
-pub fn open_hello(
-    buf: &[u8],
-    me: &str,
-    key_of: impl Fn(&str) -> Option<Vec<u8>>,
-    nonce: &[u8; NONCE],
-) -> Result<Option<(Session, usize)>, WireError> {
+/// The start of a hello: magic, sender and recipient ids; Ok(None): need more bytes.
+fn hello_ids(buf: &[u8]) -> Result<Option<(String, String, usize)>, WireError> {
     let take = |at: usize, n: usize| buf.get(at..at + n);
     let Some(magic) = take(0, 4) else {
         return if HELLO_MAGIC.starts_with(buf) {
@@ -383,6 +383,51 @@ pub fn open_hello(
     let Some((to, at)) = id(at)? else {
         return Ok(None);
     };
+    Ok(Some((from, to, at)))
+}
+
+/// Over mutual TLS the connector only says who it is and whom it wants, `"ITC3"` · len
+/// · from · len · to (the acceptor checks the certificate names `from`).
+pub fn tls_hello(me: &str, peer: &str) -> Vec<u8> {
+    assert!(
+        me.len() <= MAX_ID && peer.len() <= MAX_ID,
+        "MSR ids are at most 64 bytes"
+    );
+    let mut out = Vec::with_capacity(4 + 2 + me.len() + peer.len());
+    out.extend_from_slice(HELLO_MAGIC);
+    out.push(me.len() as u8);
+    out.extend_from_slice(me.as_bytes());
+    out.push(peer.len() as u8);
+    out.extend_from_slice(peer.as_bytes());
+    out
+}
+
+/// The acceptor's side of [`tls_hello`]: the sender's claimed id and the hello's
+/// length (Ok(None): need more; never more than [`MAX_HELLO`] bytes). The caller must
+/// check the peer's certificate for that id before it trusts it.
+pub fn open_tls_hello(buf: &[u8], me: &str) -> Result<Option<(String, usize)>, WireError> {
+    let Some((from, to, at)) = hello_ids(buf)? else {
+        return Ok(None);
+    };
+    if to != me {
+        return Err(WireError::WrongRecipient { from, to });
+    }
+    Ok(Some((from, at)))
+}
+
+/// The acceptor's side: checks the hello at the start of `buf` (Ok(None): need more;
+/// never more than [`MAX_HELLO`] bytes) against our challenge `nonce`, and opens the
+/// session with the peer it authenticates. `key_of` gives a peer's key.
+pub fn open_hello(
+    buf: &[u8],
+    me: &str,
+    key_of: impl Fn(&str) -> Option<Vec<u8>>,
+    nonce: &[u8; NONCE],
+) -> Result<Option<(Session, usize)>, WireError> {
+    let take = |at: usize, n: usize| buf.get(at..at + n);
+    let Some((from, to, at)) = hello_ids(buf)? else {
+        return Ok(None);
+    };
     let (Some(theirs), Some(tag)) = (take(at, NONCE), take(at + NONCE, TAG)) else {
         return Ok(None);
     };
@@ -400,7 +445,7 @@ pub fn open_hello(
     let s = Session {
         me: me.into(),
         peer: from,
-        key,
+        key: Some(key),
         send_nonce: theirs.try_into().expect("16 bytes"),
         recv_nonce: *nonce,
         send_seq: 0,
@@ -425,13 +470,27 @@ impl Announced {
 }
 
 impl Session {
+    /// A session inside mutual TLS with `peer`, whose certificate the caller verified:
+    /// TLS authenticates, encrypts and orders the frames, so they carry no tags.
+    pub fn over_tls(me: &str, peer: &str) -> Session {
+        Session {
+            me: me.into(),
+            peer: peer.into(),
+            key: None,
+            send_nonce: [0; NONCE],
+            recv_nonce: [0; NONCE],
+            send_seq: 0,
+            recv_seq: 0,
+        }
+    }
+
     /// The authenticated peer's MSR id.
     pub fn peer(&self) -> &str {
         &self.peer
     }
 
-    fn header_mac(&self, nonce: &[u8; NONCE], from: &str, fixed: &[u8]) -> HmacSha256 {
-        mac(&self.key, b"itcp-header", &[nonce, from.as_bytes(), fixed])
+    fn header_mac(key: &[u8], nonce: &[u8; NONCE], from: &str, fixed: &[u8]) -> HmacSha256 {
+        mac(key, b"itcp-header", &[nonce, from.as_bytes(), fixed])
     }
 
     /// Seals `body` into a frame for the peer.
@@ -451,15 +510,21 @@ impl Session {
         out.extend_from_slice(&self.send_seq.to_be_bytes());
         out.extend_from_slice(&(env.len() as u32).to_be_bytes());
         out.extend_from_slice(&(att.len() as u32).to_be_bytes());
-        let htag = self
-            .header_mac(&self.send_nonce, &self.me, &out)
+        let Some(key) = &self.key else {
+            out.extend_from_slice(&[0; TAG]);
+            out.extend_from_slice(env);
+            out.extend_from_slice(att);
+            out.extend_from_slice(&[0; TAG]);
+            return out;
+        };
+        let htag = Self::header_mac(key, &self.send_nonce, &self.me, &out)
             .finalize()
             .into_bytes();
         out.extend_from_slice(&htag);
         out.extend_from_slice(env);
         out.extend_from_slice(att);
         let (h, rest) = out.split_at(HEADER);
-        let tag = body_mac(&self.key, &self.send_nonce, h, rest)
+        let tag = body_mac(key, &self.send_nonce, h, rest)
             .finalize()
             .into_bytes();
         out.extend_from_slice(&tag);
@@ -472,12 +537,14 @@ impl Session {
         if &h[..4] != FRAME_MAGIC {
             return Err(WireError::BadMagic);
         }
-        let (fixed, tag) = h.split_at(HEADER - TAG);
-        self.header_mac(&self.recv_nonce, &self.peer, fixed)
-            .verify_slice(tag)
-            .map_err(|_| WireError::BadTag {
-                from: self.peer.clone(),
-            })?;
+        if let Some(key) = &self.key {
+            let (fixed, tag) = h.split_at(HEADER - TAG);
+            Self::header_mac(key, &self.recv_nonce, &self.peer, fixed)
+                .verify_slice(tag)
+                .map_err(|_| WireError::BadTag {
+                    from: self.peer.clone(),
+                })?;
+        }
         let seq = u64::from_be_bytes(h[4..12].try_into().unwrap());
         let envelope = u32::from_be_bytes(h[12..16].try_into().unwrap()) as usize;
         let attachment = u32::from_be_bytes(h[16..20].try_into().unwrap()) as usize;
@@ -514,11 +581,13 @@ impl Session {
             )));
         }
         let (signed, tag) = body.split_at(body.len() - TAG);
-        body_mac(&self.key, &self.recv_nonce, h, signed)
-            .verify_slice(tag)
-            .map_err(|_| WireError::BadTag {
-                from: self.peer.clone(),
-            })?;
+        if let Some(key) = &self.key {
+            body_mac(key, &self.recv_nonce, h, signed)
+                .verify_slice(tag)
+                .map_err(|_| WireError::BadTag {
+                    from: self.peer.clone(),
+                })?;
+        }
         self.recv_seq = a.seq;
         let mut msg: Message = serde_json::from_slice(&signed[..a.envelope])
             .map_err(|e| WireError::Malformed(e.to_string()))?;
@@ -569,6 +638,43 @@ mod tests {
             handoff_id: id,
             reason: "test".into(),
         }
+    }
+
+    #[test]
+    fn tls_sessions_frame_without_tags_and_hellos_name_both_ends() {
+        let h = tls_hello("msr2", "msr1");
+        for cut in 0..h.len() {
+            assert_eq!(
+                open_tls_hello(&h[..cut], "msr1").unwrap(),
+                None,
+                "cut {cut}"
+            );
+        }
+        assert_eq!(
+            open_tls_hello(&h, "msr1").unwrap(),
+            Some(("msr2".to_string(), h.len()))
+        );
+        assert!(matches!(
+            open_tls_hello(&h, "msr3"),
+            Err(WireError::WrongRecipient { .. })
+        ));
+        assert!(matches!(
+            open_tls_hello(b"ITF3xxxx", "msr1"),
+            Err(WireError::BadMagic)
+        ));
+        let (mut c, mut s) = (
+            Session::over_tls("msr2", "msr1"),
+            Session::over_tls("msr1", "msr2"),
+        );
+        let f = c.seal(&abort(7));
+        assert!(f[HEADER - TAG..HEADER].iter().all(|&b| b == 0));
+        assert_eq!(s.open(&f).unwrap(), Some((abort(7), f.len())));
+        // Order is still checked (TLS delivers in order; a bug here must not pass).
+        assert!(matches!(s.open(&f), Err(WireError::OutOfOrder { .. })));
+        // The caps hold without tags too.
+        let mut big = c.seal(&abort(8));
+        big[12..16].copy_from_slice(&((MAX_ENVELOPE + 1) as u32).to_be_bytes());
+        assert!(matches!(s.open(&big), Err(WireError::TooLarge(_))));
     }
 
     #[test]
@@ -667,6 +773,7 @@ mod tests {
             up_pending: vec![1, 2, 3],
             down_pending: vec![],
             listen: None,
+            kx: None,
         };
         let m = Message::Images {
             handoff_id: 3,

@@ -95,7 +95,11 @@ pub fn socks_server(data: &[u8]) {
         out.clear();
         socks::encode_token(&mut out, &token);
         assert_eq!(out, &data[..n]);
-        let _ = (format!("{token:?}"), token.to_hex());
+        // Sealed for some key share: opening must fail or succeed, never panic.
+        let _ = (
+            format!("{token:?}"),
+            token.open(&[7; 32], [10, 2, 0, 100].into()),
+        );
     }
     let request = incremental(data, socks::parse_request);
     check_frame_len(data, request.as_ref().map(|r| r.1));
@@ -120,7 +124,7 @@ pub fn socks_server(data: &[u8]) {
     }
 }
 
-/// Client side of the SOCKS codec (`parse_method_choice`, `parse_token_status`,
+/// Client side of the SOCKS codec (`parse_method_choice`, `parse_key_share`, `parse_token_status`,
 /// `parse_reply`, `frame_len`), as [`socks_server`].
 pub fn socks_client(data: &[u8]) {
     let mut out = Vec::new();
@@ -129,6 +133,13 @@ pub fn socks_client(data: &[u8]) {
         socks::encode_method_choice(&mut out, method);
         assert_eq!(out, &data[..n]);
         let _ = format!("{method:?}");
+    }
+    if let Some((share, n)) = incremental(data, socks::parse_key_share) {
+        out.clear();
+        socks::encode_key_share(&mut out, &share);
+        assert_eq!(out, &data[..n]);
+        let t = socks::Token([1; 16]);
+        let _ = crate::token_kx::SealedToken::seal(&t, &[3; 32], &share, [10, 2, 0, 100].into());
     }
     if let Some((status, n)) = incremental(data, socks::parse_token_status) {
         out.clear();
@@ -148,6 +159,10 @@ pub fn socks_client(data: &[u8]) {
     if let Ok(Some((method, n))) = socks::parse_method_choice(rest) {
         rest = &rest[n..];
         if method == socks::Method::ITCP_SESSION {
+            match socks::parse_key_share(rest) {
+                Ok(Some((_, n))) => rest = &rest[n..],
+                _ => return,
+            }
             match socks::parse_token_status(rest) {
                 Ok(Some((socks::TOKEN_STATUS_OK, n))) => rest = &rest[n..],
                 _ => return,

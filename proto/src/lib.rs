@@ -6,6 +6,7 @@
 //! | module | format | between |
 //! |---|---|---|
 //! | [`socks`] | SOCKS5 + I-TCP extensions (token, LISTEN/ACCEPT) | MH ⇄ MSR, TCP |
+//! | [`token_kx`] | the token sealed under an X25519 key agreement | MH ⇄ MSR, TCP |
 //! | [`beacon`] | MSR advertisement; MH solicitation of one | MSR → cell, MH → cell, UDP |
 //! | [`greeting`] | greeting with proof, reply | MH ⇄ MSR, UDP |
 //! | [`channel`] | authenticated frames carrying handoff messages and images | MSR ⇄ MSR, TCP |
@@ -23,3 +24,4 @@ pub mod fuzzing;
 pub mod greeting;
 pub mod hex;
 pub mod socks;
+pub mod token_kx;

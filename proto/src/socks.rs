@@ -35,10 +35,13 @@ use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 
+use crate::token_kx::{Public, SealedToken};
+
 /// SOCKS protocol version byte (`05`) of greetings, method choices, requests and replies.
 pub const SOCKS_VERSION: u8 = 0x05;
-/// Version byte (`01`) of the method-`0x80` token sub-negotiation.
-pub const TOKEN_VERSION: u8 = 0x01;
+/// Version byte (`02`) of the method-`0x80` sub-negotiation: key share, sealed token
+/// and status (version `01` sent the token in clear).
+pub const TOKEN_VERSION: u8 = 0x02;
 /// Token status meaning "accepted"; any other status closes the connection.
 pub const TOKEN_STATUS_OK: u8 = 0x00;
 
@@ -56,7 +59,8 @@ pub struct Method(pub u8);
 impl Method {
     /// `00`: no authentication (what stock SOCKS clients offer).
     pub const NO_AUTH: Method = Method(0x00);
-    /// `80`: I-TCP session; the client then sends its 16-byte session token.
+    /// `80`: I-TCP session; the server sends a key share, the client its 16-byte
+    /// session token sealed under it ([`crate::token_kx`]).
     pub const ITCP_SESSION: Method = Method(0x80);
     /// `FF`: the server's answer when none of the offered methods is acceptable.
     pub const NONE_ACCEPTABLE: Method = Method(0xFF);
@@ -256,8 +260,8 @@ impl fmt::Display for Reply {
     }
 }
 
-/// An MH session token: 16 random bytes shared by every process of one MH, sent in the
-/// method-`0x80` sub-negotiation.
+/// An MH session token: 16 random bytes shared by every process of one MH, sent sealed
+/// (X25519, [`crate::token_kx`]) in the method-`0x80` sub-negotiation.
 ///
 /// `Debug` shows only the first two bytes, so tokens do not end up in logs whole; use
 /// [`Token::to_hex`] when the full value is really wanted.
@@ -463,9 +467,11 @@ pub enum MessageKind {
     Greeting,
     /// `05 METHOD`
     MethodChoice,
-    /// `01 TOKEN`
+    /// `02 PUBLIC(32)` (the MSR's key share)
+    KeyShare,
+    /// `02 PUBLIC(32) SEALED(16) TAG(16)`
     Token,
-    /// `01 STATUS`
+    /// `02 STATUS`
     TokenStatus,
     /// `05 CMD 00 ADDR PORT`
     Request,
@@ -478,6 +484,7 @@ impl MessageKind {
         match self {
             MessageKind::Greeting => "greeting",
             MessageKind::MethodChoice => "method choice",
+            MessageKind::KeyShare => "key share",
             MessageKind::Token => "token sub-negotiation",
             MessageKind::TokenStatus => "token status",
             MessageKind::Request => "request",
@@ -496,7 +503,7 @@ pub enum ProtoError {
         message: MessageKind,
         /// The version received.
         got: u8,
-        /// The version required (`05`, or `01` for the token messages).
+        /// The version required (`05`, or `02` for the token messages).
         expected: u8,
     },
     /// The reserved byte of a request or reply is not zero.
@@ -647,19 +654,44 @@ pub fn parse_method_choice(buf: &[u8]) -> Result<Option<(Method, usize)>, ProtoE
     }
 }
 
-/// Server side: decodes the method-`0x80` sub-negotiation `01 TOKEN(16)`.
-pub fn parse_token(buf: &[u8]) -> Result<Option<(Token, usize)>, ProtoError> {
+/// Length of the MH's sealed token message `02 PUBLIC(32) SEALED(16) TAG(16)`.
+pub const SEALED_TOKEN_LEN: usize = 1 + 32 + 16 + 16;
+/// Length of the MSR's key share `02 PUBLIC(32)`.
+pub const KEY_SHARE_LEN: usize = 1 + 32;
+
+/// Server side: decodes the MH's sealed token `02 PUBLIC(32) SEALED(16) TAG(16)`
+/// (open it with [`crate::token_kx::SealedToken::open`]).
+pub fn parse_token(buf: &[u8]) -> Result<Option<(SealedToken, usize)>, ProtoError> {
     if check_version(buf, MessageKind::Token, TOKEN_VERSION)?.is_none() {
         return Ok(None);
     }
-    if buf.len() < 17 {
+    if buf.len() < SEALED_TOKEN_LEN {
         return Ok(None);
     }
-    let bytes: [u8; 16] = buf[1..17].try_into().expect("length checked");
-    Ok(Some((Token(bytes), 17)))
+    let t = SealedToken {
+        public: buf[1..33].try_into().expect("length checked"),
+        sealed: buf[33..49].try_into().expect("length checked"),
+        tag: buf[49..65].try_into().expect("length checked"),
+    };
+    Ok(Some((t, SEALED_TOKEN_LEN)))
 }
 
-/// Client side: decodes the token status `01 STATUS`
+/// Client side: decodes the MSR's key share `02 PUBLIC(32)`, sent right after it
+/// chose method `0x80`.
+pub fn parse_key_share(buf: &[u8]) -> Result<Option<(Public, usize)>, ProtoError> {
+    if check_version(buf, MessageKind::KeyShare, TOKEN_VERSION)?.is_none() {
+        return Ok(None);
+    }
+    if buf.len() < KEY_SHARE_LEN {
+        return Ok(None);
+    }
+    Ok(Some((
+        buf[1..33].try_into().expect("length checked"),
+        KEY_SHARE_LEN,
+    )))
+}
+
+/// Client side: decodes the token status `02 STATUS`
 /// ([`TOKEN_STATUS_OK`] = accepted).
 pub fn parse_token_status(buf: &[u8]) -> Result<Option<(u8, usize)>, ProtoError> {
     if check_version(buf, MessageKind::TokenStatus, TOKEN_VERSION)?.is_none() {
@@ -733,10 +765,18 @@ pub fn encode_method_choice(out: &mut Vec<u8>, method: Method) {
     out.extend_from_slice(&[SOCKS_VERSION, method.0]);
 }
 
-/// Client side: appends the method-`0x80` sub-negotiation carrying `token`.
-pub fn encode_token(out: &mut Vec<u8>, token: &Token) {
+/// Client side: appends the method-`0x80` sub-negotiation carrying the sealed token.
+pub fn encode_token(out: &mut Vec<u8>, token: &SealedToken) {
     out.push(TOKEN_VERSION);
-    out.extend_from_slice(&token.0);
+    out.extend_from_slice(&token.public);
+    out.extend_from_slice(&token.sealed);
+    out.extend_from_slice(&token.tag);
+}
+
+/// Server side: appends its key share, right after the method choice `0x80`.
+pub fn encode_key_share(out: &mut Vec<u8>, public: &Public) {
+    out.push(TOKEN_VERSION);
+    out.extend_from_slice(public);
 }
 
 /// Server side: appends the token status ([`TOKEN_STATUS_OK`] = accepted).
@@ -853,13 +893,37 @@ mod tests {
 
     #[test]
     fn token_round_trip() {
-        let token = Token(*b"0123456789abcdef");
+        let sealed = SealedToken {
+            public: [7; 32],
+            sealed: *b"0123456789abcdef",
+            tag: [9; 16],
+        };
         let mut buf = Vec::new();
-        encode_token(&mut buf, &token);
-        assert_eq!(buf.len(), 17);
-        assert_eq!(buf[0], 0x01);
-        assert_eq!(&buf[1..], b"0123456789abcdef");
-        check_message(&buf, parse_token, &token);
+        encode_token(&mut buf, &sealed);
+        assert_eq!(buf.len(), SEALED_TOKEN_LEN);
+        assert_eq!(buf[0], 0x02);
+        assert_eq!(&buf[33..49], b"0123456789abcdef");
+        check_message(&buf, parse_token, &sealed);
+        // The clear-text version 01 of older clients is refused, with the reason.
+        let mut old = vec![0x01];
+        old.extend_from_slice(b"0123456789abcdef");
+        assert!(matches!(
+            parse_token(&old),
+            Err(ProtoError::BadVersion {
+                got: 1,
+                expected: 2,
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn key_share_round_trip() {
+        let mut buf = Vec::new();
+        encode_key_share(&mut buf, &[5; 32]);
+        assert_eq!(buf.len(), KEY_SHARE_LEN);
+        assert_eq!(buf[0], 0x02);
+        check_message(&buf, parse_key_share, &[5; 32]);
     }
 
     #[test]
@@ -867,7 +931,7 @@ mod tests {
         for status in [TOKEN_STATUS_OK, 0x01, 0xFF] {
             let mut buf = Vec::new();
             encode_token_status(&mut buf, status);
-            assert_eq!(buf, [0x01, status]);
+            assert_eq!(buf, [0x02, status]);
             check_message(&buf, parse_token_status, &status);
         }
     }
@@ -974,10 +1038,12 @@ mod tests {
 
     #[test]
     fn malformed_token_messages() {
-        let e = parse_token(&[0x02; 17]).unwrap_err();
-        assert_eq!(e.to_string(), "token sub-negotiation version 2, expected 1");
+        let e = parse_token(&[0x01; 17]).unwrap_err();
+        assert_eq!(e.to_string(), "token sub-negotiation version 1, expected 2");
+        let e = parse_key_share(&[0x05; 33]).unwrap_err();
+        assert_eq!(e.to_string(), "key share version 5, expected 2");
         let e = parse_token_status(&[0x05, 0x00]).unwrap_err();
-        assert_eq!(e.to_string(), "token status version 5, expected 1");
+        assert_eq!(e.to_string(), "token status version 5, expected 2");
         let e = parse_method_choice(&[0x04, 0x00]).unwrap_err();
         assert_eq!(e.to_string(), "method choice version 4, expected 5");
     }

@@ -552,6 +552,8 @@ enum Failed {
     Frozen,
     /// A resumed handshake would not send what was sent before the handoff.
     Replay(String),
+    /// The MH's sealed token does not open under our key share.
+    Token(itcp_proto::token_kx::OpenError),
 }
 
 impl std::fmt::Display for Failed {
@@ -563,6 +565,7 @@ impl std::fmt::Display for Failed {
             Failed::TooLong => f.write_str("handshake message too long"),
             Failed::Frozen => f.write_str("frozen for a handoff"),
             Failed::Replay(e) => f.write_str(e),
+            Failed::Token(e) => write!(f, "session token refused: {e}"),
         }
     }
 }
@@ -574,6 +577,8 @@ type Parser<T> = fn(&[u8]) -> Result<Option<(T, usize)>, ProtoError>;
 /// of a handoff, which stops it whenever it waits for the MH.
 struct Handshake<'a> {
     s: &'a mut TcpStream,
+    /// The MH's address (the connection's source): sealed tokens are bound to it.
+    mh: IpAddr,
     t: &'a mut Transcript,
     pause: &'a mut watch::Receiver<bool>,
 }
@@ -646,6 +651,7 @@ pub(crate) async fn serve_request(
         if done.is_none() {
             let hs = Handshake {
                 s: &mut s,
+                mh,
                 t: &mut t,
                 pause: &mut pause,
             };
@@ -672,16 +678,12 @@ pub(crate) async fn serve_request(
                 continue;
             }
         }
-        let (read, written) = std::mem::take(&mut t).into_parts();
         let f = Frozen {
             session: sess.clone(),
             wireless: s,
             fixed: None,
             listen: None,
-            pending: Pending {
-                up: read,
-                down: written,
-            },
+            pending: std::mem::take(&mut t).into_pending(),
             admitted: None,
         };
         let Some(f) = d.hand_over(f) else {
@@ -689,7 +691,7 @@ pub(crate) async fn serve_request(
         };
         // Nobody took it (the handoff gave up first): replay it here.
         s = f.wireless;
-        t = Transcript::resume(f.pending.up, f.pending.down);
+        t = Transcript::from_pending(f.pending);
         done = None;
     };
     drop(setup);
@@ -727,6 +729,16 @@ async fn handshake_failed(
     t: &Transcript,
     e: Failed,
 ) {
+    if let Failed::Token(_) = &e {
+        d.sessions
+            .stats
+            .malformed_requests
+            .fetch_add(1, Ordering::Relaxed);
+        if d.may_log(peer.ip()) {
+            warn!(mh = %peer.ip(), mh_port = peer.port(), error = %e, "request refused");
+        }
+        return;
+    }
     let Failed::Proto(p) = &e else {
         return debug!(mh = %peer.ip(), mh_port = peer.port(), error = %e, "request handshake failed");
     };
@@ -762,10 +774,29 @@ impl Handshake<'_> {
         }
         let mut token = None;
         if method == Method::ITCP_SESSION {
-            token = Some(self.read_msg(socks::parse_token).await?);
+            // Our key share goes out with the method choice's round trip; its secret
+            // stays with the transcript (a moved handshake replays the same share).
+            let secret = match self.t.kx {
+                Some(k) => k,
+                None => *self
+                    .t
+                    .kx
+                    .insert(crate::random::bytes().map_err(Failed::Io)?),
+            };
             out.clear();
-            socks::encode_token_status(&mut out, socks::TOKEN_STATUS_OK);
+            socks::encode_key_share(&mut out, &itcp_proto::token_kx::public_key(&secret));
             self.send(&out).await?;
+            let sealed = self.read_msg(socks::parse_token).await?;
+            let opened = sealed.open(&secret, self.mh);
+            out.clear();
+            let status = if opened.is_ok() {
+                socks::TOKEN_STATUS_OK
+            } else {
+                0x01
+            };
+            socks::encode_token_status(&mut out, status);
+            self.send(&out).await?;
+            token = Some(opened.map_err(Failed::Token)?);
         }
         let req = self.read_msg(socks::parse_request).await?;
         Ok((req, token))

@@ -40,6 +40,7 @@ pub mod metrics;
 pub mod netlink;
 pub mod nflog;
 pub mod notify;
+pub mod random;
 pub mod relay;
 pub mod sessions;
 pub mod setup;

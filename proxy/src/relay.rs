@@ -47,6 +47,9 @@ pub struct Pending {
     pub up: Vec<u8>,
     /// Read from the fixed side, for the wireless side.
     pub down: Vec<u8>,
+    /// A request handshake (whose `up`/`down` are its transcript): the secret of the
+    /// key share it sent, so a replay elsewhere sends the same share.
+    pub kx: Option<[u8; 32]>,
 }
 
 impl Pending {

@@ -16,6 +16,8 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::relay::Pending;
+
 #[derive(Default)]
 struct Entry {
     /// Connections of the MH whose fixed side is being set up.
@@ -235,16 +237,20 @@ pub struct Transcript {
     pub written: Vec<u8>,
     /// What an earlier run had written: not sent again.
     sent_before: Vec<u8>,
+    /// The secret of the key share sent (method `0x80`), kept so a replay sends the
+    /// same share.
+    pub kx: Option<[u8; 32]>,
 }
 
 impl Transcript {
     /// A transcript to replay: the bytes an earlier run read and wrote.
-    pub fn resume(read: Vec<u8>, written: Vec<u8>) -> Transcript {
+    pub fn resume(read: Vec<u8>, written: Vec<u8>, kx: Option<[u8; 32]>) -> Transcript {
         Transcript {
             read,
             pos: 0,
             written: Vec::new(),
             sent_before: written,
+            kx,
         }
     }
 
@@ -278,14 +284,24 @@ impl Transcript {
         Ok(&b[done..])
     }
 
-    /// The transcript a frozen handshake carries: all read, all ever written.
-    pub fn into_parts(self) -> (Vec<u8>, Vec<u8>) {
+    /// The transcript a frozen handshake carries: all read, all ever written, and
+    /// the key share's secret.
+    pub fn into_pending(self) -> Pending {
         let written = if self.sent_before.len() > self.written.len() {
             self.sent_before
         } else {
             self.written
         };
-        (self.read, written)
+        Pending {
+            up: self.read,
+            down: written,
+            kx: self.kx,
+        }
+    }
+
+    /// A transcript to replay from what a frozen handshake carried.
+    pub fn from_pending(p: Pending) -> Transcript {
+        Transcript::resume(p.up, p.down, p.kx)
     }
 }
 
@@ -300,8 +316,9 @@ mod tests {
         t.consume(3);
         assert_eq!(t.reply(b"\x05\x00").unwrap(), b"\x05\x00");
         t.received(b"\x05\x01");
-        let (read, written) = t.into_parts();
-        let mut r = Transcript::resume(read, written);
+        t.kx = Some([7; 32]);
+        let mut r = Transcript::from_pending(t.into_pending());
+        assert_eq!(r.kx, Some([7; 32]), "the key share's secret travels");
         assert_eq!(r.unparsed(), b"\x05\x01\x00\x05\x01");
         r.consume(3);
         assert_eq!(
@@ -312,14 +329,14 @@ mod tests {
         assert_eq!(r.unparsed(), b"\x05\x01");
         assert_eq!(r.reply(b"\x05\x00\x00").unwrap(), b"\x05\x00\x00");
         // Frozen again: everything written in both runs is carried.
-        assert_eq!(r.into_parts().1, b"\x05\x00\x05\x00\x00");
+        assert_eq!(r.into_pending().down, b"\x05\x00\x05\x00\x00");
     }
 
     #[test]
     fn a_replay_that_diverges_is_an_error() {
-        let mut r = Transcript::resume(vec![], b"\x05\x00".to_vec());
+        let mut r = Transcript::resume(vec![], b"\x05\x00".to_vec(), None);
         assert!(r.reply(b"\x05\xff").is_err());
-        let mut r = Transcript::resume(vec![], b"\x05\x00".to_vec());
+        let mut r = Transcript::resume(vec![], b"\x05\x00".to_vec(), None);
         assert_eq!(r.reply(b"\x05").unwrap(), b"");
         assert_eq!(r.reply(b"\x00\x01").unwrap(), b"\x01");
         // Nothing sent before: every reply goes out whole.

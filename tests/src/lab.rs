@@ -444,6 +444,9 @@ pub struct Lab {
     pub msrd_log_level: String,
     /// Lines added to msrd's `[handoff]` by [`Lab::handoff_config`].
     pub handoff_extra: String,
+    /// The MSR⇄MSR channel runs over mutual TLS with certificates of a lab CA made by
+    /// `scripts/msr-certs` (true); false: a pre-shared key per pair of MSRs.
+    pub channel_tls: bool,
     /// msrd beacons at the seeded wall-clock phases of [`beacon_offset_ms`].
     pub beacon_offsets: bool,
     /// The msrd binary [`Lab::start_msrd`] runs (default: [`bin_path`]`("msrd")`).
@@ -573,6 +576,7 @@ impl Lab {
             cell_extra: String::new(),
             msrd_log_level: "debug".into(),
             handoff_extra: String::new(),
+            channel_tls: true,
             beacon_offsets: false,
             msrd_bin: None,
             mhs,
@@ -1077,9 +1081,30 @@ impl Lab {
         Ok(())
     }
 
+    /// The lab's CA and MSR certificates (`scripts/msr-certs`, the operators' recipe),
+    /// made once per lab: the directory holding `ca.pem`, `msrK.pem`, `msrK.key`.
+    pub fn channel_certs(&self) -> io::Result<PathBuf> {
+        let dir = self.dir.join("certs");
+        if dir.join("ca.pem").exists() {
+            return Ok(dir);
+        }
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/msr-certs");
+        let ids: Vec<String> = (1..=self.config.msrs).map(|k| format!("msr{k}")).collect();
+        let out = Command::new(&script).arg(&dir).args(&ids).output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!(
+                "{}: {}",
+                script.display(),
+                String::from_utf8_lossy(&out.stderr)
+            )));
+        }
+        Ok(dir)
+    }
+
     /// The `[handoff]` section of MSR `k` in a lab with I-TCP mobility: the MSR⇄MSR
-    /// channel on its LAN address, proxy ARP on `lan0`, every other MSR a peer (one
-    /// key per pair), the handoff log in the lab directory.
+    /// channel on its LAN address (mutual TLS with the lab CA's certificates, or one
+    /// key per pair: [`Lab::channel_tls`]), proxy ARP on `lan0`, every other MSR a
+    /// peer, the handoff log in the lab directory.
     pub fn handoff_config(&self, k: usize) -> String {
         let mut s = format!(
             "[handoff]\nlisten = \"{}:4347\"\nlan_interface = \"lan0\"\nlog_file = \"{}\"\n{}\n",
@@ -1090,8 +1115,20 @@ impl Lab {
         for j in (1..=self.config.msrs).filter(|&j| j != k) {
             let pair = k.min(j) * 100 + k.max(j);
             s += &format!(
-                "\n[[handoff.peer]]\nid = \"msr{j}\"\naddress = \"{}:4347\"\nkey = \"{pair:032x}\"\n",
+                "\n[[handoff.peer]]\nid = \"msr{j}\"\naddress = \"{}:4347\"\n",
                 addr::msr_lan(j)
+            );
+            if !self.channel_tls {
+                s += &format!("key = \"{pair:032x}\"\n");
+            }
+        }
+        if self.channel_tls {
+            let d = self.channel_certs().expect("lab CA and MSR certificates");
+            s += &format!(
+                "\n[handoff.tls]\nca = \"{}\"\ncert = \"{}\"\nkey = \"{}\"\n",
+                d.join("ca.pem").display(),
+                d.join(format!("msr{k}.pem")).display(),
+                d.join(format!("msr{k}.key")).display()
             );
         }
         s

@@ -3,11 +3,18 @@
 //! and ttcp transfers through I-TCP. Every transfer is verified byte for byte, and
 //! nftables counters at the FH and the MH count RSTs (there must be none). Needs root.
 
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use itcp_handoff::log::Outcome;
+use itcp_proto::channel::{tls_hello, Message, Session};
+use itcp_proto::greeting::Greeting;
 use itcp_testbed::lab::{self, bin_path, Host, Lab, LabConfig};
 use itcp_testbed::ttcp::{RecvReport, SendReport};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::json;
 
 /// A lab of `msrs` MSRs with fast, clean cells (the tests are about correctness; the
@@ -27,7 +34,18 @@ fn clean_lab(msrs: usize, seed: u64) -> Lab {
 
 /// [`mobile_lab_with`], also returning the msrds' spawn indices (MSR order).
 fn mobile_lab_indexed(msrs: usize, seed: u64, agent_args: &[&str]) -> (Lab, Vec<usize>) {
+    mobile(clean_lab(msrs, seed), agent_args)
+}
+
+/// [`mobile_lab_indexed`] with the MSR⇄MSR channel on pre-shared keys instead of TLS.
+fn mobile_lab_psk(msrs: usize, seed: u64) -> (Lab, Vec<usize>) {
     let mut lab = clean_lab(msrs, seed);
+    lab.channel_tls = false;
+    mobile(lab, &["--hysteresis-ms", "0"])
+}
+
+/// Starts msrd with handoff on every MSR and the MH's agent, and counts RSTs.
+fn mobile(mut lab: Lab, agent_args: &[&str]) -> (Lab, Vec<usize>) {
     let (msrds, _agent) = lab.start_itcp_mobility("", agent_args).unwrap();
     lab.watch_rsts(Host::Fh).unwrap();
     lab.watch_rsts(Host::Mh).unwrap();
@@ -520,7 +538,7 @@ fn channel_attempt(
 fn forged_and_replayed_msr_messages_are_rejected() {
     use itcp_proto::channel::{hello, Message};
     use itcp_proto::greeting::Greeting;
-    let mut lab = mobile_lab(2, 51);
+    let (mut lab, _) = mobile_lab_psk(2, 51);
     let bytes = 8 << 20;
     let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
     std::thread::sleep(Duration::from_millis(500));
@@ -871,7 +889,15 @@ fn rss_kib(pid: u32) -> u64 {
 
 #[test]
 fn an_unauthenticated_channel_peer_costs_msrd_no_memory() {
-    let (lab, msrds) = mobile_lab_indexed(2, 91, &["--hysteresis-ms", "0"]);
+    unauthenticated_peer_costs_no_memory(mobile_lab_psk(2, 91));
+}
+
+#[test]
+fn an_unauthenticated_tls_channel_peer_costs_msrd_no_memory() {
+    unauthenticated_peer_costs_no_memory(mobile_lab_indexed(2, 92, &["--hysteresis-ms", "0"]));
+}
+
+fn unauthenticated_peer_costs_no_memory((lab, msrds): (Lab, Vec<usize>)) {
     let pid = lab.pid(msrds[0]);
     let before = rss_kib(pid);
     // Frames announcing 1 GiB, in the previous frame format and in the current one
@@ -1143,4 +1169,167 @@ fn a_move_whose_greetings_were_lost_moves_nothing_and_the_next_move_pulls_from_t
     assert_eq!(moved[0]["connections"], 1, "{moved:?}");
     let (send, recv) = finish(&mut lab, t);
     assert_clean(&lab, &send, &recv, bytes);
+}
+
+// ---- The channel over mutual TLS ([handoff.tls]), tried from the fixed LAN with
+// certificates of our choosing.
+
+/// Certificates of the operators' recipe (`scripts/msr-certs`) in `dir`.
+fn certs(dir: &Path, ids: &[&str]) {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../scripts/msr-certs");
+    let out = std::process::Command::new(script)
+        .arg(dir)
+        .args(ids)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+}
+
+/// What happened to one TLS channel attempt, as the client saw it.
+#[derive(Debug)]
+struct Attempt {
+    handshake: Result<(), String>,
+    answer: Result<Vec<u8>, String>,
+}
+
+/// From the GW, opens a TLS channel to MSR1 with `cert`/`key`, says it is `claim`, and
+/// sends one handoff request; reads until MSR1 closes.
+fn attempt(lab: &Lab, ca: PathBuf, cert: PathBuf, key: PathBuf, claim: &'static str) -> Attempt {
+    itcp_testbed::sys::in_netns(&lab.ns(Host::Gw), move || {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in CertificateDer::pem_file_iter(&ca).unwrap() {
+            roots.add(c.unwrap()).unwrap();
+        }
+        let chain: Vec<_> = CertificateDer::pem_file_iter(&cert)
+            .unwrap()
+            .map(|c| c.unwrap())
+            .collect();
+        let key = PrivateKeyDer::from_pem_file(&key).unwrap();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let cfg = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_client_auth_cert(chain, key)
+            .unwrap();
+        let conn =
+            rustls::ClientConnection::new(Arc::new(cfg), ServerName::try_from("msr1").unwrap())
+                .unwrap();
+        let tcp = std::net::TcpStream::connect("10.1.0.11:4347")?;
+        tcp.set_read_timeout(Some(Duration::from_secs(5)))?;
+        let mut tls = rustls::StreamOwned::new(conn, tcp);
+        let mut handshake = Ok(());
+        while tls.conn.is_handshaking() {
+            if let Err(e) = tls.conn.complete_io(&mut tls.sock) {
+                handshake = Err(e.to_string());
+                break;
+            }
+        }
+        let request = Message::HandoffRequest {
+            handoff_id: 7,
+            greeting: Greeting::new(
+                b"guessed token",
+                "10.2.0.100".parse().unwrap(),
+                "msr1",
+                "msr2",
+                1,
+                [3; 16],
+            ),
+        };
+        let mut bytes = tls_hello(claim, "msr1");
+        bytes.extend(Session::over_tls(claim, "msr1").seal(&request));
+        let mut answer = Vec::new();
+        let answer = match tls.write_all(&bytes).and_then(|()| tls.flush()) {
+            Err(e) => Err(e.to_string()),
+            Ok(()) => match tls.read_to_end(&mut answer) {
+                Ok(_) => Ok(answer),
+                Err(e) => Err(e.to_string()),
+            },
+        };
+        Ok(Attempt { handshake, answer })
+    })
+    .unwrap()
+}
+
+/// Only a certificate of the operator's CA that names the MSR it claims to be gets a
+/// frame read: another CA's certificate fails the handshake, the CA's certificate of
+/// another MSR fails the name check before any frame is read; the genuine
+/// certificate's request is read (and refused for its greeting's proof, as any
+/// unproven greeting is). The MH's transfer runs on throughout and the next genuine
+/// handoff (TLS between msrds) works.
+#[test]
+fn only_the_operators_certificate_naming_the_peer_gets_a_frame_read() {
+    let mut lab = Lab::new(LabConfig::clean(2, 131)).unwrap();
+    assert!(lab.channel_tls, "the lab's channel is TLS by default");
+    let (_msrds, _agent) = lab
+        .start_itcp_mobility("", &["--hysteresis-ms", "0"])
+        .unwrap();
+    let labca = lab.channel_certs().unwrap();
+    // msr3: signed by the lab's CA but not this lab's MSR2.
+    certs(&labca, &["msr3"]);
+    // A CA of someone else, with a certificate that names msr2.
+    let rogue = lab.dir.join("rogue");
+    certs(&rogue, &["msr2"]);
+    let ca = labca.join("ca.pem");
+
+    lab.watch_rsts(Host::Fh).unwrap();
+    lab.watch_rsts(Host::Mh).unwrap();
+    let bytes = 8 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    std::thread::sleep(Duration::from_millis(300));
+
+    let r = attempt(
+        &lab,
+        ca.clone(),
+        rogue.join("msr2.pem"),
+        rogue.join("msr2.key"),
+        "msr2",
+    );
+    eprintln!("another CA's certificate: {r:?}");
+    assert!(
+        r.answer.is_err() || r.answer.as_ref().unwrap().is_empty(),
+        "{r:?}"
+    );
+    let r = attempt(
+        &lab,
+        ca.clone(),
+        labca.join("msr3.pem"),
+        labca.join("msr3.key"),
+        "msr2",
+    );
+    eprintln!("the CA's certificate for msr3 claiming msr2: {r:?}");
+    assert!(r.handshake.is_ok(), "{r:?}");
+    let st = lab.msrd_stats(1).unwrap();
+    assert_eq!(st.stats.handoff_messages_rejected, 2, "{st:?}");
+    assert!(lab.handoff_records(1).is_empty(), "no frame was read yet");
+    let r = attempt(
+        &lab,
+        ca.clone(),
+        labca.join("msr2.pem"),
+        labca.join("msr2.key"),
+        "msr2",
+    );
+    eprintln!("msr2's own certificate: {r:?}");
+    // Read and decided on: the greeting carries no proof of the MH's token.
+    let recs = lab.handoff_records(1);
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    assert_eq!(recs[0].outcome, Outcome::Rejected);
+    let st = lab.msrd_stats(1).unwrap();
+    assert_eq!(st.stats.handoff_messages_rejected, 2, "{st:?}");
+    let log = std::fs::read_to_string(lab.dir.join("msrd1.log")).unwrap();
+    assert!(
+        log.contains("certificate does not name it"),
+        "msrd1 should say why it refused msr3's certificate"
+    );
+    // The genuine handoff, msrd to msrd over TLS, and the transfer are unaffected.
+    crossing(&lab, 1, 2, Duration::from_millis(200), Duration::ZERO);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    let (s, r) = finish(&mut lab, t);
+    assert_clean(&lab, &s, &r, bytes);
+    let recs = lab.handoff_records(2);
+    assert_eq!(
+        recs.last().map(|r| r.outcome),
+        Some(Outcome::Moved),
+        "{recs:?}"
+    );
 }

@@ -189,9 +189,18 @@ fn serve(
     let token = match choice {
         Method::NONE_ACCEPTABLE => return Ok(()),
         Method::ITCP_SESSION => {
-            let token = match c.next(socks::parse_token)? {
+            // As msrd: a key share, then the MH's token sealed under it.
+            let secret = [0x5a; 32];
+            out.clear();
+            socks::encode_key_share(&mut out, &itcp_proto::token_kx::public_key(&secret));
+            c.send(&out)?;
+            let sealed = match c.next(socks::parse_token)? {
                 Ok(t) => t,
                 Err(_) => return Ok(()),
+            };
+            let mh = c.stream.peer_addr()?.ip();
+            let Ok(token) = sealed.open(&secret, mh) else {
+                return Ok(());
             };
             let status = if policy == Policy::RejectToken { 1 } else { 0 };
             out.clear();

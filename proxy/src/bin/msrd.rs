@@ -156,6 +156,13 @@ fn main() -> ExitCode {
         }
     };
     if check {
+        // The channel's certificates and key are files of their own: read them too.
+        if let Some(t) = &cfg.handoff.tls {
+            if let Err(e) = itcp_proxy::handoff::tls::ChannelTlsConfig::load(t, &cfg.msr.id) {
+                eprintln!("msrd: {path}: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
         println!("{path}: ok");
         return ExitCode::SUCCESS;
     }

@@ -14,6 +14,7 @@ pub mod greeting;
 pub mod new_side;
 pub mod old_side;
 pub mod sockets;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::io;
@@ -87,6 +88,8 @@ pub struct Handoffs {
     pub me: String,
     pub cfg: HandoffSection,
     keys: HashMap<String, Vec<u8>>,
+    /// `[handoff.tls]`: the channel runs over mutual TLS instead of per-pair keys.
+    pub(crate) tls: Option<tls::ChannelTlsConfig>,
     next_id: AtomicU64,
     pub(crate) mhs: Mutex<HashMap<IpAddr, MhState>>,
     /// Pulls per MH (spoofed greetings cannot make us ask peers without bound).
@@ -122,16 +125,23 @@ impl Handoffs {
     /// Reads the peers' keys; errors name the peer.
     pub fn new(me: &str, cfg: &HandoffSection) -> io::Result<Handoffs> {
         let mut keys = HashMap::new();
-        for p in &cfg.peers {
-            let k = p
-                .key_bytes()
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-            keys.insert(p.id.clone(), k);
-        }
+        let tls = match &cfg.tls {
+            Some(t) => Some(tls::ChannelTlsConfig::load(t, me)?),
+            None => {
+                for p in &cfg.peers {
+                    let k = p
+                        .key_bytes()
+                        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+                    keys.insert(p.id.clone(), k);
+                }
+                None
+            }
+        };
         Ok(Handoffs {
             me: me.into(),
             cfg: cfg.clone(),
             keys,
+            tls,
             // Unique across restarts: handoff ids start at the clock.
             next_id: AtomicU64::new(now_us()),
             mhs: Mutex::new(HashMap::new()),

@@ -88,6 +88,7 @@ pub fn capture_one(f: &Frozen, mark: u32) -> io::Result<(ConnImage, ConnEntry)> 
             up_pending: f.pending.up.clone(),
             down_pending: f.pending.down.clone(),
             listen: f.listen.map(|a| a.to_string()),
+            kx: f.pending.kx.map(|k| itcp_proto::hex::hex(&k)),
         },
         entry,
     ))
@@ -99,7 +100,7 @@ pub fn spawn_service(d: &Arc<Daemon>, f: Frozen) {
     let peer = f.session.mh;
     match f.session.kind {
         Kind::Handshake => {
-            let t = crate::setup::Transcript::resume(f.pending.up, f.pending.down);
+            let t = crate::setup::Transcript::from_pending(f.pending);
             let moved = Some((f.session, t));
             tokio::spawn(crate::daemon::serve_request(
                 d2, f.wireless, peer, None, moved,
@@ -255,9 +256,20 @@ pub fn restore_one(c: &ConnImage, policy: UnackedRestore, fwmark: u32) -> io::Re
         ));
     }
     let w = decode(&c.wireless)?;
+    let kx = match &c.kx {
+        None => None,
+        Some(h) => Some(
+            itcp_proto::hex::unhex(h)
+                .and_then(|v| <[u8; 32]>::try_from(v).ok())
+                .ok_or_else(|| {
+                    io::Error::new(io::ErrorKind::InvalidData, "image: kx is not 32 hex bytes")
+                })?,
+        ),
+    };
     let pending = Pending {
         up: c.up_pending.clone(),
         down: c.down_pending.clone(),
+        kx,
     };
     let opts = RestoreOptions {
         transparent: w.sockopts.transparent,

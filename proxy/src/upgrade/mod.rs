@@ -719,6 +719,7 @@ fn handover(d: &Daemon, services: &Services, q: &Quiesced) -> Handover<RawFd> {
                     fixed: f.fixed.is_some(),
                     up_pending: f.pending.up.len(),
                     down_pending: f.pending.down.len(),
+                    kx: f.pending.kx,
                 },
                 wireless: f.wireless.as_raw_fd(),
                 fixed: f.fixed.as_ref().map(|x| x.as_raw_fd()),
@@ -907,6 +908,7 @@ fn stage(d: &Arc<Daemon>, h: Handover<OwnedFd>) -> Result<Staged, String> {
             pending: Pending {
                 up: c.up,
                 down: c.down,
+                kx: m.kx,
             },
             admitted,
         });

@@ -116,6 +116,10 @@ pub struct ConnMeta {
     /// Bytes in transit inside the relay, MH → FH and FH → MH ([`Msg::Pending`]).
     pub up_pending: usize,
     pub down_pending: usize,
+    /// A request handshake's key-share secret (over the Unix socket to our own
+    /// successor, never the network).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kx: Option<[u8; 32]>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -543,6 +547,7 @@ mod tests {
                 fixed: false,
                 up_pending: 0,
                 down_pending: 0,
+                kx: (kind == Kind::Handshake).then_some([4; 32]),
             },
             wireless: id as i32 * 10,
             fixed,
