@@ -271,6 +271,24 @@ fn body_mac(key: &[u8], nonce: &[u8; NONCE], header: &[u8], body: &[u8]) -> Hmac
     m
 }
 
+/// Pre-shared-key channels: XORs `buf` with the envelope keystream of frame `seq`,
+/// HMAC-SHA256(key, "itcp-envelope" · nonce · seq · block) per 32 bytes (a PRF in
+/// counter mode; each frame of each channel has its own nonce and sequence number).
+fn envelope_keystream(key: &[u8], nonce: &[u8; NONCE], seq: u64, buf: &mut [u8]) {
+    let mut base = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
+    base.update(b"itcp-envelope");
+    base.update(nonce);
+    base.update(&seq.to_be_bytes());
+    for (i, chunk) in buf.chunks_mut(32).enumerate() {
+        let mut m = base.clone();
+        m.update(&(i as u64).to_be_bytes());
+        let pad = m.finalize().into_bytes();
+        for (b, p) in chunk.iter_mut().zip(pad.iter()) {
+            *b ^= p;
+        }
+    }
+}
+
 /// The acceptor's first bytes on a new channel.
 pub fn challenge(nonce: &[u8; NONCE]) -> [u8; CHALLENGE] {
     let mut out = [0u8; CHALLENGE];
@@ -521,7 +539,11 @@ impl Session {
             .finalize()
             .into_bytes();
         out.extend_from_slice(&htag);
+        // The envelope carries secrets (the MH's token, handshakes' key-share secrets):
+        // encrypted, then authenticated with the rest of the body.
+        let at = out.len();
         out.extend_from_slice(env);
+        envelope_keystream(key, &self.send_nonce, self.send_seq, &mut out[at..]);
         out.extend_from_slice(att);
         let (h, rest) = out.split_at(HEADER);
         let tag = body_mac(key, &self.send_nonce, h, rest)
@@ -589,8 +611,12 @@ impl Session {
                 })?;
         }
         self.recv_seq = a.seq;
-        let mut msg: Message = serde_json::from_slice(&signed[..a.envelope])
-            .map_err(|e| WireError::Malformed(e.to_string()))?;
+        let mut env = signed[..a.envelope].to_vec();
+        if let Some(key) = &self.key {
+            envelope_keystream(key, &self.recv_nonce, a.seq, &mut env);
+        }
+        let mut msg: Message =
+            serde_json::from_slice(&env).map_err(|e| WireError::Malformed(e.to_string()))?;
         distribute(&mut msg, &signed[a.envelope..])?;
         Ok(msg)
     }
@@ -690,6 +716,28 @@ mod tests {
         // The next frame in order.
         let f2 = c.seal(&abort(3));
         assert_eq!(s.open(&f2).unwrap().unwrap().0, abort(3));
+    }
+
+    #[test]
+    fn psk_envelopes_cross_the_lan_encrypted() {
+        let (mut c, mut s) = pair();
+        let secret = Message::Abort {
+            handoff_id: 9,
+            reason: "0123456789abcdef0123456789abcdef".into(),
+        };
+        let f = c.seal(&secret);
+        assert!(
+            !f.windows(32)
+                .any(|w| w == b"0123456789abcdef0123456789abcdef"),
+            "envelope in clear"
+        );
+        assert!(!f.windows(6).any(|w| w == b"\"type\""), "JSON in clear");
+        assert_eq!(s.open(&f).unwrap().unwrap().0, secret);
+        // Encrypt-then-MAC: a flipped ciphertext bit fails the tag.
+        let (mut c, mut s) = pair();
+        let mut f = c.seal(&secret);
+        f[HEADER + 3] ^= 1;
+        assert!(matches!(s.open(&f), Err(WireError::BadTag { .. })));
     }
 
     #[test]

@@ -1359,9 +1359,12 @@ fn capture(lab: &Lab, h: Host, ifname: &str, name: &str) -> (std::process::Child
 }
 
 /// First contact and one handoff, captured on the air (the MH's interface) and on the
-/// fixed LAN (MSR1's `lan0`, where the images leave): where in the captures do the
-/// MH's session token's bytes (raw, or as hex text) appear?
-fn token_in_captures(tls: bool, seed: u64) -> (bool, bool) {
+/// fixed LAN (MSR1's `lan0`, where the images leave). Returns whether the MH's session
+/// token (raw, or as hex text in either case) appears in (air, LAN), and whether the
+/// exchanges it would travel in were captured at all: the SOCKS greeting offering
+/// method 0x80 on the air, and on the LAN the channel's frame magic (in clear with
+/// pre-shared keys) or a TLS handshake record.
+fn token_in_captures(tls: bool, seed: u64) -> ((bool, bool), (bool, bool)) {
     let mut lab = clean_lab(2, seed);
     lab.channel_tls = tls;
     let (air, air_file) = capture(&lab, Host::Mh, "air0", "air.pcap");
@@ -1387,37 +1390,48 @@ fn token_in_captures(tls: bool, seed: u64) -> (bool, bool) {
     let hex = hex.trim().to_string();
     let raw = itcp_proto::hex::unhex(&hex).unwrap();
     assert_eq!(raw.len(), 16);
-    let found = |f: &Path| {
+    let has = |f: &Path, needles: &[Vec<u8>]| {
         let b = std::fs::read(f).unwrap();
         assert!(b.len() > 100_000, "{} captured too little", f.display());
-        [
-            raw.clone(),
-            hex.to_lowercase().into_bytes(),
-            hex.to_uppercase().into_bytes(),
-        ]
-        .iter()
-        .any(|needle| b.windows(needle.len()).any(|w| w == &needle[..]))
+        needles
+            .iter()
+            .any(|needle| b.windows(needle.len()).any(|w| w == &needle[..]))
     };
-    (found(&air_file), found(&lan_file))
+    let token = [
+        raw.clone(),
+        hex.to_lowercase().into_bytes(),
+        hex.to_uppercase().into_bytes(),
+    ];
+    let channel: Vec<u8> = if tls {
+        vec![0x16, 0x03, 0x01] // a TLS handshake record (ClientHello)
+    } else {
+        b"ITF3".to_vec()
+    };
+    (
+        (has(&air_file, &token), has(&lan_file, &token)),
+        (
+            has(&air_file, &[vec![5, 2, 0x80, 0]]),
+            has(&lan_file, &[channel]),
+        ),
+    )
 }
 
 /// Neither the air nor the fixed LAN carries the MH's session token in clear: on the
-/// air it is sealed under an X25519 agreement, on the LAN the images travel inside
-/// TLS. With pre-shared keys (authenticated, not encrypted: the small-site option) the
-/// LAN capture does show it — which also shows the search finds a token where there is
-/// one.
+/// air it is sealed under an X25519 agreement; on the LAN the images travel inside
+/// TLS, or with pre-shared keys in an encrypted envelope. The captures do hold the
+/// exchanges the token would travel in.
 #[test]
 fn captures_of_first_contact_and_a_handoff_hold_no_token_in_clear() {
-    let (air, lan) = token_in_captures(true, 141);
-    assert!(!air, "the session token crossed the air in clear");
-    assert!(
-        !lan,
-        "the session token crossed the fixed LAN in clear (TLS channel)"
-    );
-    let (air, lan) = token_in_captures(false, 142);
-    assert!(!air, "the session token crossed the air in clear");
-    assert!(
-        lan,
-        "with pre-shared keys the images' token is visible: the search works"
-    );
+    for (tls, seed) in [(true, 141), (false, 142)] {
+        let ((air, lan), (air_seen, lan_seen)) = token_in_captures(tls, seed);
+        assert!(air_seen && lan_seen, "exchanges not captured (tls {tls})");
+        assert!(
+            !air,
+            "the session token crossed the air in clear (tls {tls})"
+        );
+        assert!(
+            !lan,
+            "the session token crossed the fixed LAN in clear (tls {tls})"
+        );
+    }
 }

@@ -21,7 +21,7 @@ use tracing::{debug, field, info, info_span, warn, Instrument};
 
 use super::channel::{Channel, ChannelError};
 use super::greeting::reply;
-use super::sockets::{restart_all, restore_all, unacked, FlightRoute, Restored};
+use super::sockets::{discard_all, restart_or_keep, restore_all, unacked, FlightRoute, Restored};
 use super::{give_up_route, hold, now_us, rejected, release, release_later, take_over, write_log};
 use crate::daemon::Daemon;
 
@@ -281,10 +281,16 @@ async fn run(
                         .filter(|r| ids.contains(&r.id))
                         .collect();
                     let d2 = d.clone();
-                    let (resumed, failed) =
-                        tokio::task::spawn_blocking(move || restart_all(&d2, rs))
+                    let (resumed, failed, unstarted) =
+                        tokio::task::spawn_blocking(move || restart_or_keep(&d2, rs))
                             .await
                             .expect("restart task");
+                    if resumed.is_empty() && !unstarted.is_empty() {
+                        // Nothing runs here: hold the MH's flows before the sockets
+                        // go, so its segments meet a silent drop and not an RST.
+                        hold(&d, h, mh);
+                    }
+                    discard_all(unstarted);
                     moved = resumed.len();
                     // The sockets run with their window now: the host route goes.
                     drop(flight_route.take());

@@ -408,20 +408,32 @@ fn restart_one(r: &Restored) -> io::Result<()> {
     Ok(())
 }
 
-/// Restarts restored sockets and starts their services (listeners first, so that
-/// waiting ACCEPTs find them). Returns the ids now running here and the failures; a
-/// connection that fails is closed without a packet (the old MSR keeps its copy).
-pub fn restart_all(d: &Arc<Daemon>, mut restored: Vec<Restored>) -> (Vec<u64>, Vec<(u64, String)>) {
+/// Deletes restored sockets that did not restart, silently.
+pub fn discard_all(unstarted: Vec<Restored>) {
+    for r in unstarted {
+        discard(r.id, r.wireless.0);
+        if let Some((fd, _)) = r.fixed {
+            discard(r.id, fd);
+        }
+    }
+}
+
+/// Restarts the restored connections (listeners first) and starts their relays,
+/// handing back the sockets that failed to restart (still in repair
+/// mode) so the caller can hold the MH's flows before they go: once deleted, the
+/// MH's segments for them would meet no socket here and draw an RST.
+#[allow(clippy::type_complexity)]
+pub fn restart_or_keep(
+    d: &Arc<Daemon>,
+    mut restored: Vec<Restored>,
+) -> (Vec<u64>, Vec<(u64, String)>, Vec<Restored>) {
     restored.sort_by_key(|r| r.kind != Kind::Listen);
-    let (mut resumed, mut failed) = (Vec::new(), Vec::new());
+    let (mut resumed, mut failed, mut unstarted) = (Vec::new(), Vec::new(), Vec::new());
     for r in restored {
         if let Err(e) = restart_one(&r) {
             warn!(conn = r.id, error = %e, "restored connection did not restart: kept at the old MSR");
             failed.push((r.id, format!("restart: {e}")));
-            discard(r.id, r.wireless.0);
-            if let Some((fd, _)) = r.fixed {
-                discard(r.id, fd);
-            }
+            unstarted.push(r);
             continue;
         }
         if let (Kind::Listen, Some(addr)) = (r.kind, r.listen) {
@@ -479,5 +491,5 @@ pub fn restart_all(d: &Arc<Daemon>, mut restored: Vec<Restored>) -> (Vec<u64>, V
             },
         );
     }
-    (resumed, failed)
+    (resumed, failed, unstarted)
 }
