@@ -242,11 +242,30 @@ pub fn fuzz_keys(peer: &str) -> Option<Vec<u8>> {
 /// sent (hello and frames as received: magic, ids, tags, lengths). Bit 0 set: a genuine
 /// hello from the peer named by bit 1 (msr2 or msr3) opens the channel, and the rest is
 /// `json_len:u16 · json · attachment`, sealed on that channel so envelopes and
-/// attachments are reached past the tags.
+/// attachments are reached past the tags. Bit 2 set: the same inside mutual TLS (the
+/// short hello, then sessions without tags).
 pub fn channel_frame(data: &[u8]) {
     let Some((&mode, rest)) = data.split_first() else {
         return;
     };
+    if mode & 5 == 4 {
+        // The hello inside mutual TLS, then frames of a session without tags.
+        match channel::open_tls_hello(rest, FUZZ_ME) {
+            Ok(Some((from, n))) => {
+                assert!(n <= rest.len() && n <= channel::MAX_HELLO);
+                let mut session = channel::Session::over_tls(FUZZ_ME, &from);
+                let mut tail = &rest[n..];
+                while let Ok(Some((_, m))) = session.open(tail) {
+                    tail = &tail[m..];
+                }
+            }
+            Ok(None) => assert!(rest.len() < channel::MAX_HELLO),
+            Err(e) => {
+                let _ = e.to_string();
+            }
+        }
+        return;
+    }
     if mode & 1 == 0 {
         // Prefixes of a hello are incomplete or the same error, never a session.
         let whole = channel::open_hello(rest, FUZZ_ME, fuzz_keys, &FUZZ_NONCE);
@@ -273,10 +292,19 @@ pub fn channel_frame(data: &[u8]) {
     } else {
         ("msr3", FUZZ_KEY3)
     };
-    let (hello, mut client) = channel::hello(peer, FUZZ_ME, key, &FUZZ_NONCE, &[7; channel::NONCE]);
-    let (mut server, _) = channel::open_hello(&hello, FUZZ_ME, fuzz_keys, &FUZZ_NONCE)
-        .expect("a genuine hello opens")
-        .expect("a whole hello");
+    let (mut client, mut server) = if mode & 4 != 0 {
+        (
+            channel::Session::over_tls(peer, FUZZ_ME),
+            channel::Session::over_tls(FUZZ_ME, peer),
+        )
+    } else {
+        let (hello, client) =
+            channel::hello(peer, FUZZ_ME, key, &FUZZ_NONCE, &[7; channel::NONCE]);
+        let (server, _) = channel::open_hello(&hello, FUZZ_ME, fuzz_keys, &FUZZ_NONCE)
+            .expect("a genuine hello opens")
+            .expect("a whole hello");
+        (client, server)
+    };
     let n = usize::from(u16::from_be_bytes([rest[0], rest[1]])).min(rest.len() - 2);
     let (json, att) = rest[2..].split_at(n);
     let frame = client.seal_raw(json, att);
