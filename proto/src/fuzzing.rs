@@ -298,8 +298,7 @@ pub fn channel_frame(data: &[u8]) {
             channel::Session::over_tls(FUZZ_ME, peer),
         )
     } else {
-        let (hello, client) =
-            channel::hello(peer, FUZZ_ME, key, &FUZZ_NONCE, &[7; channel::NONCE]);
+        let (hello, client) = channel::hello(peer, FUZZ_ME, key, &FUZZ_NONCE, &[7; channel::NONCE]);
         let (server, _) = channel::open_hello(&hello, FUZZ_ME, fuzz_keys, &FUZZ_NONCE)
             .expect("a genuine hello opens")
             .expect("a whole hello");
