@@ -11,7 +11,8 @@
 //! * **Proven here** (the MH's connections are here and the proof verifies under their
 //!   token, with a timestamp newer than any accepted before): the MH is back with us —
 //!   take its address over on the fixed LAN, release any hold.
-//! * **Naming a previous MSR**: ask that MSR, which holds the token and checks the
+//! * **Naming a previous MSR** (a peer; also when some of the MH's connections are
+//!   here after a partial handoff, once the proof verifies here): ask that MSR, which holds the token and checks the
 //!   proof ([`crate::machine`]); nothing is held until it has. At most one pull per MH
 //!   is in flight, and pulls per MH are rate-limited.
 
@@ -87,22 +88,31 @@ pub fn decide(g: &Greeting, cx: Context<'_>, mh: MhView<'_>) -> Decision {
     if mh.frozen || mh.pulling {
         return Decision::Defer;
     }
-    let here = g.prev_msr.is_empty() || g.prev_msr == cx.me || mh.local > 0;
-    if here {
-        return match (mh.token, mh.local) {
-            (Some(t), _) if g.verify(t) && g.ts_ms > mh.last_greeting_ts => {
-                Decision::Attach { proven: true }
+    let elsewhere = !g.prev_msr.is_empty() && g.prev_msr != cx.me;
+    // With connections here and a peer named as the last MSR, the MH's connections
+    // are split (some stayed here when a handoff was partial): pull the rest, once the
+    // proof verifies here too.
+    let split = elsewhere && mh.local > 0 && cx.prev_is_peer;
+    if !elsewhere || mh.local > 0 {
+        let proven = match (mh.token, mh.local) {
+            (Some(t), _) if g.verify(t) && g.ts_ms > mh.last_greeting_ts => true,
+            (Some(t), _) if g.verify(t) => return Decision::Refuse("greeting already used".into()),
+            (Some(_), _) => {
+                return Decision::Refuse("proof does not match the MH's session token".into())
             }
-            (Some(t), _) if g.verify(t) => Decision::Refuse("greeting already used".into()),
-            (Some(_), _) => Decision::Refuse("proof does not match the MH's session token".into()),
             // Nothing here to prove ownership of: an attachment with no effect.
-            (None, 0) => Decision::Attach { proven: false },
-            (None, _) => Decision::Refuse(
-                "this MH's connections here were opened without a session token: \
-                 they move only by network detection"
-                    .into(),
-            ),
+            (None, 0) => false,
+            (None, _) => {
+                return Decision::Refuse(
+                    "this MH's connections here were opened without a session token: \
+                     they move only by network detection"
+                        .into(),
+                )
+            }
         };
+        if !split {
+            return Decision::Attach { proven };
+        }
     }
     if !cx.prev_is_peer {
         return Decision::Refuse(format!(
@@ -229,6 +239,33 @@ mod tests {
             decide(&g("", b"a forged token..", 6), cx(), mh),
             Decision::Refuse(_)
         ));
+    }
+
+    #[test]
+    fn an_mh_split_between_msrs_is_pulled_together_once_proven_here() {
+        let mh = MhView {
+            token: Some(TOKEN),
+            local: 1,
+            last_greeting_ts: 4,
+            ..MhView::default()
+        };
+        assert_eq!(decide(&g("msr1", TOKEN, 5), cx(), mh), Decision::Pull);
+        // Not proven here: nothing is asked of the peer.
+        assert!(matches!(
+            decide(&g("msr1", b"a forged token..", 5), cx(), mh),
+            Decision::Refuse(_)
+        ));
+        assert!(matches!(
+            decide(&g("msr1", TOKEN, 4), cx(), mh),
+            Decision::Refuse(_)
+        ));
+        // A previous MSR that is no peer: what is here is all there is.
+        let mut c = cx();
+        c.prev_is_peer = false;
+        assert_eq!(
+            decide(&g("msr9", TOKEN, 5), c, mh),
+            Decision::Attach { proven: true }
+        );
     }
 
     #[test]

@@ -512,6 +512,36 @@ fn a_connection_that_fails_to_restart_stays_at_the_old_msr_and_on_record() {
     );
 }
 
+#[test]
+fn connections_that_fail_to_restart_while_others_resume_draw_no_reset() {
+    // At MSR2 the connection to port 5002 fails to restart, the one to 5001 resumes:
+    // the MH's flows stay at MSR2 while 5002 lives on at MSR1 until the MH is back.
+    let mut lab = fast_lab(44, &[(2, "MSRD_FAULT", "fail_restart:5002")]);
+    let bytes = 32 << 20;
+    let down = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    let up = start_transfer(&mut lab, Dir::Up, bytes, 5002);
+    std::thread::sleep(Duration::from_millis(1000));
+    crossing(&lab, 1, 2, Duration::from_millis(300), Duration::ZERO);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    // Both hosts keep sending on 5002 towards MSR2 meanwhile: dropped there, not reset.
+    std::thread::sleep(Duration::from_millis(1500));
+    crossing(&lab, 2, 1, Duration::from_millis(300), Duration::ZERO);
+    wait_moves(&lab, 2, Duration::from_secs(10));
+    for t in [down, up] {
+        let (send, recv) = finish(&mut lab, t);
+        assert_clean(&lab, &send, &recv, bytes);
+    }
+    let first = lab.handoff_records(2);
+    let partial = first
+        .iter()
+        .find(|r| r.outcome == Outcome::Partial)
+        .unwrap_or_else(|| panic!("no partial handoff at MSR2: {first:?}"));
+    assert!(
+        partial.failed.len() == 1 && partial.failed[0].1.contains("injected"),
+        "{partial:?}"
+    );
+}
+
 /// Connects to MSR1's channel from the GW (the fixed LAN) and sends what `speak`
 /// makes of the challenge; returns what was sent and whether MSR1 closed the channel.
 fn channel_attempt(

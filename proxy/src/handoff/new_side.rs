@@ -289,6 +289,19 @@ async fn run(
                         // Nothing runs here: hold the MH's flows before the sockets
                         // go, so its segments meet a silent drop and not an RST.
                         hold(&d, h, mh);
+                    } else if !unstarted.is_empty() && h.cfg.closed_window_s > 0 {
+                        // The MH's flows stay here, but these connections live on at
+                        // the old MSR: their segments (the MH's, the FH's) are dropped
+                        // here, not answered with RST, until the MH is back there.
+                        let w = Duration::from_secs(h.cfg.closed_window_s);
+                        let flows: Vec<_> = unstarted
+                            .iter()
+                            .flat_map(Restored::flows)
+                            .map(|(a, z)| (a, z, w))
+                            .collect();
+                        if let Err(e) = d.rules.drop_strays(&flows) {
+                            warn!(%mh, error = %e, "segments of connections kept at the old MSR will draw RSTs here");
+                        }
                     }
                     discard_all(unstarted);
                     moved = resumed.len();

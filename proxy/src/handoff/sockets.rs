@@ -391,21 +391,51 @@ fn discard(id: u64, fd: OwnedFd) {
     }
 }
 
+/// The `MSRD_FAULT` restart failure asked for, read once (this runs per connection
+/// inside the handoff): `fail_restart` fails every restart, `fail_restart:PORT` only
+/// those of connections with an end on PORT (some resume, some do not).
+fn fault_restart() -> Option<Option<u16>> {
+    static FAULT: std::sync::OnceLock<Option<Option<u16>>> = std::sync::OnceLock::new();
+    *FAULT.get_or_init(|| {
+        let v = std::env::var("MSRD_FAULT").ok()?;
+        match v.strip_prefix("fail_restart")? {
+            "" => Some(None),
+            p => p.strip_prefix(':')?.parse().ok().map(Some),
+        }
+    })
+}
+
 fn restart_one(r: &Restored) -> io::Result<()> {
     // Test hook (README, testing): a restart that fails, to show the connection is
     // kept at the old MSR and on record, never lost silently.
-    static FAIL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    // Read once: this runs per connection inside the handoff.
-    if *FAIL.get_or_init(|| std::env::var("MSRD_FAULT").as_deref() == Ok("fail_restart")) {
-        return Err(io::Error::other(
-            "MSRD_FAULT=fail_restart: injected restart failure",
-        ));
+    if let Some(port) = fault_restart() {
+        let ends = std::iter::once(&r.wireless.1)
+            .chain(r.fixed.as_ref().map(|f| &f.1))
+            .flat_map(|i| [i.local.port(), i.remote.port()]);
+        if port.is_none_or(|p| ends.clone().any(|e| e == p)) {
+            return Err(io::Error::other(
+                "MSRD_FAULT=fail_restart: injected restart failure",
+            ));
+        }
     }
     itcp_handoff::restart(r.wireless.0.as_fd(), &r.wireless.1, &r.opts)?;
     if let Some((fd, img)) = &r.fixed {
         itcp_handoff::restart(fd.as_fd(), img, &r.opts)?;
     }
     Ok(())
+}
+
+impl Restored {
+    /// The connection's flows as (MH's end, other end): the wireless one and the
+    /// fixed one, if any.
+    pub fn flows(&self) -> Vec<(SocketAddr, SocketAddr)> {
+        let w = &self.wireless.1;
+        let mut v = vec![(w.remote, w.local)];
+        if let Some((_, f)) = &self.fixed {
+            v.push((f.local, f.remote));
+        }
+        v
+    }
 }
 
 /// Deletes restored sockets that did not restart, silently.
