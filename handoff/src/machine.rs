@@ -42,6 +42,10 @@ pub enum Action {
     /// connections (the daemon answers with [`OldEvent::Captured`] or
     /// [`OldEvent::CaptureFailed`]).
     FreezeAndCapture(IpAddr),
+    /// Wait (bounded) until the MH's TCP handshakes half-open here complete: a request
+    /// socket in SYN_RECV cannot be captured, and until the MH hears `accepted` it
+    /// still sends through us, so its ACK arrives here and the connection moves.
+    AwaitHandshakes(IpAddr),
     /// Leave repair mode and unblock every connection of this MH still frozen here:
     /// the old MSR keeps serving them.
     Unfreeze(IpAddr),
@@ -612,6 +616,8 @@ impl OldSide {
                 let mut acts = Vec::new();
                 if let Request::Greeting(g) = req {
                     acts.push(Action::GreetingUsed { mh, ts_ms: g.ts_ms });
+                    // A detected MH sends through the new MSR already: nothing to wait.
+                    acts.push(Action::AwaitHandshakes(mh));
                 }
                 acts.push(Action::Send(Message::Accepted { handoff_id }));
                 acts.push(Action::FreezeAndCapture(mh));
@@ -832,6 +838,7 @@ mod tests {
             acts,
             vec![
                 Action::GreetingUsed { mh, ts_ms: 10 },
+                Action::AwaitHandshakes(mh),
                 Action::Send(Message::Accepted { handoff_id: 9 }),
                 Action::FreezeAndCapture(mh)
             ]

@@ -91,6 +91,10 @@ impl Rules {
         // answered — in both directions, for forwarded and local traffic. Loopback is
         // exempt: a restored socket may be handed a replayed FIN through it.
         s += "  set held4 {\n    type ipv4_addr;\n  }\n  set held6 {\n    type ipv6_addr;\n  }\n";
+        // A handoff about to freeze an MH stops answering its new SYNs first (the MH
+        // retransmits them to the new MSR): a handshake answered here after the MH has
+        // turned to the new MSR could not complete anywhere.
+        s += "  set nosyn4 {\n    type ipv4_addr;\n  }\n  set nosyn6 {\n    type ipv6_addr;\n  }\n";
         // Flows of MHs that moved here, closed at the old MSR (their TIME_WAIT and
         // closing states stay there): their stray segments are dropped, not answered
         // with RST, until the element times out. A new connection on the same 4-tuple
@@ -109,6 +113,9 @@ impl Rules {
                  \x20   meta l4proto tcp ip saddr @held4 drop\n    meta l4proto tcp ip daddr @held4 drop\n\
                  \x20   meta l4proto tcp ip6 saddr @held6 drop\n    meta l4proto tcp ip6 daddr @held6 drop\n"
             );
+            if chain == "hold_in" {
+                s += "    tcp flags & (syn | ack) == syn ip saddr @nosyn4 drop\n    tcp flags & (syn | ack) == syn ip6 saddr @nosyn6 drop\n";
+            }
             for (ip, set) in [("ip", "strays4"), ("ip6", "strays6")] {
                 let fwd = format!("{ip} saddr . tcp sport . {ip} daddr . tcp dport");
                 let rev = format!("{ip} daddr . tcp dport . {ip} saddr . tcp sport");
@@ -165,7 +172,13 @@ impl Rules {
         crate::netlink::nft_set_element(&self.table, set, mh, true)
     }
 
-    /// Ends a hold (no error if there was none).
+    /// Drops (`on`) or lets through again the SYNs that `mh` sends, silently: see the
+    /// `nosyn` sets. One netlink message.
+    pub fn hold_syns(&self, mh: IpAddr, on: bool) -> io::Result<()> {
+        let set = if mh.is_ipv4() { "nosyn4" } else { "nosyn6" };
+        crate::netlink::nft_set_element(&self.table, set, mh, on)
+    }
+
     /// Drops stray segments of `flows` (each the MH's end, the other end, and for how
     /// long) silently (see the `strays` sets).
     pub fn drop_strays(
@@ -185,6 +198,7 @@ impl Rules {
         Ok(())
     }
 
+    /// Ends a hold (no error if there was none).
     pub fn release(&self, mh: IpAddr) -> io::Result<()> {
         let (set, _) = self.held_set(mh);
         crate::netlink::nft_set_element(&self.table, set, mh, false)

@@ -44,6 +44,7 @@ pub mod random;
 pub mod relay;
 pub mod sessions;
 pub mod setup;
+pub mod sockdiag;
 pub mod sockopt;
 pub mod splice;
 pub mod strays;

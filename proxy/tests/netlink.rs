@@ -416,6 +416,30 @@ fn proxy_delay_zeroed_and_restored() {
 
 /// Mean cost per call; run with --nocapture to see it.
 #[test]
+fn half_open_handshakes_are_listed_by_peer() {
+    // The listener's final ACK is dropped: the client is connected, the server's
+    // request socket stays in SYN_RECV until the ACK comes.
+    let ns = Netns::new();
+    ns.sh(&["ip", "link", "set", "lo", "up"]);
+    ns.sh(&[
+        "nft",
+        &format!(
+            "add table inet {TABLE}; \
+             add chain inet {TABLE} in {{ type filter hook input priority 0; }}; \
+             add rule inet {TABLE} in tcp dport 7 tcp flags & (syn | ack) == ack drop"
+        ),
+    ]);
+    ns.run(|| {
+        use itcp_proxy::sockdiag::syn_recv_peers;
+        let l = std::net::TcpListener::bind("127.0.0.1:7").unwrap();
+        assert!(syn_recv_peers().unwrap().is_empty());
+        let s = std::net::TcpStream::connect("127.0.0.1:7").unwrap();
+        assert_eq!(syn_recv_peers().unwrap(), vec![ip("127.0.0.1")]);
+        drop((s, l));
+    });
+}
+
+#[test]
 fn timing() {
     let ns = Netns::new().with_sets();
     ns.sh(&[

@@ -984,16 +984,27 @@ fn unauthenticated_peer_costs_no_memory((lab, msrds): (Lab, Vec<usize>)) {
     assert!(st.stats.handoff_messages_rejected >= 2, "{st:?}");
 }
 
-/// Short connections opened and closed continuously through 20 handoffs, explicit
-/// (mh-lib) and transparent (a plain connect), against echo servers at the FH: every
-/// connection completes byte-exact and nobody sees a reset. Moves alternate between
-/// overlapped cells and a short gap with no cell, so connections are caught in every
-/// phase: TCP and SOCKS handshakes, the fixed-side connect, the relay, and the close.
+#[test]
+fn short_connections_through_twenty_overlapped_handoffs_see_no_reset() {
+    // Handshakes half-open at the old MSR are completed there before it freezes.
+    short_connections_through_twenty_handoffs(false);
+}
+
 #[test]
 #[ignore = "known to fail: a connection whose TCP handshake is in SYN_RECV at the old MSR \
-            when the MH moves is still reset (its request socket cannot be captured); about \
-            one in 650 here. Run with --ignored; see the issue 9 note"]
+            when the MH leaves its cell before the ACK gets out (a gap between cells) is \
+            still reset; 1-2 in 1300 here. Run with --ignored; see the README, Handoff 4"]
 fn short_connections_through_twenty_handoffs_see_no_reset() {
+    short_connections_through_twenty_handoffs(true);
+}
+
+/// Short connections opened and closed continuously (25 a second each) through 20
+/// handoffs, explicit (mh-lib) and transparent (a plain connect), against echo servers
+/// at the FH: every connection completes byte-exact and nobody sees a reset. Moves are
+/// between overlapped cells, or with `gaps` every other one leaves the old cell 200 ms
+/// before joining the new, so connections are caught in every phase: TCP and SOCKS
+/// handshakes, the fixed-side connect, the relay, and the close.
+fn short_connections_through_twenty_handoffs(gaps: bool) {
     let mut lab = fast_lab_with(83, &[], "[transparent]\nenabled = true\nports = [5007]\n");
     let ttcp = bin_path("ttcp");
     let (explicit, transparent) = (lab::fh_addr(5006), lab::fh_addr(5007));
@@ -1037,7 +1048,7 @@ fn short_connections_through_twenty_handoffs_see_no_reset() {
     let mut at = 1;
     for i in 1..=20 {
         let to = 3 - at;
-        let (overlap, gap) = if i % 2 == 1 {
+        let (overlap, gap) = if i % 2 == 1 || !gaps {
             (Duration::from_millis(300), Duration::ZERO)
         } else {
             (Duration::ZERO, Duration::from_millis(200))

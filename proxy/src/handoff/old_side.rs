@@ -139,6 +139,7 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
     impl Drop for Thaw<'_> {
         fn drop(&mut self) {
             self.0.inflight.thaw(self.1);
+            hold_syns(self.0, self.1, false);
         }
     }
     let _thaw = Thaw(&d, mh);
@@ -147,9 +148,12 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
         for a in acts.drain(..) {
             match a {
                 Action::GreetingUsed { mh, ts_ms } => h.greeting_used(mh, ts_ms),
+                Action::AwaitHandshakes(mh) => await_handshakes(&d, mh).await,
                 Action::FreezeAndCapture(mh) => {
                     let t0 = std::time::Instant::now();
                     hold(&d, h, mh);
+                    // The hold covers SYNs too.
+                    hold_syns(&d, mh, false);
                     frozen = freeze(&d, mh).await;
                     let t_freeze = t0.elapsed();
                     let mut images = Vec::new();
@@ -163,7 +167,9 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                         }
                         f.session.frozen.store(true, Ordering::Relaxed);
                         match capture_one(&f, d.cfg.interception.fwmark) {
-                            Ok((img, e)) => {
+                            // It finished while frozen: nothing to move.
+                            Ok(None) => over.push(f),
+                            Ok(Some((img, e))) => {
                                 images.push(img);
                                 entries.push(e);
                                 live.push(f);
@@ -267,6 +273,39 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
         };
     }
 }
+
+/// Waits until none of the MH's TCP handshakes is half-open here (SYN_RECV), at most
+/// `setup_wait_ms` and never more than [`HANDSHAKE_WAIT`]: one wireless round trip
+/// completes them, and one whose SYN-ACK was lost would take a retransmission timeout.
+/// New SYNs of the MH are dropped from now on (it retransmits them to the new MSR):
+/// none is answered here after the MH has turned to the new MSR.
+async fn await_handshakes(d: &Daemon, mh: std::net::IpAddr) {
+    hold_syns(d, mh, true);
+    let bound = Duration::from_millis(d.handoff_cfg().setup_wait_ms).min(HANDSHAKE_WAIT);
+    let t0 = std::time::Instant::now();
+    loop {
+        let n = match crate::sockdiag::syn_recv_peers() {
+            Ok(p) => p.iter().filter(|&&ip| ip == mh).count(),
+            Err(e) => return warn!(error = %e, "half-open handshakes not listed: not waited for"),
+        };
+        if n == 0 {
+            return;
+        }
+        if t0.elapsed() >= bound {
+            return warn!(%mh, half_open = n, "TCP handshakes of the MH still half-open: they stay here");
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+fn hold_syns(d: &Daemon, mh: std::net::IpAddr, on: bool) {
+    if let Err(e) = d.rules.hold_syns(mh, on) {
+        warn!(%mh, on, error = %e, "SYN hold not changed");
+    }
+}
+
+/// See [`await_handshakes`].
+const HANDSHAKE_WAIT: Duration = Duration::from_millis(250);
 
 /// Closes connections that finished closing while frozen (nothing left to send).
 fn finish_closed(d: &Daemon, over: Vec<Frozen>) {

@@ -4,7 +4,7 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -57,21 +57,141 @@ pub async fn freeze(d: &Daemon, mh: IpAddr) -> Vec<Frozen> {
     out
 }
 
+/// The socket's connection is over (CLOSED or TIME_WAIT) and nothing is left to read
+/// from it.
+fn over(fd: BorrowedFd<'_>) -> bool {
+    use itcp_handoff::repair::{state, tcp_info};
+    let done = tcp_info(fd).is_ok_and(|i| matches!(i.state, state::CLOSE | state::TIME_WAIT));
+    done && unread(fd).is_ok_and(|n| n == 0)
+}
+
+/// Bytes waiting in the socket's receive queue.
+fn unread(fd: BorrowedFd<'_>) -> io::Result<usize> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int.
+    let r = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::FIONREAD, &mut n) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
+/// A relay frozen after its fixed side closed (the FH's FIN and ours both done, so
+/// that socket cannot be captured) but before it copied the FH's last bytes: they go
+/// into the wireless socket's send queue (the hold keeps them from leaving), then our
+/// FIN, and the connection can move as `closing`. False, changing nothing, when the
+/// bytes do not fit or the MH's own bytes could no longer reach the FH.
+fn close_out(f: &Frozen) -> bool {
+    use std::os::fd::AsRawFd;
+    let Some(x) = &f.fixed else { return false };
+    let done = itcp_handoff::repair::tcp_info(x.as_fd()).is_ok_and(|i| {
+        use itcp_handoff::repair::state;
+        matches!(i.state, state::CLOSE | state::TIME_WAIT)
+    });
+    let (w, x) = (f.wireless.as_fd(), x.as_fd());
+    if !done || !f.pending.up.is_empty() || unread(w).map_or(true, |n| n > 0) {
+        return false;
+    }
+    let mut rest = f.pending.down.clone();
+    let mut buf = [0u8; 16384];
+    loop {
+        // SAFETY: reading into a buffer of the length given.
+        let n = unsafe {
+            libc::recv(
+                x.as_raw_fd(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                libc::MSG_DONTWAIT,
+            )
+        };
+        match n {
+            0 => break,
+            n if n > 0 => rest.extend_from_slice(&buf[..n as usize]),
+            _ => return false,
+        }
+    }
+    // Room in the send queue for all of it, or nothing is written.
+    let mut room: libc::c_int = 0;
+    let mut sent: libc::c_int = 0;
+    // SAFETY: getsockopt/ioctl writing one c_int each.
+    unsafe {
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        libc::getsockopt(
+            w.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&mut room as *mut libc::c_int).cast(),
+            &mut len,
+        );
+        libc::ioctl(w.as_raw_fd(), libc::TIOCOUTQ, &mut sent);
+    }
+    // The kernel counts buffer overhead against SO_SNDBUF: half of it is payload.
+    if rest.len() > (room as usize / 2).saturating_sub(sent.max(0) as usize) {
+        return false;
+    }
+    let mut off = 0;
+    while off < rest.len() {
+        // SAFETY: sending from a buffer of the length given.
+        let n = unsafe {
+            libc::send(
+                w.as_raw_fd(),
+                rest[off..].as_ptr().cast(),
+                rest.len() - off,
+                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
+            )
+        };
+        if n <= 0 {
+            // Not expected after the room check above; the handoff rolls back with
+            // part of the bytes queued and the rest gone: say so.
+            tracing::error!(
+                conn = f.session.id,
+                queued = off,
+                of = rest.len(),
+                "FH's last bytes only partly queued to the MH: the rest is lost"
+            );
+            return false;
+        }
+        off += n as usize;
+    }
+    crate::sockopt::shutdown_write(w.as_raw_fd()).is_ok()
+}
+
+/// Captures a frozen connection. `None`: it finished while it froze, nothing moves.
+/// A relay whose fixed side is over moves as `closing`: its wireless side drains to the
+/// MH at the new MSR (see [`close_out`]).
 /// `mark`: msrd's fwmark, for the segment a rollback replays ([`itcp_handoff::unfreeze`]).
-pub fn capture_one(f: &Frozen, mark: u32) -> io::Result<(ConnImage, ConnEntry)> {
+pub fn capture_one(f: &Frozen, mark: u32) -> io::Result<Option<(ConnImage, ConnEntry)>> {
+    let mut kind = f.session.kind;
+    let fixed_over = f.fixed.as_ref().is_some_and(|x| over(x.as_fd()));
+    if over(f.wireless.as_fd()) && (f.fixed.is_none() || fixed_over) && f.pending.is_empty() {
+        return Ok(None);
+    }
+    if matches!(
+        kind,
+        Kind::Connect | Kind::Transparent | Kind::Accept | Kind::Bind
+    ) && close_out(f)
+    {
+        kind = Kind::Closing;
+    }
     let w = itcp_handoff::capture(f.wireless.as_fd())?;
     let x = match &f.fixed {
         // A closing relay's fixed side stays: the FH is on the fixed LAN, reachable
         // from here, and has its data; only its last ACK or FIN may still be due, and
         // the new MSR drops what strays its way (the flow travels in `closed`).
-        Some(_) if f.session.kind == Kind::Closing => None,
+        Some(_) if kind == Kind::Closing => None,
         Some(x) => Some(itcp_handoff::capture(x.as_fd()).inspect_err(|_| {
             let _ = itcp_handoff::unfreeze(f.wireless.as_fd(), mark);
         })?),
         None => None,
     };
-    let queued = w.queued_bytes() + x.as_ref().map_or(0, |x| x.queued_bytes()) + f.pending.len();
-    let kind = f.session.kind.as_str().to_string();
+    // A closed-out relay's pending bytes are in its wireless send queue now.
+    let pending = if kind == Kind::Closing && f.session.kind != Kind::Closing {
+        Pending::default()
+    } else {
+        f.pending.clone()
+    };
+    let queued = w.queued_bytes() + x.as_ref().map_or(0, |x| x.queued_bytes()) + pending.len();
+    let kind = kind.as_str().to_string();
     let entry = ConnEntry {
         id: f.session.id,
         kind: kind.clone(),
@@ -79,19 +199,19 @@ pub fn capture_one(f: &Frozen, mark: u32) -> io::Result<(ConnImage, ConnEntry)> 
         fh: x.as_ref().map_or(f.session.fh, |x| x.remote),
         queued_bytes: queued as u64,
     };
-    Ok((
+    Ok(Some((
         ConnImage {
             id: f.session.id,
             kind,
             wireless: w.to_bytes(),
             fixed: x.map(|x| x.to_bytes()).unwrap_or_default(),
-            up_pending: f.pending.up.clone(),
-            down_pending: f.pending.down.clone(),
+            up_pending: pending.up,
+            down_pending: pending.down,
             listen: f.listen.map(|a| a.to_string()),
-            kx: f.pending.kx.map(|k| itcp_proto::hex::hex(&k)),
+            kx: pending.kx.map(|k| itcp_proto::hex::hex(&k)),
         },
         entry,
-    ))
+    )))
 }
 
 /// Restarts a frozen connection's service task here (rollback, or a move in).

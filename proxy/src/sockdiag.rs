@@ -1,0 +1,197 @@
+//! Counts an MH's TCP handshakes half-open at this MSR (request sockets in SYN_RECV),
+//! over NETLINK_SOCK_DIAG: the kernel keeps them out of reach of accept and
+//! TCP_REPAIR, so a handoff waits for them to complete before it freezes the MH
+//! (see `Action::AwaitHandshakes`).
+
+use std::io;
+use std::mem::size_of;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+use crate::netlink::NLMSG_HDRLEN;
+
+/// linux/sock_diag.h, linux/inet_diag.h, net/tcp_states.h (not in libc).
+const SOCK_DIAG_BY_FAMILY: u16 = 20;
+const TCP_SYN_RECV: u8 = 3;
+const TCP_NEW_SYN_RECV: u8 = 12;
+/// struct inet_diag_req_v2: family, protocol, ext, pad, states, sockid (48 bytes).
+const REQ_LEN: usize = 8 + SOCKID_LEN;
+const SOCKID_LEN: usize = 48;
+/// struct inet_diag_msg: family, state, timer, retrans, sockid, then five u32.
+const MSG_LEN: usize = 4 + SOCKID_LEN + 20;
+
+/// The dump request for TCP sockets of `family` in SYN_RECV (request sockets included).
+fn request(family: u8, seq: u32) -> Vec<u8> {
+    let len = NLMSG_HDRLEN + REQ_LEN;
+    let mut b = Vec::with_capacity(len);
+    b.extend_from_slice(&(len as u32).to_ne_bytes());
+    b.extend_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+    b.extend_from_slice(&((libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16).to_ne_bytes());
+    b.extend_from_slice(&seq.to_ne_bytes());
+    b.extend_from_slice(&0u32.to_ne_bytes());
+    b.extend_from_slice(&[family, libc::IPPROTO_TCP as u8, 0, 0]);
+    let states: u32 = (1 << TCP_SYN_RECV) | (1 << TCP_NEW_SYN_RECV);
+    b.extend_from_slice(&states.to_ne_bytes());
+    b.resize(len, 0);
+    b
+}
+
+/// What one datagram of the dump says: the remote addresses of sockets in SYN_RECV,
+/// and whether the dump is over.
+fn parse(dgram: &[u8], out: &mut Vec<IpAddr>) -> io::Result<bool> {
+    let mut off = 0;
+    while off + NLMSG_HDRLEN <= dgram.len() {
+        let h = &dgram[off..];
+        let len = u32::from_ne_bytes(h[0..4].try_into().unwrap()) as usize;
+        let ty = u16::from_ne_bytes(h[4..6].try_into().unwrap());
+        if len < NLMSG_HDRLEN || off + len > dgram.len() {
+            return Err(io::Error::other("sock_diag: truncated message"));
+        }
+        match ty as i32 {
+            libc::NLMSG_DONE => return Ok(true),
+            libc::NLMSG_ERROR => {
+                let e = h
+                    .get(NLMSG_HDRLEN..NLMSG_HDRLEN + 4)
+                    .map_or(0, |b| i32::from_ne_bytes(b.try_into().unwrap()));
+                return Err(io::Error::from_raw_os_error(-e));
+            }
+            _ if len >= NLMSG_HDRLEN + MSG_LEN => {
+                let m = &h[NLMSG_HDRLEN..len];
+                let (family, state) = (m[0], m[1]);
+                // sockid: sport, dport (2 each), src[16], dst[16], if, cookie.
+                let dst = &m[4 + 20..4 + 36];
+                let ip = match family as i32 {
+                    libc::AF_INET => IpAddr::V4(Ipv4Addr::new(dst[0], dst[1], dst[2], dst[3])),
+                    libc::AF_INET6 => {
+                        let a = Ipv6Addr::from(<[u8; 16]>::try_from(dst).unwrap());
+                        a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4)
+                    }
+                    _ => {
+                        off += len.next_multiple_of(4);
+                        continue;
+                    }
+                };
+                if state == TCP_SYN_RECV || state == TCP_NEW_SYN_RECV {
+                    out.push(ip);
+                }
+            }
+            _ => {}
+        }
+        off += len.next_multiple_of(4);
+    }
+    Ok(false)
+}
+
+/// The remote addresses of this namespace's TCP sockets in SYN_RECV (IPv4-mapped
+/// addresses as IPv4).
+pub fn syn_recv_peers() -> io::Result<Vec<IpAddr>> {
+    // SAFETY: plain socket(2); the fd is owned at once.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+            libc::NETLINK_SOCK_DIAG,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh descriptor nobody else owns.
+    let s = unsafe { OwnedFd::from_raw_fd(fd) };
+    let tv = libc::timeval {
+        tv_sec: 1,
+        tv_usec: 0,
+    };
+    // SAFETY: setsockopt with a timeval of the size given.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVTIMEO,
+            (&tv as *const libc::timeval).cast(),
+            size_of::<libc::timeval>() as libc::socklen_t,
+        )
+    };
+    let mut out = Vec::new();
+    let mut buf = vec![0u8; 32 * 1024];
+    for (i, family) in [libc::AF_INET as u8, libc::AF_INET6 as u8]
+        .into_iter()
+        .enumerate()
+    {
+        let req = request(family, i as u32 + 1);
+        // SAFETY: sending a buffer of the length given to the kernel (sockaddr null:
+        // the kernel is the default peer of a netlink socket).
+        let n = unsafe { libc::send(s.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        loop {
+            // SAFETY: receiving into a buffer of the length given.
+            let n = unsafe { libc::recv(s.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if parse(&buf[..n as usize], &mut out)? {
+                break;
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(family: u8, state: u8, dst: &[u8]) -> Vec<u8> {
+        let len = NLMSG_HDRLEN + MSG_LEN;
+        let mut b = vec![0u8; len];
+        b[0..4].copy_from_slice(&(len as u32).to_ne_bytes());
+        b[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+        b[NLMSG_HDRLEN] = family;
+        b[NLMSG_HDRLEN + 1] = state;
+        b[NLMSG_HDRLEN + 24..NLMSG_HDRLEN + 24 + dst.len()].copy_from_slice(dst);
+        b
+    }
+
+    fn done() -> Vec<u8> {
+        let mut b = vec![0u8; NLMSG_HDRLEN + 4];
+        let len = b.len() as u32;
+        b[0..4].copy_from_slice(&len.to_ne_bytes());
+        b[4..6].copy_from_slice(&(libc::NLMSG_DONE as u16).to_ne_bytes());
+        b
+    }
+
+    #[test]
+    fn peers_of_half_open_handshakes_are_read_from_a_dump() {
+        let mut mapped = [0u8; 16];
+        mapped[10..12].copy_from_slice(&[0xff, 0xff]);
+        mapped[12..].copy_from_slice(&[10, 2, 0, 100]);
+        let v6: Ipv6Addr = "fd00:2::64".parse().unwrap();
+        let mut d = msg(libc::AF_INET as u8, TCP_SYN_RECV, &[10, 2, 0, 100]);
+        d.extend(msg(libc::AF_INET6 as u8, TCP_SYN_RECV, &mapped));
+        d.extend(msg(libc::AF_INET6 as u8, TCP_NEW_SYN_RECV, &v6.octets()));
+        d.extend(msg(libc::AF_INET as u8, 1, &[10, 2, 0, 101])); // established: not counted
+        let mut out = Vec::new();
+        assert!(!parse(&d, &mut out).unwrap(), "no NLMSG_DONE yet");
+        let mh: IpAddr = "10.2.0.100".parse().unwrap();
+        assert_eq!(out, vec![mh, mh, IpAddr::V6(v6)]);
+        assert!(parse(&done(), &mut out).unwrap());
+        let mut cut = msg(libc::AF_INET as u8, TCP_SYN_RECV, &[10, 2, 0, 100]);
+        cut.truncate(40);
+        assert!(parse(&cut, &mut out).is_err());
+    }
+
+    #[test]
+    fn the_request_asks_for_tcp_in_syn_recv() {
+        let r = request(libc::AF_INET as u8, 7);
+        assert_eq!(r.len(), NLMSG_HDRLEN + REQ_LEN);
+        assert_eq!(
+            u32::from_ne_bytes(r[0..4].try_into().unwrap()) as usize,
+            r.len()
+        );
+        assert_eq!(r[NLMSG_HDRLEN + 1], libc::IPPROTO_TCP as u8);
+        let states = u32::from_ne_bytes(r[NLMSG_HDRLEN + 4..NLMSG_HDRLEN + 8].try_into().unwrap());
+        assert_eq!(states, (1 << 3) | (1 << 12));
+    }
+}
