@@ -271,22 +271,18 @@ fn body_mac(key: &[u8], nonce: &[u8; NONCE], header: &[u8], body: &[u8]) -> Hmac
     m
 }
 
-/// Pre-shared-key channels: XORs `buf` with the envelope keystream of frame `seq`,
-/// HMAC-SHA256(key, "itcp-envelope" · nonce · seq · block) per 32 bytes (a PRF in
-/// counter mode; each frame of each channel has its own nonce and sequence number).
-fn envelope_keystream(key: &[u8], nonce: &[u8; NONCE], seq: u64, buf: &mut [u8]) {
-    let mut base = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
-    base.update(b"itcp-envelope");
-    base.update(nonce);
-    base.update(&seq.to_be_bytes());
-    for (i, chunk) in buf.chunks_mut(32).enumerate() {
-        let mut m = base.clone();
-        m.update(&(i as u64).to_be_bytes());
-        let pad = m.finalize().into_bytes();
-        for (b, p) in chunk.iter_mut().zip(pad.iter()) {
-            *b ^= p;
-        }
-    }
+/// Pre-shared-key channels: encrypts (or decrypts) a frame's body, envelope and
+/// attachment, with ChaCha20 under a key of its own, HMAC(key, "itcp-body-key" · nonce ·
+/// seq): each frame of each channel has its own nonce and sequence number, so no key is
+/// used twice and the cipher's nonce can be zero.
+fn body_keystream(key: &[u8], nonce: &[u8; NONCE], seq: u64, buf: &mut [u8]) {
+    use chacha20::cipher::{KeyIvInit, StreamCipher};
+    let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
+    m.update(b"itcp-body-key");
+    m.update(nonce);
+    m.update(&seq.to_be_bytes());
+    let k = m.finalize().into_bytes();
+    chacha20::ChaCha20::new(&k, &[0u8; 12].into()).apply_keystream(buf);
 }
 
 /// The acceptor's first bytes on a new channel.
@@ -539,12 +535,12 @@ impl Session {
             .finalize()
             .into_bytes();
         out.extend_from_slice(&htag);
-        // The envelope carries secrets (the MH's token, handshakes' key-share secrets):
-        // encrypted, then authenticated with the rest of the body.
+        // The envelope carries secrets (the MH's token, handshakes' key-share secrets)
+        // and the attachment users' bytes: encrypted, then authenticated.
         let at = out.len();
         out.extend_from_slice(env);
-        envelope_keystream(key, &self.send_nonce, self.send_seq, &mut out[at..]);
         out.extend_from_slice(att);
+        body_keystream(key, &self.send_nonce, self.send_seq, &mut out[at..]);
         let (h, rest) = out.split_at(HEADER);
         let tag = body_mac(key, &self.send_nonce, h, rest)
             .finalize()
@@ -611,12 +607,17 @@ impl Session {
                 })?;
         }
         self.recv_seq = a.seq;
-        let mut env = signed[..a.envelope].to_vec();
-        if let Some(key) = &self.key {
-            envelope_keystream(key, &self.recv_nonce, a.seq, &mut env);
-        }
-        let mut msg: Message =
-            serde_json::from_slice(&env).map_err(|e| WireError::Malformed(e.to_string()))?;
+        let mut plain;
+        let signed = match &self.key {
+            Some(key) => {
+                plain = signed.to_vec();
+                body_keystream(key, &self.recv_nonce, a.seq, &mut plain);
+                &plain[..]
+            }
+            None => signed,
+        };
+        let mut msg: Message = serde_json::from_slice(&signed[..a.envelope])
+            .map_err(|e| WireError::Malformed(e.to_string()))?;
         distribute(&mut msg, &signed[a.envelope..])?;
         Ok(msg)
     }
@@ -719,7 +720,7 @@ mod tests {
     }
 
     #[test]
-    fn psk_envelopes_cross_the_lan_encrypted() {
+    fn psk_frames_cross_the_lan_encrypted() {
         let (mut c, mut s) = pair();
         let secret = Message::Abort {
             handoff_id: 9,
@@ -733,6 +734,13 @@ mod tests {
         );
         assert!(!f.windows(6).any(|w| w == b"\"type\""), "JSON in clear");
         assert_eq!(s.open(&f).unwrap().unwrap().0, secret);
+        // The attachment (users' queued bytes) too.
+        let users = b"users' bytes queued in a socket..".repeat(8);
+        let f = c.seal_raw(b"{}", &users);
+        assert!(
+            !f.windows(32).any(|w| w == &users[..32]),
+            "attachment in clear"
+        );
         // Encrypt-then-MAC: a flipped ciphertext bit fails the tag.
         let (mut c, mut s) = pair();
         let mut f = c.seal(&secret);
