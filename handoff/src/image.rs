@@ -1163,7 +1163,11 @@ pub fn unfreeze(fd: BorrowedFd<'_>, inject_mark: u32) -> io::Result<()> {
         let _ = send_current_ack(fd, &img, &opts);
     }
     repair::select_queue(fd, Queue::None)?;
-    repair::repair_off(fd, RepairOff::WithProbe)
+    repair::repair_off(fd, RepairOff::WithProbe)?;
+    // Leaving repair mode cleared the socket's address reuse (see `restart`): without
+    // it, what the socket leaves behind when it ends (TIME_WAIT) would keep a restarted
+    // msrd off the request port it shares for a minute.
+    repair::set_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1, "SO_REUSEADDR")
 }
 
 /// [`delete`] failed; the socket is handed back (still open) so that closing it cannot

@@ -471,7 +471,16 @@ fn killing_the_new_msr_mid_handoff_loses_nothing() {
 
 #[test]
 fn a_connection_that_fails_to_restart_stays_at_the_old_msr_and_on_record() {
-    let mut lab = fast_lab(43, &[(2, "MSRD_FAULT", "fail_restart")]);
+    let mut lab = clean_lab(2, 43);
+    let (msrds, _) = lab
+        .start_itcp_mobility_env(
+            FAST_BEACONS,
+            FAST_AGENT,
+            &[(2, "MSRD_FAULT", "fail_restart")],
+        )
+        .unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    lab.watch_rsts(Host::Mh).unwrap();
     let bytes = 24 << 20;
     let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
     std::thread::sleep(Duration::from_millis(1000));
@@ -510,6 +519,18 @@ fn a_connection_that_fails_to_restart_stays_at_the_old_msr_and_on_record() {
             .all(|r| r.outcome == Outcome::RolledBack && !r.failed.is_empty()),
         "{old:?}"
     );
+    // The connection that stayed went through repair mode and back, then ended (its
+    // wireless socket, on MSR1's request port, closed first: TIME_WAIT). A crash now
+    // must not keep msrd off that port.
+    std::thread::sleep(Duration::from_millis(300));
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(lab.pid(msrds[0]) as i32, libc::SIGKILL) };
+    wait_exit(&mut lab, msrds[0]);
+    let mut again = lab
+        .restart_msrd(1)
+        .unwrap_or_else(|e| panic!("msrd did not start again after the crash: {e}"));
+    let _ = again.kill();
+    let _ = again.wait();
 }
 
 #[test]
