@@ -4,9 +4,8 @@
 //! (see `Action::AwaitHandshakes`).
 
 use std::io;
-use std::mem::size_of;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 
 use crate::netlink::NLMSG_HDRLEN;
 
@@ -85,33 +84,7 @@ fn parse(dgram: &[u8], out: &mut Vec<IpAddr>) -> io::Result<bool> {
 /// The remote addresses of this namespace's TCP sockets in SYN_RECV (IPv4-mapped
 /// addresses as IPv4).
 pub fn syn_recv_peers() -> io::Result<Vec<IpAddr>> {
-    // SAFETY: plain socket(2); the fd is owned at once.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-            libc::NETLINK_SOCK_DIAG,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh descriptor nobody else owns.
-    let s = unsafe { OwnedFd::from_raw_fd(fd) };
-    let tv = libc::timeval {
-        tv_sec: 1,
-        tv_usec: 0,
-    };
-    // SAFETY: setsockopt with a timeval of the size given.
-    unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&tv as *const libc::timeval).cast(),
-            size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
+    let s = crate::netlink::nl_socket(libc::NETLINK_SOCK_DIAG)?;
     let mut out = Vec::new();
     let mut buf = vec![0u8; 32 * 1024];
     for (i, family) in [libc::AF_INET as u8, libc::AF_INET6 as u8]

@@ -139,6 +139,7 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
     impl Drop for Thaw<'_> {
         fn drop(&mut self) {
             self.0.inflight.thaw(self.1);
+            // SYNs were held since `AwaitHandshakes` (the flow hold covers them too).
             hold_syns(self.0, self.1, false);
         }
     }
@@ -152,8 +153,6 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                 Action::FreezeAndCapture(mh) => {
                     let t0 = std::time::Instant::now();
                     hold(&d, h, mh);
-                    // The hold covers SYNs too.
-                    hold_syns(&d, mh, false);
                     frozen = freeze(&d, mh).await;
                     let t_freeze = t0.elapsed();
                     let mut images = Vec::new();

@@ -57,39 +57,28 @@ pub async fn freeze(d: &Daemon, mh: IpAddr) -> Vec<Frozen> {
     out
 }
 
-/// The socket's connection is over (CLOSED or TIME_WAIT) and nothing is left to read
-/// from it.
-fn over(fd: BorrowedFd<'_>) -> bool {
+/// The socket's connection ended (CLOSED or TIME_WAIT): it cannot be captured, though
+/// bytes may still wait in its receive queue.
+fn finished(fd: BorrowedFd<'_>) -> bool {
     use itcp_handoff::repair::{state, tcp_info};
-    let done = tcp_info(fd).is_ok_and(|i| matches!(i.state, state::CLOSE | state::TIME_WAIT));
-    done && unread(fd).is_ok_and(|n| n == 0)
+    tcp_info(fd).is_ok_and(|i| matches!(i.state, state::CLOSE | state::TIME_WAIT))
 }
 
-/// Bytes waiting in the socket's receive queue.
-fn unread(fd: BorrowedFd<'_>) -> io::Result<usize> {
-    let mut n: libc::c_int = 0;
-    // SAFETY: FIONREAD writes one c_int.
-    let r = unsafe { libc::ioctl(std::os::fd::AsRawFd::as_raw_fd(&fd), libc::FIONREAD, &mut n) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(n as usize)
+/// Finished, and nothing is left to read from it.
+fn over(fd: BorrowedFd<'_>) -> bool {
+    finished(fd) && itcp_handoff::repair::inq(fd).is_ok_and(|n| n == 0)
 }
 
-/// A relay frozen after its fixed side closed (the FH's FIN and ours both done, so
+/// A relay frozen after its fixed side finished (the FH's FIN and ours both done, so
 /// that socket cannot be captured) but before it copied the FH's last bytes: they go
 /// into the wireless socket's send queue (the hold keeps them from leaving), then our
 /// FIN, and the connection can move as `closing`. False, changing nothing, when the
 /// bytes do not fit or the MH's own bytes could no longer reach the FH.
-fn close_out(f: &Frozen) -> bool {
+fn close_out(f: &Frozen, x: BorrowedFd<'_>) -> bool {
+    use itcp_handoff::repair::{get_int, inq, outq};
     use std::os::fd::AsRawFd;
-    let Some(x) = &f.fixed else { return false };
-    let done = itcp_handoff::repair::tcp_info(x.as_fd()).is_ok_and(|i| {
-        use itcp_handoff::repair::state;
-        matches!(i.state, state::CLOSE | state::TIME_WAIT)
-    });
-    let (w, x) = (f.wireless.as_fd(), x.as_fd());
-    if !done || !f.pending.up.is_empty() || unread(w).map_or(true, |n| n > 0) {
+    let w = f.wireless.as_fd();
+    if !f.pending.up.is_empty() || inq(w).map_or(true, |n| n > 0) {
         return false;
     }
     let mut rest = f.pending.down.clone();
@@ -110,23 +99,11 @@ fn close_out(f: &Frozen) -> bool {
             _ => return false,
         }
     }
-    // Room in the send queue for all of it, or nothing is written.
-    let mut room: libc::c_int = 0;
-    let mut sent: libc::c_int = 0;
-    // SAFETY: getsockopt/ioctl writing one c_int each.
-    unsafe {
-        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-        libc::getsockopt(
-            w.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_SNDBUF,
-            (&mut room as *mut libc::c_int).cast(),
-            &mut len,
-        );
-        libc::ioctl(w.as_raw_fd(), libc::TIOCOUTQ, &mut sent);
-    }
-    // The kernel counts buffer overhead against SO_SNDBUF: half of it is payload.
-    if rest.len() > (room as usize / 2).saturating_sub(sent.max(0) as usize) {
+    // Room in the send queue for all of it, or nothing is written. The kernel counts
+    // buffer overhead against SO_SNDBUF: half of it is payload.
+    let room = get_int(w, libc::SOL_SOCKET, libc::SO_SNDBUF, "SO_SNDBUF").unwrap_or(0) as usize / 2;
+    let queued = outq(w).map_or(usize::MAX, |n| n as usize);
+    if rest.len() > room.saturating_sub(queued) {
         return false;
     }
     let mut off = 0;
@@ -157,35 +134,53 @@ fn close_out(f: &Frozen) -> bool {
 }
 
 /// Captures a frozen connection. `None`: it finished while it froze, nothing moves.
-/// A relay whose fixed side is over moves as `closing`: its wireless side drains to the
-/// MH at the new MSR (see [`close_out`]).
+/// A relay whose fixed side finished moves as `closing`: its wireless side drains to
+/// the MH at the new MSR (see [`close_out`]). Socket states are looked at only when a
+/// capture fails, so the common case costs nothing more.
 /// `mark`: msrd's fwmark, for the segment a rollback replays ([`itcp_handoff::unfreeze`]).
 pub fn capture_one(f: &Frozen, mark: u32) -> io::Result<Option<(ConnImage, ConnEntry)>> {
     let mut kind = f.session.kind;
-    let fixed_over = f.fixed.as_ref().is_some_and(|x| over(x.as_fd()));
-    if over(f.wireless.as_fd()) && (f.fixed.is_none() || fixed_over) && f.pending.is_empty() {
-        return Ok(None);
-    }
-    if matches!(
-        kind,
-        Kind::Connect | Kind::Transparent | Kind::Accept | Kind::Bind
-    ) && close_out(f)
-    {
-        kind = Kind::Closing;
-    }
-    let w = itcp_handoff::capture(f.wireless.as_fd())?;
+    // The fixed side first: closing a relay out writes to the wireless socket, which
+    // must happen before that one is captured.
     let x = match &f.fixed {
         // A closing relay's fixed side stays: the FH is on the fixed LAN, reachable
         // from here, and has its data; only its last ACK or FIN may still be due, and
         // the new MSR drops what strays its way (the flow travels in `closed`).
         Some(_) if kind == Kind::Closing => None,
-        Some(x) => Some(itcp_handoff::capture(x.as_fd()).inspect_err(|_| {
-            let _ = itcp_handoff::unfreeze(f.wireless.as_fd(), mark);
-        })?),
+        Some(x) => match itcp_handoff::capture(x.as_fd()) {
+            Ok(img) => Some(img),
+            Err(e) if !finished(x.as_fd()) => return Err(e),
+            Err(e) => {
+                if over(x.as_fd()) && over(f.wireless.as_fd()) && f.pending.is_empty() {
+                    return Ok(None);
+                }
+                let relay = matches!(
+                    kind,
+                    Kind::Connect | Kind::Transparent | Kind::Accept | Kind::Bind
+                );
+                if !relay || !close_out(f, x.as_fd()) {
+                    return Err(e);
+                }
+                kind = Kind::Closing;
+                None
+            }
+        },
         None => None,
     };
+    let w = match itcp_handoff::capture(f.wireless.as_fd()) {
+        Ok(w) => w,
+        Err(e) => {
+            if let (Some(_), Some(fx)) = (&x, &f.fixed) {
+                let _ = itcp_handoff::unfreeze(fx.as_fd(), mark);
+            }
+            if f.fixed.is_none() && over(f.wireless.as_fd()) && f.pending.is_empty() {
+                return Ok(None);
+            }
+            return Err(e);
+        }
+    };
     // A closed-out relay's pending bytes are in its wireless send queue now.
-    let pending = if kind == Kind::Closing && f.session.kind != Kind::Closing {
+    let pending = if kind != f.session.kind {
         Pending::default()
     } else {
         f.pending.clone()
