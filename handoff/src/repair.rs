@@ -17,11 +17,15 @@
 //!   bytes had arrived, to the send queue as if they had been sent (no packet leaves).
 //! * `getsockopt(TCP_MAXSEG)` in repair mode returns the peer's MSS (`mss_clamp`).
 
-use std::ffi::CString;
 use std::io;
-use std::mem::{size_of, zeroed, MaybeUninit};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::mem::{size_of, MaybeUninit};
+use std::net::{Shutdown, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::socket::{recv, MsgFlags};
+use socket2::{Domain, Protocol, SockAddr, SockRef, Socket, Type};
 
 use libc::{c_int, c_void, socklen_t};
 
@@ -131,14 +135,6 @@ fn cvt(ret: c_int) -> io::Result<c_int> {
         Err(io::Error::last_os_error())
     } else {
         Ok(ret)
-    }
-}
-
-fn cvt_size(ret: isize) -> io::Result<usize> {
-    if ret < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(ret as usize)
     }
 }
 
@@ -441,272 +437,123 @@ pub fn in_thread_netns(fd: BorrowedFd<'_>) -> io::Result<bool> {
 /// queue without consuming it. The send queue is copied whole skb by whole skb, so
 /// `buf` must be at least as long as the queue.
 pub fn peek(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
-    // SAFETY: `buf` is writable for its length.
-    cvt_size(unsafe {
-        libc::recv(
-            fd.as_raw_fd(),
-            buf.as_mut_ptr().cast::<c_void>(),
-            buf.len(),
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    })
+    Ok(recv(
+        fd.as_raw_fd(),
+        buf,
+        MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT,
+    )?)
 }
 
 /// One `send(MSG_NOSIGNAL)`, `flags` added.
 pub fn send(fd: BorrowedFd<'_>, buf: &[u8], flags: c_int) -> io::Result<usize> {
-    // SAFETY: `buf` is readable for its length.
-    cvt_size(unsafe {
-        libc::send(
-            fd.as_raw_fd(),
-            buf.as_ptr().cast::<c_void>(),
-            buf.len(),
-            libc::MSG_NOSIGNAL | flags,
-        )
-    })
+    let flags = MsgFlags::MSG_NOSIGNAL | MsgFlags::from_bits_truncate(flags);
+    Ok(nix::sys::socket::send(fd.as_raw_fd(), buf, flags)?)
 }
 
 /// Waits until `fd` is writable or `timeout_ms` passes; false on timeout.
 pub fn wait_writable(fd: BorrowedFd<'_>, timeout_ms: c_int) -> io::Result<bool> {
-    let mut p = libc::pollfd {
-        fd: fd.as_raw_fd(),
-        events: libc::POLLOUT,
-        revents: 0,
-    };
+    let timeout = PollTimeout::try_from(timeout_ms).unwrap_or(PollTimeout::MAX);
     loop {
-        // SAFETY: one valid pollfd.
-        let r = unsafe { libc::poll(&mut p, 1, timeout_ms) };
-        if r < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
+        match poll(&mut [PollFd::new(fd, PollFlags::POLLOUT)], timeout) {
+            Ok(n) => return Ok(n > 0),
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
         }
-        return Ok(r > 0);
     }
 }
 
 /// `shutdown(SHUT_WR)`.
 pub fn shutdown_write(fd: BorrowedFd<'_>) -> io::Result<()> {
-    // SAFETY: plain syscall on an open fd.
-    cvt(unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_WR) })
-        .map(drop)
+    SockRef::from(&fd)
+        .shutdown(Shutdown::Write)
         .map_err(|e| ctx(e, "shutdown(SHUT_WR)"))
 }
 
 /// Sets or clears O_NONBLOCK.
 pub fn set_nonblocking(fd: BorrowedFd<'_>, on: bool) -> io::Result<()> {
-    // SAFETY: F_GETFL/F_SETFL on an open fd.
-    let flags = cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GETFL) })?;
-    let new = if on {
-        flags | libc::O_NONBLOCK
-    } else {
-        flags & !libc::O_NONBLOCK
-    };
-    if new != flags {
-        // SAFETY: as above.
-        cvt(unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, new) })?;
-    }
-    Ok(())
+    SockRef::from(&fd).set_nonblocking(on)
 }
 
 /// A new TCP socket (close-on-exec, blocking) of the address family of `addr`.
 pub fn tcp_socket(addr: &SocketAddr) -> io::Result<OwnedFd> {
-    let family = match addr {
-        SocketAddr::V4(_) => libc::AF_INET,
-        SocketAddr::V6(_) => libc::AF_INET6,
-    };
-    // SAFETY: plain syscall; on success we own the returned descriptor.
-    let fd = cvt(unsafe {
-        libc::socket(
-            family,
-            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
-            libc::IPPROTO_TCP,
-        )
-    })
-    .map_err(|e| ctx(e, "socket(SOCK_STREAM)"))?;
-    // SAFETY: `fd` was just returned by socket() and nobody else owns it.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    Socket::new(
+        Domain::for_address(*addr),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )
+    .map(OwnedFd::from)
+    .map_err(|e| ctx(e, "socket(SOCK_STREAM)"))
 }
 
-/// A `sockaddr_storage` holding `addr`, and its length.
-pub fn to_sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, socklen_t) {
-    // SAFETY: sockaddr_storage is plain old data; all-zero is a valid value.
-    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr {
-                    s_addr: u32::from_ne_bytes(a.ip().octets()),
-                },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin) };
-            size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: a.flowinfo().to_be(),
-                sin6_addr: libc::in6_addr {
-                    s6_addr: a.ip().octets(),
-                },
-                sin6_scope_id: a.scope_id(),
-            };
-            // SAFETY: sockaddr_storage is larger than and suitably aligned for sockaddr_in6.
-            unsafe { std::ptr::write((&mut ss as *mut libc::sockaddr_storage).cast(), sin6) };
-            size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (ss, len as socklen_t)
-}
-
-fn from_sockaddr(ss: &libc::sockaddr_storage) -> io::Result<SocketAddr> {
-    match c_int::from(ss.ss_family) {
-        libc::AF_INET => {
-            // SAFETY: the family says the storage holds a sockaddr_in.
-            let sin: &libc::sockaddr_in = unsafe { &*(ss as *const libc::sockaddr_storage).cast() };
-            Ok(SocketAddr::V4(SocketAddrV4::new(
-                Ipv4Addr::from(sin.sin_addr.s_addr.to_ne_bytes()),
-                u16::from_be(sin.sin_port),
-            )))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: the family says the storage holds a sockaddr_in6.
-            let sin6: &libc::sockaddr_in6 =
-                unsafe { &*(ss as *const libc::sockaddr_storage).cast() };
-            Ok(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(sin6.sin6_addr.s6_addr),
-                u16::from_be(sin6.sin6_port),
-                u32::from_be(sin6.sin6_flowinfo),
-                sin6.sin6_scope_id,
-            )))
-        }
-        f => Err(io::Error::new(
+fn ip_socket_addr(a: SockAddr) -> io::Result<SocketAddr> {
+    a.as_socket().ok_or_else(|| {
+        io::Error::new(
             io::ErrorKind::InvalidInput,
-            format!("not an IP socket (address family {f})"),
-        )),
-    }
-}
-
-fn name_of(
-    fd: BorrowedFd<'_>,
-    f: unsafe extern "C" fn(c_int, *mut libc::sockaddr, *mut socklen_t) -> c_int,
-    what: &str,
-) -> io::Result<SocketAddr> {
-    // SAFETY: all-zero sockaddr_storage is valid.
-    let mut ss: libc::sockaddr_storage = unsafe { zeroed() };
-    let mut len = size_of::<libc::sockaddr_storage>() as socklen_t;
-    // SAFETY: `ss` is writable for `len` bytes; `f` is getsockname or getpeername.
-    cvt(unsafe {
-        f(
-            fd.as_raw_fd(),
-            (&mut ss as *mut libc::sockaddr_storage).cast(),
-            &mut len,
+            format!("not an IP socket (address family {})", a.family()),
         )
     })
-    .map_err(|e| ctx(e, what))?;
-    from_sockaddr(&ss)
 }
 
 /// The socket's local address.
 pub fn local_addr(fd: BorrowedFd<'_>) -> io::Result<SocketAddr> {
-    name_of(fd, libc::getsockname, "getsockname")
+    ip_socket_addr(
+        SockRef::from(&fd)
+            .local_addr()
+            .map_err(|e| ctx(e, "getsockname"))?,
+    )
 }
 
 /// The socket's peer address.
 pub fn peer_addr(fd: BorrowedFd<'_>) -> io::Result<SocketAddr> {
-    name_of(fd, libc::getpeername, "getpeername")
+    ip_socket_addr(
+        SockRef::from(&fd)
+            .peer_addr()
+            .map_err(|e| ctx(e, "getpeername"))?,
+    )
 }
 
 /// `bind(addr)`.
 pub fn bind(fd: BorrowedFd<'_>, addr: &SocketAddr) -> io::Result<()> {
-    let (ss, len) = to_sockaddr(addr);
-    // SAFETY: `ss` holds a valid sockaddr of `len` bytes.
-    cvt(unsafe {
-        libc::bind(
-            fd.as_raw_fd(),
-            (&ss as *const libc::sockaddr_storage).cast(),
-            len,
-        )
-    })
-    .map(drop)
-    .map_err(|e| ctx(e, &format!("bind {addr}")))
+    SockRef::from(&fd)
+        .bind(&(*addr).into())
+        .map_err(|e| ctx(e, &format!("bind {addr}")))
 }
 
 /// `connect(addr)`; in repair mode this sends nothing and the socket is ESTABLISHED.
 pub fn connect(fd: BorrowedFd<'_>, addr: &SocketAddr) -> io::Result<()> {
-    let (ss, len) = to_sockaddr(addr);
-    // SAFETY: `ss` holds a valid sockaddr of `len` bytes.
-    cvt(unsafe {
-        libc::connect(
-            fd.as_raw_fd(),
-            (&ss as *const libc::sockaddr_storage).cast(),
-            len,
-        )
-    })
-    .map(drop)
-    .map_err(|e| ctx(e, &format!("connect {addr} (repair mode)")))
+    SockRef::from(&fd)
+        .connect(&(*addr).into())
+        .map_err(|e| ctx(e, &format!("connect {addr} (repair mode)")))
 }
 
 /// Sends one complete IP packet (header included) through a raw socket of the calling
 /// thread's network namespace, to `dst`. `mark` (if non-zero) is set as SO_MARK so
 /// that netfilter rules can recognise it. Needs CAP_NET_RAW.
 pub fn send_raw_ip(dst: &SocketAddr, packet: &[u8], mark: u32) -> io::Result<()> {
-    let family = match dst {
-        SocketAddr::V4(_) => libc::AF_INET,
-        SocketAddr::V6(_) => libc::AF_INET6,
-    };
     // IPPROTO_RAW implies IP_HDRINCL (and IPV6_HDRINCL since Linux 4.5).
-    // SAFETY: plain syscall; on success we own the descriptor.
-    let raw = cvt(unsafe {
-        libc::socket(
-            family,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::IPPROTO_RAW,
-        )
-    })
+    let raw = Socket::new(
+        Domain::for_address(*dst),
+        Type::RAW,
+        Some(Protocol::from(libc::IPPROTO_RAW)),
+    )
     .map_err(|e| {
         ctx(
             e,
             "socket(SOCK_RAW) to replay the peer's FIN (needs CAP_NET_RAW)",
         )
     })?;
-    // SAFETY: `raw` was just returned by socket() and nobody else owns it.
-    let raw = unsafe { OwnedFd::from_raw_fd(raw) };
     if mark != 0 {
-        // SAFETY: the borrow does not outlive `raw`.
-        let b = unsafe { BorrowedFd::borrow_raw(raw.as_raw_fd()) };
-        set_int(
-            b,
-            libc::SOL_SOCKET,
-            libc::SO_MARK,
-            mark as c_int,
-            "SO_MARK (raw socket)",
-        )?;
+        raw.set_mark(mark)
+            .map_err(|e| ctx(e, "SO_MARK (raw socket)"))?;
     }
     // The kernel takes the destination from the packet; the port must be 0 for raw.
     let dst0 = match dst {
         SocketAddr::V4(a) => SocketAddr::V4(SocketAddrV4::new(*a.ip(), 0)),
         SocketAddr::V6(a) => SocketAddr::V6(SocketAddrV6::new(*a.ip(), 0, 0, a.scope_id())),
     };
-    let (ss, len) = to_sockaddr(&dst0);
-    // SAFETY: `packet` is readable for its length; `ss` holds a valid sockaddr.
-    let n = cvt_size(unsafe {
-        libc::sendto(
-            raw.as_raw_fd(),
-            packet.as_ptr().cast::<c_void>(),
-            packet.len(),
-            0,
-            (&ss as *const libc::sockaddr_storage).cast(),
-            len,
-        )
-    })
-    .map_err(|e| ctx(e, "sendto (raw FIN replay)"))?;
+    let n = raw
+        .send_to(packet, &dst0.into())
+        .map_err(|e| ctx(e, "sendto (raw FIN replay)"))?;
     if n != packet.len() {
         return Err(io::Error::other(format!(
             "raw FIN replay: sent {n} of {} bytes",
@@ -718,9 +565,5 @@ pub fn send_raw_ip(dst: &SocketAddr, packet: &[u8], mark: u32) -> io::Result<()>
 
 /// Checks that a network interface exists (for SO_BINDTODEVICE errors that say so).
 pub fn interface_exists(name: &str) -> bool {
-    match CString::new(name) {
-        // SAFETY: `c` is a valid NUL-terminated string.
-        Ok(c) => unsafe { libc::if_nametoindex(c.as_ptr()) != 0 },
-        Err(_) => false,
-    }
+    nix::net::if_::if_nametoindex(name).is_ok()
 }

@@ -391,26 +391,14 @@ fn raw_socket(addr: &SocketAddr, t: &Tune) -> OwnedFd {
     fd
 }
 
-fn sockaddr(addr: &SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    itcp_handoff::repair::to_sockaddr(addr)
-}
-
 fn listen(lab_ns: &str, addr: SocketAddr, t: &Tune) -> TcpListener {
     in_ns(lab_ns, || {
         let fd = raw_socket(&addr, t);
         setopt(&fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1);
-        let (ss, len) = sockaddr(&addr);
-        // SAFETY: valid sockaddr.
-        let r = unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&ss as *const libc::sockaddr_storage).cast(),
-                len,
-            )
-        };
-        assert_eq!(r, 0, "bind {addr}: {}", io::Error::last_os_error());
-        // SAFETY: plain syscall.
-        assert_eq!(unsafe { libc::listen(fd.as_raw_fd(), 1024) }, 0);
+        let s = socket2::SockRef::from(&fd);
+        s.bind(&addr.into())
+            .unwrap_or_else(|e| panic!("bind {addr}: {e}"));
+        s.listen(1024).unwrap();
         TcpListener::from(fd)
     })
 }
@@ -418,16 +406,9 @@ fn listen(lab_ns: &str, addr: SocketAddr, t: &Tune) -> TcpListener {
 fn connect(ns: &str, to: SocketAddr, t: &Tune) -> TcpStream {
     in_ns(ns, || {
         let fd = raw_socket(&to, t);
-        let (ss, len) = sockaddr(&to);
-        // SAFETY: valid sockaddr.
-        let r = unsafe {
-            libc::connect(
-                fd.as_raw_fd(),
-                (&ss as *const libc::sockaddr_storage).cast(),
-                len,
-            )
-        };
-        assert_eq!(r, 0, "connect {to}: {}", io::Error::last_os_error());
+        socket2::SockRef::from(&fd)
+            .connect(&to.into())
+            .unwrap_or_else(|e| panic!("connect {to}: {e}"));
         TcpStream::from(fd)
     })
 }
@@ -1434,15 +1415,8 @@ fn refusals_and_silent_delete() {
     );
     let s = in_ns(&lab.a, || raw_socket(&lab.msr_addr(9999), &Tune::default()));
     itcp_handoff::repair::set_nonblocking(s.as_fd(), true).unwrap();
-    let (ss, len) = sockaddr(&lab.msr_addr(9999));
-    // SAFETY: valid sockaddr; non-blocking connect returns EINPROGRESS.
-    unsafe {
-        libc::connect(
-            s.as_raw_fd(),
-            (&ss as *const libc::sockaddr_storage).cast(),
-            len,
-        )
-    };
+    // Non-blocking: EINPROGRESS.
+    let _ = socket2::SockRef::from(&s).connect(&lab.msr_addr(9999).into());
     assert_eq!(tcp_state(&s), 2, "SYN_SENT");
     let e = capture(s.as_fd()).unwrap_err().to_string();
     assert!(e.contains("SYN_SENT") && e.contains("handshake"), "{e}");

@@ -9,7 +9,6 @@
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,10 +36,10 @@ struct Cell {
 }
 
 fn open_cell(ifname: &str) -> io::Result<Cell> {
-    let mac = sockopt::interface_mac(ifname)?;
+    let mac = itcp_proto::hex::mac(&crate::netlink::link_mac(ifname)?);
     let sock = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))?;
     sock.set_broadcast(true)?;
-    sockopt::bind_to_device(sock.as_raw_fd(), ifname)?;
+    sockopt::bind_to_device(&sock, ifname)?;
     Ok(Cell {
         ifname: ifname.into(),
         mac,

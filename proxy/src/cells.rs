@@ -20,56 +20,28 @@ impl CellMap {
         if wanted.is_empty() {
             return CellMap { prefixes };
         }
-        let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
-        // SAFETY: getifaddrs fills head with a list we free below.
-        if unsafe { libc::getifaddrs(&mut head) } != 0 {
+        let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
             return CellMap { prefixes };
-        }
-        let mut p = head;
-        while !p.is_null() {
-            // SAFETY: p walks the list getifaddrs returned; fields are valid or null.
-            let ifa = unsafe { &*p };
-            p = ifa.ifa_next;
-            if ifa.ifa_addr.is_null() || ifa.ifa_netmask.is_null() {
+        };
+        for ifa in addrs {
+            if !wanted.contains(&ifa.interface_name.as_str()) {
                 continue;
             }
-            // SAFETY: ifa_name is a NUL-terminated string.
-            let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) }.to_string_lossy();
-            if !wanted.contains(&name.as_ref()) {
+            let (Some(a), Some(m)) = (ifa.address, ifa.netmask) else {
                 continue;
-            }
-            // SAFETY: the sockaddr family tells which struct it is.
-            let (addr, mask) = unsafe {
-                match i32::from((*ifa.ifa_addr).sa_family) {
-                    libc::AF_INET => {
-                        let a = &*(ifa.ifa_addr as *const libc::sockaddr_in);
-                        let m = &*(ifa.ifa_netmask as *const libc::sockaddr_in);
-                        (
-                            IpAddr::V4(Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr))),
-                            u32::from_be(m.sin_addr.s_addr).count_ones() as u8,
-                        )
-                    }
-                    libc::AF_INET6 => {
-                        let a = &*(ifa.ifa_addr as *const libc::sockaddr_in6);
-                        let m = &*(ifa.ifa_netmask as *const libc::sockaddr_in6);
-                        (
-                            IpAddr::V6(Ipv6Addr::from(a.sin6_addr.s6_addr)),
-                            m.sin6_addr
-                                .s6_addr
-                                .iter()
-                                .map(|b| b.count_ones())
-                                .sum::<u32>() as u8,
-                        )
-                    }
-                    _ => continue,
-                }
+            };
+            let (addr, mask) = if let (Some(a), Some(m)) = (a.as_sockaddr_in(), m.as_sockaddr_in())
+            {
+                (IpAddr::V4(a.ip()), m.ip().to_bits().count_ones() as u8)
+            } else if let (Some(a), Some(m)) = (a.as_sockaddr_in6(), m.as_sockaddr_in6()) {
+                (IpAddr::V6(a.ip()), m.ip().to_bits().count_ones() as u8)
+            } else {
+                continue;
             };
             if let Some(net) = network(addr, mask) {
-                prefixes.push((net, name.to_string()));
+                prefixes.push((net, ifa.interface_name));
             }
         }
-        // SAFETY: head came from getifaddrs.
-        unsafe { libc::freeifaddrs(head) };
         CellMap { prefixes }
     }
 

@@ -339,8 +339,8 @@ impl Daemon {
             // The listener closed while we waited.
             return send_reply(&mut s, Reply::NoSuchListener, &unspecified_like(peer)).await;
         };
-        sockopt::apply_post_connect(fixed.as_raw_fd(), &self.cfg.fixed)?;
-        sockopt::apply_post_connect(s.as_raw_fd(), &self.wireless_tuning(peer.ip()))?;
+        sockopt::apply_post_connect(&fixed, &self.cfg.fixed)?;
+        sockopt::apply_post_connect(&s, &self.wireless_tuning(peer.ip()))?;
         send_reply(&mut s, Reply::Succeeded, &Addr::Ip(fh)).await?;
         self.run_session(Kind::Accept, s, fixed, l.addr, fh, adm, None)
             .await;
@@ -361,8 +361,8 @@ impl Daemon {
         // (a plain close would end them with FIN, and an application without its own
         // framing would take a truncated stream for a complete one). Graceful ends
         // below clear this first.
-        sockopt::abort_on_close(wireless.as_raw_fd());
-        sockopt::abort_on_close(fixed.as_raw_fd());
+        sockopt::abort_on_close(&wireless);
+        sockopt::abort_on_close(&fixed);
         let pause = s.pause.subscribe();
         let span = tracing::info_span!("conn", conn = s.id, mh = %s.mh.ip());
         let end = relay::relay(
@@ -396,8 +396,8 @@ impl Daemon {
             // The MH stayed away past the linger: the FH gets a clean end of stream.
             End::WirelessTimedOut => {
                 info!(conn = s.id, mh = %s.mh.ip(), "the MH stayed away past the linger: closing");
-                sockopt::close_gracefully(fixed.as_raw_fd());
-                let _ = sockopt::shutdown_write(fixed.as_raw_fd());
+                sockopt::close_gracefully(&fixed);
+                let _ = sockopt::shutdown_write(&fixed);
             }
             End::Closed => {
                 if !delivered(&wireless) || !delivered(&fixed) {
@@ -429,8 +429,8 @@ impl Daemon {
                     return Box::pin(self.drain(c, wireless, fixed, adm)).await;
                 }
                 self.note_closed(Some(&wireless), Some(&fixed));
-                sockopt::close_gracefully(wireless.as_raw_fd());
-                sockopt::close_gracefully(fixed.as_raw_fd());
+                sockopt::close_gracefully(&wireless);
+                sockopt::close_gracefully(&fixed);
             }
         }
         if end != End::Closed {
@@ -485,7 +485,7 @@ impl Daemon {
             if fixed.as_ref().is_some_and(delivered) {
                 let x = fixed.take().unwrap();
                 self.note_closed(None, Some(&x));
-                sockopt::close_gracefully(x.as_raw_fd());
+                sockopt::close_gracefully(x);
             }
             if (delivered(&wireless) && fixed.is_none()) || start.elapsed() > MOST {
                 break;
@@ -513,9 +513,9 @@ impl Daemon {
             pause = c.pause.subscribe();
         }
         self.note_closed(Some(&wireless), fixed.as_ref());
-        sockopt::close_gracefully(wireless.as_raw_fd());
+        sockopt::close_gracefully(&wireless);
         if let Some(x) = &fixed {
-            sockopt::close_gracefully(x.as_raw_fd());
+            sockopt::close_gracefully(x);
         }
         drop((wireless, fixed, adm));
         self.sessions.close(&c);
@@ -864,7 +864,7 @@ async fn do_connect(
         Ok(a) => a,
         Err(why) => return refuse(d, &mut s, peer, why).await,
     };
-    sockopt::apply_post_connect(s.as_raw_fd(), &d.wireless_tuning(peer.ip()))?;
+    sockopt::apply_post_connect(&s, &d.wireless_tuning(peer.ip()))?;
     // The FH's answers must reach us on the fixed LAN before we connect.
     crate::handoff::claim(d, crate::admission::canonical(peer.ip()));
     let fh = match resolve(d, &target, peer).await {
@@ -1037,7 +1037,7 @@ async fn do_bind(d: &Daemon, mut s: TcpStream, peer: SocketAddr, expected: Addr)
     let Some((fixed, fh)) = got else {
         return Ok(());
     };
-    sockopt::apply_post_connect(fixed.as_raw_fd(), &d.cfg.fixed)?;
+    sockopt::apply_post_connect(&fixed, &d.cfg.fixed)?;
     send_reply(&mut s, Reply::Succeeded, &Addr::Ip(fh)).await?;
     d.run_session(Kind::Bind, s, fixed, l.addr, fh, adm, None)
         .await;
@@ -1068,7 +1068,7 @@ pub(crate) async fn serve_transparent(
                 if d.may_log(mh.ip()) {
                     warn!(%mh, %fh, reason = why.as_str(), "intercepted connection refused");
                 }
-                sockopt::abort_on_close(s.as_raw_fd());
+                sockopt::abort_on_close(&s);
                 return;
             }
         },
@@ -1076,7 +1076,7 @@ pub(crate) async fn serve_transparent(
     if let Some(x) = setup.as_mut() {
         x.registered();
     }
-    let _ = sockopt::apply_post_connect(s.as_raw_fd(), &d.wireless_tuning(mh.ip()));
+    let _ = sockopt::apply_post_connect(&s, &d.wireless_tuning(mh.ip()));
     crate::handoff::claim(&d, mh_ip);
     let mut pause = sess.pause.subscribe();
     let connecting = loop {
@@ -1125,7 +1125,7 @@ pub(crate) async fn serve_transparent(
                 .stats
                 .connections_failed
                 .fetch_add(1, Ordering::Relaxed);
-            sockopt::abort_on_close(s.as_raw_fd());
+            sockopt::abort_on_close(&s);
         }
     }
 }
@@ -1140,7 +1140,7 @@ fn listen_socket(
     } else {
         TcpSocket::new_v6()?
     };
-    let fd = s.as_raw_fd();
+    let fd = &s;
     sockopt::set_reuseaddr(fd)?;
     if addr.is_ipv6() {
         sockopt::set_v6only(fd)?;
@@ -1169,7 +1169,7 @@ pub(crate) async fn accept_loop(d: Arc<Daemon>, l: TcpListener, transparent: boo
                 let Some(setup) = d.begin_setup(peer.ip()) else {
                     // Too many half-open connections from there: close at once, with
                     // a reset (nothing to finish, no TIME_WAIT kept here).
-                    sockopt::abort_on_close(s.as_raw_fd());
+                    sockopt::abort_on_close(&s);
                     continue;
                 };
                 let d = d.clone();

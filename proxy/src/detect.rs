@@ -19,6 +19,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use nix::errno::Errno;
+use nix::sys::socket::{recv, MsgFlags};
 use tokio::io::unix::AsyncFd;
 use tracing::{debug, info, warn};
 
@@ -53,23 +55,25 @@ pub async fn run(d: Arc<Daemon>, group: u16) {
             return;
         };
         let raw = std::os::fd::AsRawFd::as_raw_fd(fd.get_ref());
-        // SAFETY: buf is live and writable for its whole length.
-        let n = unsafe { libc::recv(raw, buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            let e = std::io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EAGAIN) => ready.clear_ready(),
-                Some(libc::EINTR) => {}
-                // Reports were lost (a burst): the MHs' next packets report again.
-                Some(libc::ENOBUFS) => debug!("NFLOG reports overran"),
-                _ => {
-                    warn!(error = %e, "NFLOG read failed");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
+        let n = match recv(raw, &mut buf, MsgFlags::empty()) {
+            Ok(n) => n,
+            Err(Errno::EAGAIN) => {
+                ready.clear_ready();
+                continue;
             }
-            continue;
-        }
-        for l in nflog::parse(&buf[..n as usize]) {
+            Err(Errno::EINTR) => continue,
+            // Reports were lost (a burst): the MHs' next packets report again.
+            Err(Errno::ENOBUFS) => {
+                debug!("NFLOG reports overran");
+                continue;
+            }
+            Err(e) => {
+                warn!(error = %e, "NFLOG read failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        for l in nflog::parse(&buf[..n]) {
             on_arrival(&d, l);
         }
     }

@@ -4,7 +4,6 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use itcp_config::TcpTuning;
@@ -18,7 +17,7 @@ fn transparent_socket(addr: SocketAddr, tuning: &TcpTuning) -> io::Result<TcpSoc
     } else {
         TcpSocket::new_v6()?
     };
-    let fd = s.as_raw_fd();
+    let fd = &s;
     sockopt::set_transparent(fd, addr.is_ipv6())?;
     sockopt::set_reuseaddr(fd)?;
     sockopt::apply_pre_connect(fd, tuning)?;
@@ -61,7 +60,7 @@ async fn finish_connect(
                 format!("connect to {fh} timed out after {timeout:?}"),
             )
         })??;
-    sockopt::apply_post_connect(stream.as_raw_fd(), tuning)?;
+    sockopt::apply_post_connect(&stream, tuning)?;
     Ok(stream)
 }
 

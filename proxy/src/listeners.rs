@@ -227,8 +227,7 @@ mod tests {
 
     // Listeners are transparent sockets (IP_TRANSPARENT): root or CAP_NET_ADMIN.
     fn can_listen() -> bool {
-        // SAFETY: geteuid has no preconditions.
-        unsafe { libc::geteuid() == 0 }
+        nix::unistd::geteuid().is_root()
     }
 
     #[tokio::test]

@@ -6,11 +6,14 @@
 //! ~9 µs per set-element change, ~13 µs per proxy-neighbour change.
 
 use std::cell::RefCell;
-use std::ffi::CString;
 use std::io;
 use std::mem::{size_of, zeroed};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sys::socket::{recv, send, MsgFlags};
 use std::os::unix::fs::MetadataExt;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -39,10 +42,7 @@ pub(crate) const NFGENMSG_LEN: usize = 4;
 const ETH_ZLEN: usize = 60;
 
 /// How long to wait for the kernel's ack before giving up (it normally takes µs).
-const ACK_TIMEOUT: libc::timeval = libc::timeval {
-    tv_sec: 2,
-    tv_usec: 0,
-};
+const ACK_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Adds or deletes one address in a named set of an nftables table of family `inet`
 /// (sets typed ipv4_addr / ipv6_addr). One NETLINK_NETFILTER batch (NFNL_MSG_BATCH_BEGIN,
@@ -248,51 +248,15 @@ pub fn send_unsolicited_na(ifname: &str, ip: Ipv6Addr) -> io::Result<()> {
     let ifindex = ifindex(ifname, &what)?;
     let sock = socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_ICMPV6)
         .map_err(|e| context(&what, e))?;
-    let fd = sock.as_raw_fd();
     let mac = link_mac(ifname).map_err(|e| context(&what, e))?;
-    let set = |level, name, v: libc::c_int| {
-        // SAFETY: v is a live c_int and its size is passed along.
-        let r = unsafe {
-            libc::setsockopt(
-                fd,
-                level,
-                name,
-                (&v as *const libc::c_int).cast(),
-                size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(context(&what, io::Error::last_os_error()));
-        }
-        Ok(())
-    };
+    let s = socket2::SockRef::from(&sock);
     // Neighbour discovery is only valid with hop limit 255.
-    set(libc::IPPROTO_IPV6, libc::IPV6_MULTICAST_HOPS, 255)?;
-    set(
-        libc::IPPROTO_IPV6,
-        libc::IPV6_MULTICAST_IF,
-        ifindex as libc::c_int,
-    )?;
-    let na = na_message(ip, mac);
-    // SAFETY: sockaddr_in6 is plain data; all-zero is a valid value.
-    let mut to: libc::sockaddr_in6 = unsafe { zeroed() };
-    to.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-    to.sin6_addr.s6_addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1).octets();
-    to.sin6_scope_id = ifindex;
-    // SAFETY: na and to are live for the call; their sizes are passed along.
-    let n = unsafe {
-        libc::sendto(
-            fd,
-            na.as_ptr().cast(),
-            na.len(),
-            0,
-            (&to as *const libc::sockaddr_in6).cast(),
-            size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-        )
-    };
-    if n < 0 {
-        return Err(context(&what, io::Error::last_os_error()));
-    }
+    s.set_multicast_hops_v6(255)
+        .and_then(|()| s.set_multicast_if_v6(ifindex))
+        .map_err(|e| context(&what, e))?;
+    let all_nodes = SocketAddrV6::new(Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1), 0, 0, ifindex);
+    s.send_to(&na_message(ip, mac), &all_nodes.into())
+        .map_err(|e| context(&what, e))?;
     Ok(())
 }
 
@@ -724,19 +688,9 @@ pub(crate) fn nl_socket(protocol: libc::c_int) -> io::Result<OwnedFd> {
             )
         };
     }
-    // SAFETY: ACK_TIMEOUT is a live timeval and its size is passed along.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_RCVTIMEO,
-            (&ACK_TIMEOUT as *const libc::timeval).cast(),
-            size_of::<libc::timeval>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(context("netlink: SO_RCVTIMEO", io::Error::last_os_error()));
-    }
+    socket2::SockRef::from(&sock)
+        .set_read_timeout(Some(ACK_TIMEOUT))
+        .map_err(|e| context("netlink: SO_RCVTIMEO", e))?;
     Ok(sock)
 }
 
@@ -749,35 +703,27 @@ pub(crate) fn nl_exchange(
 ) -> io::Result<Ack> {
     loop {
         // An unconnected netlink socket sends to the kernel (port 0).
-        // SAFETY: req is live for the call and its length is passed along.
-        let n = unsafe { libc::send(fd, req.as_ptr().cast(), req.len(), 0) };
-        if n >= 0 {
-            break;
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(context("netlink: send", e));
+        match send(fd, req, MsgFlags::empty()) {
+            Ok(_) => break,
+            Err(Errno::EINTR) => {}
+            Err(e) => return Err(context("netlink: send", e.into())),
         }
     }
 
     let mut buf = [0u8; 8192];
     loop {
-        // SAFETY: buf is live and writable for its whole length.
-        let n = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            match e.raw_os_error() {
-                Some(libc::EINTR) => continue,
-                Some(libc::EAGAIN) => {
-                    return Err(io::Error::new(
-                        io::ErrorKind::TimedOut,
-                        "netlink: no ack from the kernel",
-                    ))
-                }
-                _ => return Err(context("netlink: recv", e)),
+        let n = match recv(fd, &mut buf, MsgFlags::empty()) {
+            Ok(n) => n,
+            Err(Errno::EINTR) => continue,
+            Err(Errno::EAGAIN) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "netlink: no ack from the kernel",
+                ))
             }
-        }
-        if let Some(ack) = parse_ack(&buf[..n as usize], first, count, ack_seq) {
+            Err(e) => return Err(context("netlink: recv", e.into())),
+        };
+        if let Some(ack) = parse_ack(&buf[..n], first, count, ack_seq) {
             return Ok(ack);
         }
     }
@@ -790,29 +736,15 @@ pub(crate) fn socket(
     ty: libc::c_int,
     protocol: libc::c_int,
 ) -> io::Result<OwnedFd> {
-    // SAFETY: plain syscall; the fd is owned below.
-    let fd = unsafe { libc::socket(domain, ty | libc::SOCK_CLOEXEC, protocol) };
-    if fd < 0 {
-        return Err(context("socket", io::Error::last_os_error()));
-    }
-    // SAFETY: fd is a fresh descriptor nobody else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    // socket2 opens it close-on-exec.
+    socket2::Socket::new_raw(domain.into(), ty.into(), Some(protocol.into()))
+        .map(OwnedFd::from)
+        .map_err(|e| context("socket", e))
 }
 
 fn ifindex(ifname: &str, what: &str) -> io::Result<u32> {
-    let name = CString::new(ifname).map_err(|_| {
-        io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("{what}: interface name contains NUL"),
-        )
-    })?;
-    // SAFETY: name is a valid C string.
-    let idx = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    if idx == 0 {
-        let e = io::Error::last_os_error();
-        return Err(context(&format!("{what}: interface {ifname}"), e));
-    }
-    Ok(idx)
+    nix::net::if_::if_nametoindex(ifname)
+        .map_err(|e| context(&format!("{what}: interface {ifname}"), e.into()))
 }
 
 /// The Ethernet address of interface `ifname`.

@@ -57,10 +57,7 @@ pub fn open(group: u16) -> io::Result<OwnedFd> {
         ));
     }
     // Reports are read by an async task from here on.
-    // SAFETY: fcntl on our own live fd.
-    if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, libc::O_NONBLOCK) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    socket2::SockRef::from(&fd).set_nonblocking(true)?;
     Ok(fd)
 }
 

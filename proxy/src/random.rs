@@ -5,18 +5,6 @@ use std::io;
 /// `N` bytes from getrandom(2).
 pub fn bytes<const N: usize>() -> io::Result<[u8; N]> {
     let mut b = [0u8; N];
-    let mut at = 0;
-    while at < N {
-        // SAFETY: getrandom writes at most `N - at` bytes into the rest of our buffer.
-        let n = unsafe { libc::getrandom(b[at..].as_mut_ptr().cast(), N - at, 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(e);
-        }
-        at += n as usize;
-    }
+    getrandom::getrandom(&mut b).map_err(|e| io::Error::other(e.to_string()))?;
     Ok(b)
 }

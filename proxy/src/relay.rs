@@ -151,7 +151,7 @@ async fn pump(
         false => pump_copy(src, dst, opts, count, &mut pause).await?,
     };
     if let Flow::Done = flow {
-        sockopt::shutdown_write(dst.as_raw_fd()).map_err(Failure::Dst)?;
+        sockopt::shutdown_write(dst).map_err(Failure::Dst)?;
     }
     Ok(flow)
 }
@@ -161,12 +161,12 @@ fn drain_pipe(p: &Pipe, n: usize) -> io::Result<Vec<u8>> {
     let mut v = vec![0u8; n];
     let mut off = 0;
     while off < n {
-        // SAFETY: reading into the unfilled tail of a buffer we own.
-        let r = unsafe { libc::read(p.read.as_raw_fd(), v[off..].as_mut_ptr().cast(), n - off) };
-        if r <= 0 {
-            return Err(io::Error::last_os_error());
+        match nix::unistd::read(&p.read, &mut v[off..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(r) => off += r,
+            Err(nix::errno::Errno::EINTR) => {}
+            Err(e) => return Err(e.into()),
         }
-        off += r as usize;
     }
     Ok(v)
 }
@@ -499,8 +499,8 @@ mod tests {
             recv_buffer: Some(16384),
             ..Default::default()
         };
-        crate::sockopt::apply_pre_connect(relay_dst.as_raw_fd(), &small).unwrap();
-        crate::sockopt::apply_pre_connect(app_dst.as_raw_fd(), &small).unwrap();
+        crate::sockopt::apply_pre_connect(&relay_dst, &small).unwrap();
+        crate::sockopt::apply_pre_connect(&app_dst, &small).unwrap();
         let opts = RelayOpts {
             splice,
             pipe_size: 1 << 20,
@@ -573,7 +573,7 @@ mod tests {
         };
         let counters = Counters::default();
         let std_src = app_src.into_std().unwrap();
-        crate::sockopt::abort_on_close(std_src.as_raw_fd());
+        crate::sockopt::abort_on_close(&std_src);
         drop(std_src);
         let (_tx, pause) = watch::channel(false);
         let end = relay(
@@ -586,7 +586,7 @@ mod tests {
         )
         .await;
         assert_eq!(end, End::WirelessAborted);
-        crate::sockopt::abort_on_close(relay_dst.as_raw_fd());
+        crate::sockopt::abort_on_close(&relay_dst);
         drop(relay_dst);
         let mut b = [0u8; 8];
         let e = app_dst.read(&mut b).await.unwrap_err();
@@ -603,7 +603,7 @@ mod tests {
             recv_buffer: Some(16384),
             ..Default::default()
         };
-        crate::sockopt::apply_pre_connect(relay_dst.as_raw_fd(), &small).unwrap();
+        crate::sockopt::apply_pre_connect(&relay_dst, &small).unwrap();
         let opts = RelayOpts {
             splice,
             pipe_size: 1 << 20,

@@ -7,6 +7,8 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 
+use nix::sys::socket::{recv, send, MsgFlags};
+
 use crate::netlink::NLMSG_HDRLEN;
 
 /// linux/sock_diag.h, linux/inet_diag.h, net/tcp_states.h (not in libc).
@@ -92,19 +94,11 @@ pub fn syn_recv_peers() -> io::Result<Vec<IpAddr>> {
         .enumerate()
     {
         let req = request(family, i as u32 + 1);
-        // SAFETY: sending a buffer of the length given to the kernel (sockaddr null:
-        // the kernel is the default peer of a netlink socket).
-        let n = unsafe { libc::send(s.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) };
-        if n < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        // The kernel is the default peer of a netlink socket.
+        send(s.as_raw_fd(), &req, MsgFlags::empty())?;
         loop {
-            // SAFETY: receiving into a buffer of the length given.
-            let n = unsafe { libc::recv(s.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if parse(&buf[..n as usize], &mut out)? {
+            let n = recv(s.as_raw_fd(), &mut buf, MsgFlags::empty())?;
+            if parse(&buf[..n], &mut out)? {
                 break;
             }
         }

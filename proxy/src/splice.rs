@@ -2,7 +2,10 @@
 //! socket inside the kernel, never through user space.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{OwnedFd, RawFd};
+
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
+use nix::unistd::pipe2;
 
 /// A non-blocking pipe used as the splice buffer of one relay direction.
 pub struct Pipe {
@@ -16,18 +19,9 @@ impl Pipe {
     /// Creates a pipe and asks for `size` bytes of capacity; if the kernel refuses
     /// (pipe-user-pages limits), the default 64 KiB pipe is kept.
     pub fn new(size: usize) -> io::Result<Pipe> {
-        let mut fds = [0; 2];
-        // SAFETY: fds is a valid 2-element array for pipe2 to fill.
-        if unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: pipe2 just returned these two fds, owned by nobody else.
-        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
-        // SAFETY: F_SETPIPE_SZ/F_GETPIPE_SZ take an int argument on a pipe fd.
-        let got = unsafe {
-            libc::fcntl(write.as_raw_fd(), libc::F_SETPIPE_SZ, size as libc::c_int);
-            libc::fcntl(write.as_raw_fd(), libc::F_GETPIPE_SZ)
-        };
+        let (read, write) = pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?;
+        let _ = fcntl(&write, FcntlArg::F_SETPIPE_SZ(size as libc::c_int));
+        let got = fcntl(&write, FcntlArg::F_GETPIPE_SZ).unwrap_or(0);
         Ok(Pipe {
             read,
             write,
@@ -62,6 +56,7 @@ mod tests {
     use super::*;
     use std::io::{Read, Write};
     use std::net::{TcpListener, TcpStream};
+    use std::os::fd::AsRawFd;
 
     #[test]
     fn splices_between_sockets() {

@@ -4,8 +4,7 @@
 //! Solicitations arrive on the same port and go to the beacons (`crate::beacon`).
 
 use std::io;
-use std::net::SocketAddr;
-use std::os::fd::AsRawFd;
+use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,6 +12,7 @@ use std::time::Duration;
 use itcp_handoff::greet::{self, Context, Decision, MhView};
 use itcp_proto::beacon::Solicitation;
 use itcp_proto::greeting::{parse_greet_msg, GreetReply, GreetStatus, MAX_DATAGRAM};
+use socket2::{Domain, Socket, Type};
 use tokio::net::UdpSocket;
 use tracing::{debug, info, warn};
 
@@ -60,14 +60,25 @@ pub fn bind(socks: &[GreetSocket], port: u16) -> io::Result<Vec<UdpSocket>> {
     for g in socks {
         let s = (|| {
             // SO_BINDTODEVICE before bind, so that every cell can have the same port.
-            let fd = socket(g.ipv6)?;
-            sockopt::set_reuseaddr(fd.as_raw_fd())?;
+            let (domain, any) = if g.ipv6 {
+                (
+                    Domain::IPV6,
+                    SocketAddr::from((Ipv6Addr::UNSPECIFIED, port)),
+                )
+            } else {
+                (
+                    Domain::IPV4,
+                    SocketAddr::from((Ipv4Addr::UNSPECIFIED, port)),
+                )
+            };
+            let s = Socket::new(domain, Type::DGRAM, None)?;
+            s.set_reuse_address(true)?;
             if g.ipv6 {
-                sockopt::set_v6only(fd.as_raw_fd())?;
+                s.set_only_v6(true)?;
             }
-            sockopt::bind_to_device(fd.as_raw_fd(), &g.interface)?;
-            let s = std::net::UdpSocket::from(fd);
-            bind_any(&s, port, g.ipv6)?;
+            s.bind_device(Some(g.interface.as_bytes()))?;
+            s.bind(&any.into())?;
+            let s = std::net::UdpSocket::from(s);
             s.set_nonblocking(true)?;
             Ok::<_, io::Error>(s)
         })()
@@ -86,59 +97,10 @@ pub fn bind(socks: &[GreetSocket], port: u16) -> io::Result<Vec<UdpSocket>> {
     Ok(out)
 }
 
-fn socket(ipv6: bool) -> io::Result<std::os::fd::OwnedFd> {
-    use std::os::fd::FromRawFd;
-    let family = if ipv6 { libc::AF_INET6 } else { libc::AF_INET };
-    // SAFETY: plain socket(2); the fd is owned by the OwnedFd from here on.
-    let fd = unsafe { libc::socket(family, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh, valid descriptor nobody else owns.
-    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
-}
-
-/// Binds to the wildcard address of the socket's family at `port`.
-fn bind_any(s: &std::net::UdpSocket, port: u16, ipv6: bool) -> io::Result<()> {
-    let r = if ipv6 {
-        // SAFETY: sockaddr_in6 is plain data; all-zero is the wildcard address.
-        let mut sa: libc::sockaddr_in6 = unsafe { std::mem::zeroed() };
-        sa.sin6_family = libc::AF_INET6 as libc::sa_family_t;
-        sa.sin6_port = port.to_be();
-        // SAFETY: binding our own socket to a sockaddr_in6 that lives across the call.
-        unsafe {
-            libc::bind(
-                s.as_raw_fd(),
-                (&sa as *const libc::sockaddr_in6).cast(),
-                std::mem::size_of::<libc::sockaddr_in6>() as libc::socklen_t,
-            )
-        }
-    } else {
-        let sa = libc::sockaddr_in {
-            sin_family: libc::AF_INET as libc::sa_family_t,
-            sin_port: port.to_be(),
-            sin_addr: libc::in_addr { s_addr: 0 },
-            sin_zero: [0; 8],
-        };
-        // SAFETY: binding our own socket to a sockaddr_in that lives across the call.
-        unsafe {
-            libc::bind(
-                s.as_raw_fd(),
-                (&sa as *const libc::sockaddr_in).cast(),
-                std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-            )
-        }
-    };
-    if r != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 /// Serves MH greetings arriving on one cell interface.
 pub async fn serve_greetings(d: Arc<Daemon>, sock: UdpSocket) {
     let sock = Arc::new(sock);
-    let ifname = sockopt::bound_device(sock.as_raw_fd())
+    let ifname = sockopt::bound_device(&sock)
         .ok()
         .flatten()
         .unwrap_or_default();

@@ -310,7 +310,7 @@ const HANDSHAKE_WAIT: Duration = Duration::from_millis(250);
 fn finish_closed(d: &Daemon, over: Vec<Frozen>) {
     for f in over {
         for s in std::iter::once(&f.wireless).chain(f.fixed.as_ref()) {
-            crate::sockopt::close_gracefully(std::os::fd::AsRawFd::as_raw_fd(s));
+            crate::sockopt::close_gracefully(s);
         }
         d.sessions.close(&f.session);
     }

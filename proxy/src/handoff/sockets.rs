@@ -75,7 +75,8 @@ fn over(fd: BorrowedFd<'_>) -> bool {
 /// FIN, and the connection can move as `closing`. False, changing nothing, when the
 /// bytes do not fit or the MH's own bytes could no longer reach the FH.
 fn close_out(f: &Frozen, x: BorrowedFd<'_>) -> bool {
-    use itcp_handoff::repair::{get_int, inq, outq};
+    use itcp_handoff::repair::{inq, outq};
+    use nix::sys::socket::{recv, send, MsgFlags};
     use std::os::fd::AsRawFd;
     let w = f.wireless.as_fd();
     if !f.pending.up.is_empty() || inq(w).map_or(true, |n| n > 0) {
@@ -84,40 +85,27 @@ fn close_out(f: &Frozen, x: BorrowedFd<'_>) -> bool {
     let mut rest = f.pending.down.clone();
     let mut buf = [0u8; 16384];
     loop {
-        // SAFETY: reading into a buffer of the length given.
-        let n = unsafe {
-            libc::recv(
-                x.as_raw_fd(),
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                libc::MSG_DONTWAIT,
-            )
-        };
-        match n {
-            0 => break,
-            n if n > 0 => rest.extend_from_slice(&buf[..n as usize]),
-            _ => return false,
+        match recv(x.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+            Ok(0) => break,
+            Ok(n) => rest.extend_from_slice(&buf[..n]),
+            Err(_) => return false,
         }
     }
     // Room in the send queue for all of it, or nothing is written. The kernel counts
     // buffer overhead against SO_SNDBUF: half of it is payload.
-    let room = get_int(w, libc::SOL_SOCKET, libc::SO_SNDBUF, "SO_SNDBUF").unwrap_or(0) as usize / 2;
+    let room = socket2::SockRef::from(&w).send_buffer_size().unwrap_or(0) / 2;
     let queued = outq(w).map_or(usize::MAX, |n| n as usize);
     if rest.len() > room.saturating_sub(queued) {
         return false;
     }
     let mut off = 0;
     while off < rest.len() {
-        // SAFETY: sending from a buffer of the length given.
-        let n = unsafe {
-            libc::send(
-                w.as_raw_fd(),
-                rest[off..].as_ptr().cast(),
-                rest.len() - off,
-                libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL,
-            )
-        };
-        if n <= 0 {
+        let sent = send(
+            w.as_raw_fd(),
+            &rest[off..],
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        );
+        let Ok(n @ 1..) = sent else {
             // Not expected after the room check above; the handoff rolls back with
             // part of the bytes queued and the rest gone: say so.
             tracing::error!(
@@ -127,10 +115,10 @@ fn close_out(f: &Frozen, x: BorrowedFd<'_>) -> bool {
                 "FH's last bytes only partly queued to the MH: the rest is lost"
             );
             return false;
-        }
-        off += n as usize;
+        };
+        off += n;
     }
-    crate::sockopt::shutdown_write(w.as_raw_fd()).is_ok()
+    crate::sockopt::shutdown_write(w).is_ok()
 }
 
 /// Captures a frozen connection. `None`: it finished while it froze, nothing moves.
@@ -291,7 +279,7 @@ pub fn delete(d: &Daemon, frozen: Vec<Frozen>) {
             // Not captured (see capture_one): the kernel finishes its close here.
             if let Some(x) = fixed.take() {
                 d.note_closed(None, Some(&x));
-                crate::sockopt::close_gracefully(std::os::fd::AsRawFd::as_raw_fd(&x));
+                crate::sockopt::close_gracefully(&x);
             }
         }
         for s in std::iter::once(f.wireless).chain(fixed) {

@@ -46,6 +46,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use itcp_config::MsrdConfig;
 use itcp_proto::control::UpgradeReply;
 use itcp_proto::hex::{hex, unhex};
+use nix::fcntl::{fcntl, FcntlArg, FdFlag};
 use tokio::net::{TcpListener, TcpStream, UdpSocket, UnixListener};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
@@ -109,9 +110,9 @@ pub fn take_inherited() -> Option<io::Result<OwnedFd>> {
             )))
         }
     };
-    // SAFETY: fstat on an integer fd only reads its metadata (EBADF if not open).
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(fd, &mut st) } != 0 || st.st_mode & libc::S_IFMT != libc::S_IFSOCK {
+    let is_socket = std::fs::metadata(format!("/proc/self/fd/{fd}"))
+        .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()));
+    if !is_socket {
         return Some(Err(io::Error::new(
             io::ErrorKind::InvalidInput,
             format!("{FD_ENV}={fd} is not a socket (set only by msrd for its successor)"),
@@ -119,10 +120,9 @@ pub fn take_inherited() -> Option<io::Result<OwnedFd>> {
     }
     // SAFETY: the old msrd passed this fd to us alone; we own it from here on, and
     // close-on-exec again keeps it from our own children.
-    unsafe {
-        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-        Some(Ok(OwnedFd::from_raw_fd(fd)))
-    }
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let _ = fcntl(&fd, FcntlArg::F_SETFD(FdFlag::FD_CLOEXEC));
+    Some(Ok(fd))
 }
 
 /// Tells the old process that this one cannot take over (best effort).
@@ -530,9 +530,10 @@ fn spawn_successor(inv: &Invocation, theirs: &OwnedFd) -> io::Result<Child> {
     unsafe {
         use std::os::unix::process::CommandExt;
         cmd.pre_exec(move || {
-            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
+            fcntl(
+                BorrowedFd::borrow_raw(fd),
+                FcntlArg::F_SETFD(FdFlag::empty()),
+            )?;
             Ok(())
         });
     }
