@@ -20,7 +20,7 @@
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -261,10 +261,10 @@ impl Agent {
                 let ns = due.saturating_sub(self.now_ns());
                 wait_ms = wait_ms.min(ns.div_ceil(1_000_000).min(50) as i32);
             }
-            let mut fds = vec![self.beacons.as_raw_fd(), self.greet.as_raw_fd()];
-            fds.extend(self.greet6.as_ref().map(|s| s.as_raw_fd()));
-            fds.extend(self.link.as_ref().map(LinkWatch::fd));
-            poll_fds(&fds, wait_ms.clamp(0, 50))?;
+            let mut fds = vec![self.beacons.as_fd(), self.greet.as_fd()];
+            fds.extend(self.greet6.as_ref().map(|s| s.as_fd()));
+            fds.extend(self.link.as_ref().map(|l| l.as_fd()));
+            poll_readable(&fds, wait_ms.clamp(0, 50) as u16)?;
             self.watch_link()?;
             self.solicit();
             while let Ok((n, _)) = self.beacons.recv_from(&mut buf) {
@@ -543,46 +543,24 @@ impl Sibling {
 
 /// The interface's index (0 if unknown: the kernel then picks one).
 fn ifindex(ifname: &str) -> u32 {
-    std::ffi::CString::new(ifname)
-        // SAFETY: a NUL-terminated name that lives across the call.
-        .map(|n| unsafe { libc::if_nametoindex(n.as_ptr()) })
-        .unwrap_or(0)
+    nix::net::if_::if_nametoindex(ifname).unwrap_or(0)
 }
 
 fn bind_to_device(s: &UdpSocket, ifname: &str) -> io::Result<()> {
-    // SAFETY: the name is a valid byte buffer of the given length.
-    let r = unsafe {
-        libc::setsockopt(
-            s.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_BINDTODEVICE,
-            ifname.as_ptr().cast(),
-            ifname.len() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("bind to {ifname}: {e}")));
-    }
-    Ok(())
+    socket2::SockRef::from(s)
+        .bind_device(Some(ifname.as_bytes()))
+        .map_err(|e| io::Error::new(e.kind(), format!("bind to {ifname}: {e}")))
 }
 
-fn poll_fds(fds: &[std::os::fd::RawFd], timeout_ms: i32) -> io::Result<()> {
-    let mut fds: Vec<libc::pollfd> = fds
+/// Waits until one of `fds` is readable or `timeout_ms` passes.
+fn poll_readable(fds: &[BorrowedFd<'_>], timeout_ms: u16) -> io::Result<()> {
+    use nix::poll::{poll, PollFd, PollFlags};
+    let mut fds: Vec<PollFd> = fds
         .iter()
-        .map(|&fd| libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        })
+        .map(|&fd| PollFd::new(fd, PollFlags::POLLIN))
         .collect();
-    // SAFETY: fds is a valid array of fds.len() pollfd.
-    let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, timeout_ms) };
-    if r < 0 {
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
+    match poll(&mut fds, timeout_ms) {
+        Ok(_) | Err(nix::errno::Errno::EINTR) => Ok(()),
+        Err(e) => Err(e.into()),
     }
-    Ok(())
 }

@@ -14,8 +14,13 @@
 //! ≥ 4.19) as a new association.
 
 use std::io;
-use std::mem::size_of;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+
+use nix::errno::Errno;
+use nix::sys::socket::{
+    bind, recv, sendto, socket, AddressFamily, MsgFlags, NetlinkAddr, SockFlag, SockProtocol,
+    SockType,
+};
 
 const NLMSG_HDRLEN: usize = 16;
 const IFINFOMSG_LEN: usize = 16;
@@ -158,50 +163,20 @@ pub struct LinkWatch {
     buf: Vec<u8>,
 }
 
-fn check(r: libc::c_int) -> io::Result<libc::c_int> {
-    if r < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(r)
-    }
-}
-
 impl LinkWatch {
     /// Subscribes to link changes in the calling thread's network namespace and asks
     /// for `ifname`'s current state (reported by the first [`LinkWatch::read`]).
     pub fn open(ifname: &str) -> io::Result<LinkWatch> {
         let what = |e: io::Error| io::Error::new(e.kind(), format!("link state of {ifname}: {e}"));
-        let c = std::ffi::CString::new(ifname)
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "NUL in interface name"))?;
-        // SAFETY: c is a NUL-terminated string.
-        let ifindex = unsafe { libc::if_nametoindex(c.as_ptr()) };
-        if ifindex == 0 {
-            return Err(what(io::Error::last_os_error()));
-        }
-        // SAFETY: plain socket(2); the fd is owned below.
-        let fd = check(unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_RAW | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-                libc::NETLINK_ROUTE,
-            )
-        })
-        .map_err(what)?;
-        // SAFETY: fd is fresh and owned by nobody else.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-        // SAFETY: sockaddr_nl is plain data; all-zero is valid.
-        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        sa.nl_groups = RTMGRP_LINK;
-        // SAFETY: binding our socket to a sockaddr_nl that lives across the call.
-        check(unsafe {
-            libc::bind(
-                fd.as_raw_fd(),
-                (&sa as *const libc::sockaddr_nl).cast(),
-                size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        })
-        .map_err(what)?;
+        let ifindex = nix::net::if_::if_nametoindex(ifname).map_err(|e| what(e.into()))?;
+        let fd = socket(
+            AddressFamily::Netlink,
+            SockType::Raw,
+            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
+            SockProtocol::NetlinkRoute,
+        )
+        .map_err(|e| what(e.into()))?;
+        bind(fd.as_raw_fd(), &NetlinkAddr::new(0, RTMGRP_LINK)).map_err(|e| what(e.into()))?;
         let mut w = LinkWatch {
             fd,
             ifname: ifname.into(),
@@ -215,8 +190,8 @@ impl LinkWatch {
     }
 
     /// The socket, for poll(2): readable when [`LinkWatch::read`] has something.
-    pub fn fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+    pub fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
     }
 
     /// The interface watched.
@@ -243,23 +218,13 @@ impl LinkWatch {
         m.extend_from_slice(&[libc::AF_UNSPEC as u8, 0, 0, 0]);
         m.extend_from_slice(&self.ifindex.to_ne_bytes());
         m.extend_from_slice(&[0; 8]);
-        // SAFETY: sockaddr_nl is plain data; all-zero (pid 0) is the kernel.
-        let mut sa: libc::sockaddr_nl = unsafe { std::mem::zeroed() };
-        sa.nl_family = libc::AF_NETLINK as libc::sa_family_t;
-        // SAFETY: sending our buffer to a sockaddr_nl, both alive across the call.
-        let r = unsafe {
-            libc::sendto(
-                self.fd.as_raw_fd(),
-                m.as_ptr().cast(),
-                m.len(),
-                0,
-                (&sa as *const libc::sockaddr_nl).cast(),
-                size_of::<libc::sockaddr_nl>() as libc::socklen_t,
-            )
-        };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
-        }
+        // Port 0 is the kernel.
+        sendto(
+            self.fd.as_raw_fd(),
+            &m,
+            &NetlinkAddr::new(0, 0),
+            MsgFlags::empty(),
+        )?;
         Ok(())
     }
 
@@ -269,29 +234,17 @@ impl LinkWatch {
     pub fn read(&mut self) -> io::Result<Vec<LinkEvent>> {
         let mut events = Vec::new();
         loop {
-            // SAFETY: reading into our own buffer of the given length.
-            let n = unsafe {
-                libc::recv(
-                    self.fd.as_raw_fd(),
-                    self.buf.as_mut_ptr().cast(),
-                    self.buf.len(),
-                    0,
-                )
-            };
-            if n < 0 {
-                let e = io::Error::last_os_error();
-                match e.raw_os_error() {
-                    Some(libc::EAGAIN) => return Ok(events),
-                    Some(libc::EINTR) => continue,
-                    Some(libc::ENOBUFS) => {
-                        self.edge.reset();
-                        self.request_state()?;
-                        continue;
-                    }
-                    _ => return Err(e),
+            let n = match recv(self.fd.as_raw_fd(), &mut self.buf, MsgFlags::empty()) {
+                Ok(n) => n,
+                Err(Errno::EAGAIN) => return Ok(events),
+                Err(Errno::EINTR) => continue,
+                Err(Errno::ENOBUFS) => {
+                    self.edge.reset();
+                    self.request_state()?;
+                    continue;
                 }
-            }
-            let n = n as usize;
+                Err(e) => return Err(e.into()),
+            };
             if n >= NLMSG_HDRLEN && u16_at(&self.buf, 4) == NLMSG_ERROR {
                 // Our request failed (the interface went away?): nothing to report.
                 continue;

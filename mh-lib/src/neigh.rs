@@ -4,7 +4,13 @@
 
 use std::io;
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
+
+use nix::errno::Errno;
+use nix::net::if_::if_nametoindex;
+use nix::sys::socket::{
+    recv, send, socket, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType,
+};
 
 const NLMSG_HDRLEN: usize = 16;
 
@@ -50,50 +56,29 @@ pub fn replace_permanent(ip: IpAddr, mac: [u8; 6], ifname: &str) -> io::Result<(
             itcp_proto::hex::mac(&mac)
         )
     };
-    let name = std::ffi::CString::new(ifname)
-        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, what()))?;
-    // SAFETY: a NUL-terminated name that lives across the call.
-    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    if ifindex == 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("{}: {e}", what())));
-    }
-    // SAFETY: plain socket(2); the fd is owned by the OwnedFd at once.
-    let fd = unsafe {
-        libc::socket(
-            libc::AF_NETLINK,
-            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
-            libc::NETLINK_ROUTE,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: fd is a fresh descriptor nobody else owns.
-    let sock = unsafe { OwnedFd::from_raw_fd(fd) };
+    let named = |e: io::Error| io::Error::new(e.kind(), format!("{}: {e}", what()));
+    let ifindex = if_nametoindex(ifname).map_err(|e| named(e.into()))?;
+    let sock = socket(
+        AddressFamily::Netlink,
+        SockType::Raw,
+        SockFlag::SOCK_CLOEXEC,
+        SockProtocol::NetlinkRoute,
+    )?;
     let req = neigh_msg(1, ifindex, ip, mac);
-    // SAFETY: req is live for the call; an unconnected netlink socket sends to the kernel.
-    if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
-        let e = io::Error::last_os_error();
-        return Err(io::Error::new(e.kind(), format!("{}: {e}", what())));
-    }
+    // An unconnected netlink socket sends to the kernel.
+    send(sock.as_raw_fd(), &req, MsgFlags::empty()).map_err(|e| named(e.into()))?;
     let mut buf = [0u8; 1024];
     loop {
-        // SAFETY: buf is live and writable for its whole length.
-        let n = unsafe { libc::recv(sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(io::Error::new(e.kind(), format!("{}: {e}", what())));
-        }
-        if let Some(errno) = ack_errno(&buf[..n as usize]) {
+        let n = match recv(sock.as_raw_fd(), &mut buf, MsgFlags::empty()) {
+            Ok(n) => n,
+            Err(Errno::EINTR) => continue,
+            Err(e) => return Err(named(e.into())),
+        };
+        if let Some(errno) = ack_errno(&buf[..n]) {
             if errno == 0 {
                 return Ok(());
             }
-            let e = io::Error::from_raw_os_error(errno);
-            return Err(io::Error::new(e.kind(), format!("{}: {e}", what())));
+            return Err(named(io::Error::from_raw_os_error(errno)));
         }
     }
 }

@@ -355,11 +355,7 @@ fn is_link_local(ip: &Ipv6Addr) -> bool {
 }
 
 fn interface_index(name: &str) -> Option<u32> {
-    let c = std::ffi::CString::new(name).ok()?;
-    // SAFETY: `c` is a valid NUL-terminated string that outlives the call;
-    // if_nametoindex only reads it.
-    let idx = unsafe { libc::if_nametoindex(c.as_ptr()) };
-    (idx != 0).then_some(idx)
+    nix::net::if_::if_nametoindex(name).ok()
 }
 
 #[cfg(test)]

@@ -77,33 +77,24 @@ pub(crate) fn token_from_file_or_process(path: &Path) -> io::Result<Token> {
     }
 }
 
-/// A fresh random token from `/dev/urandom`.
-pub fn random_token() -> io::Result<Token> {
+/// `N` bytes from the kernel's CSPRNG (`/dev/urandom`).
+fn urandom<const N: usize>() -> io::Result<[u8; N]> {
     use std::io::Read;
-    let mut bytes = [0u8; 16];
+    let mut bytes = [0u8; N];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut bytes))
         .map_err(|e| io::Error::new(e.kind(), format!("reading /dev/urandom: {e}")))?;
-    Ok(Token(bytes))
+    Ok(bytes)
 }
 
-/// A fresh X25519 secret for one token exchange (getrandom(2)).
+/// A fresh random token.
+pub fn random_token() -> io::Result<Token> {
+    urandom().map(Token)
+}
+
+/// A fresh X25519 secret for one token exchange.
 pub(crate) fn random_secret() -> io::Result<[u8; 32]> {
-    let mut b = [0u8; 32];
-    let mut at = 0;
-    while at < b.len() {
-        // SAFETY: getrandom writes at most `len - at` bytes into the rest of our buffer.
-        let n = unsafe { libc::getrandom(b[at..].as_mut_ptr().cast(), b.len() - at, 0) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-            continue;
-        }
-        at += n as usize;
-    }
-    Ok(b)
+    urandom()
 }
 
 /// The random token of this process (drawn once, on first use), used when no shared

@@ -161,7 +161,7 @@ impl MobileIp {
             let mut buf = [0u8; 256];
             while !stop2.load(Ordering::Relaxed) {
                 let mut fds = vec![listen.as_raw_fd()];
-                fds.extend(soliciting.as_ref().map(|(w, _)| w.fd()));
+                fds.extend(soliciting.as_ref().map(|(w, _)| w.as_fd().as_raw_fd()));
                 let now = sys::mono_ns();
                 let wait = solicitor
                     .next_due()
