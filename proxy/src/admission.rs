@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 
 use itcp_config::IpPrefix;
 
@@ -190,6 +191,29 @@ pub fn canonical(ip: IpAddr) -> IpAddr {
     match ip {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
         v4 => v4,
+    }
+}
+
+/// A connection counted by admission until dropped (it travels with the connection's
+/// sockets, through freezes and rollbacks).
+pub struct Admitted {
+    admission: Arc<Mutex<Admission>>,
+    ip: IpAddr,
+}
+
+impl Admitted {
+    /// Counts `ip`'s connection, already admitted by `admission`, until dropped.
+    pub fn new(admission: &Arc<Mutex<Admission>>, ip: IpAddr) -> Admitted {
+        Admitted {
+            admission: admission.clone(),
+            ip,
+        }
+    }
+}
+
+impl Drop for Admitted {
+    fn drop(&mut self) {
+        self.admission.lock().unwrap().release(self.ip);
     }
 }
 

@@ -1,10 +1,12 @@
-//! msrd's runtime: listeners, the request protocol (docs/protocol.md), transparent
-//! interception, admission, the session table, and graceful drain on SIGTERM.
+//! msrd's shared state ([`Daemon`]: configuration, session table, admission, rules,
+//! handoff state) and the request server on it: the request protocol
+//! (docs/protocol.md), transparent interception, relaying, and graceful drain.
+//! [`crate::run`] starts it; the handoff glue, network detection and upgrades work on
+//! it from above (no module below imports it).
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsRawFd;
-use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -16,23 +18,23 @@ use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tracing::{debug, info, warn, Instrument};
 
-use crate::admission::{Admission, Refusal, Setups};
+use crate::admission::{Admission, Admitted, Refusal, Setups};
 use crate::cells::CellMap;
 use crate::control::UpgradeAsk;
-use crate::handoff::{Frozen, Handoffs};
-use crate::intercept::{Rules, Transparent};
+use crate::handoff::Handoffs;
+use crate::intercept::Rules;
 use crate::listeners::{Listeners, Lookup};
 use crate::relay::{self, End, Pending, RelayOpts};
-use crate::sessions::{Kind, Session, Sessions};
+use crate::sessions::{Frozen, Kind, Session, Sessions};
 use crate::setup::{Connecting, Inflight, Transcript};
 use crate::sockopt;
-use crate::upgrade::wire::Role;
-use crate::upgrade::Services;
 
 /// How long a client may take for the whole request handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest handshake message we buffer (a request with a 255-byte domain is 262).
 const MAX_HANDSHAKE: usize = 1024;
+
+mod routes;
 
 /// Shared state of the daemon.
 pub struct Daemon {
@@ -56,27 +58,14 @@ pub struct Daemon {
     /// Flows of each MH that closed here lately (handed over with its images).
     pub strays: crate::strays::Strays,
     /// Flips to true when draining: accept loops stop.
-    draining: watch::Sender<bool>,
+    pub(crate) draining: watch::Sender<bool>,
     /// Accepted connections without a session yet (an upgrade waits for them).
     /// Upgrade requests from the control socket, and where the main loop takes them.
     pub(crate) upgrades: mpsc::UnboundedSender<UpgradeAsk>,
-    upgrade_asks: Mutex<Option<mpsc::UnboundedReceiver<UpgradeAsk>>>,
+    pub(crate) upgrade_asks: Mutex<Option<mpsc::UnboundedReceiver<UpgradeAsk>>>,
     /// The beacons on the cells (when `[beacon]` is on and a cell could be opened),
     /// which also answer solicitations.
     pub beacons: std::sync::OnceLock<Arc<crate::beacon::Advertiser>>,
-}
-
-/// A connection counted by admission until dropped (it travels with the connection's
-/// sockets, through freezes and rollbacks).
-pub struct Admitted {
-    admission: Arc<Mutex<Admission>>,
-    ip: IpAddr,
-}
-
-impl Drop for Admitted {
-    fn drop(&mut self) {
-        self.admission.lock().unwrap().release(self.ip);
-    }
 }
 
 /// A connection counted as in setup until dropped.
@@ -142,7 +131,7 @@ impl Daemon {
             listeners: Listeners::default(),
             cells,
             relay_opts,
-            rules: rules_of(&cfg),
+            rules: crate::intercept::rules_of(&cfg),
             handoff,
             inflight: Arc::default(),
             strays: Default::default(),
@@ -167,10 +156,7 @@ impl Daemon {
     /// Counts a connection that arrived in a handoff.
     pub fn admit_moved(&self, ip: IpAddr) -> Admitted {
         self.admission.lock().unwrap().admit_moved(ip);
-        Admitted {
-            admission: self.admission.clone(),
-            ip,
-        }
+        Admitted::new(&self.admission, ip)
     }
 
     /// True if a line about refused or malformed input from `src` may be logged now.
@@ -208,10 +194,7 @@ impl Daemon {
             c.fetch_add(1, Ordering::Relaxed);
             return Err(why);
         }
-        Ok(Admitted {
-            admission: self.admission.clone(),
-            ip,
-        })
+        Ok(Admitted::new(&self.admission, ip))
     }
 
     fn wireless_tuning(&self, mh: IpAddr) -> TcpTuning {
@@ -866,7 +849,7 @@ async fn do_connect(
     };
     sockopt::apply_post_connect(&s, &d.wireless_tuning(peer.ip()))?;
     // The FH's answers must reach us on the fixed LAN before we connect.
-    crate::handoff::claim(d, crate::admission::canonical(peer.ip()));
+    d.claim(crate::admission::canonical(peer.ip()));
     let fh = match resolve(d, &target, peer).await {
         Ok(a) => a,
         Err((reply, why)) => {
@@ -952,7 +935,7 @@ async fn do_listen(
         Ok(x) => x,
         Err(r) => return send_reply(&mut s, r, &unspecified_like(peer)).await,
     };
-    crate::handoff::claim(d, crate::admission::canonical(peer.ip()));
+    d.claim(crate::admission::canonical(peer.ip()));
     let l = match d.listeners.listen(addr, &d.cfg.fixed) {
         Ok(l) => l,
         Err(e) => {
@@ -1011,7 +994,7 @@ async fn do_bind(d: &Daemon, mut s: TcpStream, peer: SocketAddr, expected: Addr)
         .socket_addr()
         .map(|a| a.ip())
         .filter(|ip| !ip.is_unspecified());
-    crate::handoff::claim(d, crate::admission::canonical(peer.ip()));
+    d.claim(crate::admission::canonical(peer.ip()));
     let l = match d
         .listeners
         .listen(SocketAddr::new(peer.ip(), want_port), &d.cfg.fixed)
@@ -1077,7 +1060,7 @@ pub(crate) async fn serve_transparent(
         x.registered();
     }
     let _ = sockopt::apply_post_connect(&s, &d.wireless_tuning(mh.ip()));
-    crate::handoff::claim(&d, mh_ip);
+    d.claim(mh_ip);
     let mut pause = sess.pause.subscribe();
     let connecting = loop {
         if let Some(c) = d.inflight.begin(mh_ip) {
@@ -1130,7 +1113,7 @@ pub(crate) async fn serve_transparent(
     }
 }
 
-fn listen_socket(
+pub(crate) fn listen_socket(
     addr: SocketAddr,
     tuning: &TcpTuning,
     transparent: bool,
@@ -1188,352 +1171,4 @@ pub(crate) async fn accept_loop(d: Arc<Daemon>, l: TcpListener, transparent: boo
             }
         }
     }
-}
-
-/// Runs msrd until SIGTERM/SIGINT, then drains; or until an upgrade hands everything
-/// to a new process. `adopt`: this process is that new process ([`crate::upgrade`]).
-pub fn run(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<()> {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let upgraded = rt.block_on(run_async(cfg, adopt))?;
-    if upgraded {
-        // Tasks left (connections in setup, metrics requests) end with the process.
-        rt.shutdown_background();
-    }
-    Ok(())
-}
-
-pub(crate) fn rules_of(cfg: &MsrdConfig) -> Rules {
-    let i = &cfg.interception;
-    Rules {
-        table: i.nft_table.clone(),
-        fwmark: i.fwmark,
-        route_table: i.route_table,
-        transparent: cfg.transparent.enabled.then(|| Transparent {
-            mh_prefixes: cfg.access.mh_prefixes.clone(),
-            ports: cfg.transparent.ports.clone(),
-            listen_port: cfg.transparent.listen_port,
-        }),
-        detect: {
-            let ifs: Vec<String> = cfg
-                .cells
-                .iter()
-                .filter(|c| c.detect == itcp_config::Detect::Network)
-                .map(|c| c.interface.clone())
-                .collect();
-            (!ifs.is_empty()).then(|| crate::intercept::Detection {
-                interfaces: ifs,
-                mh_prefixes: cfg.access.mh_prefixes.clone(),
-                gateways: cfg.msr.gateway.clone(),
-                group: i.nflog_group,
-                hold_ms: cfg.handoff.detect_hold_ms,
-            })
-        },
-    }
-}
-
-/// Caps the connection limit to what the fd limit can serve (each relayed connection
-/// holds two sockets; splice pipes come from a pool that falls back to copying when
-/// no fd is left), warning when the configuration asks for more. Connections in setup
-/// are bounded by `max_handshakes` on top.
-fn fit_to_fd_limit(mut cfg: MsrdConfig, nofile: u64) -> MsrdConfig {
-    const RESERVE: u64 = 128;
-    let a = &mut cfg.access;
-    let budget = nofile.saturating_sub(RESERVE) / 2;
-    if 2 * u64::from(a.max_connections) + u64::from(a.max_handshakes) + RESERVE > nofile {
-        warn!(
-            max_connections = a.max_connections,
-            max_handshakes = a.max_handshakes,
-            nofile,
-            "connection limits at their maximum would need more fds than msrd may open; \
-             accept backs off when fds run out"
-        );
-    }
-    if u64::from(a.max_connections) > budget {
-        let fit = budget.max(1) as u32;
-        warn!(
-            configured = a.max_connections,
-            nofile,
-            using = fit,
-            "access.max_connections is more than the fd limit can serve: lowered"
-        );
-        a.max_connections = fit;
-        a.max_connections_per_mh = a.max_connections_per_mh.min(fit);
-    }
-    cfg
-}
-
-/// Binds the sockets of a fresh start: request and TPROXY ports, then (once the
-/// rules are ours, see below) the rest.
-fn bind_accept(cfg: &MsrdConfig) -> io::Result<Vec<(Role, String, OwnedFd)>> {
-    let mut bound = Vec::new();
-    for addr in cfg.msr.socks_addrs() {
-        let l = listen_socket(addr, &cfg.wireless, false).map_err(|e| {
-            let hint = match e.kind() {
-                io::ErrorKind::AddrNotAvailable => {
-                    "; is the gateway address configured on the cell interface?"
-                }
-                io::ErrorKind::AddrInUse => "; is another msrd running?",
-                _ => "",
-            };
-            io::Error::new(
-                e.kind(),
-                format!("cannot listen on {addr} ([msr] gateway, socks_port): {e}{hint}"),
-            )
-        })?;
-        info!(%addr, "request listener up");
-        bound.push((Role::Socks, addr.to_string(), OwnedFd::from(l.into_std()?)));
-    }
-    if cfg.transparent.enabled {
-        for addr in crate::upgrade::transparent_addrs(cfg) {
-            let l = listen_socket(addr, &cfg.wireless, true).map_err(|e| {
-                io::Error::new(
-                    e.kind(),
-                    format!("cannot listen on {addr} ([transparent] listen_port): {e}"),
-                )
-            })?;
-            info!(%addr, ports = ?cfg.transparent.ports, "transparent interception up");
-            bound.push((
-                Role::Transparent,
-                addr.to_string(),
-                OwnedFd::from(l.into_std()?),
-            ));
-        }
-    }
-    Ok(bound)
-}
-
-/// Binds the other sockets of a fresh start; the footprint is ours already.
-async fn bind_rest(
-    cfg: &MsrdConfig,
-    footprint: &crate::footprint::Footprint,
-) -> io::Result<Vec<(Role, String, OwnedFd)>> {
-    let mut bound = Vec::new();
-    let path = &cfg.msr.control_socket;
-    match crate::control::bind(path) {
-        Ok(l) => bound.push((Role::Control, path.display().to_string(), OwnedFd::from(l))),
-        Err(e) => warn!(path = %path.display(), error = %e, "control socket failed"),
-    }
-    if let Some(addr) = cfg.metrics.listen {
-        let l = TcpListener::bind(addr).await.map_err(|e| {
-            let hint = match e.kind() {
-                io::ErrorKind::AddrNotAvailable => "; is that address configured on this router?",
-                io::ErrorKind::AddrInUse => "; is another msrd or exporter on that port?",
-                _ => "",
-            };
-            io::Error::new(
-                e.kind(),
-                format!("cannot listen on {addr} ([metrics] listen): {e}{hint}"),
-            )
-        })?;
-        info!(%addr, "metrics and status page up");
-        bound.push((
-            Role::Metrics,
-            addr.to_string(),
-            OwnedFd::from(l.into_std()?),
-        ));
-    }
-    if let Some(listen) = cfg.handoff.listen {
-        let l = TcpListener::bind(listen).await.map_err(|e| {
-            io::Error::new(
-                e.kind(),
-                format!("cannot listen on {listen} ([handoff] listen): {e}"),
-            )
-        })?;
-        bound.push((
-            Role::Channel,
-            listen.to_string(),
-            OwnedFd::from(l.into_std()?),
-        ));
-        let port = cfg.handoff.greet_port;
-        // Greetings are heard on the cells only, never from the fixed LAN.
-        let socks = crate::handoff::greeting::sockets_of(cfg);
-        let greeters = crate::handoff::greeting::bind(&socks, port)
-            .map_err(|e| io::Error::new(e.kind(), format!("[handoff] greet_port: {e}")))?;
-        for (gs, g) in socks.iter().zip(greeters) {
-            bound.push((Role::Greeting, gs.name(), OwnedFd::from(g.into_std()?)));
-        }
-        if let Some(lan) = &cfg.handoff.lan_interface {
-            // Proxied ARP replies are otherwise delayed by up to 0.8 s.
-            let r =
-                crate::netlink::proxy_delay_path(lan).and_then(|p| footprint.set_sysctl(&p, "0"));
-            if let Err(e) = r {
-                warn!(interface = %lan, error = %e, "proxied ARP replies may be delayed");
-            }
-            // Proxy neighbour entries answer IPv6 solicitations only with proxy_ndp on.
-            if cfg.access.mh_prefixes.iter().any(|p| !p.is_ipv4()) {
-                let r =
-                    crate::netlink::proxy_ndp_path(lan).and_then(|p| footprint.set_sysctl(&p, "1"));
-                if let Err(e) = r {
-                    warn!(interface = %lan, error = %e, "no proxy NDP: IPv6 MHs cannot move here");
-                }
-            }
-        }
-        info!(%listen, greet_port = port, peers = cfg.handoff.peers.len(), "handoff up");
-    }
-    Ok(bound)
-}
-
-/// Runs the daemon; true when it ended by handing everything to a new process.
-async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> {
-    // Signals first: until tokio handles SIGUSR2, it would end the process.
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
-    let mut usr2 = signal(SignalKind::user_defined2())?;
-    let nofile = sockopt::raise_nofile_limit();
-    let d = Daemon::new(fit_to_fd_limit(cfg, nofile))?;
-    let cfg = &d.cfg;
-    // Before the greeting sockets serve: they pass solicitations to it.
-    if cfg.beacon.enabled {
-        if let Some(a) =
-            crate::beacon::Advertiser::open(&cfg.beacon, &cfg.msr.id, &cfg.beacon_interfaces())
-        {
-            let _ = d.beacons.set(Arc::new(a));
-        }
-    }
-    let footprint = crate::footprint::Footprint {
-        state_file: {
-            let mut p = cfg.msr.control_socket.clone().into_os_string();
-            p.push(".state");
-            p.into()
-        },
-        rules: d.rules.clone(),
-        lan_interface: cfg.handoff.lan_interface.clone(),
-        mh_prefixes: cfg.access.mh_prefixes.clone(),
-    };
-    // From the moment the footprint is ours everything msrd changed must be undone
-    // whatever happens, unless an upgrade hands it to a new process.
-    struct Undo(crate::footprint::Footprint);
-    impl Drop for Undo {
-        fn drop(&mut self) {
-            self.0.undo();
-        }
-    }
-    let services = Services::default();
-    let undo = match adopt {
-        None => {
-            let bound = bind_accept(cfg)?;
-            // Rules only once every listener is ours: a second msrd that cannot bind
-            // must not replace (and on exit remove) the first one's rules, nor clean
-            // up after it.
-            footprint.recover();
-            let undo = Undo(footprint);
-            d.rules.install().map_err(|e| {
-                io::Error::new(e.kind(), format!("installing interception rules: {e}"))
-            })?;
-            if let Some(mac) = cfg.msr.gateway_mac() {
-                for c in &cfg.cells {
-                    undo.0.set_mac(&c.interface, mac).map_err(|e| {
-                        io::Error::new(
-                            e.kind(),
-                            format!("[msr] gateway_mac on {}: {e}", c.interface),
-                        )
-                    })?;
-                }
-            }
-            let rest = bind_rest(cfg, &undo.0).await?;
-            for (role, name, fd) in bound.into_iter().chain(rest) {
-                services.add(&d, role, name, fd)?;
-            }
-            undo
-        }
-        Some(ch) => {
-            // The old msrd's footprint is in place and becomes ours: neither cleaned
-            // up nor installed again.
-            crate::upgrade::adopt(&d, ch, &services).await?;
-            let undo = Undo(footprint);
-            if !services
-                .sockets_of(Role::Control)
-                .contains(&cfg.msr.control_socket.display().to_string())
-            {
-                let path = &cfg.msr.control_socket;
-                match crate::control::bind(path) {
-                    Ok(l) => {
-                        services.add(&d, Role::Control, path.display().to_string(), l.into())?
-                    }
-                    Err(e) => warn!(path = %path.display(), error = %e, "control socket failed"),
-                }
-            }
-            undo
-        }
-    };
-    let detection = match (&d.rules.detect, &d.handoff) {
-        (Some(dt), Some(_)) => Some(tokio::spawn(crate::detect::run(d.clone(), dt.group))),
-        _ => None,
-    };
-    let beacons = d.beacons.get().map(|a| {
-        tokio::spawn(crate::beacon::run(
-            cfg.beacon.clone(),
-            a.clone(),
-            d.draining.subscribe(),
-        ))
-    });
-    info!(msr = %cfg.msr.id, nofile, pid = std::process::id(), "msrd ready");
-    crate::notify::notify("READY=1");
-
-    let mut asks = d.upgrade_asks.lock().unwrap().take().expect("run once");
-    loop {
-        let ask = tokio::select! {
-            _ = term.recv() => {
-                info!("SIGTERM: draining");
-                break;
-            }
-            _ = int.recv() => {
-                info!("SIGINT: draining");
-                break;
-            }
-            _ = usr2.recv() => {
-                info!("SIGUSR2: upgrading");
-                None
-            }
-            Some(a) = asks.recv() => {
-                info!("upgrade requested on the control socket");
-                Some(a)
-            }
-        };
-        match crate::upgrade::upgrade(&d, &services).await {
-            Ok(reply) => {
-                if let Some(a) = ask {
-                    let _ = a.reply.send(Ok(reply));
-                    // Exit once the operator has the answer (a second at most).
-                    let _ = tokio::time::timeout(Duration::from_secs(1), a.written).await;
-                }
-                // The new process owns the footprint and the control socket now.
-                std::mem::forget(undo);
-                return Ok(true);
-            }
-            Err(e) => {
-                if let Some(a) = ask {
-                    let _ = a
-                        .reply
-                        .send(Err(format!("upgrade failed, msrd serves on: {e}")));
-                }
-            }
-        }
-    }
-    crate::notify::notify("STOPPING=1");
-    let _ = d.draining.send(true);
-    services.stop_accepting().await;
-    let deadline = Instant::now() + cfg.relay.drain_timeout();
-    while !d.sessions.is_empty() && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let left = d.sessions.len();
-    if left > 0 {
-        warn!(left, "drain timeout: closing remaining connections");
-    } else {
-        info!("drained");
-    }
-    services.abort_all();
-    if let Some(b) = beacons {
-        b.abort();
-    }
-    if let Some(t) = detection {
-        t.abort();
-    }
-    let _ = std::fs::remove_file(&cfg.msr.control_socket);
-    drop(undo);
-    Ok(false)
 }

@@ -14,7 +14,6 @@
 //! MAC and IP address as first seen at the MSR that served it. A station spoofing an
 //! MH's IP from another cell moves nothing, and its reports are rate-limited per MH.
 
-use std::net::IpAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -122,32 +121,4 @@ fn on_arrival(d: &Arc<Daemon>, l: Logged) {
         crate::handoff::new_side::pull_detected(d.clone(), mh, mac).await;
         d.handoff.as_ref().unwrap().set_pulling(mh, false);
     });
-}
-
-/// The MH is served here now (its connections arrived, or it has none anywhere).
-pub fn present(d: &Daemon, mh: IpAddr, mac: Option<[u8; 6]>) {
-    if let (Some(h), Some(mac)) = (&d.handoff, mac) {
-        h.mhs.lock().unwrap().entry(mh).or_default().mac = Some(mac);
-    }
-    if let Err(e) = d.rules.set_present(mh, true) {
-        warn!(%mh, error = %e, "MH not marked present: its packets keep being reported");
-    }
-}
-
-/// The MH is in another MSR's cell now: its presence and address binding here end,
-/// and this MSR stops answering for it on the fixed LAN.
-pub fn forget(d: &Daemon, mh: IpAddr) {
-    let claimed = d.handoff.as_ref().is_some_and(|h| {
-        let mut m = h.mhs.lock().unwrap();
-        m.get_mut(&mh).is_some_and(|s| {
-            s.mac = None;
-            s.claimed
-        })
-    });
-    if claimed && d.sessions.of_mh(mh).is_empty() {
-        crate::handoff::give_up_route(d, mh);
-    }
-    if let Err(e) = d.rules.set_present(mh, false) {
-        warn!(%mh, error = %e, "MH still marked present here");
-    }
 }

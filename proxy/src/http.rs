@@ -196,13 +196,12 @@ pub fn route(head: &Head, sessions: &Sessions, msr: &str) -> Response {
         "/status.json" => Response {
             status: 200,
             content_type: "application/json",
-            body: serde_json::to_vec(&crate::metrics::status(sessions, msr))
-                .expect("status serializes"),
+            body: serde_json::to_vec(&sessions.status(msr)).expect("status serializes"),
         },
         _ => Response {
             status: 200,
             content_type: "text/html; charset=utf-8",
-            body: status_page(&crate::metrics::status(sessions, msr)).into_bytes(),
+            body: status_page(&sessions.status(msr)).into_bytes(),
         },
     }
 }

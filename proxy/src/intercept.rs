@@ -351,6 +351,36 @@ fn run(prog: &str, args: &[&str], stdin: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// msrd's rules as the configuration asks for them.
+pub fn rules_of(cfg: &itcp_config::MsrdConfig) -> Rules {
+    let i = &cfg.interception;
+    Rules {
+        table: i.nft_table.clone(),
+        fwmark: i.fwmark,
+        route_table: i.route_table,
+        transparent: cfg.transparent.enabled.then(|| Transparent {
+            mh_prefixes: cfg.access.mh_prefixes.clone(),
+            ports: cfg.transparent.ports.clone(),
+            listen_port: cfg.transparent.listen_port,
+        }),
+        detect: {
+            let ifs: Vec<String> = cfg
+                .cells
+                .iter()
+                .filter(|c| c.detect == itcp_config::Detect::Network)
+                .map(|c| c.interface.clone())
+                .collect();
+            (!ifs.is_empty()).then(|| crate::intercept::Detection {
+                interfaces: ifs,
+                mh_prefixes: cfg.access.mh_prefixes.clone(),
+                gateways: cfg.msr.gateway.clone(),
+                group: i.nflog_group,
+                hold_ms: cfg.handoff.detect_hold_ms,
+            })
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -26,6 +26,7 @@
 pub mod admission;
 pub mod beacon;
 pub mod cells;
+pub mod clock;
 pub mod control;
 pub mod daemon;
 pub mod detect;
@@ -42,6 +43,7 @@ pub mod nflog;
 pub mod notify;
 pub mod random;
 pub mod relay;
+pub mod run;
 pub mod sessions;
 pub mod setup;
 pub mod sockdiag;

@@ -34,7 +34,6 @@ use itcp_proto::control::{Kind, SessionInfo, Stats};
 use serde::Serialize;
 
 use crate::relay::PipeStats;
-use crate::sessions::Sessions;
 
 /// Upper bounds of the handoff duration buckets, in µs (5 ms … 30 s).
 pub const DURATION_BUCKETS_US: [u64; 12] = [
@@ -200,17 +199,8 @@ fn states(kind: Kind) -> [&'static str; 2] {
     }
 }
 
-/// Everything, as Prometheus text (format 0.0.4).
-pub fn render(sessions: &Sessions) -> String {
-    render_parts(
-        &sessions.stats.snapshot(),
-        &sessions.list(),
-        &sessions.handoffs,
-        &crate::relay::pipe_stats(),
-    )
-}
-
-/// [`render`] from its parts (pure, for tests).
+/// Everything, as Prometheus text (format 0.0.4), from its parts (pure, for tests;
+/// `Sessions::metrics` gathers them).
 pub fn render_parts(
     st: &Stats,
     live: &[SessionInfo],
@@ -404,16 +394,7 @@ pub struct Status {
     pub handoffs: Vec<Record>,
 }
 
-pub fn status(sessions: &Sessions, msr: &str) -> Status {
-    status_parts(
-        msr,
-        crate::handoff::now_us(),
-        sessions.stats.snapshot(),
-        sessions.list(),
-        sessions.handoffs.recent(),
-    )
-}
-
+/// The status document from its parts (`Sessions::status` gathers them).
 pub fn status_parts(
     msr: &str,
     now_us: u64,

@@ -8,10 +8,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use tokio::net::TcpStream;
 use tokio::sync::{oneshot, watch};
 
-use crate::handoff::Frozen;
-use crate::relay::Counters;
+use crate::admission::Admitted;
+use crate::relay::{Counters, Pending};
 
 pub use itcp_proto::control::{Kind, SessionInfo};
 
@@ -296,7 +297,42 @@ impl Sessions {
 
     /// Prometheus text exposition of the statistics (see [`crate::metrics`]).
     pub fn metrics(&self) -> String {
-        crate::metrics::render(self)
+        crate::metrics::render_parts(
+            &self.stats.snapshot(),
+            &self.list(),
+            &self.handoffs,
+            &crate::relay::pipe_stats(),
+        )
+    }
+
+    /// What the status page draws, now.
+    pub fn status(&self, msr: &str) -> crate::metrics::Status {
+        crate::metrics::status_parts(
+            msr,
+            crate::clock::now_us(),
+            self.stats.snapshot(),
+            self.list(),
+            self.handoffs.recent(),
+        )
+    }
+}
+
+/// A relay paused for a handoff: its sockets and the bytes it had in transit.
+pub struct Frozen {
+    pub session: Arc<Session>,
+    pub wireless: TcpStream,
+    /// None for a listener's control connection or a waiting ACCEPT.
+    pub fixed: Option<TcpStream>,
+    /// The MH's listening address (listener control connections, waiting ACCEPTs).
+    pub listen: Option<SocketAddr>,
+    pub pending: Pending,
+    /// Counted by admission (not listeners' control connections).
+    pub admitted: Option<Admitted>,
+}
+
+impl std::fmt::Debug for Frozen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Frozen(session {})", self.session.id)
     }
 }
 

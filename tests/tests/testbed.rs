@@ -238,7 +238,11 @@ fn the_mhs_carrier_follows_its_association_and_is_announced_at_once() {
                 return (e, (sys::mono_ns() - t0) as f64 / 1e6);
             }
             assert!(Instant::now() < deadline, "no link event in 3 s");
-            sys::poll_readable(&[std::os::fd::AsRawFd::as_raw_fd(&w.as_fd())], Some(10_000_000)).unwrap();
+            sys::poll_readable(
+                &[std::os::fd::AsRawFd::as_raw_fd(&w.as_fd())],
+                Some(10_000_000),
+            )
+            .unwrap();
         }
     };
     assert_eq!(

@@ -173,7 +173,7 @@ fn main() -> ExitCode {
         }
         return ExitCode::from(2);
     }
-    match itcp_proxy::daemon::run(cfg, adopt) {
+    match itcp_proxy::run::run(cfg, adopt) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");

@@ -11,12 +11,12 @@ use std::time::Duration;
 
 use itcp_handoff::greet::{self, Context, Decision, MhView};
 use itcp_proto::beacon::Solicitation;
-use itcp_proto::greeting::{parse_greet_msg, GreetReply, GreetStatus, MAX_DATAGRAM};
+use itcp_proto::greeting::{parse_greet_msg, GreetStatus, MAX_DATAGRAM};
 use socket2::{Domain, Socket, Type};
 use tokio::net::UdpSocket;
 use tracing::{debug, info, warn};
 
-use super::{new_side, release, take_over};
+use super::new_side::{self, reply};
 use crate::daemon::Daemon;
 use crate::sockopt;
 
@@ -134,13 +134,6 @@ pub async fn serve_greetings(d: Arc<Daemon>, sock: UdpSocket) {
     }
 }
 
-pub(crate) async fn reply(sock: &UdpSocket, to: SocketAddr, r: &GreetReply) {
-    let b = serde_json::to_vec(r).expect("replies serialize");
-    if let Err(e) = sock.send_to(&b, to).await {
-        debug!(%to, error = %e, "greeting reply not sent");
-    }
-}
-
 fn view(st: Option<&super::MhState>, local: usize, frozen: bool) -> MhView<'_> {
     MhView {
         token: st.and_then(|s| s.token.as_deref()),
@@ -223,8 +216,8 @@ async fn on_greeting(
                 h.greeting_used(mh, g.ts_ms);
                 // Back with us: the MH's traffic comes here, nothing stays held.
                 h.hold_gen_bump(mh);
-                release(d, mh);
-                take_over(d, mh);
+                d.release(mh);
+                d.take_over(mh);
             }
             info!(%mh, connections = sessions.len(), proven, "MH attached");
             let r = h.answer(mh, &g, GreetStatus::Attached, None, sessions.len());

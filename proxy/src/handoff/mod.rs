@@ -18,44 +18,19 @@ pub mod tls;
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use itcp_config::HandoffSection;
 use itcp_handoff::greet::PerAddr;
-use itcp_handoff::log::{self as hlog, ConnEntry, Record};
 use itcp_handoff::machine::Timeouts;
 use itcp_proto::greeting::{GreetReply, GreetStatus, Greeting};
-use tokio::net::TcpStream;
-use tracing::{info, warn};
 
-use crate::daemon::{Admitted, Daemon};
-use crate::relay::Pending;
-use crate::sessions::Session;
+use crate::clock::now_us;
 
 pub use greeting::serve_greetings;
 pub use old_side::serve_peers;
-
-/// A relay paused for a handoff: its sockets and the bytes it had in transit.
-pub struct Frozen {
-    pub session: Arc<Session>,
-    pub wireless: TcpStream,
-    /// None for a listener's control connection or a waiting ACCEPT.
-    pub fixed: Option<TcpStream>,
-    /// The MH's listening address (listener control connections, waiting ACCEPTs).
-    pub listen: Option<SocketAddr>,
-    pub pending: Pending,
-    /// Counted by admission (not listeners' control connections).
-    pub admitted: Option<Admitted>,
-}
-
-impl std::fmt::Debug for Frozen {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Frozen(session {})", self.session.id)
-    }
-}
 
 /// What this MSR knows about one MH.
 #[derive(Default)]
@@ -111,14 +86,6 @@ impl Drop for Busy {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
-}
-
-/// Microseconds since the UNIX epoch (handoff log phases).
-pub fn now_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as u64)
-        .unwrap_or(0)
 }
 
 impl Handoffs {
@@ -212,7 +179,7 @@ impl Handoffs {
         st.hold_gen
     }
 
-    fn hold_gen(&self, mh: IpAddr) -> u64 {
+    pub(crate) fn hold_gen(&self, mh: IpAddr) -> u64 {
         self.mhs.lock().unwrap().get(&mh).map_or(0, |s| s.hold_gen)
     }
 
@@ -252,114 +219,3 @@ impl Handoffs {
 }
 
 // ---------------------------------------------------------------------------------
-// Routing and holds.
-
-/// Makes the fixed LAN deliver `mh`'s traffic here: proxy ARP (proxy NDP), then a
-/// gratuitous ARP (an unsolicited neighbour advertisement) that repoints neighbours
-/// (the GW) which still have another MSR's MAC.
-pub fn take_over(d: &Daemon, mh: IpAddr) {
-    let Some(lan) = &d.handoff_cfg().lan_interface else {
-        return;
-    };
-    if let Some(h) = &d.handoff {
-        h.mhs.lock().unwrap().entry(mh).or_default().claimed = true;
-    }
-    if let Err(e) = crate::netlink::proxy_neigh(lan, mh, true) {
-        warn!(%mh, interface = %lan, error = %e, "proxy ARP entry not added");
-    }
-    let announced = match mh {
-        IpAddr::V4(v4) => crate::netlink::send_garp(lan, v4),
-        IpAddr::V6(v6) => crate::netlink::send_unsolicited_na(lan, v6),
-    };
-    if let Err(e) = announced {
-        warn!(%mh, interface = %lan, error = %e, "takeover not announced (gratuitous ARP / unsolicited NA)");
-    }
-}
-
-/// Takes `mh` over on the fixed LAN unless we already did: called when the MH opens
-/// a connection here (its traffic from the fixed side must reach us).
-pub fn claim(d: &Daemon, mh: IpAddr) {
-    let Some(h) = &d.handoff else {
-        return;
-    };
-    let claimed = h.mhs.lock().unwrap().get(&mh).is_some_and(|s| s.claimed);
-    if !claimed {
-        take_over(d, mh);
-    }
-}
-
-pub fn give_up_route(d: &Daemon, mh: IpAddr) {
-    if let Some(h) = &d.handoff {
-        if let Some(s) = h.mhs.lock().unwrap().get_mut(&mh) {
-            s.claimed = false;
-        }
-    }
-    if let Some(lan) = &d.handoff_cfg().lan_interface {
-        if let Err(e) = crate::netlink::proxy_neigh(lan, mh, false) {
-            warn!(%mh, interface = %lan, error = %e, "proxy ARP entry not removed");
-        }
-    }
-}
-
-pub fn hold(d: &Daemon, h: &Handoffs, mh: IpAddr) {
-    h.hold_gen_bump(mh);
-    if let Err(e) = d.rules.hold(mh) {
-        warn!(%mh, error = %e, "flow hold not installed");
-    }
-}
-
-pub fn release(d: &Daemon, mh: IpAddr) {
-    if let Err(e) = d.rules.release(mh) {
-        warn!(%mh, error = %e, "flow hold not released");
-    }
-}
-
-/// Releases the hold after `after` unless another hold was made meanwhile.
-pub fn release_later(d: &Arc<Daemon>, mh: IpAddr, after: Duration) {
-    let h = d.handoff.as_ref().unwrap();
-    let gen = h.hold_gen(mh);
-    h.mhs.lock().unwrap().entry(mh).or_default().release_at =
-        Some((gen, now_us() + after.as_micros() as u64));
-    let d = d.clone();
-    tokio::spawn(async move {
-        tokio::time::sleep(after).await;
-        let h = d.handoff.as_ref().unwrap();
-        if h.hold_gen(mh) == gen {
-            release(&d, mh);
-        }
-    });
-}
-
-pub fn write_log(d: &Daemon, mut r: Record, conns: &[ConnEntry]) {
-    r.set_connections(conns);
-    d.sessions.handoffs.observe(&r);
-    let path = &d.handoff_cfg().log_file;
-    if let Err(e) = hlog::append(path, &r) {
-        warn!(path = %path.display(), error = %e, "handoff log not written");
-    }
-    info!(
-        handoff = r.handoff_id,
-        role = ?r.role,
-        mh = %r.mh,
-        old = %r.old_msr,
-        new = %r.new_msr,
-        outcome = ?r.outcome,
-        reason = r.reason.as_deref().unwrap_or(""),
-        connections = r.connections.len(),
-        failed = ?r.failed,
-        ms = r.duration_ms().unwrap_or(0.0),
-        "handoff"
-    );
-}
-
-/// Counts a rejected channel message or connection, logging at a bounded rate.
-pub fn rejected(d: &Daemon, peer: SocketAddr, e: &dyn std::fmt::Display) {
-    d.sessions
-        .stats
-        .handoff_messages_rejected
-        .fetch_add(1, Ordering::Relaxed);
-    let h = d.handoff.as_ref().unwrap();
-    if h.may_log(peer.ip()) {
-        warn!(addr = %peer, error = %e, "handoff channel: rejected");
-    }
-}

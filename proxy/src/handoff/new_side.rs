@@ -20,9 +20,8 @@ use tokio::net::UdpSocket;
 use tracing::{debug, field, info, info_span, warn, Instrument};
 
 use super::channel::{Channel, ChannelError};
-use super::greeting::reply;
 use super::sockets::{discard_all, restart_or_keep, restore_all, unacked, FlightRoute, Restored};
-use super::{give_up_route, hold, now_us, rejected, release, release_later, take_over, write_log};
+use crate::clock::now_us;
 use crate::daemon::Daemon;
 
 /// The MH that greeted us, to answer.
@@ -49,6 +48,14 @@ impl Greeter {
                 .answer(mh, &gr.g, status, reason, n);
             reply(&gr.sock, gr.addr, &r).await;
         }
+    }
+}
+
+/// Sends a reply to an MH's greeting (best effort: the MH greets again).
+pub(crate) async fn reply(sock: &UdpSocket, to: SocketAddr, r: &itcp_proto::greeting::GreetReply) {
+    let b = serde_json::to_vec(r).expect("replies serialize");
+    if let Err(e) = sock.send_to(&b, to).await {
+        debug!(%to, error = %e, "greeting reply not sent");
     }
 }
 
@@ -168,7 +175,7 @@ async fn run(
         for a in acts.drain(..) {
             match a {
                 Action::Hold(mh) => {
-                    hold(&d, h, mh);
+                    d.hold(mh);
                     // From here the MH may send through us: its segments are held.
                     Greeter::tell(&greeter, &d, mh, GreetStatus::Holding, None, 0).await;
                 }
@@ -264,17 +271,17 @@ async fn run(
                     });
                     restored = ok;
                 }
-                Action::Reroute(mh) => take_over(&d, mh),
+                Action::Reroute(mh) => d.take_over(mh),
                 Action::Unroute(mh) => {
-                    give_up_route(&d, mh);
-                    crate::detect::forget(&d, mh);
+                    d.give_up_route(mh);
+                    d.forget(mh);
                 }
-                Action::Arrived { mh, mac } => crate::detect::present(&d, mh, mac),
+                Action::Arrived { mh, mac } => d.present(mh, mac),
                 Action::Quarantine(mh) => {
-                    hold(&d, h, mh);
-                    release_later(&d, mh, Duration::from_millis(h.cfg.hold_after_ms));
+                    d.hold(mh);
+                    d.release_later(mh, Duration::from_millis(h.cfg.hold_after_ms));
                 }
-                Action::Release(mh) => release(&d, mh),
+                Action::Release(mh) => d.release(mh),
                 Action::Restart(ids) => {
                     let rs: Vec<Restored> = std::mem::take(&mut restored)
                         .into_iter()
@@ -288,7 +295,7 @@ async fn run(
                     if resumed.is_empty() && !unstarted.is_empty() {
                         // Nothing runs here: hold the MH's flows before the sockets
                         // go, so its segments meet a silent drop and not an RST.
-                        hold(&d, h, mh);
+                        d.hold(mh);
                     } else if !unstarted.is_empty() && h.cfg.closed_window_s > 0 {
                         // The MH's flows stay here, but these connections live on at
                         // the old MSR: their segments (the MH's, the FH's) are dropped
@@ -330,7 +337,7 @@ async fn run(
                     // A refused pull is what a spoofed greeting causes: one record per
                     // MH per interval, not one per datagram.
                     if r.outcome != hlog::Outcome::Rejected || h.may_log(mh) {
-                        write_log(&d, r, &entries);
+                        d.write_log(r, &entries);
                     }
                     let (status, reason, n) = if ok {
                         (GreetStatus::Moved, None, moved)
@@ -374,7 +381,7 @@ async fn run(
                 m.handle(NewEvent::Message(msg), now_us())
             }
             Ok(Err(ChannelError::Wire(e))) => {
-                rejected(&d, c.addr(), &e);
+                d.rejected(c.addr(), &e);
                 m.handle_channel_lost(&e.to_string())
             }
             Ok(Err(e)) => m.handle_channel_lost(&e.to_string()),

@@ -15,10 +15,9 @@ use tracing::{debug, warn, Instrument};
 
 use super::channel::{Channel, ChannelError};
 use super::sockets::{capture_one, delete, freeze, resume};
-use super::{
-    give_up_route, hold, now_us, rejected, release, release_later, take_over, write_log, Frozen,
-};
+use crate::clock::now_us;
 use crate::daemon::Daemon;
+use crate::sessions::Frozen;
 
 /// Channel connections still authenticating, at most: beyond it new ones are closed
 /// at once (each costs a task and 182 bytes until its hello or 2 s).
@@ -32,7 +31,7 @@ pub async fn serve_peers(d: Arc<Daemon>, l: TcpListener) {
                 let h = d.handoff.as_ref().unwrap();
                 if h.unauthenticated.fetch_add(1, Ordering::Relaxed) >= MAX_UNAUTHENTICATED {
                     h.unauthenticated.fetch_sub(1, Ordering::Relaxed);
-                    rejected(&d, peer, &"too many channel connections authenticating");
+                    d.rejected(peer, &"too many channel connections authenticating");
                     continue;
                 }
                 tokio::spawn(serve_one(d.clone(), s, peer));
@@ -52,12 +51,12 @@ async fn serve_one(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
     h.unauthenticated.fetch_sub(1, Ordering::Relaxed);
     let mut ch = match ch {
         Ok(c) => c,
-        Err(ChannelError::Wire(e)) => return rejected(&d, peer, &e),
-        Err(e) => return rejected(&d, peer, &e),
+        Err(ChannelError::Wire(e)) => return d.rejected(peer, &e),
+        Err(e) => return d.rejected(peer, &e),
     };
     let first = match tokio::time::timeout(Duration::from_secs(10), ch.recv()).await {
         Ok(Ok(m)) => m,
-        Ok(Err(ChannelError::Wire(e))) => return rejected(&d, peer, &e),
+        Ok(Err(ChannelError::Wire(e))) => return d.rejected(peer, &e),
         Ok(Err(e)) => return debug!(addr = %peer, error = %e, "handoff channel closed"),
         Err(_) => return debug!(addr = %peer, "handoff channel idle: closed"),
     };
@@ -74,12 +73,12 @@ async fn serve_one(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
             Some(mac) => (handoff_id, Asked::Detected { mh, mac }),
             None => {
                 let e = format!("{:?} sent a detection with bad MAC {mac:?}", ch.peer());
-                return rejected(&d, peer, &e);
+                return d.rejected(peer, &e);
             }
         },
         first => {
             let e = format!("{:?} opened with {first:?}", ch.peer());
-            return rejected(&d, peer, &e);
+            return d.rejected(peer, &e);
         }
     };
     // An upgrade is handing the connections over: the new MSR rolls back, the MH
@@ -152,7 +151,7 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                 Action::AwaitHandshakes(mh) => await_handshakes(&d, mh).await,
                 Action::FreezeAndCapture(mh) => {
                     let t0 = std::time::Instant::now();
-                    hold(&d, h, mh);
+                    d.hold(mh);
                     frozen = freeze(&d, mh).await;
                     let t_freeze = t0.elapsed();
                     let mut images = Vec::new();
@@ -215,20 +214,20 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                     frozen = stay;
                     delete(&d, gone);
                     // The new MSR took the MH's address over on the fixed LAN.
-                    give_up_route(&d, mh);
+                    d.give_up_route(mh);
                     d.sessions
                         .stats
                         .handoffs_out
                         .fetch_add(1, Ordering::Relaxed);
                     // Stray TCP of the MH that still reaches us is dropped, never
                     // forwarded to the MH nor answered, until the LAN has moved on.
-                    release_later(&d, mh, Duration::from_millis(h.cfg.hold_after_ms));
+                    d.release_later(mh, Duration::from_millis(h.cfg.hold_after_ms));
                 }
                 // The new MSR took the address and then gave it back.
-                Action::Reroute(mh) => take_over(&d, mh),
-                Action::Forget(mh) => crate::detect::forget(&d, mh),
+                Action::Reroute(mh) => d.take_over(mh),
+                Action::Forget(mh) => d.forget(mh),
                 Action::Unfreeze(mh) => {
-                    release(&d, mh);
+                    d.release(mh);
                     if !frozen.is_empty() {
                         d.sessions
                             .stats
@@ -244,7 +243,7 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                             .handoffs_failed
                             .fetch_add(1, Ordering::Relaxed);
                     }
-                    write_log(&d, r, &entries)
+                    d.write_log(r, &entries)
                 }
                 other => debug!(action = ?other, "not an old-side action"),
             }
@@ -263,7 +262,7 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
         acts = match tokio::time::timeout(wait, ch.recv()).await {
             Ok(Ok(msg)) => m.handle(OldEvent::Message(msg), now_us()),
             Ok(Err(ChannelError::Wire(e))) => {
-                rejected(&d, peer, &e);
+                d.rejected(peer, &e);
                 m.handle_channel_lost(&e.to_string())
             }
             // The new MSR went away (crashed?): nothing was acknowledged, serve on.

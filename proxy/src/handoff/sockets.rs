@@ -17,9 +17,9 @@ use tokio::net::TcpStream;
 use tokio::sync::oneshot;
 use tracing::{info, warn};
 
-use super::Frozen;
 use crate::daemon::Daemon;
 use crate::relay::Pending;
+use crate::sessions::Frozen;
 use crate::sessions::Kind;
 
 pub fn unacked(p: UnackedPolicy) -> UnackedRestore {

@@ -52,11 +52,13 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::clock::now_us;
 use crate::daemon::Daemon;
 use crate::handoff::sockets::{resume, spawn_service};
-use crate::handoff::{now_us, Frozen, MhState};
+use crate::handoff::MhState;
 use crate::listeners::{MhListener, Queued};
 use crate::relay::Pending;
+use crate::sessions::Frozen;
 use crate::sessions::{Adopted, Kind};
 use wire::{Handover, Msg, Role};
 
@@ -315,7 +317,7 @@ pub fn expected_sockets(cfg: &MsrdConfig) -> Vec<(Role, String)> {
 /// What msrd installs on the router for a configuration, as one string: the old and
 /// the new process must agree on it.
 pub fn footprint_of(cfg: &MsrdConfig) -> String {
-    let r = crate::daemon::rules_of(cfg);
+    let r = crate::intercept::rules_of(cfg);
     format!(
         "{}{}lan_interface {:?}\n",
         r.nft_script(),
@@ -940,7 +942,7 @@ fn start(d: &Arc<Daemon>, services: &Services, s: Staged) {
         spawn_service(d, f);
     }
     for (mh, ms) in s.holds {
-        crate::handoff::release_later(d, mh, Duration::from_millis(ms));
+        d.release_later(mh, Duration::from_millis(ms));
     }
     info!(
         old_pid = s.old_pid,

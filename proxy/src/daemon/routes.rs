@@ -1,0 +1,161 @@
+//! The MH's route and presence on the fixed LAN (proxy ARP/NDP, takeover
+//! announcements, flow holds, network detection's presence marks) and the handoff
+//! records: what the handoff glue, the request server and network detection ask of the
+//! daemon about an MH.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use itcp_handoff::log::{self as hlog, ConnEntry, Record};
+use tracing::{info, warn};
+
+use super::Daemon;
+use crate::clock::now_us;
+
+impl Daemon {
+    /// Makes the fixed LAN deliver `mh`'s traffic here: proxy ARP (proxy NDP), then a
+    /// gratuitous ARP (an unsolicited neighbour advertisement) that repoints neighbours
+    /// (the GW) which still have another MSR's MAC.
+    pub fn take_over(&self, mh: IpAddr) {
+        let Some(lan) = &self.handoff_cfg().lan_interface else {
+            return;
+        };
+        if let Some(h) = &self.handoff {
+            h.mhs.lock().unwrap().entry(mh).or_default().claimed = true;
+        }
+        if let Err(e) = crate::netlink::proxy_neigh(lan, mh, true) {
+            warn!(%mh, interface = %lan, error = %e, "proxy ARP entry not added");
+        }
+        let announced = match mh {
+            IpAddr::V4(v4) => crate::netlink::send_garp(lan, v4),
+            IpAddr::V6(v6) => crate::netlink::send_unsolicited_na(lan, v6),
+        };
+        if let Err(e) = announced {
+            warn!(%mh, interface = %lan, error = %e, "takeover not announced (gratuitous ARP / unsolicited NA)");
+        }
+    }
+
+    /// Takes `mh` over on the fixed LAN unless we already did: called when the MH opens
+    /// a connection here (its traffic from the fixed side must reach us).
+    pub fn claim(&self, mh: IpAddr) {
+        let Some(h) = &self.handoff else {
+            return;
+        };
+        let claimed = h.mhs.lock().unwrap().get(&mh).is_some_and(|s| s.claimed);
+        if !claimed {
+            self.take_over(mh);
+        }
+    }
+
+    /// Stops answering for `mh` on the fixed LAN.
+    pub fn give_up_route(&self, mh: IpAddr) {
+        if let Some(h) = &self.handoff {
+            if let Some(s) = h.mhs.lock().unwrap().get_mut(&mh) {
+                s.claimed = false;
+            }
+        }
+        if let Some(lan) = &self.handoff_cfg().lan_interface {
+            if let Err(e) = crate::netlink::proxy_neigh(lan, mh, false) {
+                warn!(%mh, interface = %lan, error = %e, "proxy ARP entry not removed");
+            }
+        }
+    }
+
+    /// Holds `mh`'s flows (dropped, never answered) until [`Daemon::release`].
+    pub fn hold(&self, mh: IpAddr) {
+        if let Some(h) = &self.handoff {
+            h.hold_gen_bump(mh);
+        }
+        if let Err(e) = self.rules.hold(mh) {
+            warn!(%mh, error = %e, "flow hold not installed");
+        }
+    }
+
+    pub fn release(&self, mh: IpAddr) {
+        if let Err(e) = self.rules.release(mh) {
+            warn!(%mh, error = %e, "flow hold not released");
+        }
+    }
+
+    /// Releases the hold after `after` unless another hold was made meanwhile.
+    pub fn release_later(self: &Arc<Self>, mh: IpAddr, after: Duration) {
+        let h = self.handoff.as_ref().unwrap();
+        let gen = h.hold_gen(mh);
+        h.mhs.lock().unwrap().entry(mh).or_default().release_at =
+            Some((gen, now_us() + after.as_micros() as u64));
+        let d = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(after).await;
+            let h = d.handoff.as_ref().unwrap();
+            if h.hold_gen(mh) == gen {
+                d.release(mh);
+            }
+        });
+    }
+
+    /// The MH is served here now (its connections arrived, or it has none anywhere):
+    /// network detection stops reporting it.
+    pub fn present(&self, mh: IpAddr, mac: Option<[u8; 6]>) {
+        if let (Some(h), Some(mac)) = (&self.handoff, mac) {
+            h.mhs.lock().unwrap().entry(mh).or_default().mac = Some(mac);
+        }
+        if let Err(e) = self.rules.set_present(mh, true) {
+            warn!(%mh, error = %e, "MH not marked present: its packets keep being reported");
+        }
+    }
+
+    /// The MH is in another MSR's cell now: its presence and address binding here end,
+    /// and this MSR stops answering for it on the fixed LAN.
+    pub fn forget(&self, mh: IpAddr) {
+        let claimed = self.handoff.as_ref().is_some_and(|h| {
+            let mut m = h.mhs.lock().unwrap();
+            m.get_mut(&mh).is_some_and(|s| {
+                s.mac = None;
+                s.claimed
+            })
+        });
+        if claimed && self.sessions.of_mh(mh).is_empty() {
+            self.give_up_route(mh);
+        }
+        if let Err(e) = self.rules.set_present(mh, false) {
+            warn!(%mh, error = %e, "MH still marked present here");
+        }
+    }
+
+    /// Records a handoff: the log file, the metrics, and one log line.
+    pub fn write_log(&self, mut r: Record, conns: &[ConnEntry]) {
+        r.set_connections(conns);
+        self.sessions.handoffs.observe(&r);
+        let path = &self.handoff_cfg().log_file;
+        if let Err(e) = hlog::append(path, &r) {
+            warn!(path = %path.display(), error = %e, "handoff log not written");
+        }
+        info!(
+            handoff = r.handoff_id,
+            role = ?r.role,
+            mh = %r.mh,
+            old = %r.old_msr,
+            new = %r.new_msr,
+            outcome = ?r.outcome,
+            reason = r.reason.as_deref().unwrap_or(""),
+            connections = r.connections.len(),
+            failed = ?r.failed,
+            ms = r.duration_ms().unwrap_or(0.0),
+            "handoff"
+        );
+    }
+
+    /// Counts a rejected channel message or connection, logging at a bounded rate.
+    pub fn rejected(&self, peer: SocketAddr, e: &dyn std::fmt::Display) {
+        self.sessions
+            .stats
+            .handoff_messages_rejected
+            .fetch_add(1, Ordering::Relaxed);
+        let h = self.handoff.as_ref().unwrap();
+        if h.may_log(peer.ip()) {
+            warn!(addr = %peer, error = %e, "handoff channel: rejected");
+        }
+    }
+}

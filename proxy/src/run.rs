@@ -1,0 +1,337 @@
+//! msrd's process: binds its sockets (or adopts them in an upgrade), installs its
+//! rules, spawns the servers (requests, greetings, channel, control, metrics, beacons,
+//! network detection) and runs until SIGTERM/SIGINT drains it or an upgrade hands
+//! everything to a new process.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use itcp_config::MsrdConfig;
+use tokio::net::TcpListener;
+use tracing::{info, warn};
+
+use crate::daemon::{listen_socket, Daemon};
+use crate::sockopt;
+use crate::upgrade::wire::Role;
+use crate::upgrade::Services;
+
+/// Runs msrd until SIGTERM/SIGINT, then drains; or until an upgrade hands everything
+/// to a new process. `adopt`: this process is that new process ([`crate::upgrade`]).
+pub fn run(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let upgraded = rt.block_on(run_async(cfg, adopt))?;
+    if upgraded {
+        // Tasks left (connections in setup, metrics requests) end with the process.
+        rt.shutdown_background();
+    }
+    Ok(())
+}
+
+/// Caps the connection limit to what the fd limit can serve (each relayed connection
+/// holds two sockets; splice pipes come from a pool that falls back to copying when
+/// no fd is left), warning when the configuration asks for more. Connections in setup
+/// are bounded by `max_handshakes` on top.
+fn fit_to_fd_limit(mut cfg: MsrdConfig, nofile: u64) -> MsrdConfig {
+    const RESERVE: u64 = 128;
+    let a = &mut cfg.access;
+    let budget = nofile.saturating_sub(RESERVE) / 2;
+    if 2 * u64::from(a.max_connections) + u64::from(a.max_handshakes) + RESERVE > nofile {
+        warn!(
+            max_connections = a.max_connections,
+            max_handshakes = a.max_handshakes,
+            nofile,
+            "connection limits at their maximum would need more fds than msrd may open; \
+             accept backs off when fds run out"
+        );
+    }
+    if u64::from(a.max_connections) > budget {
+        let fit = budget.max(1) as u32;
+        warn!(
+            configured = a.max_connections,
+            nofile,
+            using = fit,
+            "access.max_connections is more than the fd limit can serve: lowered"
+        );
+        a.max_connections = fit;
+        a.max_connections_per_mh = a.max_connections_per_mh.min(fit);
+    }
+    cfg
+}
+
+/// Binds the sockets of a fresh start: request and TPROXY ports, then (once the
+/// rules are ours, see below) the rest.
+fn bind_accept(cfg: &MsrdConfig) -> io::Result<Vec<(Role, String, OwnedFd)>> {
+    let mut bound = Vec::new();
+    for addr in cfg.msr.socks_addrs() {
+        let l = listen_socket(addr, &cfg.wireless, false).map_err(|e| {
+            let hint = match e.kind() {
+                io::ErrorKind::AddrNotAvailable => {
+                    "; is the gateway address configured on the cell interface?"
+                }
+                io::ErrorKind::AddrInUse => "; is another msrd running?",
+                _ => "",
+            };
+            io::Error::new(
+                e.kind(),
+                format!("cannot listen on {addr} ([msr] gateway, socks_port): {e}{hint}"),
+            )
+        })?;
+        info!(%addr, "request listener up");
+        bound.push((Role::Socks, addr.to_string(), OwnedFd::from(l.into_std()?)));
+    }
+    if cfg.transparent.enabled {
+        for addr in crate::upgrade::transparent_addrs(cfg) {
+            let l = listen_socket(addr, &cfg.wireless, true).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("cannot listen on {addr} ([transparent] listen_port): {e}"),
+                )
+            })?;
+            info!(%addr, ports = ?cfg.transparent.ports, "transparent interception up");
+            bound.push((
+                Role::Transparent,
+                addr.to_string(),
+                OwnedFd::from(l.into_std()?),
+            ));
+        }
+    }
+    Ok(bound)
+}
+
+/// Binds the other sockets of a fresh start; the footprint is ours already.
+async fn bind_rest(
+    cfg: &MsrdConfig,
+    footprint: &crate::footprint::Footprint,
+) -> io::Result<Vec<(Role, String, OwnedFd)>> {
+    let mut bound = Vec::new();
+    let path = &cfg.msr.control_socket;
+    match crate::control::bind(path) {
+        Ok(l) => bound.push((Role::Control, path.display().to_string(), OwnedFd::from(l))),
+        Err(e) => warn!(path = %path.display(), error = %e, "control socket failed"),
+    }
+    if let Some(addr) = cfg.metrics.listen {
+        let l = TcpListener::bind(addr).await.map_err(|e| {
+            let hint = match e.kind() {
+                io::ErrorKind::AddrNotAvailable => "; is that address configured on this router?",
+                io::ErrorKind::AddrInUse => "; is another msrd or exporter on that port?",
+                _ => "",
+            };
+            io::Error::new(
+                e.kind(),
+                format!("cannot listen on {addr} ([metrics] listen): {e}{hint}"),
+            )
+        })?;
+        info!(%addr, "metrics and status page up");
+        bound.push((
+            Role::Metrics,
+            addr.to_string(),
+            OwnedFd::from(l.into_std()?),
+        ));
+    }
+    if let Some(listen) = cfg.handoff.listen {
+        let l = TcpListener::bind(listen).await.map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot listen on {listen} ([handoff] listen): {e}"),
+            )
+        })?;
+        bound.push((
+            Role::Channel,
+            listen.to_string(),
+            OwnedFd::from(l.into_std()?),
+        ));
+        let port = cfg.handoff.greet_port;
+        // Greetings are heard on the cells only, never from the fixed LAN.
+        let socks = crate::handoff::greeting::sockets_of(cfg);
+        let greeters = crate::handoff::greeting::bind(&socks, port)
+            .map_err(|e| io::Error::new(e.kind(), format!("[handoff] greet_port: {e}")))?;
+        for (gs, g) in socks.iter().zip(greeters) {
+            bound.push((Role::Greeting, gs.name(), OwnedFd::from(g.into_std()?)));
+        }
+        if let Some(lan) = &cfg.handoff.lan_interface {
+            // Proxied ARP replies are otherwise delayed by up to 0.8 s.
+            let r =
+                crate::netlink::proxy_delay_path(lan).and_then(|p| footprint.set_sysctl(&p, "0"));
+            if let Err(e) = r {
+                warn!(interface = %lan, error = %e, "proxied ARP replies may be delayed");
+            }
+            // Proxy neighbour entries answer IPv6 solicitations only with proxy_ndp on.
+            if cfg.access.mh_prefixes.iter().any(|p| !p.is_ipv4()) {
+                let r =
+                    crate::netlink::proxy_ndp_path(lan).and_then(|p| footprint.set_sysctl(&p, "1"));
+                if let Err(e) = r {
+                    warn!(interface = %lan, error = %e, "no proxy NDP: IPv6 MHs cannot move here");
+                }
+            }
+        }
+        info!(%listen, greet_port = port, peers = cfg.handoff.peers.len(), "handoff up");
+    }
+    Ok(bound)
+}
+
+/// Runs the daemon; true when it ended by handing everything to a new process.
+async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> {
+    // Signals first: until tokio handles SIGUSR2, it would end the process.
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut usr2 = signal(SignalKind::user_defined2())?;
+    let nofile = sockopt::raise_nofile_limit();
+    let d = Daemon::new(fit_to_fd_limit(cfg, nofile))?;
+    let cfg = &d.cfg;
+    // Before the greeting sockets serve: they pass solicitations to it.
+    if cfg.beacon.enabled {
+        if let Some(a) =
+            crate::beacon::Advertiser::open(&cfg.beacon, &cfg.msr.id, &cfg.beacon_interfaces())
+        {
+            let _ = d.beacons.set(Arc::new(a));
+        }
+    }
+    let footprint = crate::footprint::Footprint {
+        state_file: {
+            let mut p = cfg.msr.control_socket.clone().into_os_string();
+            p.push(".state");
+            p.into()
+        },
+        rules: d.rules.clone(),
+        lan_interface: cfg.handoff.lan_interface.clone(),
+        mh_prefixes: cfg.access.mh_prefixes.clone(),
+    };
+    // From the moment the footprint is ours everything msrd changed must be undone
+    // whatever happens, unless an upgrade hands it to a new process.
+    struct Undo(crate::footprint::Footprint);
+    impl Drop for Undo {
+        fn drop(&mut self) {
+            self.0.undo();
+        }
+    }
+    let services = Services::default();
+    let undo = match adopt {
+        None => {
+            let bound = bind_accept(cfg)?;
+            // Rules only once every listener is ours: a second msrd that cannot bind
+            // must not replace (and on exit remove) the first one's rules, nor clean
+            // up after it.
+            footprint.recover();
+            let undo = Undo(footprint);
+            d.rules.install().map_err(|e| {
+                io::Error::new(e.kind(), format!("installing interception rules: {e}"))
+            })?;
+            if let Some(mac) = cfg.msr.gateway_mac() {
+                for c in &cfg.cells {
+                    undo.0.set_mac(&c.interface, mac).map_err(|e| {
+                        io::Error::new(
+                            e.kind(),
+                            format!("[msr] gateway_mac on {}: {e}", c.interface),
+                        )
+                    })?;
+                }
+            }
+            let rest = bind_rest(cfg, &undo.0).await?;
+            for (role, name, fd) in bound.into_iter().chain(rest) {
+                services.add(&d, role, name, fd)?;
+            }
+            undo
+        }
+        Some(ch) => {
+            // The old msrd's footprint is in place and becomes ours: neither cleaned
+            // up nor installed again.
+            crate::upgrade::adopt(&d, ch, &services).await?;
+            let undo = Undo(footprint);
+            if !services
+                .sockets_of(Role::Control)
+                .contains(&cfg.msr.control_socket.display().to_string())
+            {
+                let path = &cfg.msr.control_socket;
+                match crate::control::bind(path) {
+                    Ok(l) => {
+                        services.add(&d, Role::Control, path.display().to_string(), l.into())?
+                    }
+                    Err(e) => warn!(path = %path.display(), error = %e, "control socket failed"),
+                }
+            }
+            undo
+        }
+    };
+    let detection = match (&d.rules.detect, &d.handoff) {
+        (Some(dt), Some(_)) => Some(tokio::spawn(crate::detect::run(d.clone(), dt.group))),
+        _ => None,
+    };
+    let beacons = d.beacons.get().map(|a| {
+        tokio::spawn(crate::beacon::run(
+            cfg.beacon.clone(),
+            a.clone(),
+            d.draining.subscribe(),
+        ))
+    });
+    info!(msr = %cfg.msr.id, nofile, pid = std::process::id(), "msrd ready");
+    crate::notify::notify("READY=1");
+
+    let mut asks = d.upgrade_asks.lock().unwrap().take().expect("run once");
+    loop {
+        let ask = tokio::select! {
+            _ = term.recv() => {
+                info!("SIGTERM: draining");
+                break;
+            }
+            _ = int.recv() => {
+                info!("SIGINT: draining");
+                break;
+            }
+            _ = usr2.recv() => {
+                info!("SIGUSR2: upgrading");
+                None
+            }
+            Some(a) = asks.recv() => {
+                info!("upgrade requested on the control socket");
+                Some(a)
+            }
+        };
+        match crate::upgrade::upgrade(&d, &services).await {
+            Ok(reply) => {
+                if let Some(a) = ask {
+                    let _ = a.reply.send(Ok(reply));
+                    // Exit once the operator has the answer (a second at most).
+                    let _ = tokio::time::timeout(Duration::from_secs(1), a.written).await;
+                }
+                // The new process owns the footprint and the control socket now.
+                std::mem::forget(undo);
+                return Ok(true);
+            }
+            Err(e) => {
+                if let Some(a) = ask {
+                    let _ = a
+                        .reply
+                        .send(Err(format!("upgrade failed, msrd serves on: {e}")));
+                }
+            }
+        }
+    }
+    crate::notify::notify("STOPPING=1");
+    let _ = d.draining.send(true);
+    services.stop_accepting().await;
+    let deadline = Instant::now() + cfg.relay.drain_timeout();
+    while !d.sessions.is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let left = d.sessions.len();
+    if left > 0 {
+        warn!(left, "drain timeout: closing remaining connections");
+    } else {
+        info!("drained");
+    }
+    services.abort_all();
+    if let Some(b) = beacons {
+        b.abort();
+    }
+    if let Some(t) = detection {
+        t.abort();
+    }
+    let _ = std::fs::remove_file(&cfg.msr.control_socket);
+    drop(undo);
+    Ok(false)
+}
