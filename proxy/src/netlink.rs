@@ -179,16 +179,17 @@ pub fn proxy_neigh(ifname: &str, ip: IpAddr, add: bool) -> io::Result<()> {
     }
 }
 
-/// Announces that `ip` is reachable at `ifname`'s MAC: sends a gratuitous ARP request
-/// (sender IP = target IP = ip, sender MAC = ifname's MAC, target MAC 0, Ethernet broadcast)
-/// and a gratuitous ARP reply (op 2, target MAC = sender MAC, broadcast) via an AF_PACKET socket bound to ifname.
-pub fn send_garp(ifname: &str, ip: Ipv4Addr) -> io::Result<()> {
-    let what = format!("garp: announce {ip} on {ifname}");
-    let ifindex = ifindex(ifname, &what)?;
-    // Protocol 0: the socket only sends, so it never queues received frames.
-    let sock = socket(libc::AF_PACKET, libc::SOCK_RAW, 0).map_err(|e| context(&what, e))?;
-    let mac = hwaddr(sock.as_raw_fd(), ifname).map_err(|e| context(&what, e))?;
+thread_local! {
+    /// AF_PACKET sockets bound to an interface (by index), kept open for the next
+    /// announcement: closing one waits for an RCU grace period (`synchronize_net` in
+    /// the kernel's packet_release), 8–30 ms measured on a handoff's path. Per thread,
+    /// as the netlink sockets are: a socket belongs to its thread's namespace.
+    static ARP_SOCKS: RefCell<Vec<(u32, OwnedFd)>> = const { RefCell::new(Vec::new()) };
+}
 
+/// A packet socket bound to `ifindex` (sending only: protocol 0 queues no frame).
+fn arp_socket(ifindex: u32) -> io::Result<OwnedFd> {
+    let sock = socket(libc::AF_PACKET, libc::SOCK_RAW, 0)?;
     // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
     let mut sll: libc::sockaddr_ll = unsafe { zeroed() };
     sll.sll_family = libc::AF_PACKET as u16;
@@ -202,12 +203,45 @@ pub fn send_garp(ifname: &str, ip: Ipv4Addr) -> io::Result<()> {
         )
     };
     if r != 0 {
-        return Err(context(
-            &format!("{what}: bind"),
-            io::Error::last_os_error(),
-        ));
+        return Err(context("bind", io::Error::last_os_error()));
     }
+    Ok(sock)
+}
 
+/// Announces that `ip` is reachable at `ifname`'s MAC: sends a gratuitous ARP request
+/// (sender IP = target IP = ip, sender MAC = ifname's MAC, target MAC 0, Ethernet
+/// broadcast) and a gratuitous ARP reply (op 2, target MAC = sender MAC, broadcast)
+/// through a packet socket bound to ifname (kept open: see `ARP_SOCKS`).
+pub fn send_garp(ifname: &str, ip: Ipv4Addr) -> io::Result<()> {
+    let what = format!("garp: announce {ip} on {ifname}");
+    let ifindex = ifindex(ifname, &what)?;
+    let r = ARP_SOCKS.with(|socks| {
+        let mut socks = socks.borrow_mut();
+        let at = match socks.iter().position(|(i, _)| *i == ifindex) {
+            Some(at) => at,
+            None => {
+                socks.push((ifindex, arp_socket(ifindex)?));
+                socks.len() - 1
+            }
+        };
+        let r = announce(socks[at].1.as_raw_fd(), ifname, ifindex, ip);
+        if r.is_err() {
+            // The interface may be gone or replaced: the next call binds afresh.
+            socks.swap_remove(at);
+        }
+        r
+    });
+    r.map_err(|e| context(&what, e))
+}
+
+/// The two ARP frames of [`send_garp`] on a bound packet socket.
+fn announce(fd: RawFd, ifname: &str, ifindex: u32, ip: Ipv4Addr) -> io::Result<()> {
+    // Read each time: the interface's address may have changed.
+    let mac = hwaddr(fd, ifname)?;
+    // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
+    let mut sll: libc::sockaddr_ll = unsafe { zeroed() };
+    sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_ifindex = ifindex as libc::c_int;
     sll.sll_protocol = (libc::ETH_P_ARP as u16).to_be();
     sll.sll_halen = 6;
     sll.sll_addr[..6].copy_from_slice(&[0xff; 6]);
@@ -216,7 +250,7 @@ pub fn send_garp(ifname: &str, ip: Ipv4Addr) -> io::Result<()> {
         // SAFETY: frame and sll are live for the call; their sizes are passed along.
         let n = unsafe {
             libc::sendto(
-                sock.as_raw_fd(),
+                fd,
                 frame.as_ptr().cast(),
                 frame.len(),
                 0,
@@ -231,7 +265,7 @@ pub fn send_garp(ifname: &str, ip: Ipv4Addr) -> io::Result<()> {
                 "reply"
             };
             return Err(context(
-                &format!("{what}: send ARP {kind}"),
+                &format!("send ARP {kind}"),
                 io::Error::last_os_error(),
             ));
         }

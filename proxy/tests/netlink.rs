@@ -473,3 +473,42 @@ fn timing() {
     assert!(nft < Duration::from_millis(1), "{nft:?} per nft call");
     assert!(neigh < Duration::from_millis(1), "{neigh:?} per neigh call");
 }
+
+/// The takeover's announcements sit on every handoff's path: the packet socket that
+/// sends the gratuitous ARP must not be closed per announcement (closing one waits
+/// for an RCU grace period, 8–30 ms each on this machine), nor the NA's raw socket.
+#[test]
+fn announcements_take_well_under_a_millisecond() {
+    let ns = Netns::new();
+    // No duplicate address detection: the link-local source of the NA is usable at once.
+    ns.sh(&["sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0"]);
+    ns.sh(&[
+        "ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1",
+    ]);
+    ns.sh(&["ip", "link", "set", "v0", "up"]);
+    ns.sh(&["ip", "link", "set", "v1", "up"]);
+    const N: u32 = 50;
+    let (garp, na) = ns.run(|| {
+        let t = Instant::now();
+        for i in 0..N {
+            send_garp("v0", Ipv4Addr::new(10, 9, 0, i as u8)).unwrap();
+        }
+        let garp = t.elapsed() / N;
+        let t = Instant::now();
+        for i in 0..N {
+            let a = format!("fd00::{}", i + 1).parse().unwrap();
+            send_unsolicited_na("v0", a).unwrap();
+        }
+        (garp, t.elapsed() / N)
+    });
+    println!(
+        "announcement timing: gratuitous ARP {:.1} µs, unsolicited NA {:.1} µs ({N} each)",
+        garp.as_secs_f64() * 1e6,
+        na.as_secs_f64() * 1e6
+    );
+    assert!(
+        garp < Duration::from_millis(1),
+        "{garp:?} per gratuitous ARP"
+    );
+    assert!(na < Duration::from_millis(1), "{na:?} per unsolicited NA");
+}
