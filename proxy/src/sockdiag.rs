@@ -83,27 +83,23 @@ fn parse(dgram: &[u8], out: &mut Vec<IpAddr>) -> io::Result<bool> {
     Ok(false)
 }
 
-/// The remote addresses of this namespace's TCP sockets in SYN_RECV (IPv4-mapped
-/// addresses as IPv4).
-pub fn syn_recv_peers() -> io::Result<Vec<IpAddr>> {
+/// The remote addresses of this namespace's TCP sockets of one family in SYN_RECV
+/// (IPv4-mapped addresses as IPv4). One dump walks the kernel's whole established
+/// hash, whose size follows the machine's memory (7–10 ms for both families on a
+/// 24 GiB machine): ask only for the family wanted.
+pub fn syn_recv_peers(ipv6: bool) -> io::Result<Vec<IpAddr>> {
     let s = crate::netlink::nl_socket(libc::NETLINK_SOCK_DIAG)?;
     let mut out = Vec::new();
     let mut buf = vec![0u8; 32 * 1024];
-    for (i, family) in [libc::AF_INET as u8, libc::AF_INET6 as u8]
-        .into_iter()
-        .enumerate()
-    {
-        let req = request(family, i as u32 + 1);
-        // The kernel is the default peer of a netlink socket.
-        send(s.as_raw_fd(), &req, MsgFlags::empty())?;
-        loop {
-            let n = recv(s.as_raw_fd(), &mut buf, MsgFlags::empty())?;
-            if parse(&buf[..n], &mut out)? {
-                break;
-            }
+    let family = if ipv6 { libc::AF_INET6 } else { libc::AF_INET } as u8;
+    // The kernel is the default peer of a netlink socket.
+    send(s.as_raw_fd(), &request(family, 1), MsgFlags::empty())?;
+    loop {
+        let n = recv(s.as_raw_fd(), &mut buf, MsgFlags::empty())?;
+        if parse(&buf[..n], &mut out)? {
+            return Ok(out);
         }
     }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -432,9 +432,10 @@ fn half_open_handshakes_are_listed_by_peer() {
     ns.run(|| {
         use itcp_proxy::sockdiag::syn_recv_peers;
         let l = std::net::TcpListener::bind("127.0.0.1:7").unwrap();
-        assert!(syn_recv_peers().unwrap().is_empty());
+        assert!(syn_recv_peers(false).unwrap().is_empty());
         let s = std::net::TcpStream::connect("127.0.0.1:7").unwrap();
-        assert_eq!(syn_recv_peers().unwrap(), vec![ip("127.0.0.1")]);
+        assert_eq!(syn_recv_peers(false).unwrap(), vec![ip("127.0.0.1")]);
+        assert!(syn_recv_peers(true).unwrap().is_empty());
         drop((s, l));
     });
 }

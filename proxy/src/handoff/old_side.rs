@@ -282,7 +282,8 @@ async fn await_handshakes(d: &Daemon, mh: std::net::IpAddr) {
     let bound = Duration::from_millis(d.handoff_cfg().setup_wait_ms).min(HANDSHAKE_WAIT);
     let t0 = std::time::Instant::now();
     loop {
-        let n = match crate::sockdiag::syn_recv_peers() {
+        // IPv4 MHs reach msrd's IPv4 sockets (its IPv6 ones are IPv6-only).
+        let n = match crate::sockdiag::syn_recv_peers(mh.is_ipv6()) {
             Ok(p) => p.iter().filter(|&&ip| ip == mh).count(),
             Err(e) => return warn!(error = %e, "half-open handshakes not listed: not waited for"),
         };
