@@ -1395,7 +1395,7 @@ fn replay_fin(fd: BorrowedFd<'_>, img: &SocketImage, opts: &RestoreOptions) -> i
             .timestamps
             .then(|| (0, repair::timestamp(fd).unwrap_or(img.timestamp))),
     };
-    repair::send_raw_ip(&seg.dst, &seg.to_ip_packet(), opts.inject_mark)?;
+    repair::send_raw_ip_to(fd, &seg.dst, &seg.to_ip_packet(), opts.inject_mark)?;
     let deadline = Instant::now() + Duration::from_millis(500);
     loop {
         let s = repair::tcp_info(fd)?.state;
@@ -1433,16 +1433,6 @@ fn send_current_ack(
     img: &SocketImage,
     opts: &RestoreOptions,
 ) -> io::Result<()> {
-    // The raw socket is made in the calling thread's namespace: from another one the
-    // segment would be routed there, maybe out to a real network.
-    if !repair::in_thread_netns(fd)? {
-        return Err(invalid(
-            "restart: the socket belongs to another network namespace than the calling \
-             thread; run restart in the socket's own (it replays a segment to the socket \
-             through a raw socket of the calling thread's namespace)"
-                .into(),
-        ));
-    }
     let before = repair::tcp_info(fd)?;
     let snd_shift = img.options.wscale.map_or(0, |w| w.snd);
     let seg = Segment {
@@ -1458,7 +1448,7 @@ fn send_current_ack(
         // unanswered. Without the option Linux skips PAWS.
         timestamps: None,
     };
-    repair::send_raw_ip(&seg.dst, &seg.to_ip_packet(), opts.inject_mark)
+    repair::send_raw_ip_to(fd, &seg.dst, &seg.to_ip_packet(), opts.inject_mark)
         .map_err(|e| repair::ctx(e, "restart: replay an old ACK"))?;
     let deadline = Instant::now() + Duration::from_millis(500);
     // Counted in segs_in under the socket lock, which TCP_INFO takes: once the count

@@ -17,10 +17,11 @@
 //!   bytes had arrived, to the send queue as if they had been sent (no packet leaves).
 //! * `getsockopt(TCP_MAXSEG)` in repair mode returns the peer's MSS (`mss_clamp`).
 
+use std::cell::RefCell;
 use std::io;
 use std::mem::{size_of, MaybeUninit};
 use std::net::{Shutdown, SocketAddr, SocketAddrV4, SocketAddrV6};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -418,19 +419,16 @@ pub fn outq_notsent(fd: BorrowedFd<'_>) -> io::Result<u32> {
     ioctl_int(fd, SIOCOUTQNSD, "SIOCOUTQNSD")
 }
 
-/// Whether the socket belongs to the calling thread's network namespace (`SIOCGSKNS`
-/// gives the socket's; both are compared by device and inode).
-pub fn in_thread_netns(fd: BorrowedFd<'_>) -> io::Result<bool> {
+/// A socket's network namespace, as the (device, inode) of its nsfs file
+/// (`SIOCGSKNS`).
+pub fn netns_of(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
     use std::os::unix::fs::MetadataExt;
     // SAFETY: SIOCGSKNS takes no argument and returns a new descriptor.
     let ns = cvt(unsafe { libc::ioctl(fd.as_raw_fd(), SIOCGSKNS) })
         .map_err(|e| ctx(e, "SIOCGSKNS (the socket's network namespace)"))?;
     // SAFETY: `ns` was just returned by the kernel and nobody else owns it.
-    let ns = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(ns) });
-    let theirs = ns.metadata()?;
-    let ours = std::fs::metadata("/proc/thread-self/ns/net")
-        .map_err(|e| ctx(e, "/proc/thread-self/ns/net"))?;
-    Ok((theirs.dev(), theirs.ino()) == (ours.dev(), ours.ino()))
+    let m = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(ns) }).metadata()?;
+    Ok((m.dev(), m.ino()))
 }
 
 /// `recv(MSG_PEEK | MSG_DONTWAIT)` into `buf`; in repair mode this reads the selected
@@ -526,41 +524,99 @@ pub fn connect(fd: BorrowedFd<'_>, addr: &SocketAddr) -> io::Result<()> {
         .map_err(|e| ctx(e, &format!("connect {addr} (repair mode)")))
 }
 
-/// Sends one complete IP packet (header included) through a raw socket of the calling
-/// thread's network namespace, to `dst`. `mark` (if non-zero) is set as SO_MARK so
-/// that netfilter rules can recognise it. Needs CAP_NET_RAW.
-pub fn send_raw_ip(dst: &SocketAddr, packet: &[u8], mark: u32) -> io::Result<()> {
+thread_local! {
+    /// Raw sockets for [`send_raw_ip_to`], by (IPv6, mark, namespace): opening and
+    /// closing one per replayed segment cost ~8 µs, on every restart of a handoff.
+    static RAW_SOCKS: RefCell<Vec<RawSock>> = const { RefCell::new(Vec::new()) };
+}
+
+struct RawSock {
+    v6: bool,
+    mark: u32,
+    netns: (u64, u64),
+    sock: Socket,
+}
+
+/// A raw socket (IPPROTO_RAW: header included) made in the calling thread's namespace.
+fn raw_socket(v6: bool, mark: u32) -> io::Result<Socket> {
     // IPPROTO_RAW implies IP_HDRINCL (and IPV6_HDRINCL since Linux 4.5).
-    let raw = Socket::new(
-        Domain::for_address(*dst),
-        Type::RAW,
-        Some(Protocol::from(libc::IPPROTO_RAW)),
-    )
-    .map_err(|e| {
-        ctx(
-            e,
-            "socket(SOCK_RAW) to replay the peer's FIN (needs CAP_NET_RAW)",
-        )
-    })?;
+    let domain = if v6 { Domain::IPV6 } else { Domain::IPV4 };
+    let raw =
+        Socket::new(domain, Type::RAW, Some(Protocol::from(libc::IPPROTO_RAW))).map_err(|e| {
+            ctx(
+                e,
+                "socket(SOCK_RAW) to replay a segment (needs CAP_NET_RAW)",
+            )
+        })?;
     if mark != 0 {
         raw.set_mark(mark)
             .map_err(|e| ctx(e, "SO_MARK (raw socket)"))?;
     }
+    Ok(raw)
+}
+
+/// Sends one complete IP packet (header included) to `dst` through a raw socket of the
+/// network namespace of `target`, the socket the packet is meant for (from another
+/// namespace it would be routed there, maybe out to a real network). The raw socket is
+/// made by the calling thread, which must therefore be in that namespace the first
+/// time; it is kept for the next packet. `mark` (if non-zero) is set as SO_MARK so that
+/// netfilter rules can recognise the packet. Needs CAP_NET_RAW.
+pub fn send_raw_ip_to(
+    target: BorrowedFd<'_>,
+    dst: &SocketAddr,
+    packet: &[u8],
+    mark: u32,
+) -> io::Result<()> {
+    let netns = netns_of(target)?;
+    let v6 = dst.is_ipv6();
     // The kernel takes the destination from the packet; the port must be 0 for raw.
     let dst0 = match dst {
         SocketAddr::V4(a) => SocketAddr::V4(SocketAddrV4::new(*a.ip(), 0)),
         SocketAddr::V6(a) => SocketAddr::V6(SocketAddrV6::new(*a.ip(), 0, 0, a.scope_id())),
     };
-    let n = raw
-        .send_to(packet, &dst0.into())
-        .map_err(|e| ctx(e, "sendto (raw FIN replay)"))?;
-    if n != packet.len() {
-        return Err(io::Error::other(format!(
-            "raw FIN replay: sent {n} of {} bytes",
-            packet.len()
-        )));
-    }
-    Ok(())
+    RAW_SOCKS.with(|socks| {
+        let mut socks = socks.borrow_mut();
+        let found = socks
+            .iter()
+            .position(|r| r.v6 == v6 && r.mark == mark && r.netns == netns);
+        let at = match found {
+            Some(at) => at,
+            None => {
+                let sock = raw_socket(v6, mark)?;
+                if netns_of(sock.as_fd())? != netns {
+                    return Err(io::Error::new(
+                        io::ErrorKind::InvalidInput,
+                        "the socket belongs to another network namespace than the calling \
+                         thread; run this in the socket's own (a segment is replayed to the \
+                         socket through a raw socket of the calling thread's namespace)",
+                    ));
+                }
+                socks.push(RawSock {
+                    v6,
+                    mark,
+                    netns,
+                    sock,
+                });
+                socks.len() - 1
+            }
+        };
+        let sent = socks[at].sock.send_to(packet, &dst0.into());
+        let n = match sent {
+            Ok(n) => n,
+            Err(e) => {
+                // Start afresh next time.
+                socks.swap_remove(at);
+                return Err(ctx(e, "sendto (raw segment replay)"));
+            }
+        };
+        if n != packet.len() {
+            return Err(io::Error::other(format!(
+                "raw segment replay: sent {n} of {} bytes",
+                packet.len()
+            )));
+        }
+        Ok(())
+    })
 }
 
 /// Checks that a network interface exists (for SO_BINDTODEVICE errors that say so).
