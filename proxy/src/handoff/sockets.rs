@@ -509,6 +509,15 @@ fn fault_restart() -> Option<Option<u16>> {
     })
 }
 
+/// How long an injected restart failure takes (`MSRD_FAULT_DELAY_MS`), read once.
+fn fault_delay() -> Option<std::time::Duration> {
+    static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
+    *DELAY.get_or_init(|| {
+        let ms = std::env::var("MSRD_FAULT_DELAY_MS").ok()?.parse().ok()?;
+        Some(std::time::Duration::from_millis(ms))
+    })
+}
+
 fn restart_one(r: &Restored) -> io::Result<()> {
     // Test hook (README, testing): a restart that fails, to show the connection is
     // kept at the old MSR and on record, never lost silently.
@@ -517,6 +526,11 @@ fn restart_one(r: &Restored) -> io::Result<()> {
             .chain(r.fixed.as_ref().map(|f| &f.1))
             .flat_map(|i| [i.local.port(), i.remote.port()]);
         if port.is_none_or(|p| ends.clone().any(|e| e == p)) {
+            // `MSRD_FAULT_DELAY_MS`: the failure comes that late, as a slow real one
+            // would (the MH's flows are released meanwhile).
+            if let Some(ms) = fault_delay() {
+                std::thread::sleep(ms);
+            }
             return Err(io::Error::other(
                 "MSRD_FAULT=fail_restart: injected restart failure",
             ));
