@@ -1,7 +1,7 @@
 //! What msrd measures, in two shapes: the Prometheus text exposition (`/metrics` of
 //! `[metrics] listen`, and `itcpctl metrics`), and the status document the status page
 //! draws (`/status.json`). Also the handoff duration histogram and the recent handoff
-//! records, which [`crate::handoff::write_log`] feeds.
+//! records, which [`crate::daemon::Daemon::write_log`] feeds.
 //!
 //! Families (all prefixed `msrd_`):
 //!

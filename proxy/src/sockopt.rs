@@ -79,7 +79,7 @@ pub fn apply_post_connect(fd: impl AsFd, t: &TcpTuning) -> io::Result<()> {
         set_congestion(&fd, cc)?;
     }
     if let Some(c) = t.window_clamp.filter(|&c| c > 0) {
-        set_window_clamp(fd.as_fd().as_raw_fd(), c as i64)?;
+        set_window_clamp(s.as_raw_fd(), c as i64)?;
     }
     if let Some(l) = t.notsent_lowat {
         s.set_tcp_notsent_lowat(l)

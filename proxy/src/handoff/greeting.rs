@@ -16,7 +16,7 @@ use socket2::{Domain, Socket, Type};
 use tokio::net::UdpSocket;
 use tracing::{debug, info, warn};
 
-use super::new_side::{self, reply};
+use super::{new_side, reply};
 use crate::daemon::Daemon;
 use crate::sockopt;
 

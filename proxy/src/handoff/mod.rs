@@ -32,6 +32,15 @@ use crate::clock::now_us;
 pub use greeting::serve_greetings;
 pub use old_side::serve_peers;
 
+/// Sends a reply to an MH's greeting (best effort: the MH greets again). The greeting
+/// server and a pull both answer greetings.
+pub(crate) async fn reply(sock: &tokio::net::UdpSocket, to: std::net::SocketAddr, r: &GreetReply) {
+    let b = serde_json::to_vec(r).expect("replies serialize");
+    if let Err(e) = sock.send_to(&b, to).await {
+        tracing::debug!(%to, error = %e, "greeting reply not sent");
+    }
+}
+
 /// What this MSR knows about one MH.
 #[derive(Default)]
 pub(crate) struct MhState {

@@ -20,6 +20,7 @@ use tokio::net::UdpSocket;
 use tracing::{debug, field, info, info_span, warn, Instrument};
 
 use super::channel::{Channel, ChannelError};
+use super::reply;
 use super::sockets::{discard_all, restart_or_keep, restore_all, unacked, FlightRoute, Restored};
 use crate::clock::now_us;
 use crate::daemon::Daemon;
@@ -48,14 +49,6 @@ impl Greeter {
                 .answer(mh, &gr.g, status, reason, n);
             reply(&gr.sock, gr.addr, &r).await;
         }
-    }
-}
-
-/// Sends a reply to an MH's greeting (best effort: the MH greets again).
-pub(crate) async fn reply(sock: &UdpSocket, to: SocketAddr, r: &itcp_proto::greeting::GreetReply) {
-    let b = serde_json::to_vec(r).expect("replies serialize");
-    if let Err(e) = sock.send_to(&b, to).await {
-        debug!(%to, error = %e, "greeting reply not sent");
     }
 }
 
