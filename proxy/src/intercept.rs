@@ -198,6 +198,21 @@ impl Rules {
         Ok(())
     }
 
+    /// Lets the segments of `flows` through again (see [`Rules::drop_strays`]); a flow
+    /// not dropped is no error.
+    pub fn undrop_strays(
+        &self,
+        flows: &[(std::net::SocketAddr, std::net::SocketAddr)],
+    ) -> io::Result<()> {
+        let (v4, v6): (Vec<_>, Vec<_>) = flows.iter().partition(|f| f.0.is_ipv4());
+        for (set, f) in [("strays4", v4), ("strays6", v6)] {
+            if !f.is_empty() {
+                crate::netlink::nft_flow_elements_delete(&self.table, set, &f)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Ends a hold (no error if there was none).
     pub fn release(&self, mh: IpAddr) -> io::Result<()> {
         let (set, _) = self.held_set(mh);

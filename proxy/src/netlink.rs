@@ -408,22 +408,79 @@ pub fn nft_flow_elements(
         "nft: add {} flows to set {set} of table inet {table}",
         pairs.len()
     );
-    check_name(table, "table", &what)?;
-    check_name(set, "set", &what)?;
-    for chunk in pairs.chunks(64) {
-        let seq = next_seq(3);
-        let elems: Vec<(Vec<u8>, Option<u64>)> = chunk
-            .iter()
-            .map(|(a, z, t)| (flow_key(*a, *z), Some(t.as_millis().max(1) as u64)))
-            .collect();
-        let b = nft_setelem_batch(libc::NFPROTO_INET as u8, table, set, &elems, true, seq);
-        let ack = nl_request(libc::NETLINK_NETFILTER, &b, seq, 3, seq.wrapping_add(1))
-            .map_err(|e| context(&what, e))?;
-        if ack.errno != 0 {
-            return Err(kernel_error(&what, ack.errno, None, &ack));
+    let elems: Vec<_> = pairs
+        .iter()
+        .map(|(a, z, t)| (flow_key(*a, *z), Some(t.as_millis().max(1) as u64)))
+        .collect();
+    flow_batches(table, set, &elems, true, &what)
+}
+
+/// Deletes the flows of `pairs` from a set made for [`nft_flow_elements`]; one that
+/// is not there (timed out, or taken back by a SYN) is no error.
+pub fn nft_flow_elements_delete(
+    table: &str,
+    set: &str,
+    pairs: &[(SocketAddr, SocketAddr)],
+) -> io::Result<()> {
+    let what = format!(
+        "nft: delete {} flows from set {set} of table inet {table}",
+        pairs.len()
+    );
+    let elems: Vec<_> = pairs
+        .iter()
+        .map(|(a, z)| (flow_key(*a, *z), None))
+        .collect();
+    for chunk in elems.chunks(64) {
+        // One missing element fails its whole batch: then the others one at a time.
+        if !flow_batch(table, set, chunk, false, &what)? {
+            for one in chunk.chunks(1) {
+                flow_batch(table, set, one, false, &what)?;
+            }
         }
     }
     Ok(())
+}
+
+fn flow_batches(
+    table: &str,
+    set: &str,
+    elems: &[(Vec<u8>, Option<u64>)],
+    add: bool,
+    what: &str,
+) -> io::Result<()> {
+    for chunk in elems.chunks(64) {
+        flow_batch(table, set, chunk, add, what)?;
+    }
+    Ok(())
+}
+
+/// One batch adding or deleting `elems` (at most a few dozen: one message). A delete
+/// that meets an element not in the set (the kernel's ENOENT without naming the table
+/// or set) changes nothing and returns false.
+fn flow_batch(
+    table: &str,
+    set: &str,
+    elems: &[(Vec<u8>, Option<u64>)],
+    add: bool,
+    what: &str,
+) -> io::Result<bool> {
+    check_name(table, "table", what)?;
+    check_name(set, "set", what)?;
+    let seq = next_seq(3);
+    let b = nft_setelem_batch(libc::NFPROTO_INET as u8, table, set, elems, add, seq);
+    let ack = nl_request(libc::NETLINK_NETFILTER, &b, seq, 3, seq.wrapping_add(1))
+        .map_err(|e| context(what, e))?;
+    let (table_off, set_off) = nft_setelem_attr_offsets(table);
+    let hint = match ack.bad_attr {
+        Some(o) if o == table_off => Some("table not found"),
+        Some(o) if o == set_off => Some("set not found"),
+        _ => None,
+    };
+    match ack.errno {
+        0 => Ok(true),
+        libc::ENOENT if !add && hint.is_none() => Ok(false),
+        e => Err(kernel_error(what, e, hint, &ack)),
+    }
 }
 
 /// `a . port . z . port` in nftables' concatenation layout: each field padded to a

@@ -534,10 +534,6 @@ fn a_connection_that_fails_to_restart_stays_at_the_old_msr_and_on_record() {
 }
 
 #[test]
-#[ignore = "flaky (failed 2 of 8 handoff-suite runs): a restored socket whose restart \
-            fails takes the MH's data while the hold is already released, and discards it; \
-            a_restart_that_fails_late_loses_no_byte reproduces it every time. Run with \
-            --ignored; see the issue 9 note"]
 fn connections_that_fail_to_restart_while_others_resume_draw_no_reset() {
     partial_restart(&[(2, "MSRD_FAULT", "fail_restart:5002")]);
 }
@@ -545,10 +541,6 @@ fn connections_that_fail_to_restart_while_others_resume_draw_no_reset() {
 /// As above, with the failing restart taking 300 ms (as a slow real failure could),
 /// so that the MH's segments reach the restored socket before it fails.
 #[test]
-#[ignore = "known to fail: the new MSR releases the MH's flows before it restarts the \
-            restored sockets; one whose restart then fails has taken (and acknowledged) the \
-            MH's bytes in the meantime, and they are lost. Run with --ignored; see the \
-            issue 9 note"]
 fn a_restart_that_fails_late_loses_no_byte() {
     partial_restart(&[
         (2, "MSRD_FAULT", "fail_restart:5002"),

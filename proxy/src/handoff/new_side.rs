@@ -274,6 +274,17 @@ async fn run(
                     d.hold(mh);
                     d.release_later(mh, Duration::from_millis(h.cfg.hold_after_ms));
                 }
+                Action::Gate(ids) => {
+                    let flows: Vec<_> = restored
+                        .iter()
+                        .filter(|r| ids.contains(&r.id))
+                        .flat_map(Restored::flows)
+                        .map(|(a, z)| (a, z, gate_window(h.cfg.closed_window_s)))
+                        .collect();
+                    if let Err(e) = d.rules.drop_strays(&flows) {
+                        warn!(%mh, error = %e, "restored connections not gated: one that fails to restart could lose bytes");
+                    }
+                }
                 Action::Release(mh) => d.release(mh),
                 Action::Restart(ids) => {
                     let rs: Vec<Restored> = std::mem::take(&mut restored)
@@ -381,4 +392,11 @@ async fn run(
             Err(_) => m.handle_timeout(now_us()),
         };
     }
+}
+
+/// How long the segments of a restored connection stay dropped (`Action::Gate`)
+/// if its restart never lifts the gate: as long as those of connections kept at the
+/// old MSR (`closed_window_s`), and never shorter than a slow restart.
+fn gate_window(closed_window_s: u64) -> Duration {
+    Duration::from_secs(closed_window_s.max(10))
 }

@@ -518,7 +518,9 @@ fn fault_delay() -> Option<std::time::Duration> {
     })
 }
 
-fn restart_one(r: &Restored) -> io::Result<()> {
+/// Restarts one restored connection, then lets its segments through (see
+/// `Action::Gate`).
+fn restart_one(r: &Restored, rules: &crate::intercept::Rules) -> io::Result<()> {
     // Test hook (README, testing): a restart that fails, to show the connection is
     // kept at the old MSR and on record, never lost silently.
     if let Some(port) = fault_restart() {
@@ -539,6 +541,10 @@ fn restart_one(r: &Restored) -> io::Result<()> {
     itcp_handoff::restart(r.wireless.0.as_fd(), &r.wireless.1, &r.opts)?;
     if let Some((fd, img)) = &r.fixed {
         itcp_handoff::restart(fd.as_fd(), img, &r.opts)?;
+    }
+    if let Err(e) = rules.undrop_strays(&r.flows()) {
+        // It runs: its segments come through once the gate times out.
+        warn!(conn = r.id, error = %e, "restarted connection still gated");
     }
     Ok(())
 }
@@ -600,7 +606,7 @@ pub fn restart_or_keep(
     mut restored: Vec<Restored>,
 ) -> (Vec<u64>, Vec<(u64, String)>, Vec<Restored>) {
     restored.sort_by_key(|r| r.kind != Kind::Listen);
-    let restarts = on_all_cores(&restored, restart_one);
+    let restarts = on_all_cores(&restored, |r| restart_one(r, &d.rules));
     let (mut resumed, mut failed, mut unstarted) = (Vec::new(), Vec::new(), Vec::new());
     for (r, restart) in restored.into_iter().zip(restarts) {
         if let Err(e) = restart {
