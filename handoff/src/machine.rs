@@ -54,10 +54,11 @@ pub enum Action {
     /// Restore these connections in repair mode (the daemon answers with
     /// [`NewEvent::Restored`]).
     Restore(Vec<ConnImage>),
-    /// Drop, silently, the segments that reach these restored connections until each
-    /// one restarts (its restart lifts this): a socket in repair mode takes and
-    /// acknowledges what it is sent, which would be lost if its restart then failed.
-    Gate(Vec<u64>),
+    /// Until the [`Action::Restart`] that follows is over, drop silently the TCP
+    /// segments that reach this MH's restored connections (from it, and for it from the
+    /// fixed side) except those of connections already restarted: a socket in repair
+    /// mode takes and acknowledges what it is sent, lost if its restart then failed.
+    Gate(IpAddr),
     /// Restart these restored connections and start relaying (the daemon answers with
     /// [`NewEvent::Restarted`]; one that fails is closed silently, still in repair).
     Restart(Vec<u64>),
@@ -410,7 +411,7 @@ impl NewSide {
                 let mh = self.mh;
                 vec![
                     Action::Reroute(mh),
-                    Action::Gate(restored.clone()),
+                    Action::Gate(mh),
                     Action::Release(mh),
                     Action::Restart(restored),
                 ]
@@ -867,7 +868,7 @@ mod tests {
             acts,
             vec![
                 Action::Reroute(mh),
-                Action::Gate(vec![1, 2]),
+                Action::Gate(mh),
                 Action::Release(mh),
                 Action::Restart(vec![1, 2])
             ]

@@ -13,8 +13,9 @@
 //! ~6 ms, so nothing here runs per connection.
 
 use std::io::{self, Write};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::process::{Command, Stdio};
+use std::time::Duration;
 
 use itcp_config::IpPrefix;
 
@@ -99,6 +100,16 @@ impl Rules {
         // closing states stay there): their stray segments are dropped, not answered
         // with RST, until the element times out. A new connection on the same 4-tuple
         // (a SYN either way) takes the tuple back.
+        // A new MSR restarting an MH's restored connections gates the MH's inbound TCP:
+        // only flows marked running (restarted) get through. A socket still in repair
+        // mode would take and acknowledge segments, lost if its restart then failed.
+        // Marks only expire (a delete costs the kernel far more than an add).
+        s += "  set gated4 {\n    type ipv4_addr;\n  }\n  set gated6 {\n    type ipv6_addr;\n  }\n";
+        for (set, ty) in [("running4", "ipv4_addr"), ("running6", "ipv6_addr")] {
+            s += &format!(
+                "  set {set} {{\n    type {ty} . inet_service . {ty} . inet_service;\n    flags timeout;\n    size 262144;\n  }}\n"
+            );
+        }
         for (set, ty) in [("strays4", "ipv4_addr"), ("strays6", "ipv6_addr")] {
             s += &format!(
                 "  set {set} {{\n    type {ty} . inet_service . {ty} . inet_service;\n    flags dynamic, timeout;\n    size 262144;\n  }}\n"
@@ -115,6 +126,12 @@ impl Rules {
             );
             if chain == "hold_in" {
                 s += "    tcp flags & (syn | ack) == syn ip saddr @nosyn4 drop\n    tcp flags & (syn | ack) == syn ip6 saddr @nosyn6 drop\n";
+                for (ip, v) in [("ip", "4"), ("ip6", "6")] {
+                    s += &format!(
+                        "    meta l4proto tcp {ip} saddr @gated{v} {ip} saddr . tcp sport . {ip} daddr . tcp dport != @running{v} drop\n\
+                         \x20   meta l4proto tcp {ip} daddr @gated{v} {ip} daddr . tcp dport . {ip} saddr . tcp sport != @running{v} drop\n"
+                    );
+                }
             }
             for (ip, set) in [("ip", "strays4"), ("ip6", "strays6")] {
                 let fwd = format!("{ip} saddr . tcp sport . {ip} daddr . tcp dport");
@@ -198,14 +215,37 @@ impl Rules {
         Ok(())
     }
 
-    /// Lets the segments of `flows` through again (see [`Rules::drop_strays`]); a flow
-    /// not dropped is no error.
-    pub fn undrop_strays(
+    /// Gates (`on`) the inbound TCP of `mh` or lifts the gate: only flows marked
+    /// running get through (see the `gated` sets). One netlink message.
+    pub fn gate(&self, mh: IpAddr, on: bool) -> io::Result<()> {
+        let set = if mh.is_ipv4() { "gated4" } else { "gated6" };
+        crate::netlink::nft_set_element(&self.table, set, mh, on)
+    }
+
+    /// Marks `flows` (each the MH's end and the other end) running for `ttl`: their
+    /// segments pass a gate.
+    pub fn mark_running(
         &self,
-        flows: &[(std::net::SocketAddr, std::net::SocketAddr)],
+        flows: &[(SocketAddr, SocketAddr)],
+        ttl: Duration,
     ) -> io::Result<()> {
+        let (v4, v6): (Vec<_>, Vec<_>) = flows
+            .iter()
+            .map(|&(a, z)| (a, z, ttl))
+            .partition(|f| f.0.is_ipv4());
+        for (set, f) in [("running4", v4), ("running6", v6)] {
+            if !f.is_empty() {
+                crate::netlink::nft_flow_elements(&self.table, set, &f)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes the running mark off `flows` before it expires (a flow not marked is no
+    /// error).
+    pub fn unmark_running(&self, flows: &[(SocketAddr, SocketAddr)]) -> io::Result<()> {
         let (v4, v6): (Vec<_>, Vec<_>) = flows.iter().partition(|f| f.0.is_ipv4());
-        for (set, f) in [("strays4", v4), ("strays6", v6)] {
+        for (set, f) in [("running4", v4), ("running6", v6)] {
             if !f.is_empty() {
                 crate::netlink::nft_flow_elements_delete(&self.table, set, &f)?;
             }

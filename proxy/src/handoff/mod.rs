@@ -6,10 +6,13 @@
 //! * [`channel`] — the MSR⇄MSR channel: challenge, hello, authenticated frames.
 //! * [`old_side`] — serves the channel: freeze, capture, ship, delete or unfreeze.
 //! * [`new_side`] — pulls an MH's connections: hold, restore, take over, restart, ack.
+//! * [`gate`] — lets an MH's segments reach its restored connections only once each
+//!   restarts.
 //! * [`sockets`] — the socket work both sides share: capture, restore, restart,
 //!   delete, resume.
 
 pub mod channel;
+pub mod gate;
 pub mod greeting;
 pub mod new_side;
 pub mod old_side;
@@ -78,6 +81,8 @@ pub struct Handoffs {
     pub(crate) mhs: Mutex<HashMap<IpAddr, MhState>>,
     /// Pulls per MH (spoofed greetings cannot make us ask peers without bound).
     pulls: Mutex<PerAddr>,
+    /// The gates on restored connections while they restart.
+    pub(crate) gates: gate::Gates,
     /// Log lines for rejected input, per source (quiet under a flood).
     noisy: Mutex<PerAddr>,
     /// Channel connections not yet authenticated.
@@ -123,6 +128,7 @@ impl Handoffs {
             mhs: Mutex::new(HashMap::new()),
             // A genuine MH moves at most a few times a second; 5 at once, 2/s after.
             pulls: Mutex::new(PerAddr::new(5, 2.0, 4096)),
+            gates: gate::Gates::default(),
             // One log line per source every 10 s after a burst of 3.
             noisy: Mutex::new(PerAddr::new(3, 0.1, 4096)),
             unauthenticated: AtomicU64::new(0),

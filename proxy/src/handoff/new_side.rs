@@ -274,14 +274,9 @@ async fn run(
                     d.hold(mh);
                     d.release_later(mh, Duration::from_millis(h.cfg.hold_after_ms));
                 }
-                Action::Gate(ids) => {
-                    let flows: Vec<_> = restored
-                        .iter()
-                        .filter(|r| ids.contains(&r.id))
-                        .flat_map(Restored::flows)
-                        .map(|(a, z)| (a, z, gate_window(h.cfg.closed_window_s)))
-                        .collect();
-                    if let Err(e) = d.rules.drop_strays(&flows) {
+                Action::Gate(mh) => {
+                    let flows: Vec<_> = restored.iter().flat_map(Restored::flows).collect();
+                    if let Err(e) = h.gates.close(&d.rules, mh, &flows) {
                         warn!(%mh, error = %e, "restored connections not gated: one that fails to restart could lose bytes");
                     }
                 }
@@ -314,6 +309,8 @@ async fn run(
                             warn!(%mh, error = %e, "segments of connections kept at the old MSR will draw RSTs here");
                         }
                     }
+                    // Segments of the failed ones are dropped now (above): the gate goes.
+                    h.gates.open(&d.rules, mh);
                     discard_all(unstarted);
                     moved = resumed.len();
                     // The sockets run with their window now: the host route goes.
@@ -392,11 +389,4 @@ async fn run(
             Err(_) => m.handle_timeout(now_us()),
         };
     }
-}
-
-/// How long the segments of a restored connection stay dropped (`Action::Gate`)
-/// if its restart never lifts the gate: as long as those of connections kept at the
-/// old MSR (`closed_window_s`), and never shorter than a slow restart.
-fn gate_window(closed_window_s: u64) -> Duration {
-    Duration::from_secs(closed_window_s.max(10))
 }
