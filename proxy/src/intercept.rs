@@ -29,7 +29,13 @@ pub struct Rules {
     pub transparent: Option<Transparent>,
     /// Network detection on some cells.
     pub detect: Option<Detection>,
+    /// The MHs' prefixes (`[access] mh_prefixes`).
+    pub mh_prefixes: Vec<IpPrefix>,
 }
+
+/// How long after the last SYN-ACK sent to an MH a handoff still looks for its
+/// half-open handshakes (see the `synack` sets).
+pub const SYNACK_RECENT: Duration = Duration::from_secs(3);
 
 /// Network detection, in a `netdev` table of the same name hooked at the cells'
 /// ingress: the first frame of an MH that is not present here (sets `present4`,
@@ -96,6 +102,18 @@ impl Rules {
         // retransmits them to the new MSR): a handshake answered here after the MH has
         // turned to the new MSR could not complete anywhere.
         s += "  set nosyn4 {\n    type ipv4_addr;\n  }\n  set nosyn6 {\n    type ipv6_addr;\n  }\n";
+        // MHs that were sent a SYN-ACK lately: only they can have a handshake half-open
+        // here (SYN_RECV) that completes within a handoff's wait for it. Listing
+        // request sockets walks the kernel's whole connection hash (~4 ms on a large
+        // machine), so a handoff asks this set first. Full (an MH prefix flooding SYNs
+        // from 65536 addresses in 3 s), an MH would be missed: its handshake half-open
+        // at the freeze stays here, as one older than 3 s does.
+        for (set, ty) in [("synack4", "ipv4_addr"), ("synack6", "ipv6_addr")] {
+            s += &format!(
+                "  set {set} {{\n    type {ty};\n    flags dynamic, timeout;\n    timeout {}s;\n    size 65536;\n  }}\n",
+                SYNACK_RECENT.as_secs()
+            );
+        }
         // Flows of MHs that moved here, closed at the old MSR (their TIME_WAIT and
         // closing states stay there): their stray segments are dropped, not answered
         // with RST, until the element times out. A new connection on the same 4-tuple
@@ -120,10 +138,23 @@ impl Rules {
             ("hold_out", "output", "oifname"),
         ] {
             s += &format!(
-                "  chain {chain} {{\n    type filter hook {hook} priority mangle - 10; policy accept;\n    {lo} \"lo\" accept\n\
-                 \x20   meta l4proto tcp ip saddr @held4 drop\n    meta l4proto tcp ip daddr @held4 drop\n\
-                 \x20   meta l4proto tcp ip6 saddr @held6 drop\n    meta l4proto tcp ip6 daddr @held6 drop\n"
+                "  chain {chain} {{\n    type filter hook {hook} priority mangle - 10; policy accept;\n    {lo} \"lo\" accept\n"
             );
+            if chain == "hold_out" {
+                // Before the hold: a SYN-ACK dropped by it still has a request socket.
+                let (v4, v6): (Vec<&IpPrefix>, Vec<&IpPrefix>) =
+                    self.mh_prefixes.iter().partition(|p| p.is_ipv4());
+                for (ip, v, p) in [("ip", "4", v4), ("ip6", "6", v6)] {
+                    if !p.is_empty() {
+                        s += &format!(
+                            "    tcp flags & (syn | ack) == syn | ack {ip} daddr {} update @synack{v} {{ {ip} daddr }}\n",
+                            set(&p)
+                        );
+                    }
+                }
+            }
+            s += "    meta l4proto tcp ip saddr @held4 drop\n    meta l4proto tcp ip daddr @held4 drop\n\
+                  \x20   meta l4proto tcp ip6 saddr @held6 drop\n    meta l4proto tcp ip6 daddr @held6 drop\n";
             if chain == "hold_in" {
                 s += "    tcp flags & (syn | ack) == syn ip saddr @nosyn4 drop\n    tcp flags & (syn | ack) == syn ip6 saddr @nosyn6 drop\n";
                 for (ip, v) in [("ip", "4"), ("ip6", "6")] {
@@ -213,6 +244,13 @@ impl Rules {
             }
         }
         Ok(())
+    }
+
+    /// Whether `mh` was sent a SYN-ACK in the last [`SYNACK_RECENT`] (see the
+    /// `synack` sets). One netlink round trip.
+    pub fn synack_recent(&self, mh: IpAddr) -> io::Result<bool> {
+        let set = if mh.is_ipv4() { "synack4" } else { "synack6" };
+        crate::netlink::nft_set_has(&self.table, set, mh)
     }
 
     /// Gates (`on`) the inbound TCP of `mh` or lifts the gate: only flows marked
@@ -433,6 +471,7 @@ pub fn rules_of(cfg: &itcp_config::MsrdConfig) -> Rules {
                 hold_ms: cfg.handoff.detect_hold_ms,
             })
         },
+        mh_prefixes: cfg.access.mh_prefixes.clone(),
     }
 }
 
@@ -454,6 +493,10 @@ mod tests {
                 listen_port: 1081,
             }),
             detect: None,
+            mh_prefixes: vec![
+                "10.2.0.0/24".parse().unwrap(),
+                "2001:db8::/64".parse().unwrap(),
+            ],
         }
     }
 

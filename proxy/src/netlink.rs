@@ -527,21 +527,7 @@ fn nft_setelem_batch(
         req | flags as u16,
         seq.wrapping_add(1),
     );
-    put_nfgenmsg(&mut b, family, 0);
-    put_attr_str(&mut b, NFTA_SET_ELEM_LIST_TABLE, table);
-    put_attr_str(&mut b, NFTA_SET_ELEM_LIST_SET, set);
-    let elements = begin_nested(&mut b, NFTA_SET_ELEM_LIST_ELEMENTS);
-    for (k, timeout_ms) in elems {
-        let elem = begin_nested(&mut b, NFTA_LIST_ELEM);
-        let key = begin_nested(&mut b, NFTA_SET_ELEM_KEY);
-        put_attr(&mut b, NFTA_DATA_VALUE, k);
-        end_nested(&mut b, key);
-        if let Some(ms) = timeout_ms {
-            put_attr(&mut b, NFTA_SET_ELEM_TIMEOUT, &ms.to_be_bytes());
-        }
-        end_nested(&mut b, elem);
-    }
-    end_nested(&mut b, elements);
+    put_setelem_list(&mut b, family, table, set, elems);
     end_msg(&mut b, m);
 
     let m = begin_msg(
@@ -553,6 +539,64 @@ fn nft_setelem_batch(
     put_nfgenmsg(&mut b, libc::AF_UNSPEC as u8, subsys);
     end_msg(&mut b, m);
     b
+}
+
+/// The body of a set-element message: nfgenmsg, table, set, and the elements.
+fn put_setelem_list(
+    b: &mut Vec<u8>,
+    family: u8,
+    table: &str,
+    set: &str,
+    elems: &[(Vec<u8>, Option<u64>)],
+) {
+    put_nfgenmsg(b, family, 0);
+    put_attr_str(b, NFTA_SET_ELEM_LIST_TABLE, table);
+    put_attr_str(b, NFTA_SET_ELEM_LIST_SET, set);
+    let elements = begin_nested(b, NFTA_SET_ELEM_LIST_ELEMENTS);
+    for (k, timeout_ms) in elems {
+        let elem = begin_nested(b, NFTA_LIST_ELEM);
+        let key = begin_nested(b, NFTA_SET_ELEM_KEY);
+        put_attr(b, NFTA_DATA_VALUE, k);
+        end_nested(b, key);
+        if let Some(ms) = timeout_ms {
+            put_attr(b, NFTA_SET_ELEM_TIMEOUT, &ms.to_be_bytes());
+        }
+        end_nested(b, elem);
+    }
+    end_nested(b, elements);
+}
+
+/// Whether `ip` is in set `set` of table `inet table` now (an element past its
+/// timeout is not), like `nft get element`. One netlink round trip.
+pub fn nft_set_has(table: &str, set: &str, ip: IpAddr) -> io::Result<bool> {
+    let what = format!("nft: get element {ip} of set {set} of table inet {table}");
+    check_name(table, "table", &what)?;
+    check_name(set, "set", &what)?;
+    let seq = next_seq(1);
+    let subsys = libc::NFNL_SUBSYS_NFTABLES as u16;
+    let mut b = Vec::with_capacity(96);
+    let m = begin_msg(
+        &mut b,
+        (subsys << 8) | libc::NFT_MSG_GETSETELEM as u16,
+        (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16,
+        seq,
+    );
+    let elems = [(ip_bytes(ip), None)];
+    put_setelem_list(&mut b, libc::NFPROTO_INET as u8, table, set, &elems);
+    end_msg(&mut b, m);
+    let ack =
+        nl_request(libc::NETLINK_NETFILTER, &b, seq, 1, seq).map_err(|e| context(&what, e))?;
+    let (table_off, set_off) = nft_setelem_attr_offsets(table);
+    let hint = match ack.bad_attr {
+        Some(o) if o == table_off => Some("table not found"),
+        Some(o) if o == set_off => Some("set not found"),
+        _ => None,
+    };
+    match ack.errno {
+        0 => Ok(true),
+        libc::ENOENT if hint.is_none() => Ok(false),
+        e => Err(kernel_error(&what, e, hint, &ack)),
+    }
 }
 
 /// Offsets, from the element message's header, of its table and set attributes: what

@@ -379,6 +379,7 @@ fn proxy_delay_zeroed_and_restored() {
             route_table: 4955,
             transparent: None,
             detect: None,
+            mh_prefixes: vec!["10.9.0.0/24".parse().unwrap()],
         },
         lan_interface: Some("v0".into()),
         mh_prefixes: vec!["10.9.0.0/24".parse().unwrap()],
@@ -412,6 +413,89 @@ fn proxy_delay_zeroed_and_restored() {
     let _ = std::fs::remove_dir_all(&dir);
 
     assert!(proxy_delay_path("../v0").is_err());
+}
+
+/// msrd's own table (as `Rules::nft_script` makes it) in a namespace "msr" with a
+/// veth to a namespace "mh" holding 10.2.0.100.
+fn msr_and_mh(table: &str) -> (Netns, Netns, itcp_proxy::intercept::Rules) {
+    let (msr, mh) = (Netns::new(), Netns::new());
+    msr.sh(&[
+        "ip", "link", "add", "c0", "type", "veth", "peer", "name", "m0",
+    ]);
+    msr.sh(&["ip", "link", "set", "m0", "netns", &mh.name]);
+    msr.sh(&["ip", "addr", "add", "10.2.0.1/24", "dev", "c0"]);
+    msr.sh(&["ip", "link", "set", "c0", "up"]);
+    mh.sh(&["ip", "addr", "add", "10.2.0.100/24", "dev", "m0"]);
+    mh.sh(&["ip", "link", "set", "m0", "up"]);
+    let rules = itcp_proxy::intercept::Rules {
+        table: table.into(),
+        fwmark: 0x4956,
+        route_table: 4956,
+        transparent: None,
+        detect: None,
+        mh_prefixes: vec!["10.2.0.0/24".parse().unwrap()],
+    };
+    let script = rules.nft_script();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &msr.name, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(script.as_bytes())
+        .unwrap();
+    assert!(child.wait().unwrap().success(), "nft -f {script}");
+    (msr, mh, rules)
+}
+
+#[test]
+fn an_mh_sent_a_syn_ack_is_known_for_a_few_seconds() {
+    let (msr, mh, rules) = msr_and_mh("itcp_synack_test");
+    let (a, b) = (ip("10.2.0.100"), ip("10.2.0.101"));
+    assert!(!msr.run(|| rules.synack_recent(a)).unwrap());
+    let l = msr
+        .run(|| std::net::TcpListener::bind("10.2.0.1:7"))
+        .unwrap();
+    let s = mh
+        .run(|| std::net::TcpStream::connect("10.2.0.1:7"))
+        .unwrap();
+    assert!(msr.run(|| rules.synack_recent(a)).unwrap());
+    assert!(!msr.run(|| rules.synack_recent(b)).unwrap());
+    drop((s, l));
+    std::thread::sleep(itcp_proxy::intercept::SYNACK_RECENT + Duration::from_millis(500));
+    assert!(!msr.run(|| rules.synack_recent(a)).unwrap());
+}
+
+#[test]
+fn running_marks_are_deleted_even_next_to_ones_already_gone() {
+    let (msr, _mh, rules) = msr_and_mh("itcp_marks_test");
+    let f = |a: &str, z: &str| -> (std::net::SocketAddr, std::net::SocketAddr) {
+        (a.parse().unwrap(), z.parse().unwrap())
+    };
+    let (x, y, gone) = (
+        f("10.2.0.100:4000", "10.1.0.2:80"),
+        f("10.2.0.100:4001", "10.1.0.2:80"),
+        f("10.2.0.100:4002", "10.1.0.2:80"),
+    );
+    msr.run(|| rules.mark_running(&[x, y], Duration::from_secs(60)))
+        .unwrap();
+    let listed = || msr.sh(&["nft", "list", "set", "inet", "itcp_marks_test", "running4"]);
+    assert!(
+        listed().contains("4000") && listed().contains("4001"),
+        "{}",
+        listed()
+    );
+    // One batch with an element that is not there fails as a whole in the kernel.
+    msr.run(|| rules.unmark_running(&[gone, x, y])).unwrap();
+    assert!(
+        !listed().contains("4000") && !listed().contains("4001"),
+        "{}",
+        listed()
+    );
 }
 
 /// Mean cost per call; run with --nocapture to see it.

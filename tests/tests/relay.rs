@@ -632,6 +632,7 @@ fn a_flow_hold_stalls_the_mh_silently_and_release_resumes_it() {
         route_table: 4954,
         transparent: None,
         detect: None,
+        mh_prefixes: vec!["10.2.0.0/24".parse().unwrap()],
     };
     let mh: std::net::IpAddr = addr::MH.into();
     in_netns(&lab.ns(Host::Msr(1)), || rules.hold(mh)).unwrap();

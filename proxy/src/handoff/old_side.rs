@@ -276,9 +276,19 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
 /// `setup_wait_ms` and never more than [`HANDSHAKE_WAIT`]: one wireless round trip
 /// completes them, and one whose SYN-ACK was lost would take a retransmission timeout.
 /// New SYNs of the MH are dropped from now on (it retransmits them to the new MSR):
-/// none is answered here after the MH has turned to the new MSR.
+/// none is answered here after the MH has turned to the new MSR. Only an MH sent a
+/// SYN-ACK in the last [`crate::intercept::SYNACK_RECENT`] is looked for: one whose
+/// handshake has been half-open longer (its ACK lost, nothing sent since) would seldom
+/// complete within the wait, and stays here as it did after the wait.
 async fn await_handshakes(d: &Daemon, mh: std::net::IpAddr) {
     hold_syns(d, mh, true);
+    // A handshake half-open here was answered with a SYN-ACK lately: when none was,
+    // the costly listing (it walks every connection of the router) is skipped.
+    match d.rules.synack_recent(mh) {
+        Ok(false) => return,
+        Ok(true) => {}
+        Err(e) => warn!(error = %e, "recent SYN-ACKs not known: half-open handshakes listed"),
+    }
     let bound = Duration::from_millis(d.handoff_cfg().setup_wait_ms).min(HANDSHAKE_WAIT);
     let t0 = std::time::Instant::now();
     loop {
