@@ -224,6 +224,10 @@ pub struct TcpInfo {
     pub sndbuf_limited_us: u64,
     pub snd_wnd: u32,
     pub rcv_wnd: u32,
+    /// Retransmission timeouts over the connection's life, and the time spent in
+    /// them, ms (Linux ≥ 6.7; 0 before).
+    pub total_rto: u32,
+    pub total_rto_time_ms: u32,
 }
 
 /// The receiver's report. `bytes` counts everything read (including any excess).
@@ -649,22 +653,43 @@ fn secs(s: f64) -> Duration {
 
 /// Reads `TCP_INFO` from a connected socket.
 pub fn tcp_info(s: &TcpStream) -> Option<TcpInfo> {
-    // SAFETY: all-zero is a valid tcp_info; fields the kernel does not fill stay 0.
-    let mut ti: libc::tcp_info = unsafe { mem::zeroed() };
-    let mut len = mem::size_of::<libc::tcp_info>() as libc::socklen_t;
+    // The kernel's struct is longer than libc's: room for the fields read by offset.
+    #[repr(C)]
+    struct Full {
+        ti: libc::tcp_info,
+        more: [u8; 256],
+    }
+    // SAFETY: all-zero is valid for both parts; fields the kernel does not fill stay 0.
+    let mut full: Full = unsafe { mem::zeroed() };
+    let mut len = mem::size_of::<Full>() as libc::socklen_t;
     // SAFETY: valid out pointers of the given length.
     let r = unsafe {
         libc::getsockopt(
             s.as_raw_fd(),
             libc::IPPROTO_TCP,
             libc::TCP_INFO,
-            &mut ti as *mut libc::tcp_info as *mut libc::c_void,
+            &mut full as *mut Full as *mut libc::c_void,
             &mut len,
         )
     };
     if r != 0 {
         return None;
     }
+    // SAFETY: `Full` is plain data of exactly this size.
+    let bytes: &[u8] = unsafe {
+        std::slice::from_raw_parts(&full as *const Full as *const u8, mem::size_of::<Full>())
+    };
+    // include/uapi/linux/tcp.h (6.7+): __u16 tcpi_total_rto at 240, __u32
+    // tcpi_total_rto_time (ms) at 244, after tcpi_rehash.
+    let (total_rto, total_rto_time_ms) = if len >= 248 {
+        (
+            u16::from_ne_bytes([bytes[240], bytes[241]]) as u32,
+            u32::from_ne_bytes(bytes[244..248].try_into().unwrap()),
+        )
+    } else {
+        (0, 0)
+    };
+    let ti = full.ti;
     Some(TcpInfo {
         state: ti.tcpi_state,
         ca_state: ti.tcpi_ca_state,
@@ -707,6 +732,8 @@ pub fn tcp_info(s: &TcpStream) -> Option<TcpInfo> {
         sndbuf_limited_us: ti.tcpi_sndbuf_limited,
         snd_wnd: ti.tcpi_snd_wnd,
         rcv_wnd: ti.tcpi_rcv_wnd,
+        total_rto,
+        total_rto_time_ms,
     })
 }
 

@@ -256,6 +256,14 @@ fn moves_to_first_byte(seed: u64, n_moves: usize, agent_args: &[&str]) -> FirstB
     let send: SendReport =
         serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("sender: {e}: {err}"));
     assert!(send.ok, "sender: {:?}\n{}", send.error, diag(&lab));
+    // The FH's link has no loss: its retransmission timeouts come from the handoffs
+    // (its segments are dropped while the connection is frozen).
+    if let Some(ti) = &send.tcp_info {
+        eprintln!(
+            "FH: {} retransmission timeouts in {n_moves} moves, {} ms in them ({} bytes retransmitted)",
+            ti.total_rto, ti.total_rto_time_ms, ti.bytes_retrans
+        );
+    }
     assert_eq!(total, send.bytes, "every byte sent was read, verified");
     let rsts = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
     assert_eq!(rsts, ((0, 0), (0, 0)), "RSTs at FH and MH\n{}", diag(&lab));

@@ -453,3 +453,51 @@ fn connect_failure_is_a_transfer_error() {
     let r: RecvReport = serde_json::from_str(one_line(&d.stdout)).unwrap();
     assert!(!r.ok);
 }
+
+/// `tcp_info` reads the kernel's retransmission-timeout counters (past the end of
+/// libc's struct): a sender whose segments are dropped for a while times out.
+#[test]
+fn tcp_info_counts_retransmission_timeouts() {
+    use std::io::Write;
+    let ns = format!("ittcp-{}", std::process::id());
+    let sh = |args: &[&str]| {
+        let out = Command::new("ip").args(args).output().unwrap();
+        assert!(out.status.success(), "ip {args:?}: {out:?}");
+    };
+    sh(&["netns", "add", &ns]);
+    struct Del(String);
+    impl Drop for Del {
+        fn drop(&mut self) {
+            let _ = Command::new("ip").args(["netns", "del", &self.0]).output();
+        }
+    }
+    let _del = Del(ns.clone());
+    sh(&["-n", &ns, "link", "set", "lo", "up"]);
+    let nft = |rule: &str| sh(&["netns", "exec", &ns, "nft", rule]);
+    // Dropped on the way in: a drop on the way out is a local error to TCP, not a loss.
+    nft("add table inet t; add chain inet t in { type filter hook input priority 0; }");
+    let (a, b) = itcp_testbed::sys::in_netns(&ns, || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let a = std::net::TcpStream::connect(l.local_addr()?)?;
+        let (b, _) = l.accept()?;
+        Ok((a, b))
+    })
+    .unwrap();
+    let before = itcp_testbed::ttcp::tcp_info(&a).unwrap();
+    assert_eq!(before.total_rto, 0, "{before:?}");
+    let port = b.local_addr().unwrap().port();
+    nft(&format!("add rule inet t in tcp dport {port} drop"));
+    (&a).write_all(&[7; 1000]).unwrap();
+    // The first timeout comes after ~200 ms (the minimum RTO on loopback), the next
+    // after twice that.
+    thread::sleep(Duration::from_millis(800));
+    nft("flush chain inet t in");
+    let mut got = [0u8; 1000];
+    (&b).read_exact(&mut got).unwrap();
+    thread::sleep(Duration::from_millis(50)); // the ACK reaches the sender
+    let after = itcp_testbed::ttcp::tcp_info(&a).unwrap();
+    assert!(
+        (1..=4).contains(&after.total_rto) && after.total_rto_time_ms >= 150,
+        "{after:?}"
+    );
+}
