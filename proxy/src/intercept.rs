@@ -253,6 +253,18 @@ impl Rules {
         crate::netlink::nft_set_has(&self.table, set, mh)
     }
 
+    /// Lets the segments of `flows` through again (see [`Rules::drop_strays`]); a flow
+    /// not dropped is no error.
+    pub fn undrop_strays(&self, flows: &[(SocketAddr, SocketAddr)]) -> io::Result<()> {
+        let (v4, v6): (Vec<_>, Vec<_>) = flows.iter().partition(|f| f.0.is_ipv4());
+        for (set, f) in [("strays4", v4), ("strays6", v6)] {
+            if !f.is_empty() {
+                crate::netlink::nft_flow_elements_delete(&self.table, set, &f)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Gates (`on`) the inbound TCP of `mh` or lifts the gate: only flows marked
     /// running get through (see the `gated` sets). One netlink message.
     pub fn gate(&self, mh: IpAddr, on: bool) -> io::Result<()> {

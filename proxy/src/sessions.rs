@@ -330,6 +330,19 @@ pub struct Frozen {
     pub admitted: Option<Admitted>,
 }
 
+impl Frozen {
+    /// The connection's flows as (MH's end, other end): the wireless one and the
+    /// fixed one, if any (whose local end is the MH's address).
+    pub fn flows(&self) -> Vec<(SocketAddr, SocketAddr)> {
+        let w = &self.wireless;
+        let mut v: Vec<_> = w.peer_addr().into_iter().zip(w.local_addr()).collect();
+        if let Some(x) = &self.fixed {
+            v.extend(x.local_addr().into_iter().zip(x.peer_addr()));
+        }
+        v
+    }
+}
+
 impl std::fmt::Debug for Frozen {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Frozen(session {})", self.session.id)

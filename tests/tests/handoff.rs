@@ -548,7 +548,46 @@ fn a_restart_that_fails_late_loses_no_byte() {
     ]);
 }
 
+/// As above, with the MH still sending to the old MSR for 300 ms after the partial
+/// handoff (its neighbour entry for the gateway is stale, as an MH's can be): its
+/// segments of the connection that moved reach the old MSR, where the other one runs
+/// on (so the MH's flows are not held there). They must meet a silent drop: an RST
+/// would make the MH reset the connection that moved.
+#[test]
+fn strays_of_a_partial_handoff_draw_no_reset_at_the_old_msr() {
+    partial_restart_stale(&[(2, "MSRD_FAULT", "fail_restart:5002")], true);
+}
+
 fn partial_restart(env: &[(usize, &str, &str)]) {
+    partial_restart_stale(env, false)
+}
+
+/// Points the MH's neighbour entry for the gateway at MSR `k`'s cell.
+fn mh_gateway_to(lab: &Lab, k: usize) {
+    let gw = itcp_testbed::lab::addr::CELL_GW.to_string();
+    let mac = itcp_testbed::lab::addr::msr_cell_mac(k);
+    let ns = lab.ns(Host::Mh);
+    let args = [
+        "-n",
+        &ns,
+        "neigh",
+        "replace",
+        &gw,
+        "lladdr",
+        &mac,
+        "dev",
+        "air0",
+        "nud",
+        "permanent",
+    ];
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ip {args:?}: {out:?}");
+}
+
+fn partial_restart_stale(env: &[(usize, &str, &str)], stale: bool) {
     // At MSR2 the connection to port 5002 fails to restart, the one to 5001 resumes:
     // the MH's flows stay at MSR2 while 5002 lives on at MSR1 until the MH is back.
     let mut lab = fast_lab(44, env);
@@ -556,8 +595,17 @@ fn partial_restart(env: &[(usize, &str, &str)]) {
     let down = start_transfer(&mut lab, Dir::Down, bytes, 5001);
     let up = start_transfer(&mut lab, Dir::Up, bytes, 5002);
     std::thread::sleep(Duration::from_millis(1000));
-    crossing(&lab, 1, 2, Duration::from_millis(300), Duration::ZERO);
-    wait_moves(&lab, 1, Duration::from_secs(10));
+    if stale {
+        lab.assoc(&[1, 2]).unwrap();
+        wait_moves(&lab, 1, Duration::from_secs(10));
+        mh_gateway_to(&lab, 1);
+        std::thread::sleep(Duration::from_millis(300));
+        mh_gateway_to(&lab, 2);
+        lab.assoc(&[2]).unwrap();
+    } else {
+        crossing(&lab, 1, 2, Duration::from_millis(300), Duration::ZERO);
+        wait_moves(&lab, 1, Duration::from_secs(10));
+    }
     // Both hosts keep sending on 5002 towards MSR2 meanwhile: dropped there, not reset.
     std::thread::sleep(Duration::from_millis(1500));
     crossing(&lab, 2, 1, Duration::from_millis(300), Duration::ZERO);

@@ -8,7 +8,9 @@
 //! and the mark is left to expire: the kernel deletes a set element at a far higher
 //! cost than it adds one (tens of ms now and then, against ~100 µs for an add of 64).
 //! The only marks ever deleted are those still live when the same flows are
-//! restored here again (the MH came back within the TTL): those are remembered here.
+//! restored here again (the MH came back within the TTL): those are remembered here,
+//! as are the flows dropped here because their connections live at another MSR
+//! (`Gates::drop_elsewhere`), which a restore here lets through again.
 
 use std::collections::HashMap;
 use std::io;
@@ -33,25 +35,52 @@ type Flow = (SocketAddr, SocketAddr);
 pub struct Gates {
     /// Flows marked running, and until when the kernel may still hold the mark.
     marked: Mutex<HashMap<Flow, Instant>>,
+    /// Flows of connections that live at another MSR, dropped here silently (strays
+    /// sets), and until when.
+    dropped: Mutex<HashMap<Flow, Instant>>,
+}
+
+/// Takes out of `map` (and returns) those of `flows` still live in it.
+fn take_live(map: &Mutex<HashMap<Flow, Instant>>, flows: &[Flow]) -> Vec<Flow> {
+    let mut m = map.lock().unwrap();
+    let now = Instant::now();
+    m.retain(|_, until| *until > now);
+    flows
+        .iter()
+        .filter(|f| m.remove(f).is_some())
+        .copied()
+        .collect()
 }
 
 impl Gates {
-    /// Gates `mh`'s inbound TCP; `flows` (its restored connections') start unmarked.
+    /// Gates `mh`'s inbound TCP; `flows` (its restored connections') start unmarked
+    /// and no longer dropped as another MSR's.
     pub fn close(&self, rules: &Rules, mh: IpAddr, flows: &[Flow]) -> io::Result<()> {
-        let stale: Vec<Flow> = {
-            let mut m = self.marked.lock().unwrap();
-            let now = Instant::now();
-            m.retain(|_, until| *until > now);
-            flows
-                .iter()
-                .filter(|f| m.remove(f).is_some())
-                .copied()
-                .collect()
-        };
+        let stale = take_live(&self.marked, flows);
         if !stale.is_empty() {
             rules.unmark_running(&stale)?;
         }
+        let back = take_live(&self.dropped, flows);
+        if !back.is_empty() {
+            rules.undrop_strays(&back)?;
+        }
         rules.gate(mh, true)
+    }
+
+    /// Drops the segments of `flows`, connections that live at another MSR now, for
+    /// `ttl` (never answered with RST here), unless they are restored here meanwhile.
+    pub fn drop_elsewhere(&self, rules: &Rules, flows: &[Flow], ttl: Duration) -> io::Result<()> {
+        if flows.is_empty() || ttl.is_zero() {
+            return Ok(());
+        }
+        let timed: Vec<_> = flows.iter().map(|&(a, z)| (a, z, ttl)).collect();
+        rules.drop_strays(&timed)?;
+        let until = Instant::now() + ttl + Duration::from_millis(20);
+        let mut m = self.dropped.lock().unwrap();
+        for f in flows {
+            m.insert(*f, until);
+        }
+        Ok(())
     }
 
     /// Lets the segments of `flows` (restarted connections') through the gate.

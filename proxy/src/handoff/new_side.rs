@@ -300,12 +300,8 @@ async fn run(
                         // the old MSR: their segments (the MH's, the FH's) are dropped
                         // here, not answered with RST, until the MH is back there.
                         let w = Duration::from_secs(h.cfg.closed_window_s);
-                        let flows: Vec<_> = unstarted
-                            .iter()
-                            .flat_map(Restored::flows)
-                            .map(|(a, z)| (a, z, w))
-                            .collect();
-                        if let Err(e) = d.rules.drop_strays(&flows) {
+                        let flows: Vec<_> = unstarted.iter().flat_map(Restored::flows).collect();
+                        if let Err(e) = h.gates.drop_elsewhere(&d.rules, &flows, w) {
                             warn!(%mh, error = %e, "segments of connections kept at the old MSR will draw RSTs here");
                         }
                     }

@@ -212,6 +212,17 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                         .into_iter()
                         .partition(|f| ids.contains(&f.session.id));
                     frozen = stay;
+                    if !frozen.is_empty() {
+                        // Partial: the hold goes with the connections that stay here,
+                        // so the MH's stray segments of those that moved must meet a
+                        // silent drop, not an RST (which the MH would answer by
+                        // resetting the moved connection at the new MSR).
+                        let flows: Vec<_> = gone.iter().flat_map(Frozen::flows).collect();
+                        let w = Duration::from_millis(h.cfg.hold_after_ms);
+                        if let Err(e) = h.gates.drop_elsewhere(&d.rules, &flows, w) {
+                            warn!(%mh, error = %e, "stray segments of connections that moved will draw RSTs here");
+                        }
+                    }
                     delete(&d, gone);
                     // The new MSR took the MH's address over on the fixed LAN.
                     d.give_up_route(mh);
