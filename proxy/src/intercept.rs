@@ -61,6 +61,39 @@ pub struct Transparent {
     pub listen_port: u16,
 }
 
+/// A flow, or a flow with its timeout: the MH's end comes first.
+trait Flow: Copy {
+    fn is_ipv4(&self) -> bool;
+}
+
+impl Flow for (SocketAddr, SocketAddr) {
+    fn is_ipv4(&self) -> bool {
+        self.0.is_ipv4()
+    }
+}
+
+impl Flow for (SocketAddr, SocketAddr, Duration) {
+    fn is_ipv4(&self) -> bool {
+        self.0.is_ipv4()
+    }
+}
+
+/// `flows` split by address family, each non-empty part handed to `f` with its set's
+/// name (`base` + 4 or 6).
+fn by_family<T: Flow>(
+    flows: &[T],
+    base: &str,
+    mut f: impl FnMut(&str, &[T]) -> io::Result<()>,
+) -> io::Result<()> {
+    let (v4, v6): (Vec<T>, Vec<T>) = flows.iter().partition(|x| x.is_ipv4());
+    for (v, part) in [("4", v4), ("6", v6)] {
+        if !part.is_empty() {
+            f(&format!("{base}{v}"), &part)?;
+        }
+    }
+    Ok(())
+}
+
 fn set<T: ToString>(items: &[T]) -> String {
     let v: Vec<String> = items.iter().map(T::to_string).collect();
     format!("{{ {} }}", v.join(", "))
@@ -237,13 +270,9 @@ impl Rules {
             std::time::Duration,
         )],
     ) -> io::Result<()> {
-        let (v4, v6): (Vec<_>, Vec<_>) = flows.iter().partition(|f| f.0.is_ipv4());
-        for (set, f) in [("strays4", v4), ("strays6", v6)] {
-            if !f.is_empty() {
-                crate::netlink::nft_flow_elements(&self.table, set, &f)?;
-            }
-        }
-        Ok(())
+        by_family(flows, "strays", |set, f| {
+            crate::netlink::nft_flow_elements(&self.table, set, f)
+        })
     }
 
     /// Whether `mh` was sent a SYN-ACK in the last [`SYNACK_RECENT`] (see the
@@ -256,13 +285,9 @@ impl Rules {
     /// Lets the segments of `flows` through again (see [`Rules::drop_strays`]); a flow
     /// not dropped is no error.
     pub fn undrop_strays(&self, flows: &[(SocketAddr, SocketAddr)]) -> io::Result<()> {
-        let (v4, v6): (Vec<_>, Vec<_>) = flows.iter().partition(|f| f.0.is_ipv4());
-        for (set, f) in [("strays4", v4), ("strays6", v6)] {
-            if !f.is_empty() {
-                crate::netlink::nft_flow_elements_delete(&self.table, set, &f)?;
-            }
-        }
-        Ok(())
+        by_family(flows, "strays", |set, f| {
+            crate::netlink::nft_flow_elements_delete(&self.table, set, f)
+        })
     }
 
     /// Gates (`on`) the inbound TCP of `mh` or lifts the gate: only flows marked
@@ -279,28 +304,18 @@ impl Rules {
         flows: &[(SocketAddr, SocketAddr)],
         ttl: Duration,
     ) -> io::Result<()> {
-        let (v4, v6): (Vec<_>, Vec<_>) = flows
-            .iter()
-            .map(|&(a, z)| (a, z, ttl))
-            .partition(|f| f.0.is_ipv4());
-        for (set, f) in [("running4", v4), ("running6", v6)] {
-            if !f.is_empty() {
-                crate::netlink::nft_flow_elements(&self.table, set, &f)?;
-            }
-        }
-        Ok(())
+        let timed: Vec<_> = flows.iter().map(|&(a, z)| (a, z, ttl)).collect();
+        by_family(&timed, "running", |set, f| {
+            crate::netlink::nft_flow_elements(&self.table, set, f)
+        })
     }
 
     /// Takes the running mark off `flows` before it expires (a flow not marked is no
     /// error).
     pub fn unmark_running(&self, flows: &[(SocketAddr, SocketAddr)]) -> io::Result<()> {
-        let (v4, v6): (Vec<_>, Vec<_>) = flows.iter().partition(|f| f.0.is_ipv4());
-        for (set, f) in [("running4", v4), ("running6", v6)] {
-            if !f.is_empty() {
-                crate::netlink::nft_flow_elements_delete(&self.table, set, &f)?;
-            }
-        }
-        Ok(())
+        by_family(flows, "running", |set, f| {
+            crate::netlink::nft_flow_elements_delete(&self.table, set, f)
+        })
     }
 
     /// Ends a hold (no error if there was none).

@@ -76,18 +76,8 @@ fn set_element(
     let req = nft_setelem_batch(family, table, set, &[(ip_bytes(ip), None)], add, seq);
     let ack = nl_request(libc::NETLINK_NETFILTER, &req, seq, 3, seq.wrapping_add(1))
         .map_err(|e| context(&what, e))?;
-    let (table_off, set_off) = nft_setelem_attr_offsets(table);
-    let hint = match ack.bad_attr {
-        Some(o) if o == table_off => Some("table not found"),
-        Some(o) if o == set_off => Some("set not found"),
-        _ => None,
-    };
-    match ack.errno {
-        0 => Ok(()),
-        // ENOENT for the element itself (not its table or set) means it was already gone.
-        libc::ENOENT if !add && hint.is_none() => Ok(()),
-        e => Err(kernel_error(&what, e, hint, &ack)),
-    }
+    // ENOENT for the element itself (not its table or set) means it was already gone.
+    element_answer(table, &what, &ack, !add).map(|_| ())
 }
 
 /// Adds (replacing) or deletes a host route to `dst` out of `ifname` in the main
@@ -470,17 +460,7 @@ fn flow_batch(
     let b = nft_setelem_batch(libc::NFPROTO_INET as u8, table, set, elems, add, seq);
     let ack = nl_request(libc::NETLINK_NETFILTER, &b, seq, 3, seq.wrapping_add(1))
         .map_err(|e| context(what, e))?;
-    let (table_off, set_off) = nft_setelem_attr_offsets(table);
-    let hint = match ack.bad_attr {
-        Some(o) if o == table_off => Some("table not found"),
-        Some(o) if o == set_off => Some("set not found"),
-        _ => None,
-    };
-    match ack.errno {
-        0 => Ok(true),
-        libc::ENOENT if !add && hint.is_none() => Ok(false),
-        e => Err(kernel_error(what, e, hint, &ack)),
-    }
+    element_answer(table, what, &ack, !add)
 }
 
 /// `a . port . z . port` in nftables' concatenation layout: each field padded to a
@@ -586,6 +566,13 @@ pub fn nft_set_has(table: &str, set: &str, ip: IpAddr) -> io::Result<bool> {
     end_msg(&mut b, m);
     let ack =
         nl_request(libc::NETLINK_NETFILTER, &b, seq, 1, seq).map_err(|e| context(&what, e))?;
+    element_answer(table, &what, &ack, true)
+}
+
+/// The kernel's answer to a set-element request: done (true), or, when `missing_ok`,
+/// the element was not there (false: ENOENT that names neither the table nor the set,
+/// which the extended ack would point at).
+fn element_answer(table: &str, what: &str, ack: &Ack, missing_ok: bool) -> io::Result<bool> {
     let (table_off, set_off) = nft_setelem_attr_offsets(table);
     let hint = match ack.bad_attr {
         Some(o) if o == table_off => Some("table not found"),
@@ -594,8 +581,8 @@ pub fn nft_set_has(table: &str, set: &str, ip: IpAddr) -> io::Result<bool> {
     };
     match ack.errno {
         0 => Ok(true),
-        libc::ENOENT if hint.is_none() => Ok(false),
-        e => Err(kernel_error(&what, e, hint, &ack)),
+        libc::ENOENT if missing_ok && hint.is_none() => Ok(false),
+        e => Err(kernel_error(what, e, hint, ack)),
     }
 }
 

@@ -255,7 +255,11 @@ fn footprint(lab: &Lab, k: usize) -> String {
     let h = Host::Msr(k);
     let state = lab.msrd_control(k).display().to_string() + ".state";
     [
-        sh(lab, h, &["nft", "-a", "list", "table", "inet", "itcp_msrd"]),
+        stable_table(&sh(
+            lab,
+            h,
+            &["nft", "-a", "list", "table", "inet", "itcp_msrd"],
+        )),
         sh(lab, h, &["ip", "rule", "show"]),
         sh(lab, h, &["ip", "neigh", "show", "proxy"]),
         sh(
@@ -266,6 +270,50 @@ fn footprint(lab: &Lab, k: usize) -> String {
         std::fs::read_to_string(state).unwrap_or_default(),
     ]
     .join("\n")
+}
+
+/// msrd's table without what changes by itself: the elements of the `synack` sets (the
+/// MHs msrd sent a SYN-ACK lately, which traffic updates) and the time left on timed
+/// elements.
+fn stable_table(listing: &str) -> String {
+    let mut out = Vec::new();
+    let (mut in_synack, mut in_elements) = (false, false);
+    for line in listing.lines() {
+        let t = line.trim_start();
+        if t.starts_with("set ") {
+            in_synack = t.starts_with("set synack");
+        }
+        if in_elements || (in_synack && t.starts_with("elements = {")) {
+            in_elements = !t.ends_with('}');
+            continue;
+        }
+        // "… expires 2s868ms, …": drop the word after each "expires".
+        let mut kept = Vec::new();
+        let mut words = line.split(' ');
+        while let Some(w) = words.next() {
+            if w == "expires" {
+                if let Some(v) = words.next() {
+                    // Keep what follows the duration in the same word (",", "}").
+                    kept.push(
+                        v.trim_start_matches(|c: char| c.is_ascii_alphanumeric() || c == '.'),
+                    );
+                }
+            } else {
+                kept.push(w);
+            }
+        }
+        out.push(kept.join(" "));
+    }
+    out.join("\n")
+}
+
+#[test]
+fn a_stable_table_leaves_out_what_time_and_traffic_change() {
+    let a = "\tset synack4 { # handle 8\n\t\ttype ipv4_addr\n\t\telements = { 10.2.0.100 timeout 3s expires 2s868ms }\n\t}\n\tset strays4 {\n\t\telements = { 10.2.0.100 . 1 . 10.0.0.1 . 2 timeout 1m expires 59s10ms,\n\t\t\t     10.2.0.100 . 3 . 10.0.0.1 . 4 timeout 1m expires 1s }\n\t}";
+    let b = "\tset synack4 { # handle 8\n\t\ttype ipv4_addr\n\t}\n\tset strays4 {\n\t\telements = { 10.2.0.100 . 1 . 10.0.0.1 . 2 timeout 1m expires 3s,\n\t\t\t     10.2.0.100 . 3 . 10.0.0.1 . 4 timeout 1m expires 900ms }\n\t}";
+    assert_eq!(stable_table(a), stable_table(b));
+    assert!(stable_table(a).contains("10.2.0.100 . 3"));
+    assert_ne!(stable_table(a), stable_table(&b.replace(". 3 ", ". 5 ")));
 }
 
 /// The MH is in MSR `k`'s hold set.
