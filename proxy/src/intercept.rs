@@ -262,14 +262,7 @@ impl Rules {
 
     /// Drops stray segments of `flows` (each the MH's end, the other end, and for how
     /// long) silently (see the `strays` sets).
-    pub fn drop_strays(
-        &self,
-        flows: &[(
-            std::net::SocketAddr,
-            std::net::SocketAddr,
-            std::time::Duration,
-        )],
-    ) -> io::Result<()> {
+    pub fn drop_strays(&self, flows: &[(SocketAddr, SocketAddr, Duration)]) -> io::Result<()> {
         by_family(flows, "strays", |set, f| {
             crate::netlink::nft_flow_elements(&self.table, set, f)
         })

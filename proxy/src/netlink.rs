@@ -70,14 +70,8 @@ fn set_element(
     } else {
         format!("nft: delete element {ip} from set {set} of table {family_name} {table}")
     };
-    check_name(table, "table", &what)?;
-    check_name(set, "set", &what)?;
-    let seq = next_seq(3);
-    let req = nft_setelem_batch(family, table, set, &[(ip_bytes(ip), None)], add, seq);
-    let ack = nl_request(libc::NETLINK_NETFILTER, &req, seq, 3, seq.wrapping_add(1))
-        .map_err(|e| context(&what, e))?;
-    // ENOENT for the element itself (not its table or set) means it was already gone.
-    element_answer(table, &what, &ack, !add).map(|_| ())
+    // A delete of an element that is not there means it was already gone.
+    setelem_batch(family, table, set, &[(ip_bytes(ip), None)], add, &what).map(|_| ())
 }
 
 /// Adds (replacing) or deletes a host route to `dst` out of `ifname` in the main
@@ -402,7 +396,10 @@ pub fn nft_flow_elements(
         .iter()
         .map(|(a, z, t)| (flow_key(*a, *z), Some(t.as_millis().max(1) as u64)))
         .collect();
-    flow_batches(table, set, &elems, true, &what)
+    for chunk in elems.chunks(64) {
+        flow_batch(table, set, chunk, true, &what)?;
+    }
+    Ok(())
 }
 
 /// Deletes the flows of `pairs` from a set made for [`nft_flow_elements`]; one that
@@ -431,23 +428,22 @@ pub fn nft_flow_elements_delete(
     Ok(())
 }
 
-fn flow_batches(
+/// [`setelem_batch`] on an `inet` table's flow set.
+fn flow_batch(
     table: &str,
     set: &str,
     elems: &[(Vec<u8>, Option<u64>)],
     add: bool,
     what: &str,
-) -> io::Result<()> {
-    for chunk in elems.chunks(64) {
-        flow_batch(table, set, chunk, add, what)?;
-    }
-    Ok(())
+) -> io::Result<bool> {
+    setelem_batch(libc::NFPROTO_INET as u8, table, set, elems, add, what)
 }
 
 /// One batch adding or deleting `elems` (at most a few dozen: one message). A delete
 /// that meets an element not in the set (the kernel's ENOENT without naming the table
 /// or set) changes nothing and returns false.
-fn flow_batch(
+fn setelem_batch(
+    family: u8,
     table: &str,
     set: &str,
     elems: &[(Vec<u8>, Option<u64>)],
@@ -457,7 +453,7 @@ fn flow_batch(
     check_name(table, "table", what)?;
     check_name(set, "set", what)?;
     let seq = next_seq(3);
-    let b = nft_setelem_batch(libc::NFPROTO_INET as u8, table, set, elems, add, seq);
+    let b = nft_setelem_batch(family, table, set, elems, add, seq);
     let ack = nl_request(libc::NETLINK_NETFILTER, &b, seq, 3, seq.wrapping_add(1))
         .map_err(|e| context(what, e))?;
     element_answer(table, what, &ack, !add)

@@ -52,6 +52,17 @@ fn take_live(map: &Mutex<HashMap<Flow, Instant>>, flows: &[Flow]) -> Vec<Flow> {
         .collect()
 }
 
+/// Notes in `map` that the kernel holds `flows` for `ttl`. Its timers started before
+/// now: never forgotten here while the kernel still has them (the margin is for its
+/// clock's granularity).
+fn remember(map: &Mutex<HashMap<Flow, Instant>>, flows: &[Flow], ttl: Duration) {
+    let until = Instant::now() + ttl + Duration::from_millis(20);
+    let mut m = map.lock().unwrap();
+    for f in flows {
+        m.insert(*f, until);
+    }
+}
+
 impl Gates {
     /// Gates `mh`'s inbound TCP; `flows` (its restored connections') start unmarked
     /// and no longer dropped as another MSR's.
@@ -75,11 +86,7 @@ impl Gates {
         }
         let timed: Vec<_> = flows.iter().map(|&(a, z)| (a, z, ttl)).collect();
         rules.drop_strays(&timed)?;
-        let until = Instant::now() + ttl + Duration::from_millis(20);
-        let mut m = self.dropped.lock().unwrap();
-        for f in flows {
-            m.insert(*f, until);
-        }
+        remember(&self.dropped, flows, ttl);
         Ok(())
     }
 
@@ -93,13 +100,7 @@ impl Gates {
             warn!(flows = flows.len(), error = %e, "restarted connections not let through the gate");
             return;
         }
-        // The kernel's timers started before now: never forgotten here while the
-        // kernel still has the mark (the margin is for its clock's granularity).
-        let until = Instant::now() + MARK_TTL + Duration::from_millis(20);
-        let mut m = self.marked.lock().unwrap();
-        for f in flows {
-            m.insert(*f, until);
-        }
+        remember(&self.marked, flows, MARK_TTL);
     }
 
     /// Lifts `mh`'s gate (the restart is over).

@@ -547,7 +547,8 @@ fn restart_one(r: &Restored) -> io::Result<()> {
             .flat_map(|i| [i.local.port(), i.remote.port()]);
         if port.is_none_or(|p| ends.clone().any(|e| e == p)) {
             // `MSRD_FAULT_DELAY_MS`: the failure comes that late, as a slow real one
-            // would (the MH's flows are released meanwhile).
+            // would (the MH's hold is released meanwhile; the gate keeps its segments
+            // from this socket).
             if let Some(ms) = fault_delay() {
                 std::thread::sleep(ms);
             }
