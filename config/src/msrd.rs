@@ -111,6 +111,11 @@ pub struct HandoffSection {
     /// ms (500). Each arrival is one such bounded hold.
     #[serde(default = "default_detect_hold")]
     pub detect_hold_ms: u64,
+    /// Keep one authenticated channel open to each `[[handoff.peer]]` ahead of need, so
+    /// a handoff does not wait for TCP's and TLS's handshakes (true). Each is replaced
+    /// after a minute, and a peer closes one left idle for 90 s.
+    #[serde(default = "default_true")]
+    pub keep_channels: bool,
     /// An MH that is gone for this long without coming back has its connections
     /// closed (the fixed side with FIN), in seconds (120; 0: never).
     #[serde(default = "default_linger")]
@@ -161,6 +166,7 @@ impl Default for HandoffSection {
             setup_wait_ms: default_setup_wait(),
             closed_window_s: default_closed_window(),
             detect_hold_ms: default_detect_hold(),
+            keep_channels: true,
             linger_s: default_linger(),
             unacked: UnackedPolicy::default(),
             log_file: default_handoff_log(),

@@ -355,6 +355,10 @@ stats! {
     handoff_messages_rejected,
     /// MH greetings rejected.
     greetings_rejected,
+    /// Handoffs asked on a channel kept open to the peer ahead of need.
+    channels_kept_used,
+    /// Kept channels found closed by the peer (or dead when used) and replaced.
+    channels_kept_stale,
 }
 
 #[cfg(test)]
@@ -477,7 +481,7 @@ mod tests {
     fn stats_from_an_older_msrd_read_missing_counters_as_zero() {
         let s: Stats = serde_json::from_str(r#"{"connections_total":4,"future":1}"#).unwrap();
         assert_eq!(s.connections_total, 4);
-        assert_eq!(s.fields().len(), 17);
+        assert_eq!(s.fields().len(), 19);
         assert_eq!(s.fields()[0], ("connections_total", 4));
     }
 

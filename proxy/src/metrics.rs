@@ -19,6 +19,7 @@
 //! | `connections_moved_total` | counter | `direction` (in, out) |
 //! | `handoff_duration_seconds` | histogram | `role` (new, old) |
 //! | `handoff_messages_rejected_total`, `greetings_rejected_total` | counter | |
+//! | `handoff_channels_kept_total` | counter | `outcome` (used, stale) |
 //! | `relay_pipes` | gauge | `state` (in_use, pooled) |
 //! | `relay_pipe_bytes` | gauge | capacity of the pipes in use |
 //! | `relay_pipes_created_total`, `relay_pipe_fallbacks_total` | counter | |
@@ -336,6 +337,21 @@ pub fn render_parts(
         "counter",
         "MH greetings rejected (malformed or without valid proof).",
         st.greetings_rejected,
+    );
+    e.family(
+        "handoff_channels_kept_total",
+        "counter",
+        "Channels kept open to peers ahead of need: used by a handoff, or found closed and replaced.",
+    );
+    e.sample(
+        "handoff_channels_kept_total",
+        &[("outcome", "used")],
+        st.channels_kept_used,
+    );
+    e.sample(
+        "handoff_channels_kept_total",
+        &[("outcome", "stale")],
+        st.channels_kept_stale,
     );
     e.family(
         "relay_pipes",

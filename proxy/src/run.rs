@@ -261,6 +261,12 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
         (Some(dt), Some(_)) => Some(tokio::spawn(crate::detect::run(d.clone(), dt.group))),
         _ => None,
     };
+    // Channels to the peers, opened ahead of the handoffs that will need them.
+    let spares = d
+        .handoff
+        .as_ref()
+        .filter(|h| h.cfg.keep_channels && !h.cfg.peers.is_empty())
+        .map(|_| tokio::spawn(crate::handoff::spares::keep(d.clone())));
     let beacons = d.beacons.get().map(|a| {
         tokio::spawn(crate::beacon::run(
             cfg.beacon.clone(),
@@ -328,7 +334,7 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
     if let Some(b) = beacons {
         b.abort();
     }
-    if let Some(t) = detection {
+    for t in [detection, spares].into_iter().flatten() {
         t.abort();
     }
     let _ = std::fs::remove_file(&cfg.msr.control_socket);

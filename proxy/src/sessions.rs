@@ -66,6 +66,8 @@ pub struct Stats {
     pub connections_moved_out: AtomicU64,
     pub handoff_messages_rejected: AtomicU64,
     pub greetings_rejected: AtomicU64,
+    pub channels_kept_used: AtomicU64,
+    pub channels_kept_stale: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -99,6 +101,8 @@ impl Stats {
             connections_moved_out: g(&self.connections_moved_out),
             handoff_messages_rejected: g(&self.handoff_messages_rejected),
             greetings_rejected: g(&self.greetings_rejected),
+            channels_kept_used: g(&self.channels_kept_used),
+            channels_kept_stale: g(&self.channels_kept_stale),
         }
     }
 }
@@ -124,6 +128,8 @@ impl Stats {
         set(&self.connections_moved_out, s.connections_moved_out);
         set(&self.handoff_messages_rejected, s.handoff_messages_rejected);
         set(&self.greetings_rejected, s.greetings_rejected);
+        set(&self.channels_kept_used, s.channels_kept_used);
+        set(&self.channels_kept_stale, s.channels_kept_stale);
     }
 }
 

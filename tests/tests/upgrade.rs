@@ -513,6 +513,61 @@ fn upgrades_mid_transfer_keep_every_connection_and_listener() {
     assert!(!lab.msrd_control(1).exists());
 }
 
+/// A channel a peer keeps open ahead of need (`[handoff] keep_channels`) can be dead
+/// without the peer knowing: here the old MSR's msrd is upgraded, so the process
+/// holding the channel's far end exits, and its FIN is lost on the LAN. The handoff
+/// that takes the channel next is answered with a reset; it must ask again on a new
+/// channel and move the MH's connections at the first attempt.
+#[test]
+fn a_kept_channel_that_died_unseen_costs_the_handoff_nothing() {
+    let (mut lab, msrds) = lab_with(2, 94, &[], false);
+    let down = download(&mut lab, 5001, 16 << 20);
+    // Time for MSR2 to open its channel to MSR1 and for the download to run.
+    std::thread::sleep(Duration::from_millis(1500));
+    let kept = |lab: &Lab| lab.msrd_stats(2).unwrap().stats;
+    let st = kept(&lab);
+    assert_eq!((st.channels_kept_used, st.channels_kept_stale), (0, 0));
+    // From here MSR1's FINs on the channel port are lost; its RSTs get through.
+    let lossy = "add table inet lossy\nadd chain inet lossy out { type filter hook output \
+                 priority 0; }\nadd rule inet lossy out tcp sport 4347 tcp flags & fin == fin \
+                 drop\n";
+    let out = std::process::Command::new("ip")
+        .args(["netns", "exec", &lab.ns(Host::Msr(1)), "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(lossy.as_bytes())?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    assert!(out.status.success(), "nft: {out:?}");
+    let old = lab.pid(msrds[0]);
+    let u = upgrade(&lab, 1).unwrap_or_else(|e| panic!("{e}\n{}", diag(&lab)));
+    assert_eq!(u.old_pid, old);
+    let (ok, _, _) = lab.wait(msrds[0], Duration::from_secs(10)).unwrap();
+    assert!(ok, "the old msrd exits cleanly\n{}", diag(&lab));
+    std::thread::sleep(Duration::from_millis(300));
+
+    lab.assoc(&[1, 2]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    lab.assoc(&[2]).unwrap();
+    // wait_moves fails on the agent's first failed move.
+    wait_moves(&lab, 1);
+    let recs = lab.handoff_records(2);
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    assert_eq!(recs[0].outcome, itcp_handoff::log::Outcome::Moved);
+    let st = kept(&lab);
+    eprintln!(
+        "MSR2: kept channels used {}, found dead {}",
+        st.channels_kept_used, st.channels_kept_stale
+    );
+    assert_eq!(st.channels_kept_used, 1, "the dead channel was taken");
+    assert_eq!(st.channels_kept_stale, 1, "and found dead when used");
+    finish(&mut lab, down);
+    assert_no_rsts(&lab);
+}
+
 #[test]
 fn a_new_msrd_that_fails_leaves_the_old_one_serving() {
     // The new process inherits this: it exits once it has adopted the whole state.

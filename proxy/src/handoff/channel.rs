@@ -71,8 +71,13 @@ pub struct Channel {
     s: Box<dyn Stream>,
     addr: std::net::SocketAddr,
     session: Session,
-    /// Bytes read behind the hello (the start of the first frame), read first.
-    early: Vec<u8>,
+    /// Bytes read and not yet taken as a frame: what came behind the hello, then the
+    /// frame being read. Kept here so that a `recv` dropped half-way (a timeout) loses
+    /// nothing and the next one goes on from where it stopped.
+    rbuf: Vec<u8>,
+    /// The connector's second handle on its socket, to see whether a channel kept
+    /// ahead of need is still open ([`Channel::alive`]).
+    probe: Option<socket2::Socket>,
 }
 
 fn refused(what: String) -> ChannelError {
@@ -88,6 +93,9 @@ impl Channel {
     ) -> Result<Channel, ChannelError> {
         let mut s = TcpStream::connect(addr).await?;
         let _ = s.set_nodelay(true);
+        let probe = Some(socket2::Socket::from(
+            std::os::fd::AsFd::as_fd(&s).try_clone_to_owned()?,
+        ));
         if let Some(tls) = &h.tls {
             let mut t = tokio::time::timeout(HELLO_TIMEOUT, tls.connect(peer, s))
                 .await
@@ -97,7 +105,8 @@ impl Channel {
                 s: Box::new(t),
                 addr,
                 session: Session::over_tls(&h.me, peer),
-                early: Vec::new(),
+                rbuf: Vec::new(),
+                probe,
             });
         }
         let key = h.key(peer).ok_or_else(|| {
@@ -117,7 +126,8 @@ impl Channel {
             s: Box::new(s),
             addr,
             session,
-            early: Vec::new(),
+            rbuf: Vec::new(),
+            probe,
         })
     }
 
@@ -142,7 +152,8 @@ impl Channel {
             s,
             addr,
             session,
-            early,
+            rbuf: early,
+            probe: None,
         })
     }
 
@@ -214,24 +225,26 @@ impl Channel {
         self.addr
     }
 
-    async fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.early.is_empty() {
-            return self.s.read(buf).await;
+    /// False once the peer has closed or reset the connection (a channel we opened;
+    /// one we accepted reads as open). Bytes waiting (a TLS session ticket) are fine.
+    pub fn alive(&self) -> bool {
+        let Some(p) = &self.probe else { return true };
+        let mut b = [std::mem::MaybeUninit::<u8>::uninit()];
+        // The socket is non-blocking (tokio's): nothing to read is WouldBlock.
+        match p.peek(&mut b) {
+            Ok(n) => n > 0,
+            Err(e) => e.kind() == io::ErrorKind::WouldBlock,
         }
-        let n = buf.len().min(self.early.len());
-        buf[..n].copy_from_slice(&self.early[..n]);
-        self.early.drain(..n);
-        Ok(n)
     }
 
-    async fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), ChannelError> {
-        let mut at = 0;
-        while at < buf.len() {
-            let n = self.read(&mut buf[at..]).await?;
-            if n == 0 {
+    /// Reads until `rbuf` holds at least `n` bytes, growing it with what arrives (at
+    /// most 1 MiB ahead). Cancel-safe: `read_buf` adds only what it read.
+    async fn fill(&mut self, n: usize) -> Result<(), ChannelError> {
+        while self.rbuf.len() < n {
+            self.rbuf.reserve((n - self.rbuf.len()).min(1 << 20));
+            if self.s.read_buf(&mut self.rbuf).await? == 0 {
                 return Err(ChannelError::Closed);
             }
-            at += n;
         }
         Ok(())
     }
@@ -244,25 +257,65 @@ impl Channel {
     }
 
     /// The next message. The header is authenticated before the body is read; a body
-    /// is read into a buffer that grows with what actually arrives.
+    /// is read into a buffer that grows with what actually arrives. Cancel-safe.
     pub async fn recv(&mut self) -> Result<Message, ChannelError> {
-        let mut h = [0u8; HEADER];
-        self.read_exact(&mut h).await?;
+        self.fill(HEADER).await?;
+        let h: [u8; HEADER] = self.rbuf[..HEADER].try_into().expect("HEADER bytes");
         let a = self.session.check_header(&h).map_err(ChannelError::Wire)?;
-        let len = a.body_len();
-        let mut body = Vec::with_capacity(len.min(1 << 20));
-        while body.len() < len {
-            let want = (len - body.len()).min(1 << 20);
-            let at = body.len();
-            body.resize(at + want, 0);
-            let n = self.read(&mut body[at..]).await?;
-            if n == 0 {
-                return Err(ChannelError::Closed);
-            }
-            body.truncate(at + n);
-        }
-        self.session
-            .open_body(&h, a, &body)
-            .map_err(ChannelError::Wire)
+        let end = HEADER + a.body_len();
+        self.fill(end).await?;
+        let m = self.session.open_body(&h, a, &self.rbuf[HEADER..end]);
+        self.rbuf.drain(..end);
+        m.map_err(ChannelError::Wire)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use itcp_config::{HandoffSection, PeerSection};
+
+    fn handoffs(me: &str, peer: &str, addr: std::net::SocketAddr) -> Handoffs {
+        let cfg = HandoffSection {
+            peers: vec![PeerSection {
+                id: peer.into(),
+                address: addr,
+                key: Some("00112233445566778899aabbccddeeff".into()),
+                key_file: None,
+            }],
+            ..HandoffSection::default()
+        };
+        Handoffs::new(me, &cfg).unwrap()
+    }
+
+    /// A receive dropped half-way through a frame (the idle timeout of a kept
+    /// channel) loses none of it: the next receive reads the whole message.
+    #[tokio::test]
+    async fn a_receive_cut_short_mid_frame_loses_nothing() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let (a, b) = (handoffs("a", "b", addr), handoffs("b", "a", addr));
+        let (acc, con) = tokio::join!(
+            async { Channel::accept(&a, l.accept().await.unwrap().0).await },
+            Channel::connect(&b, "a", addr)
+        );
+        let (mut acc, mut con) = (acc.unwrap(), con.unwrap());
+        assert!(con.alive());
+        let sent = Message::NotHere { handoff_id: 7 };
+        let frame = con.session.seal(&sent);
+        // The header and part of the body, then a receive that times out.
+        let cut = HEADER + 3;
+        con.s.write_all(&frame[..cut]).await.unwrap();
+        con.s.flush().await.unwrap();
+        let r = tokio::time::timeout(Duration::from_millis(100), acc.recv()).await;
+        assert!(r.is_err(), "nothing whole to receive yet: {r:?}");
+        con.s.write_all(&frame[cut..]).await.unwrap();
+        con.s.flush().await.unwrap();
+        let got = acc.recv().await.unwrap();
+        assert_eq!(format!("{got:?}"), format!("{sent:?}"));
+        // The acceptor goes: the connector sees its channel is no longer open.
+        drop(acc);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!con.alive());
     }
 }

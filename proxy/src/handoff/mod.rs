@@ -4,6 +4,7 @@
 //! * [`greeting`] — the greeting server on the cells: what a greeting may do is
 //!   decided by `itcp_handoff::greet::decide`.
 //! * [`channel`] — the MSR⇄MSR channel: challenge, hello, authenticated frames.
+//! * [`spares`] — channels to the peers opened ahead of need.
 //! * [`old_side`] — serves the channel: freeze, capture, ship, delete or unfreeze.
 //! * [`new_side`] — pulls an MH's connections: hold, restore, take over, restart, ack.
 //! * [`gate`] — lets an MH's segments reach its restored connections only once each
@@ -17,6 +18,7 @@ pub mod greeting;
 pub mod new_side;
 pub mod old_side;
 pub mod sockets;
+pub mod spares;
 pub mod tls;
 
 use std::collections::HashMap;
@@ -87,6 +89,10 @@ pub struct Handoffs {
     noisy: Mutex<PerAddr>,
     /// Channel connections not yet authenticated.
     pub(crate) unauthenticated: AtomicU64,
+    /// Authenticated channel connections waiting for their first message, by peer.
+    pub(crate) idle: Mutex<HashMap<String, u32>>,
+    /// Channels to the peers opened ahead of need.
+    pub(crate) spares: spares::Spares,
     /// Handoffs under way here, either side (an upgrade waits for none).
     busy: Arc<AtomicU64>,
     /// No new handoff starts (an upgrade is handing everything over).
@@ -132,6 +138,8 @@ impl Handoffs {
             // One log line per source every 10 s after a burst of 3.
             noisy: Mutex::new(PerAddr::new(3, 0.1, 4096)),
             unauthenticated: AtomicU64::new(0),
+            idle: Mutex::new(HashMap::new()),
+            spares: spares::Spares::default(),
             busy: Arc::new(AtomicU64::new(0)),
             closed: std::sync::atomic::AtomicBool::new(false),
         })

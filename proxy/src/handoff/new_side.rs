@@ -22,6 +22,7 @@ use tracing::{debug, field, info, info_span, warn, Instrument};
 use super::channel::{Channel, ChannelError};
 use super::reply;
 use super::sockets::{discard_all, restart_or_keep, restore_all, unacked, FlightRoute, Restored};
+use super::spares;
 use crate::clock::now_us;
 use crate::daemon::Daemon;
 
@@ -111,10 +112,23 @@ async fn locate(d: &Arc<Daemon>, msg: &Message, handoff_id: u64, wait: Duration)
         asks.spawn(async move {
             let h = d.handoff.as_ref().unwrap();
             let r = tokio::time::timeout(wait, async {
-                let mut ch = Channel::connect(h, &id, addr).await?;
-                ch.send(&msg).await?;
-                let answer = ch.recv().await?;
-                Ok::<_, ChannelError>((ch, answer))
+                let ask = |mut ch: Channel| async {
+                    ch.send(&msg).await?;
+                    let answer = ch.recv().await?;
+                    Ok::<_, ChannelError>((ch, answer))
+                };
+                let (ch, kept) = spares::open(&d, h, &id, addr).await?;
+                match ask(ch).await {
+                    // A kept channel that was dead: once more on a new one.
+                    Err(ChannelError::Closed | ChannelError::Io(_)) if kept => {
+                        d.sessions
+                            .stats
+                            .channels_kept_stale
+                            .fetch_add(1, Ordering::Relaxed);
+                        ask(Channel::connect(h, &id, addr).await?).await
+                    }
+                    r => r,
+                }
             })
             .await;
             (id, r)
@@ -161,6 +175,9 @@ async fn run(
     let mut flight_route: Option<FlightRoute> = None;
     let mut entries: Vec<ConnEntry> = Vec::new();
     let mut moved = 0usize;
+    // The request sent on a kept channel, until the peer answers: if that channel
+    // turns out dead, it is sent again once on a new one.
+    let mut unanswered: Option<Message> = None;
     loop {
         let mut next: Option<NewEvent> = None;
         let mut lost: Option<String> = None;
@@ -203,10 +220,15 @@ async fn run(
                         let wait = Duration::from_micros(
                             m.poll_timeout().unwrap_or(0).saturating_sub(now_us()),
                         );
-                        match tokio::time::timeout(wait, Channel::connect(h, &prev, peer_addr))
+                        match tokio::time::timeout(wait, spares::open(&d, h, &prev, peer_addr))
                             .await
                         {
-                            Ok(Ok(c)) => ch = Some(c),
+                            Ok(Ok((c, kept))) => {
+                                ch = Some(c);
+                                if kept {
+                                    unanswered = Some(msg.clone());
+                                }
+                            }
                             Ok(Err(e)) => {
                                 warn!(peer = %prev, addr = %peer_addr, error = %e, "cannot reach the previous MSR");
                                 if e.refused() {
@@ -329,22 +351,22 @@ async fn run(
                         &d.sessions.stats.handoffs_failed
                     };
                     c.fetch_add(1, Ordering::Relaxed);
-                    let reason = r.reason.clone();
                     let old_down = r.outcome == hlog::Outcome::OldDown;
-                    // A refused pull is what a spoofed greeting causes: one record per
-                    // MH per interval, not one per datagram.
-                    if r.outcome != hlog::Outcome::Rejected || h.may_log(mh) {
-                        d.write_log(r, &entries);
-                    }
                     let (status, reason, n) = if ok {
                         (GreetStatus::Moved, None, moved)
                     } else if old_down {
                         info!(%mh, old = %prev, "old MSR down: the MH attaches here");
                         (GreetStatus::Attached, None, 0)
                     } else {
-                        (GreetStatus::Failed, reason, 0)
+                        (GreetStatus::Failed, r.reason.clone(), 0)
                     };
+                    // The MH hears first; the record is written after, off its path.
                     Greeter::tell(&greeter, &d, mh, status, reason, n).await;
+                    // A refused pull is what a spoofed greeting causes: one record per
+                    // MH per interval, not one per datagram.
+                    if r.outcome != hlog::Outcome::Rejected || h.may_log(mh) {
+                        d.write_log(r, &entries);
+                    }
                 }
                 other => debug!(action = ?other, "not a new-side action"),
             }
@@ -371,7 +393,33 @@ async fn run(
         let deadline = m.poll_timeout().unwrap_or(now_us());
         let wait = Duration::from_micros(deadline.saturating_sub(now_us()));
         acts = match tokio::time::timeout(wait, c.recv()).await {
+            Ok(Err(ChannelError::Closed | ChannelError::Io(_))) if unanswered.is_some() => {
+                // The kept channel was dead (its close never reached us): the peer
+                // never read the request. Once more on a new channel.
+                let msg = unanswered.take().expect("checked");
+                d.sessions
+                    .stats
+                    .channels_kept_stale
+                    .fetch_add(1, Ordering::Relaxed);
+                debug!(peer = %prev, "kept channel dead: asking on a new one");
+                let addr = c.addr();
+                let wait = Duration::from_micros(deadline.saturating_sub(now_us()));
+                let again = async {
+                    let mut c = Channel::connect(h, &prev, addr).await?;
+                    c.send(&msg).await?;
+                    Ok::<_, ChannelError>(c)
+                };
+                match tokio::time::timeout(wait, again).await {
+                    Ok(Ok(c)) => {
+                        ch = Some(c);
+                        Vec::new()
+                    }
+                    Ok(Err(e)) => m.handle_channel_lost(&e.to_string()),
+                    Err(_) => m.handle_timeout(now_us()),
+                }
+            }
             Ok(Ok(msg)) => {
+                unanswered = None;
                 if let itcp_proto::channel::Message::Images { closed, .. } = &msg {
                     strays.clone_from(closed);
                 }

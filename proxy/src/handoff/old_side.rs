@@ -15,6 +15,7 @@ use tracing::{debug, warn, Instrument};
 
 use super::channel::{Channel, ChannelError};
 use super::sockets::{capture_one, delete, freeze, resume};
+use super::spares::IDLE_LIMIT;
 use crate::clock::now_us;
 use crate::daemon::Daemon;
 use crate::sessions::Frozen;
@@ -23,7 +24,8 @@ use crate::sessions::Frozen;
 /// at once (each costs a task and 182 bytes until its hello or 2 s).
 const MAX_UNAUTHENTICATED: u64 = 64;
 
-/// Serves the MSR⇄MSR channel: each connection carries one handoff, asked by a peer.
+/// Serves the MSR⇄MSR channel: each connection carries one handoff, asked by a peer
+/// (it may be opened ahead of need and wait idle for its request).
 pub async fn serve_peers(d: Arc<Daemon>, l: TcpListener) {
     loop {
         match l.accept().await {
@@ -45,6 +47,43 @@ pub async fn serve_peers(d: Arc<Daemon>, l: TcpListener) {
     }
 }
 
+/// Authenticated channels idle for over a second that one peer may hold open here:
+/// one kept ahead of need and its replacement, with room to spare.
+const MAX_IDLE_PER_PEER: u32 = 4;
+
+/// An authenticated channel waiting for its first message, counted per peer.
+struct Idle<'a> {
+    h: &'a super::Handoffs,
+    peer: String,
+}
+
+impl<'a> Idle<'a> {
+    fn enter(h: &'a super::Handoffs, peer: &str) -> Option<Idle<'a>> {
+        let mut m = h.idle.lock().unwrap();
+        let n = m.entry(peer.to_string()).or_default();
+        if *n >= MAX_IDLE_PER_PEER {
+            return None;
+        }
+        *n += 1;
+        Some(Idle {
+            h,
+            peer: peer.to_string(),
+        })
+    }
+}
+
+impl Drop for Idle<'_> {
+    fn drop(&mut self) {
+        let mut m = self.h.idle.lock().unwrap();
+        if let Some(n) = m.get_mut(&self.peer) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.peer);
+            }
+        }
+    }
+}
+
 async fn serve_one(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
     let h = d.handoff.as_ref().unwrap();
     let ch = Channel::accept(h, s).await;
@@ -54,11 +93,27 @@ async fn serve_one(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
         Err(ChannelError::Wire(e)) => return d.rejected(peer, &e),
         Err(e) => return d.rejected(peer, &e),
     };
-    let first = match tokio::time::timeout(Duration::from_secs(10), ch.recv()).await {
-        Ok(Ok(m)) => m,
-        Ok(Err(ChannelError::Wire(e))) => return d.rejected(peer, &e),
-        Ok(Err(e)) => return debug!(addr = %peer, error = %e, "handoff channel closed"),
-        Err(_) => return debug!(addr = %peer, "handoff channel idle: closed"),
+    // A channel opened for a handoff asks at once. One a peer opened ahead of need
+    // (`spares`) waits for its first message: at most IDLE_LIMIT, and at most
+    // MAX_IDLE_PER_PEER such channels per peer (counted only after the first second,
+    // so a burst of handoffs is never refused by the count).
+    let first = match tokio::time::timeout(Duration::from_secs(1), ch.recv()).await {
+        Ok(r) => r,
+        Err(_) => {
+            let Some(_idle) = Idle::enter(h, ch.peer()) else {
+                let e = format!("{:?} keeps too many idle channels open", ch.peer());
+                return d.rejected(peer, &e);
+            };
+            match tokio::time::timeout(IDLE_LIMIT, ch.recv()).await {
+                Ok(r) => r,
+                Err(_) => return debug!(addr = %peer, "handoff channel idle: closed"),
+            }
+        }
+    };
+    let first = match first {
+        Ok(m) => m,
+        Err(ChannelError::Wire(e)) => return d.rejected(peer, &e),
+        Err(e) => return debug!(addr = %peer, error = %e, "handoff channel closed"),
     };
     let (handoff_id, req) = match first {
         Message::HandoffRequest {
