@@ -53,6 +53,21 @@ impl Greeter {
     }
 }
 
+/// Restores or restarts of at most this many connections run on the handoff's task.
+const FEW: usize = 4;
+
+/// Runs socket work (restore, restart): on the handoff's own task for a few
+/// connections, where a hop to the blocking pool and back (~60 µs) would cost more
+/// than the work; on the blocking pool for more, which would hold a runtime worker
+/// for milliseconds.
+async fn socket_work<R: Send + 'static>(few: bool, f: impl FnOnce() -> R + Send + 'static) -> R {
+    if few {
+        f()
+    } else {
+        tokio::task::spawn_blocking(f).await.expect("socket task")
+    }
+}
+
 /// Runs one pull for a greeting to the end (moved, partial, refused or rolled back).
 pub async fn pull(
     d: Arc<Daemon>,
@@ -271,13 +286,13 @@ async fn run(
                     let policy = unacked(h.cfg.unacked);
                     let fwmark = d.cfg.interception.fwmark;
                     let dev = d.cell_interface(mh);
-                    let (ok, failed, es, route) = tokio::task::spawn_blocking(move || {
+                    let few = images.len() <= FEW;
+                    let (ok, failed, es, route) = socket_work(few, move || {
                         let route = FlightRoute::install(mh, dev, &images);
                         let (ok, failed, es) = restore_all(&images, policy, fwmark);
                         (ok, failed, es, route)
                     })
-                    .await
-                    .expect("restore task");
+                    .await;
                     flight_route = route;
                     entries = es;
                     next = Some(NewEvent::Restored {
@@ -309,10 +324,9 @@ async fn run(
                         .filter(|r| ids.contains(&r.id))
                         .collect();
                     let d2 = d.clone();
+                    let few = rs.len() <= FEW;
                     let (resumed, failed, unstarted) =
-                        tokio::task::spawn_blocking(move || restart_or_keep(&d2, rs))
-                            .await
-                            .expect("restart task");
+                        socket_work(few, move || restart_or_keep(&d2, rs)).await;
                     if resumed.is_empty() && !unstarted.is_empty() {
                         // Nothing runs here: hold the MH's flows before the sockets
                         // go, so its segments meet a silent drop and not an RST.
