@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn, Instrument};
 
 use super::channel::{Channel, ChannelError};
-use super::sockets::{capture_one, delete, freeze, resume};
+use super::sockets::{capture_all, delete, freeze, resume};
 use super::spares::IDLE_LIMIT;
 use crate::clock::now_us;
 use crate::daemon::Daemon;
@@ -213,13 +213,28 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                     let mut failure = None;
                     let mut over = Vec::new();
                     let mut live = Vec::new();
-                    for f in std::mem::take(&mut frozen) {
+                    let fwmark = d.cfg.interception.fwmark;
+                    let captured = if frozen.len() <= 4 {
+                        capture_all(&frozen, fwmark)
+                    } else {
+                        // Many: off the runtime's workers (milliseconds of syscalls).
+                        let fs = std::mem::take(&mut frozen);
+                        let (fs, c) = tokio::task::spawn_blocking(move || {
+                            let c = capture_all(&fs, fwmark);
+                            (fs, c)
+                        })
+                        .await
+                        .expect("capture task");
+                        frozen = fs;
+                        c
+                    };
+                    for (f, c) in std::mem::take(&mut frozen).into_iter().zip(captured) {
                         if failure.is_some() {
+                            // Captured or not, it resumes here (Unfreeze follows).
                             live.push(f);
                             continue;
                         }
-                        f.session.frozen.store(true, Ordering::Relaxed);
-                        match capture_one(&f, d.cfg.interception.fwmark) {
+                        match c {
                             // It finished while frozen: nothing to move.
                             Ok(None) => over.push(f),
                             Ok(Some((img, e))) => {
