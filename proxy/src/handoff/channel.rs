@@ -75,9 +75,9 @@ pub struct Channel {
     /// frame being read. Kept here so that a `recv` dropped half-way (a timeout) loses
     /// nothing and the next one goes on from where it stopped.
     rbuf: Vec<u8>,
-    /// The connector's second handle on its socket, to see whether a channel kept
-    /// ahead of need is still open ([`Channel::alive`]).
-    probe: Option<socket2::Socket>,
+    /// The connector's socket, to see whether a channel kept ahead of need is still
+    /// open ([`Channel::alive`]). Valid for as long as `s`, which owns it.
+    probe: Option<std::os::fd::RawFd>,
 }
 
 fn refused(what: String) -> ChannelError {
@@ -93,9 +93,7 @@ impl Channel {
     ) -> Result<Channel, ChannelError> {
         let mut s = TcpStream::connect(addr).await?;
         let _ = s.set_nodelay(true);
-        let probe = Some(socket2::Socket::from(
-            std::os::fd::AsFd::as_fd(&s).try_clone_to_owned()?,
-        ));
+        let probe = Some(std::os::fd::AsRawFd::as_raw_fd(&s));
         if let Some(tls) = &h.tls {
             let mut t = tokio::time::timeout(HELLO_TIMEOUT, tls.connect(peer, s))
                 .await
@@ -228,12 +226,12 @@ impl Channel {
     /// False once the peer has closed or reset the connection (a channel we opened;
     /// one we accepted reads as open). Bytes waiting (a TLS session ticket) are fine.
     pub fn alive(&self) -> bool {
-        let Some(p) = &self.probe else { return true };
-        let mut b = [std::mem::MaybeUninit::<u8>::uninit()];
-        // The socket is non-blocking (tokio's): nothing to read is WouldBlock.
-        match p.peek(&mut b) {
+        use nix::sys::socket::{recv, MsgFlags};
+        let Some(fd) = self.probe else { return true };
+        // The socket is non-blocking (tokio's): nothing to read is EAGAIN.
+        match recv(fd, &mut [0u8], MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT) {
             Ok(n) => n > 0,
-            Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+            Err(e) => e == nix::errno::Errno::EAGAIN,
         }
     }
 
