@@ -14,11 +14,37 @@ use serde::Serialize;
 
 use crate::lab::{self, bin_path, Host, Lab, LabConfig};
 
+/// What the MH's connections carry while they move.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Queues {
+    /// Nothing: every queue is empty.
+    Empty,
+    /// The MH writes and never reads, the FH echoes: every queue on the way fills.
+    Full,
+    /// The MH writes a little at a steady pace and reads the FH's echo: the FH has
+    /// segments in flight when a connection freezes (a third of the air's capacity,
+    /// shared by the connections).
+    Streaming,
+}
+
+impl Queues {
+    pub const ALL: [Queues; 3] = [Queues::Empty, Queues::Full, Queues::Streaming];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Queues::Empty => "empty",
+            Queues::Full => "full",
+            Queues::Streaming => "stream",
+        }
+    }
+}
+
 /// One configuration's results.
 #[derive(Debug, Clone, Serialize)]
 pub struct LatencyResult {
     pub conns: usize,
-    pub full: bool,
+    pub queues: Queues,
     pub moves: usize,
     /// New MSR, greeting → acknowledged, ms: median, min, max.
     pub new_msr_ms: (f64, f64, f64),
@@ -28,6 +54,30 @@ pub struct LatencyResult {
     pub mh_ms: f64,
     /// Bytes queued per handoff (all connections, both sockets and directions), median.
     pub queued_bytes: u64,
+    /// The FH's retransmission timeouts over all the moves (`TcpExt TCPTimeouts` of its
+    /// namespace, from just before the first move to 1.5 s after the last).
+    pub fh_rtos: u64,
+    /// The FH's tail-loss probes over the same time (`TCPLossProbes`).
+    pub fh_loss_probes: u64,
+}
+
+/// A `TcpExt` counter of host `h`'s namespace (`/proc/net/netstat`).
+fn tcp_ext(lab: &Lab, h: Host, name: &str) -> io::Result<u64> {
+    let out = lab.run(h, "cat", &["/proc/net/netstat"])?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut lines = text.lines();
+    while let (Some(names), Some(values)) = (lines.next(), lines.next()) {
+        if !names.starts_with("TcpExt:") {
+            continue;
+        }
+        let at = names.split_whitespace().position(|n| n == name);
+        if let Some(v) = at.and_then(|i| values.split_whitespace().nth(i)) {
+            return v.parse().map_err(io::Error::other);
+        }
+    }
+    Err(io::Error::other(format!(
+        "no TcpExt {name} in /proc/net/netstat"
+    )))
 }
 
 fn median(v: &mut [f64]) -> f64 {
@@ -85,18 +135,18 @@ fn move_once(lab: &Lab, at: usize, seen: usize) -> io::Result<usize> {
     }
 }
 
-/// Handoff latency for an MH with `conns` connections; `full`: every connection has
-/// its queues filled (the MH writes and never reads; the FH echoes).
+/// Handoff latency for an MH with `conns` connections carrying `queues`.
 pub fn latency(
     conns: usize,
-    full: bool,
+    queues: Queues,
     moves: usize,
     progress: impl Fn(&str),
 ) -> io::Result<LatencyResult> {
     use std::sync::mpsc;
     use tokio::io::AsyncWriteExt;
 
-    let mut lab = lab(conns as u64 + u64::from(full))?;
+    let full = queues == Queues::Full;
+    let mut lab = lab(conns as u64 + queues as u64)?;
     let n = conns.max(1) + 16;
     lab.access_extra =
         format!("max_connections_per_mh = {n}\nmax_handshakes = {n}\nmax_handshakes_per_mh = {n}");
@@ -157,12 +207,33 @@ pub fn latency(
                     for mut s in streams.drain(..) {
                         writers.push(tokio::spawn(async move {
                             let block = vec![0x5a_u8; 64 << 10];
+                            while s.write_all(&block).await.is_ok() {}
+                        }));
+                    }
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                if queues == Queues::Streaming {
+                    use tokio::io::AsyncReadExt;
+                    // 4 KiB per connection per period: 8 MB/s in all, a third of the air.
+                    let period =
+                        Duration::from_micros((n as u64 * 4096 * 1_000_000 / 8_000_000).max(1000));
+                    for (i, s) in streams.drain(..).enumerate() {
+                        let (mut r, mut w) = tokio::io::split(s);
+                        writers.push(tokio::spawn(async move {
+                            // Spread the connections over the period.
+                            tokio::time::sleep(period * i as u32 / n.max(1) as u32).await;
+                            let block = vec![0x5a_u8; 4096];
+                            let mut tick = tokio::time::interval(period);
                             loop {
-                                if s.write_all(&block).await.is_err() {
+                                tick.tick().await;
+                                if w.write_all(&block).await.is_err() {
                                     break;
                                 }
                             }
-                            s
+                        }));
+                        writers.push(tokio::spawn(async move {
+                            let mut buf = vec![0u8; 64 << 10];
+                            while matches!(r.read(&mut buf).await, Ok(k) if k > 0) {}
                         }));
                     }
                     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -184,8 +255,16 @@ pub fn latency(
         .map_err(|e| io::Error::other(format!("opening connections: {e}")))?;
     progress(&format!(
         "{n} connection(s) open{}; moving {moves} times",
-        if full { ", queues filled" } else { "" }
+        match queues {
+            Queues::Empty => "",
+            Queues::Full => ", queues filled",
+            Queues::Streaming => ", streaming",
+        }
     ));
+    let fh_before = (
+        tcp_ext(&lab, Host::Fh, "TCPTimeouts")?,
+        tcp_ext(&lab, Host::Fh, "TCPLossProbes")?,
+    );
     let mut at = 1;
     let mut seen = lab
         .agent_events()
@@ -198,6 +277,10 @@ pub fn latency(
         // Let the previous MSR's advertisement lapse (its next beacon is then fresh).
         std::thread::sleep(Duration::from_millis(700));
     }
+    // A retransmission timeout caused by the last move comes within 1.5 s.
+    std::thread::sleep(Duration::from_millis(1500));
+    let fh_rtos = tcp_ext(&lab, Host::Fh, "TCPTimeouts")? - fh_before.0;
+    let fh_loss_probes = tcp_ext(&lab, Host::Fh, "TCPLossProbes")? - fh_before.1;
     let _ = done_tx.send(());
     let _ = client.join();
     let mut recs = Vec::new();
@@ -240,12 +323,14 @@ pub fn latency(
     let max = new_ms.iter().cloned().fold(0.0, f64::max);
     Ok(LatencyResult {
         conns: n,
-        full,
+        queues,
         moves: new_ms.len(),
         new_msr_ms: (median(&mut new_ms), min, max),
         capture_ms: median(&mut cap_ms),
         mh_ms: median(&mut mh_ms),
         queued_bytes: median(&mut queued) as u64,
+        fh_rtos,
+        fh_loss_probes,
     })
 }
 

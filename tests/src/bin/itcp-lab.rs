@@ -162,8 +162,9 @@ run's lab is removed by 'itcp-lab cleanup'.",
         Command {
             name: "bench handoff",
             synopsis: "[--conns 1,100,1000] [--moves N] [--gap yes|no]",
-            about: "Handoff latency (greeting → resumed) with empty and full queues, and the gap \
-                    in bytes at the MH around one overlapped handoff.",
+            about: "Handoff latency (greeting → resumed) with empty, full and streaming queues, \
+                    the fixed host's retransmission timeouts during the moves, and the gap in \
+                    bytes at the MH around one overlapped handoff.",
             flags: &[
                 Flag::value(
                     "conns",
@@ -782,41 +783,44 @@ fn bench_handoff(conns: Vec<usize>, moves: usize, gap: bool) -> Result<(), Strin
     use itcp_testbed::handoff_bench;
     let mut rows = Vec::new();
     for &n in &conns {
-        for full in [false, true] {
-            eprintln!(
-                "handoff latency: {n} connection(s), {} queues",
-                if full { "full" } else { "empty" }
-            );
-            let r =
-                handoff_bench::latency(n, full, moves, |l| eprintln!("  {l}")).map_err(|e| {
-                    format!(
-                        "{n} connections ({}): {e}",
-                        if full { "full" } else { "empty" }
-                    )
-                })?;
+        for q in handoff_bench::Queues::ALL {
+            eprintln!("handoff latency: {n} connection(s), {} queues", q.as_str());
+            let r = handoff_bench::latency(n, q, moves, |l| eprintln!("  {l}"))
+                .map_err(|e| format!("{n} connections ({}): {e}", q.as_str()))?;
             println!("{}", serde_json::to_string(&r).unwrap());
             rows.push(r);
         }
     }
     println!(
-        "\nHandoff latency, greeting → resumed at the new MSR (median of the moves; min–max):"
+        "\nHandoff latency, greeting → resumed at the new MSR (median of the moves; min–max), \
+         and the FH's retransmission timeouts and loss probes over all the moves:"
     );
     println!(
-        "{:>6}  {:<6}  {:>5}  {:>22}  {:>10}  {:>9}  {:>12}",
-        "conns", "queues", "moves", "new MSR ms", "capture ms", "MH ms", "queued bytes"
+        "{:>6}  {:<6}  {:>5}  {:>22}  {:>10}  {:>9}  {:>12}  {:>7}  {:>9}",
+        "conns",
+        "queues",
+        "moves",
+        "new MSR ms",
+        "capture ms",
+        "MH ms",
+        "queued bytes",
+        "FH RTOs",
+        "FH probes"
     );
     for r in &rows {
         println!(
-            "{:>6}  {:<6}  {:>5}  {:>8.2} ({:.2}–{:.2})  {:>10.2}  {:>9.2}  {:>12}",
+            "{:>6}  {:<6}  {:>5}  {:>8.2} ({:.2}–{:.2})  {:>10.2}  {:>9.2}  {:>12}  {:>7}  {:>9}",
             r.conns,
-            if r.full { "full" } else { "empty" },
+            r.queues.as_str(),
             r.moves,
             r.new_msr_ms.0,
             r.new_msr_ms.1,
             r.new_msr_ms.2,
             r.capture_ms,
             r.mh_ms,
-            r.queued_bytes
+            r.queued_bytes,
+            r.fh_rtos,
+            r.fh_loss_probes
         );
     }
     if gap {
