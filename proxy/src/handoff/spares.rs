@@ -8,14 +8,14 @@
 //! rebooted): the new side then retries once on a new channel (`new_side`), so a
 //! stale channel costs a handoff one round trip, never its outcome.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
-use tracing::debug;
+use tracing::{debug, info, warn};
 
 use super::channel::{Channel, ChannelError, HELLO_TIMEOUT};
 use super::Handoffs;
@@ -25,8 +25,10 @@ use crate::daemon::Daemon;
 pub const IDLE_LIMIT: Duration = Duration::from_secs(90);
 /// A kept channel is replaced after this long: well inside the peer's idle limit.
 const KEEP_FOR: Duration = Duration::from_secs(60);
-/// After a failed attempt, the next one to that peer.
-const RETRY_AFTER: Duration = Duration::from_secs(5);
+/// After failed attempts, the next one to that peer: from the first delay, doubling up
+/// to the last (peers often start a moment after us).
+const RETRY_FIRST: Duration = Duration::from_millis(250);
+const RETRY_MAX: Duration = Duration::from_secs(5);
 /// A used channel is replaced this long after, off the handoff's path (its TLS
 /// handshake would take a core from the handoff under way).
 const REFILL_AFTER: Duration = Duration::from_millis(100);
@@ -95,30 +97,45 @@ pub async fn open(
 /// Keeps a channel open to every configured peer, for as long as msrd runs.
 pub async fn keep(d: Arc<Daemon>) {
     let h = d.handoff.as_ref().expect("handoff on");
-    let mut retry_at: HashMap<String, Instant> = HashMap::new();
+    // Per peer that failed: when to try again, and the delay after that.
+    let mut retry: HashMap<String, (Instant, Duration)> = HashMap::new();
+    // Peers we could not reach: told once when it starts and once when it ends.
+    let mut down: HashSet<String> = HashSet::new();
     loop {
         for p in &h.cfg.peers {
-            if !h.spares.wanted(&p.id) || retry_at.get(&p.id).is_some_and(|t| Instant::now() < *t) {
+            if !h.spares.wanted(&p.id) || retry.get(&p.id).is_some_and(|r| Instant::now() < r.0) {
                 continue;
             }
-            match tokio::time::timeout(HELLO_TIMEOUT, Channel::connect(h, &p.id, p.address)).await {
+            let r = tokio::time::timeout(HELLO_TIMEOUT, Channel::connect(h, &p.id, p.address));
+            let why = match r.await {
                 Ok(Ok(ch)) => {
-                    retry_at.remove(&p.id);
+                    retry.remove(&p.id);
                     h.spares.put(&p.id, ch);
+                    if down.remove(&p.id) {
+                        info!(peer = %p.id, addr = %p.address, "handoff channel to the peer up again");
+                    }
+                    continue;
                 }
-                Ok(Err(e)) => {
-                    debug!(peer = %p.id, addr = %p.address, error = %e, "no channel kept to the peer");
-                    retry_at.insert(p.id.clone(), Instant::now() + RETRY_AFTER);
-                }
-                Err(_) => {
-                    debug!(peer = %p.id, addr = %p.address, "no channel kept to the peer: timed out");
-                    retry_at.insert(p.id.clone(), Instant::now() + RETRY_AFTER);
-                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "no answer in time".to_string(),
+            };
+            let next = retry.get(&p.id).map_or(RETRY_FIRST, |r| r.1);
+            retry.insert(
+                p.id.clone(),
+                (Instant::now() + next, (next * 2).min(RETRY_MAX)),
+            );
+            // Told once it has failed for a while (~2 s): not for a peer that starts a
+            // moment after us.
+            if next >= Duration::from_secs(1) && down.insert(p.id.clone()) {
+                // A handoff with it tries a connection of its own, and may fail the same way.
+                warn!(peer = %p.id, addr = %p.address, error = %why, "cannot open a handoff channel to the peer (retrying, at most every 5 s)");
+            } else {
+                debug!(peer = %p.id, error = %why, "no handoff channel to the peer yet");
             }
         }
         tokio::select! {
             _ = h.spares.taken.notified() => tokio::time::sleep(REFILL_AFTER).await,
-            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            _ = tokio::time::sleep(RETRY_FIRST) => {}
         }
     }
 }
