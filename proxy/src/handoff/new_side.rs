@@ -21,7 +21,9 @@ use tracing::{debug, field, info, info_span, warn, Instrument};
 
 use super::channel::{Channel, ChannelError};
 use super::reply;
-use super::sockets::{discard_all, restart_or_keep, restore_all, unacked, FlightRoute, Restored};
+use super::sockets::{
+    discard_all, restart_or_keep, restore_all, socket_work, unacked, FlightRoute, Restored, FEW,
+};
 use super::spares;
 use crate::clock::now_us;
 use crate::daemon::Daemon;
@@ -53,18 +55,10 @@ impl Greeter {
     }
 }
 
-/// Restores or restarts of at most this many connections run on the handoff's task.
-const FEW: usize = 4;
-
-/// Runs socket work (restore, restart): on the handoff's own task for a few
-/// connections, where a hop to the blocking pool and back (~60 µs) would cost more
-/// than the work; on the blocking pool for more, which would hold a runtime worker
-/// for milliseconds.
-async fn socket_work<R: Send + 'static>(few: bool, f: impl FnOnce() -> R + Send + 'static) -> R {
-    if few {
-        f()
-    } else {
-        tokio::task::spawn_blocking(f).await.expect("socket task")
+/// Keeps the MH's flows that closed at the old MSR lately, from its images.
+fn note_strays(msg: &Message, strays: &mut Vec<itcp_proto::channel::ClosedFlow>) {
+    if let Message::Images { closed, .. } = msg {
+        strays.clone_from(closed);
     }
 }
 
@@ -126,26 +120,7 @@ async fn locate(d: &Arc<Daemon>, msg: &Message, handoff_id: u64, wait: Duration)
         let (d, msg, id, addr) = (d.clone(), msg.clone(), p.id.clone(), p.address);
         asks.spawn(async move {
             let h = d.handoff.as_ref().unwrap();
-            let r = tokio::time::timeout(wait, async {
-                let ask = |mut ch: Channel| async {
-                    ch.send(&msg).await?;
-                    let answer = ch.recv().await?;
-                    Ok::<_, ChannelError>((ch, answer))
-                };
-                let (ch, kept) = spares::open(&d, h, &id, addr).await?;
-                match ask(ch).await {
-                    // A kept channel that was dead: once more on a new one.
-                    Err(ChannelError::Closed | ChannelError::Io(_)) if kept => {
-                        d.sessions
-                            .stats
-                            .channels_kept_stale
-                            .fetch_add(1, Ordering::Relaxed);
-                        ask(Channel::connect(h, &id, addr).await?).await
-                    }
-                    r => r,
-                }
-            })
-            .await;
+            let r = tokio::time::timeout(wait, spares::ask(&d, h, &id, addr, &msg)).await;
             (id, r)
         });
     }
@@ -190,13 +165,11 @@ async fn run(
     let mut flight_route: Option<FlightRoute> = None;
     let mut entries: Vec<ConnEntry> = Vec::new();
     let mut moved = 0usize;
-    // The request sent on a kept channel, until the peer answers: if that channel
-    // turns out dead, it is sent again once on a new one.
-    let mut unanswered: Option<Message> = None;
     loop {
         let mut next: Option<NewEvent> = None;
         let mut lost: Option<String> = None;
         let mut down: Option<String> = None;
+        let mut timed_out = false;
         for a in acts.drain(..) {
             match a {
                 Action::Hold(mh) => {
@@ -231,33 +204,32 @@ async fn run(
                 }
                 Action::Send(msg) => {
                     if ch.is_none() {
+                        // The request: on the channel kept to the old MSR if any.
                         let (prev, peer_addr) = old.clone().expect("a greeting names its MSR");
                         let wait = Duration::from_micros(
                             m.poll_timeout().unwrap_or(0).saturating_sub(now_us()),
                         );
-                        match tokio::time::timeout(wait, spares::open(&d, h, &prev, peer_addr))
-                            .await
-                        {
-                            Ok(Ok((c, kept))) => {
+                        let asked = spares::ask(&d, h, &prev, peer_addr, &msg);
+                        match tokio::time::timeout(wait, asked).await {
+                            Ok(Ok((c, answer))) => {
                                 ch = Some(c);
-                                if kept {
-                                    unanswered = Some(msg.clone());
-                                }
+                                note_strays(&answer, &mut strays);
+                                next = Some(NewEvent::Message(answer));
                             }
                             Ok(Err(e)) => {
                                 warn!(peer = %prev, addr = %peer_addr, error = %e, "cannot reach the previous MSR");
+                                if let ChannelError::Wire(w) = &e {
+                                    d.rejected(peer_addr, w);
+                                }
                                 if e.refused() {
                                     down = Some(e.to_string());
                                 } else {
                                     lost = Some(e.to_string());
                                 }
-                                continue;
                             }
-                            Err(_) => {
-                                lost = Some("connect timed out".into());
-                                continue;
-                            }
+                            Err(_) => timed_out = true,
                         }
+                        continue;
                     }
                     let Some(c) = ch.as_mut() else { continue };
                     if let Err(e) = c.send(&msg).await {
@@ -389,6 +361,10 @@ async fn run(
             acts = m.handle(ev, now_us());
             continue;
         }
+        if timed_out {
+            acts = m.handle_timeout(now_us());
+            continue;
+        }
         if let Some(why) = down {
             acts = m.handle_old_down(&why);
             continue;
@@ -407,36 +383,8 @@ async fn run(
         let deadline = m.poll_timeout().unwrap_or(now_us());
         let wait = Duration::from_micros(deadline.saturating_sub(now_us()));
         acts = match tokio::time::timeout(wait, c.recv()).await {
-            Ok(Err(ChannelError::Closed | ChannelError::Io(_))) if unanswered.is_some() => {
-                // The kept channel was dead (its close never reached us): the peer
-                // never read the request. Once more on a new channel.
-                let msg = unanswered.take().expect("checked");
-                d.sessions
-                    .stats
-                    .channels_kept_stale
-                    .fetch_add(1, Ordering::Relaxed);
-                debug!(peer = %prev, "kept channel dead: asking on a new one");
-                let addr = c.addr();
-                let wait = Duration::from_micros(deadline.saturating_sub(now_us()));
-                let again = async {
-                    let mut c = Channel::connect(h, &prev, addr).await?;
-                    c.send(&msg).await?;
-                    Ok::<_, ChannelError>(c)
-                };
-                match tokio::time::timeout(wait, again).await {
-                    Ok(Ok(c)) => {
-                        ch = Some(c);
-                        Vec::new()
-                    }
-                    Ok(Err(e)) => m.handle_channel_lost(&e.to_string()),
-                    Err(_) => m.handle_timeout(now_us()),
-                }
-            }
             Ok(Ok(msg)) => {
-                unanswered = None;
-                if let itcp_proto::channel::Message::Images { closed, .. } = &msg {
-                    strays.clone_from(closed);
-                }
+                note_strays(&msg, &mut strays);
                 m.handle(NewEvent::Message(msg), now_us())
             }
             Ok(Err(ChannelError::Wire(e))) => {

@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn, Instrument};
 
 use super::channel::{Channel, ChannelError};
-use super::sockets::{capture_all, delete, freeze, resume};
+use super::sockets::{capture_all, delete, freeze, resume, socket_work, FEW};
 use super::spares::IDLE_LIMIT;
 use crate::clock::now_us;
 use crate::daemon::Daemon;
@@ -214,21 +214,14 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                     let mut over = Vec::new();
                     let mut live = Vec::new();
                     let fwmark = d.cfg.interception.fwmark;
-                    let captured = if frozen.len() <= 4 {
-                        capture_all(&frozen, fwmark)
-                    } else {
-                        // Many: off the runtime's workers (milliseconds of syscalls).
-                        let fs = std::mem::take(&mut frozen);
-                        let (fs, c) = tokio::task::spawn_blocking(move || {
-                            let c = capture_all(&fs, fwmark);
-                            (fs, c)
-                        })
-                        .await
-                        .expect("capture task");
-                        frozen = fs;
-                        c
-                    };
-                    for (f, c) in std::mem::take(&mut frozen).into_iter().zip(captured) {
+                    let few = frozen.len() <= FEW;
+                    let fs = std::mem::take(&mut frozen);
+                    let (fs, captured) = socket_work(few, move || {
+                        let c = capture_all(&fs, fwmark);
+                        (fs, c)
+                    })
+                    .await;
+                    for (f, c) in fs.into_iter().zip(captured) {
                         if failure.is_some() {
                             // Captured or not, it resumes here (Unfreeze follows).
                             live.push(f);

@@ -122,6 +122,24 @@ fn close_out(f: &Frozen, x: BorrowedFd<'_>) -> bool {
     crate::sockopt::shutdown_write(w).is_ok()
 }
 
+/// Socket work (capture, restore, restart) of at most this many connections runs on
+/// the handoff's own task.
+pub const FEW: usize = 4;
+
+/// Runs socket work: on the handoff's own task for a few connections, where a hop to
+/// the blocking pool and back (~60 µs) would cost more than the work; on the blocking
+/// pool for more, which would hold a runtime worker for milliseconds.
+pub async fn socket_work<R: Send + 'static>(
+    few: bool,
+    f: impl FnOnce() -> R + Send + 'static,
+) -> R {
+    if few {
+        f()
+    } else {
+        tokio::task::spawn_blocking(f).await.expect("socket task")
+    }
+}
+
 /// What capturing one connection came to ([`capture_one`]).
 pub type Captured = io::Result<Option<(ConnImage, ConnEntry)>>;
 

@@ -5,8 +5,8 @@
 //! idle limit ([`IDLE_LIMIT`], enforced in `old_side`) would close it.
 //!
 //! A kept channel can be dead without our knowing (the peer's FIN was lost, its host
-//! rebooted): the new side then retries once on a new channel (`new_side`), so a
-//! stale channel costs a handoff one round trip, never its outcome.
+//! rebooted): [`ask`] then retries once on a new channel, so a stale channel costs a
+//! handoff one round trip, never its outcome.
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -14,6 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use itcp_proto::channel::Message;
 use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
@@ -73,8 +74,8 @@ impl Spares {
 }
 
 /// A channel to `peer` at `addr`: the kept one if it is open, else a new one. The
-/// flag says it was kept (it may still turn out dead: retry once on a new one).
-pub async fn open(
+/// flag says it was kept.
+async fn open(
     d: &Daemon,
     h: &Handoffs,
     peer: &str,
@@ -92,6 +93,33 @@ pub async fn open(
         }
     }
     Ok((Channel::connect(h, peer, addr).await?, false))
+}
+
+/// Sends `msg`, a handoff's first message, to `peer` and waits for the answer: on the
+/// kept channel if there is one, and once more on a new channel if that one was dead
+/// (its close never reached us, so the peer never read the request).
+pub async fn ask(
+    d: &Daemon,
+    h: &Handoffs,
+    peer: &str,
+    addr: SocketAddr,
+    msg: &Message,
+) -> Result<(Channel, Message), ChannelError> {
+    async fn once(mut ch: Channel, msg: &Message) -> Result<(Channel, Message), ChannelError> {
+        ch.send(msg).await?;
+        let answer = ch.recv().await?;
+        Ok((ch, answer))
+    }
+    let (ch, kept) = open(d, h, peer, addr).await?;
+    match once(ch, msg).await {
+        Err(ChannelError::Closed | ChannelError::Io(_)) if kept => {
+            let st = &d.sessions.stats;
+            st.channels_kept_stale.fetch_add(1, Ordering::Relaxed);
+            debug!(%peer, "kept channel dead: asking on a new one");
+            once(Channel::connect(h, peer, addr).await?, msg).await
+        }
+        r => r,
+    }
 }
 
 /// Keeps a channel open to every configured peer, for as long as msrd runs.
