@@ -804,6 +804,12 @@ pub struct InterceptionSection {
     /// detection (4954); another program must not use it.
     #[serde(default = "default_nflog_group")]
     pub nflog_group: u16,
+    /// Netfilter queue (NFQUEUE) in which msrd holds an MH's TCP packets while its
+    /// connections are frozen for a handoff (4954); another program must not use it.
+    /// Held packets are delivered once the connection runs again, here or at the MSR
+    /// it moved to, so neither host waits for a retransmission timeout.
+    #[serde(default = "default_hold_queue")]
+    pub hold_queue: u16,
 }
 
 impl Default for InterceptionSection {
@@ -813,6 +819,7 @@ impl Default for InterceptionSection {
             fwmark: default_fwmark(),
             route_table: default_route_table(),
             nflog_group: default_nflog_group(),
+            hold_queue: default_hold_queue(),
         }
     }
 }
@@ -827,6 +834,9 @@ fn default_route_table() -> u32 {
     4954
 }
 fn default_nflog_group() -> u16 {
+    4954
+}
+fn default_hold_queue() -> u16 {
     4954
 }
 

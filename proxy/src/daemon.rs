@@ -66,6 +66,8 @@ pub struct Daemon {
     /// The beacons on the cells (when `[beacon]` is on and a cell could be opened),
     /// which also answer solicitations.
     pub beacons: std::sync::OnceLock<Arc<crate::beacon::Advertiser>>,
+    /// Packets held while an MH's connections are frozen (`[handoff]` on).
+    pub holding: Arc<crate::holding::Holding>,
 }
 
 /// A connection counted as in setup until dropped.
@@ -119,7 +121,12 @@ impl Daemon {
         };
         let setups = Setups::new(a.max_handshakes as usize, a.max_handshakes_per_mh as usize);
         let (upgrades, asks) = mpsc::unbounded_channel();
+        let holding = Arc::new(crate::holding::Holding::new(
+            cfg.interception.hold_queue,
+            cfg.handoff.lan_interface.clone(),
+        ));
         Ok(Arc::new(Daemon {
+            holding,
             upgrades,
             upgrade_asks: Mutex::new(Some(asks)),
             beacons: std::sync::OnceLock::new(),

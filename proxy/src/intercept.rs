@@ -31,6 +31,8 @@ pub struct Rules {
     pub detect: Option<Detection>,
     /// The MHs' prefixes (`[access] mh_prefixes`).
     pub mh_prefixes: Vec<IpPrefix>,
+    /// The netfilter queue of held packets (`[interception] hold_queue`).
+    pub hold_queue: u16,
 }
 
 /// How long after the last SYN-ACK sent to an MH a handoff still looks for its
@@ -166,6 +168,9 @@ impl Rules {
                 "  set {set} {{\n    type {ty} . inet_service . {ty} . inet_service;\n    flags dynamic, timeout;\n    size 262144;\n  }}\n"
             );
         }
+        // msrd inserts the rule that queues to `hold_queue` ahead of the drop
+        // (`Rules::install`: an xt NFQUEUE target, which nft's syntax cannot express).
+        s += "  chain held {\n    drop\n  }\n";
         for (chain, hook, lo) in [
             ("hold_in", "prerouting", "iifname"),
             ("hold_out", "output", "oifname"),
@@ -186,8 +191,20 @@ impl Rules {
                     }
                 }
             }
-            s += "    meta l4proto tcp ip saddr @held4 drop\n    meta l4proto tcp ip daddr @held4 drop\n\
-                  \x20   meta l4proto tcp ip6 saddr @held6 drop\n    meta l4proto tcp ip6 daddr @held6 drop\n";
+            // Inbound, held packets go to the `held` chain: queued for msrd (which
+            // delivers, forwards or drops them when the hold ends), or dropped if the
+            // queue rule is missing. Outbound ones come from this router's own sockets
+            // (frozen ones among them): dropped.
+            let verdict = if chain == "hold_in" {
+                "jump held"
+            } else {
+                "drop"
+            };
+            for (ip, v) in [("ip", "4"), ("ip6", "6")] {
+                for dir in ["saddr", "daddr"] {
+                    s += &format!("    meta l4proto tcp {ip} {dir} @held{v} {verdict}\n");
+                }
+            }
             if chain == "hold_in" {
                 s += "    tcp flags & (syn | ack) == syn ip saddr @nosyn4 drop\n    tcp flags & (syn | ack) == syn ip6 saddr @nosyn6 drop\n";
                 for (ip, v) in [("ip", "4"), ("ip6", "6")] {
@@ -337,6 +354,10 @@ impl Rules {
     /// Installs the table and the policy route.
     pub fn install(&self) -> io::Result<()> {
         run("nft", &["-f", "-"], &self.nft_script())?;
+        // Held packets are queued for msrd rather than dropped (`crate::holding`).
+        if let Err(e) = crate::netlink::nft_queue_rule(&self.table, "held", self.hold_queue) {
+            tracing::warn!(error = %e, "packets held during handoffs are dropped, not queued: hosts may wait for a retransmission timeout after one");
+        }
         let [v4, v6] = self.ip_install();
         // Deleting what is not there fails harmlessly: -force goes on past it.
         run("ip", &["-4", "-force", "-batch", "-"], &v4).or_else(|e| {
@@ -492,6 +513,7 @@ pub fn rules_of(cfg: &itcp_config::MsrdConfig) -> Rules {
             })
         },
         mh_prefixes: cfg.access.mh_prefixes.clone(),
+        hold_queue: i.hold_queue,
     }
 }
 
@@ -513,6 +535,7 @@ mod tests {
                 listen_port: 1081,
             }),
             detect: None,
+            hold_queue: 4954,
             mh_prefixes: vec![
                 "10.2.0.0/24".parse().unwrap(),
                 "2001:db8::/64".parse().unwrap(),
@@ -609,14 +632,22 @@ mod tests {
             s.contains("chain hold_out {\n    type filter hook output"),
             "{s}"
         );
-        assert!(
-            s.contains("    meta l4proto tcp ip daddr @held4 drop\n"),
-            "{s}"
-        );
-        assert!(
-            s.contains("    meta l4proto tcp ip6 saddr @held6 drop\n"),
-            "{s}"
-        );
+        // Inbound held packets go to the queue's chain, outbound ones are dropped.
+        let chain = |name: &str| {
+            let c = &s[s.find(&format!("chain {name} {{")).unwrap()..];
+            c[..c.find("\n  }").unwrap()].to_string()
+        };
+        let (hin, hout) = (chain("hold_in"), chain("hold_out"));
+        for rule in [
+            "meta l4proto tcp ip daddr @held4",
+            "meta l4proto tcp ip saddr @held4",
+            "meta l4proto tcp ip6 daddr @held6",
+            "meta l4proto tcp ip6 saddr @held6",
+        ] {
+            assert!(hin.contains(&format!("    {rule} jump held\n")), "{hin}");
+            assert!(hout.contains(&format!("    {rule} drop\n")), "{hout}");
+        }
+        assert!(s.contains("  chain held {\n    drop\n  }\n"), "{s}");
     }
 
     #[test]

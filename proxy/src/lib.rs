@@ -33,6 +33,7 @@ pub mod detect;
 pub mod fixed;
 pub mod footprint;
 pub mod handoff;
+pub mod holding;
 pub mod http;
 pub mod intercept;
 pub mod listeners;

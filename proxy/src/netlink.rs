@@ -542,6 +542,131 @@ fn put_setelem_list(
     end_nested(b, elements);
 }
 
+/// Inserts, at the head of chain `chain` of table `inet table`, a rule that hands every
+/// packet to netfilter queue `queue` (`iptables -j NFQUEUE --queue-num`): the xt
+/// NFQUEUE target through nft's compat layer, which nft's own syntax cannot express on
+/// kernels without the native `queue` statement. No listener on the queue: the packet
+/// is dropped (no bypass).
+pub fn nft_queue_rule(table: &str, chain: &str, queue: u16) -> io::Result<()> {
+    let what = format!("nft: queue rule (NFQUEUE {queue}) in chain {chain} of table inet {table}");
+    check_name(table, "table", &what)?;
+    check_name(chain, "chain", &what)?;
+    let seq = next_seq(3);
+    let b = queue_rule_batch(table, chain, queue, seq);
+    let ack = nl_request(libc::NETLINK_NETFILTER, &b, seq, 3, seq.wrapping_add(1))
+        .map_err(|e| context(&what, e))?;
+    match ack.errno {
+        0 => Ok(()),
+        e => Err(kernel_error(
+            &what,
+            e,
+            (e == libc::ENOENT).then_some("no xt NFQUEUE target (nft_compat, xt_NFQUEUE)?"),
+            &ack,
+        )),
+    }
+}
+
+/// The batch of [`nft_queue_rule`]: BATCH_BEGIN, NEWRULE (acked), BATCH_END.
+fn queue_rule_batch(table: &str, chain: &str, queue: u16, seq: u32) -> Vec<u8> {
+    const NFTA_RULE_TABLE: u16 = 1;
+    const NFTA_RULE_CHAIN: u16 = 2;
+    const NFTA_RULE_EXPRESSIONS: u16 = 4;
+    const NFTA_EXPR_NAME: u16 = 1;
+    const NFTA_EXPR_DATA: u16 = 2;
+    const NFTA_TARGET_NAME: u16 = 1;
+    const NFTA_TARGET_REV: u16 = 2;
+    const NFTA_TARGET_INFO: u16 = 3;
+    let subsys = libc::NFNL_SUBSYS_NFTABLES as u16;
+    let req = libc::NLM_F_REQUEST as u16;
+    let mut b = Vec::with_capacity(192);
+    let m = begin_msg(&mut b, libc::NFNL_MSG_BATCH_BEGIN as u16, req, seq);
+    put_nfgenmsg(&mut b, libc::AF_UNSPEC as u8, subsys);
+    end_msg(&mut b, m);
+    // No NLM_F_APPEND: the rule goes first in the chain.
+    let m = begin_msg(
+        &mut b,
+        (subsys << 8) | libc::NFT_MSG_NEWRULE as u16,
+        req | (libc::NLM_F_CREATE | libc::NLM_F_ACK) as u16,
+        seq.wrapping_add(1),
+    );
+    put_nfgenmsg(&mut b, libc::NFPROTO_INET as u8, 0);
+    put_attr_str(&mut b, NFTA_RULE_TABLE, table);
+    put_attr_str(&mut b, NFTA_RULE_CHAIN, chain);
+    let exprs = begin_nested(&mut b, NFTA_RULE_EXPRESSIONS);
+    let e = begin_nested(&mut b, NFTA_LIST_ELEM);
+    put_attr_str(&mut b, NFTA_EXPR_NAME, "target");
+    let data = begin_nested(&mut b, NFTA_EXPR_DATA);
+    put_attr_str(&mut b, NFTA_TARGET_NAME, "NFQUEUE");
+    put_attr(&mut b, NFTA_TARGET_REV, &3u32.to_be_bytes());
+    // struct xt_NFQ_info_v3 {queuenum, queues_total, flags}, padded to 8 bytes
+    // (XT_ALIGN), in host order as xtables passes it.
+    let mut info = [0u8; 8];
+    info[..2].copy_from_slice(&queue.to_ne_bytes());
+    info[2..4].copy_from_slice(&1u16.to_ne_bytes());
+    put_attr(&mut b, NFTA_TARGET_INFO, &info);
+    end_nested(&mut b, data);
+    end_nested(&mut b, e);
+    end_nested(&mut b, exprs);
+    end_msg(&mut b, m);
+    let m = begin_msg(
+        &mut b,
+        libc::NFNL_MSG_BATCH_END as u16,
+        req,
+        seq.wrapping_add(2),
+    );
+    put_nfgenmsg(&mut b, libc::AF_UNSPEC as u8, subsys);
+    end_msg(&mut b, m);
+    b
+}
+
+/// The link-layer address the neighbour table has for `ip` on `ifname` (RTM_GETNEIGH):
+/// None if there is no entry with one (never resolved, or failed).
+pub fn neigh_mac(ifname: &str, ip: IpAddr) -> io::Result<Option<[u8; 6]>> {
+    let what = format!("neighbour {ip} on {ifname}");
+    let idx = ifindex(ifname, &what)?;
+    let fd = nl_socket(libc::NETLINK_ROUTE)?;
+    let seq = next_seq(1);
+    let mut b = Vec::with_capacity(64);
+    let m = begin_msg(&mut b, libc::RTM_GETNEIGH, libc::NLM_F_REQUEST as u16, seq);
+    // struct ndmsg: family, pad, pad, ifindex, state, flags, type.
+    let family = if ip.is_ipv4() {
+        libc::AF_INET
+    } else {
+        libc::AF_INET6
+    };
+    b.extend_from_slice(&[family as u8, 0, 0, 0]);
+    b.extend_from_slice(&(idx as i32).to_ne_bytes());
+    b.extend_from_slice(&[0, 0, 0, 0]);
+    put_attr(&mut b, libc::NDA_DST, &ip_bytes(ip));
+    end_msg(&mut b, m);
+    send(fd.as_raw_fd(), &b, MsgFlags::empty()).map_err(|e| context(&what, e.into()))?;
+    let mut buf = [0u8; 1024];
+    let n =
+        recv(fd.as_raw_fd(), &mut buf, MsgFlags::empty()).map_err(|e| context(&what, e.into()))?;
+    Ok(neigh_answer(&buf[..n]))
+}
+
+/// The NDA_LLADDR of an RTM_NEWNEIGH answer (an NLMSG_ERROR, ENOENT: None).
+fn neigh_answer(d: &[u8]) -> Option<[u8; 6]> {
+    const NDMSG_LEN: usize = 12;
+    if d.len() < NLMSG_HDRLEN + NDMSG_LEN || u16_at(d, 4) != libc::RTM_NEWNEIGH {
+        return None;
+    }
+    let len = (u32_at(d, 0) as usize).min(d.len());
+    let mut a = NLMSG_HDRLEN + NDMSG_LEN;
+    while a + NLA_HDRLEN <= len {
+        let alen = u16_at(d, a) as usize;
+        if alen < NLA_HDRLEN || a + alen > len {
+            return None;
+        }
+        if u16_at(d, a + 2) == libc::NDA_LLADDR && alen == NLA_HDRLEN + 6 {
+            return d[a + NLA_HDRLEN..a + alen].try_into().ok();
+        }
+        a += align4(alen);
+    }
+    None
+}
+
 /// Whether `ip` is in set `set` of table `inet table` now (an element past its
 /// timeout is not), like `nft get element`. One netlink round trip.
 pub fn nft_set_has(table: &str, set: &str, ip: IpAddr) -> io::Result<bool> {

@@ -261,6 +261,11 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
         (Some(dt), Some(_)) => Some(tokio::spawn(crate::detect::run(d.clone(), dt.group))),
         _ => None,
     };
+    // Packets held during handoffs are kept, not dropped.
+    let holding = d
+        .handoff
+        .as_ref()
+        .map(|_| tokio::spawn(crate::holding::run(d.holding.clone())));
     // Channels to the peers, opened ahead of the handoffs that will need them.
     let spares = d
         .handoff
@@ -304,7 +309,12 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
                     // Exit once the operator has the answer (a second at most).
                     let _ = tokio::time::timeout(Duration::from_secs(1), a.written).await;
                 }
-                // The new process owns the footprint and the control socket now.
+                // The new process owns the footprint and the control socket now, and
+                // takes the hold queue once we let it go.
+                if let Some(t) = &holding {
+                    t.abort();
+                }
+                d.holding.close();
                 std::mem::forget(undo);
                 return Ok(true);
             }
@@ -334,9 +344,11 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
     if let Some(b) = beacons {
         b.abort();
     }
-    for t in [detection, spares].into_iter().flatten() {
+    for t in [detection, spares, holding].into_iter().flatten() {
         t.abort();
     }
+    // The queue is free for the msrd that follows (an upgrade's).
+    d.holding.close();
     let _ = std::fs::remove_file(&cfg.msr.control_socket);
     drop(undo);
     Ok(false)

@@ -380,6 +380,7 @@ fn proxy_delay_zeroed_and_restored() {
             transparent: None,
             detect: None,
             mh_prefixes: vec!["10.9.0.0/24".parse().unwrap()],
+            hold_queue: 4955,
         },
         lan_interface: Some("v0".into()),
         mh_prefixes: vec!["10.9.0.0/24".parse().unwrap()],
@@ -434,6 +435,7 @@ fn msr_and_mh(table: &str) -> (Netns, Netns, itcp_proxy::intercept::Rules) {
         transparent: None,
         detect: None,
         mh_prefixes: vec!["10.2.0.0/24".parse().unwrap()],
+        hold_queue: 4956,
     };
     let script = rules.nft_script();
     let mut child = Command::new("ip")
@@ -596,4 +598,20 @@ fn announcements_take_well_under_a_millisecond() {
         "{garp:?} per gratuitous ARP"
     );
     assert!(na < Duration::from_millis(1), "{na:?} per unsolicited NA");
+}
+
+#[test]
+fn held_packets_are_queued_ahead_of_the_drop() {
+    let (msr, _mh, _rules) = msr_and_mh("itcp_queue_test");
+    msr.run(|| itcp_proxy::netlink::nft_queue_rule("itcp_queue_test", "held", 4956))
+        .unwrap();
+    let listed = msr.sh(&["nft", "list", "chain", "inet", "itcp_queue_test", "held"]);
+    let queue = listed.find("queue num 4956").expect(&listed);
+    let drop = listed.find("drop").expect(&listed);
+    assert!(queue < drop, "{listed}");
+    // A missing table is an error that names it.
+    let e = msr
+        .run(|| itcp_proxy::netlink::nft_queue_rule("itcp_no_such_table", "held", 4956))
+        .unwrap_err();
+    assert!(e.to_string().contains("itcp_no_such_table"), "{e}");
 }

@@ -62,7 +62,7 @@ pub struct LatencyResult {
 }
 
 /// A `TcpExt` counter of host `h`'s namespace (`/proc/net/netstat`).
-fn tcp_ext(lab: &Lab, h: Host, name: &str) -> io::Result<u64> {
+pub fn tcp_ext(lab: &Lab, h: Host, name: &str) -> io::Result<u64> {
     let out = lab.run(h, "cat", &["/proc/net/netstat"])?;
     let text = String::from_utf8_lossy(&out.stdout);
     let mut lines = text.lines();

@@ -141,6 +141,8 @@ pub struct RrOpts {
     /// Exchanges left out of the statistics at the start (a split connection's first
     /// requests also wait for its fixed side to connect).
     pub warmup: u64,
+    /// Connect through the MSR with mh-lib (I-TCP) instead of directly.
+    pub itcp: bool,
 }
 
 impl RrOpts {
@@ -154,6 +156,7 @@ impl RrOpts {
             seed: 1,
             pipeline: false,
             warmup: 0,
+            itcp: false,
         }
     }
 }
@@ -608,25 +611,10 @@ fn establish_itcp(
     so: &SockOpts,
     on_listening: impl FnOnce(SocketAddr),
 ) -> io::Result<TcpStream> {
-    let mh = itcp_mh::MhOptions::from_env()?;
     let s = match opts.endpoint {
-        Endpoint::Connect(a) => {
-            // The FH may not listen yet: retry refusals as a plain connect does.
-            let deadline = Instant::now() + secs(opts.connect_timeout);
-            loop {
-                match itcp_mh::ItcpStream::connect_with(&mh, a) {
-                    Ok(s) => break s.into_inner(),
-                    Err(e)
-                        if e.kind() == ErrorKind::ConnectionRefused
-                            && Instant::now() + CONNECT_RETRY < deadline =>
-                    {
-                        thread::sleep(CONNECT_RETRY)
-                    }
-                    Err(e) => return Err(ctx(e, format!("I-TCP connect to {a}"))),
-                }
-            }
-        }
+        Endpoint::Connect(a) => connect_itcp(a, secs(opts.connect_timeout))?,
         Endpoint::Listen(a) => {
+            let mh = itcp_mh::MhOptions::from_env()?;
             let l = itcp_mh::ItcpListener::bind_with(&mh, a.port())
                 .map_err(|e| ctx(e, format!("I-TCP listen on port {}", a.port())))?;
             on_listening(l.local_addr()?);
@@ -641,6 +629,25 @@ fn establish_itcp(
         s.set_nodelay(true)?;
     }
     Ok(s)
+}
+
+/// Connects to `a` through the MSR with mh-lib, retrying refusals for `timeout` (the
+/// FH may not listen yet) as a plain connect does.
+fn connect_itcp(a: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    let mh = itcp_mh::MhOptions::from_env()?;
+    let deadline = Instant::now() + timeout;
+    loop {
+        match itcp_mh::ItcpStream::connect_with(&mh, a) {
+            Ok(s) => return Ok(s.into_inner()),
+            Err(e)
+                if e.kind() == ErrorKind::ConnectionRefused
+                    && Instant::now() + CONNECT_RETRY < deadline =>
+            {
+                thread::sleep(CONNECT_RETRY)
+            }
+            Err(e) => return Err(ctx(e, format!("I-TCP connect to {a}"))),
+        }
+    }
 }
 
 fn secs(s: f64) -> Duration {
@@ -1120,7 +1127,15 @@ pub fn run_rr(opts: &RrOpts) -> RrReport {
         cc: None,
         nodelay: true,
     };
-    let mut s = match connect(opts.addr, &so, secs(opts.connect_timeout)) {
+    let opened = if opts.itcp {
+        connect_itcp(opts.addr, secs(opts.connect_timeout)).and_then(|s| {
+            s.set_nodelay(true)?;
+            Ok(s)
+        })
+    } else {
+        connect(opts.addr, &so, secs(opts.connect_timeout))
+    };
+    let mut s = match opened {
         Ok(s) => s,
         Err(e) => {
             rep.error = Some(e.to_string());

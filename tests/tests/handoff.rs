@@ -538,6 +538,99 @@ fn connections_that_fail_to_restart_while_others_resume_draw_no_reset() {
     partial_restart(&[(2, "MSRD_FAULT", "fail_restart:5002")]);
 }
 
+/// The FH's `TcpExt` counters (`/proc/net/netstat`), by name.
+fn fh_tcp_ext(lab: &Lab) -> std::collections::HashMap<String, u64> {
+    let out = lab.run(Host::Fh, "cat", &["/proc/net/netstat"]).unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut m = std::collections::HashMap::new();
+    for pair in lines.chunks(2) {
+        if let [names, values] = pair {
+            if names.starts_with("TcpExt:") {
+                for (n, v) in names
+                    .split_whitespace()
+                    .zip(values.split_whitespace())
+                    .skip(1)
+                {
+                    m.insert(n.to_string(), v.parse().unwrap_or(0));
+                }
+            }
+        }
+    }
+    m
+}
+
+/// The FH streams to the MH while a handoff takes 150 ms (the new MSR restores late,
+/// as with many connections): far longer than the FH's loss probe timer. The FH's own
+/// link is the bottleneck, so its congestion window is full of segments in flight when
+/// the connection freezes. The segments that reach either MSR while the connection is
+/// frozen must be held and delivered once it runs again (issue 11, item 3): the FH
+/// then loses none, retransmits none and never times out. Dropped, as before, they
+/// cost the FH a recovery (and, when its loss probe is lost too, its RTO).
+#[test]
+fn the_fixed_host_loses_nothing_in_a_slow_handoff() {
+    let wan = lab::link(20_000_000, 1.0, 0.0);
+    let cell = lab::link(100_000_000, 1.0, 0.0);
+    let mut lab = Lab::new(LabConfig::links(2, 47, wan, cell)).unwrap();
+    let env = [
+        (2, "MSRD_FAULT", "slow_restore"),
+        (2, "MSRD_FAULT_DELAY_MS", "150"),
+    ];
+    lab.start_itcp_mobility_env(FAST_BEACONS, FAST_AGENT, &env)
+        .unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    lab.watch_rsts(Host::Mh).unwrap();
+    let bytes = 12 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    std::thread::sleep(Duration::from_millis(1500));
+    let before = fh_tcp_ext(&lab);
+    crossing(&lab, 1, 2, Duration::from_millis(300), Duration::ZERO);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    // A retransmission caused by the move has happened by now.
+    std::thread::sleep(Duration::from_millis(1000));
+    let after = fh_tcp_ext(&lab);
+    let (send, recv) = finish(&mut lab, t);
+    assert_clean(&lab, &send, &recv, bytes);
+    let recs = lab.handoff_records(2);
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    assert_eq!(recs[0].connections.len(), 1, "{recs:?}");
+    let took = recs[0].duration_us().unwrap();
+    assert!(
+        took >= 150_000,
+        "the handoff took {took} µs: the hook did not slow it"
+    );
+    assert!(
+        recv.duration_s > 3.0,
+        "the transfer ended after {:.1} s: not streaming through the move",
+        recv.duration_s
+    );
+    let delta = |n: &str| after.get(n).copied().unwrap_or(0) - before.get(n).copied().unwrap_or(0);
+    // Every kind of retransmission timeout (Linux counts one by the state it hits).
+    let rtos: u64 = [
+        "TCPTimeouts",
+        "TCPSackFailures",
+        "TCPLossFailures",
+        "TCPSackRecoveryFail",
+    ]
+    .iter()
+    .map(|n| delta(n))
+    .sum();
+    let (fast, recoveries) = (delta("TCPFastRetrans"), delta("TCPSackRecovery"));
+    eprintln!(
+        "handoff {:.1} ms; FH: RTOs {rtos}, fast retransmits {fast}, recoveries {recoveries}, \
+         loss probes {}, new segments sent over the move {}",
+        took as f64 / 1000.0,
+        delta("TCPLossProbes"),
+        delta("TCPOrigDataSent")
+    );
+    assert_eq!(
+        (rtos, fast, recoveries),
+        (0, 0, 0),
+        "the FH lost segments in a {took} µs handoff (RTOs, fast retransmits, recoveries)\n{}",
+        diag(&lab)
+    );
+}
+
 /// As above, with the failing restart taking 300 ms (as a slow real failure could),
 /// so that the MH's segments reach the restored socket before it fails.
 #[test]

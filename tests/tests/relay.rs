@@ -633,6 +633,7 @@ fn a_flow_hold_stalls_the_mh_silently_and_release_resumes_it() {
         transparent: None,
         detect: None,
         mh_prefixes: vec!["10.2.0.0/24".parse().unwrap()],
+        hold_queue: 4954,
     };
     let mh: std::net::IpAddr = addr::MH.into();
     in_netns(&lab.ns(Host::Msr(1)), || rules.hold(mh)).unwrap();

@@ -63,7 +63,8 @@ impl Daemon {
         }
     }
 
-    /// Holds `mh`'s flows (dropped, never answered) until [`Daemon::release`].
+    /// Holds `mh`'s flows (held in `self.holding`, never answered) until
+    /// [`Daemon::release`].
     pub fn hold(&self, mh: IpAddr) {
         if let Some(h) = &self.handoff {
             h.hold_gen_bump(mh);
@@ -73,7 +74,16 @@ impl Daemon {
         }
     }
 
+    /// Ends the hold: the packets held meanwhile go through the rules again.
     pub fn release(&self, mh: IpAddr) {
+        self.lift_hold(mh);
+        self.holding.deliver(mh);
+    }
+
+    /// Ends the hold, keeping the packets held meanwhile until
+    /// `self.holding.deliver(mh)`: a new MSR lets them go once its restored sockets
+    /// run (before, its gate would drop them).
+    pub fn lift_hold(&self, mh: IpAddr) {
         if let Err(e) = self.rules.release(mh) {
             warn!(%mh, error = %e, "flow hold not released");
         }

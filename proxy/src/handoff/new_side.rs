@@ -165,6 +165,8 @@ async fn run(
     let mut flight_route: Option<FlightRoute> = None;
     let mut entries: Vec<ConnEntry> = Vec::new();
     let mut moved = 0usize;
+    // The hold was lifted and its packets still wait (for the restart).
+    let mut lifted = false;
     loop {
         let mut next: Option<NewEvent> = None;
         let mut lost: Option<String> = None;
@@ -243,6 +245,14 @@ async fn run(
                         tracing::error!("MSRD_FAULT=exit_before_restore: exiting mid-handoff");
                         std::process::exit(70);
                     }
+                    // Test hook: a slow handoff (`MSRD_FAULT_DELAY_MS`, default 100 ms
+                    // between the images and their restore), as with many connections,
+                    // to show what the hosts see while their connections are frozen.
+                    if std::env::var("MSRD_FAULT").as_deref() == Ok("slow_restore") {
+                        let ms =
+                            super::sockets::fault_delay().unwrap_or(Duration::from_millis(100));
+                        tokio::time::sleep(ms).await;
+                    }
                     {
                         // The old MSR verified this greeting: it is used here too, and the
                         // MH's token (shipped on the authenticated channel) is now ours.
@@ -289,7 +299,10 @@ async fn run(
                         warn!(%mh, error = %e, "restored connections not gated: one that fails to restart could lose bytes");
                     }
                 }
-                Action::Release(mh) => d.release(mh),
+                Action::Release(mh) => {
+                    d.lift_hold(mh);
+                    lifted = true;
+                }
                 Action::Restart(ids) => {
                     let rs: Vec<Restored> = std::mem::take(&mut restored)
                         .into_iter()
@@ -317,6 +330,9 @@ async fn run(
                     h.gates.open(&d.rules, mh);
                     discard_all(unstarted);
                     moved = resumed.len();
+                    // The sockets run: what reached us meanwhile goes to them.
+                    d.holding.deliver(mh);
+                    lifted = false;
                     // The sockets run with their window now: the host route goes.
                     drop(flight_route.take());
                     next = Some(NewEvent::Restarted { resumed, failed });
@@ -374,6 +390,9 @@ async fn run(
             continue;
         }
         if m.done() {
+            if lifted {
+                d.holding.deliver(mh);
+            }
             return;
         }
         let Some(c) = ch.as_mut() else {

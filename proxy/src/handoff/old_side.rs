@@ -286,6 +286,11 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                             warn!(%mh, error = %e, "stray segments of connections that moved will draw RSTs here");
                         }
                     }
+                    // The FH's segments held here during the freeze, and those that
+                    // come until the LAN has moved on, go on to the new MSR.
+                    let moved: Vec<_> = gone.iter().flat_map(Frozen::flows).collect();
+                    let w = Duration::from_millis(h.cfg.hold_after_ms);
+                    d.holding.forward(mh, peer.ip(), &moved, w);
                     delete(&d, gone);
                     // The new MSR took the MH's address over on the fixed LAN.
                     d.give_up_route(mh);

@@ -540,8 +540,9 @@ fn fault_restart() -> Option<Option<u16>> {
     })
 }
 
-/// How long an injected restart failure takes (`MSRD_FAULT_DELAY_MS`), read once.
-fn fault_delay() -> Option<std::time::Duration> {
+/// How long an injected restart failure or a slow restore takes
+/// (`MSRD_FAULT_DELAY_MS`), read once.
+pub(super) fn fault_delay() -> Option<std::time::Duration> {
     static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
     *DELAY.get_or_init(|| {
         let ms = std::env::var("MSRD_FAULT_DELAY_MS").ok()?.parse().ok()?;

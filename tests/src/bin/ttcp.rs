@@ -129,7 +129,7 @@ on ADDR:PORT' on stderr once bound (port 0 picks a free one).",
         Command {
             name: "rr",
             synopsis: "--connect ADDR:PORT [--count N] [--size BYTES] [--interval-ms MS]
-[--pipeline] [--warmup N] [--seed S] [--connect-timeout SECS] [--json FILE]",
+[--pipeline] [--warmup N] [--seed S] [--connect-timeout SECS] [--itcp] [--json FILE]",
             about: "Request-response latency against ttcp echo: COUNT exchanges of SIZE bytes.",
             flags: &[
                 CONNECT,
@@ -147,6 +147,7 @@ on ADDR:PORT' on stderr once bound (port 0 picks a free one).",
                 ),
                 SEED,
                 CONNECT_TIMEOUT,
+                ITCP,
                 JSON,
             ],
         },
@@ -443,6 +444,7 @@ fn rr(mut a: Args) -> itcp_cli::Result<Job> {
             Arg::Flag("size") => o.size = parse_positive(&mut a, "size")?,
             Arg::Flag("interval-ms") => o.interval_ms = parse_secs(&mut a, "interval-ms")?,
             Arg::Flag("pipeline") => o.pipeline = true,
+            Arg::Flag("itcp") => o.itcp = true,
             Arg::Flag("warmup") => o.warmup = parse_u64(&mut a, "warmup")?,
             Arg::Flag("seed") => o.seed = parse_u64(&mut a, "seed")?,
             Arg::Flag("connect-timeout") => {

@@ -1,0 +1,706 @@
+//! Packets held during a handoff instead of dropped. While an MH's connections are
+//! frozen, msrd's hold rules (`intercept`) hand every TCP packet that arrives from or
+//! for the MH to one netfilter queue (NFQUEUE); msrd keeps them here, and when the hold
+//! ends each one is
+//! * run through the rules again (`deliver`): the connection runs here (the new MSR
+//!   after its restart, the old MSR after a rollback), so the socket takes it;
+//! * sent on to the MSR the connection moved to (`forward`, at the old MSR): the FH's
+//!   segments that reached the old MSR during the freeze, and those that still do until
+//!   the fixed LAN has learnt the move (the MH's own from its old cell too), reach the
+//!   restored sockets;
+//! * or dropped, as every held packet was before, once it has waited [`MAX_HELD`].
+//!
+//! So a segment the FH sends into a freeze is acknowledged as soon as the connection
+//! runs again, and the FH does not wait for its retransmission timeout.
+//!
+//! The kernel keeps the packets (at most [`QUEUE_MAXLEN`]: beyond, it drops them); a
+//! copy of each comes here, to be forwarded. Without a listener on the queue (msrd not
+//! yet up, or an upgrade in progress) the kernel drops them, as before.
+
+use std::collections::{HashMap, HashSet};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::sys::socket::{recv, send, MsgFlags};
+use tokio::io::unix::AsyncFd;
+use tracing::{debug, info, warn};
+
+use crate::netlink::{
+    align4, begin_msg, end_msg, kernel_error, next_seq, nl_exchange, nl_socket, put_attr,
+    put_nfgenmsg, u16_at, u32_at, NFGENMSG_LEN, NLA_HDRLEN, NLMSG_HDRLEN,
+};
+
+// From linux/netfilter/nfnetlink_queue.h.
+const NFNL_SUBSYS_QUEUE: u16 = 3;
+const NFQNL_MSG_PACKET: u16 = 0;
+const NFQNL_MSG_VERDICT: u16 = 1;
+const NFQNL_MSG_CONFIG: u16 = 2;
+const NFQNL_MSG_VERDICT_BATCH: u16 = 3;
+const NFQA_PACKET_HDR: u16 = 1;
+const NFQA_VERDICT_HDR: u16 = 2;
+const NFQA_PAYLOAD: u16 = 10;
+const NFQA_CFG_CMD: u16 = 1;
+const NFQA_CFG_PARAMS: u16 = 2;
+const NFQA_CFG_QUEUE_MAXLEN: u16 = 3;
+const NFQNL_CFG_CMD_BIND: u8 = 1;
+const NFQNL_COPY_PACKET: u8 = 2;
+
+/// What happens to a held packet (netfilter verdicts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    Drop = 0,
+    /// Through the hold rules again (`NF_REPEAT`): the hold is over by then, so it
+    /// meets the rules a packet arriving now would.
+    Repeat = 4,
+}
+
+/// Packets the kernel keeps at most for this queue (a few MB of segments).
+pub const QUEUE_MAXLEN: u32 = 4096;
+/// How long a packet is held at most: a handoff that takes longer has failed, and its
+/// packets are dropped as they always were.
+pub const MAX_HELD: Duration = Duration::from_secs(5);
+
+/// One queued packet, as the kernel reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Queued {
+    pub id: u32,
+    pub packet: Vec<u8>,
+}
+
+/// A held packet's ends (ports 0 for anything but TCP).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ends {
+    pub src: SocketAddr,
+    pub dst: SocketAddr,
+}
+
+/// The ends of an IPv4 or IPv6 packet (IPv6: TCP right after the fixed header).
+pub fn ends(p: &[u8]) -> Option<Ends> {
+    let (src, dst, proto, l4): (IpAddr, IpAddr, u8, usize) = match p.first()? >> 4 {
+        4 if p.len() >= 20 => {
+            let ihl = usize::from(p[0] & 0x0f) * 4;
+            let s = Ipv4Addr::new(p[12], p[13], p[14], p[15]);
+            let d = Ipv4Addr::new(p[16], p[17], p[18], p[19]);
+            (s.into(), d.into(), p[9], ihl)
+        }
+        6 if p.len() >= 40 => {
+            let s: [u8; 16] = p[8..24].try_into().ok()?;
+            let d: [u8; 16] = p[24..40].try_into().ok()?;
+            (Ipv6Addr::from(s).into(), Ipv6Addr::from(d).into(), p[6], 40)
+        }
+        _ => return None,
+    };
+    let (sport, dport) = if proto == libc::IPPROTO_TCP as u8 && p.len() >= l4 + 4 {
+        (
+            u16::from_be_bytes([p[l4], p[l4 + 1]]),
+            u16::from_be_bytes([p[l4 + 2], p[l4 + 3]]),
+        )
+    } else {
+        (0, 0)
+    };
+    Some(Ends {
+        src: SocketAddr::new(src, sport),
+        dst: SocketAddr::new(dst, dport),
+    })
+}
+
+/// Binds queue `queue`, full packets copied, at most [`QUEUE_MAXLEN`] kept.
+fn config_msgs(queue: u16, seq: u32) -> [Vec<u8>; 2] {
+    let ty = (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_CONFIG;
+    let flags = (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16;
+    let mut bind = Vec::new();
+    let m = begin_msg(&mut bind, ty, flags, seq);
+    put_nfgenmsg(&mut bind, libc::AF_UNSPEC as u8, queue);
+    // struct nfqnl_msg_config_cmd: command, pad, be16 pf (unused since Linux 3.8).
+    put_attr(&mut bind, NFQA_CFG_CMD, &[NFQNL_CFG_CMD_BIND, 0, 0, 0]);
+    end_msg(&mut bind, m);
+    let mut params = Vec::new();
+    let m = begin_msg(&mut params, ty, flags, seq.wrapping_add(1));
+    put_nfgenmsg(&mut params, libc::AF_UNSPEC as u8, queue);
+    // struct nfqnl_msg_config_params: be32 copy_range, copy_mode (packed: 5 bytes).
+    let mut p = 0xffffu32.to_be_bytes().to_vec();
+    p.push(NFQNL_COPY_PACKET);
+    put_attr(&mut params, NFQA_CFG_PARAMS, &p);
+    put_attr(
+        &mut params,
+        NFQA_CFG_QUEUE_MAXLEN,
+        &QUEUE_MAXLEN.to_be_bytes(),
+    );
+    end_msg(&mut params, m);
+    [bind, params]
+}
+
+/// A verdict on packet `id` (`batch`: on every packet up to `id`).
+fn verdict_msg(queue: u16, id: u32, v: Verdict, batch: bool) -> Vec<u8> {
+    let ty = if batch {
+        NFQNL_MSG_VERDICT_BATCH
+    } else {
+        NFQNL_MSG_VERDICT
+    };
+    let mut b = Vec::with_capacity(32);
+    let m = begin_msg(
+        &mut b,
+        (NFNL_SUBSYS_QUEUE << 8) | ty,
+        libc::NLM_F_REQUEST as u16,
+        0,
+    );
+    put_nfgenmsg(&mut b, libc::AF_UNSPEC as u8, queue);
+    // struct nfqnl_msg_verdict_hdr: be32 verdict, be32 id.
+    let mut h = (v as u32).to_be_bytes().to_vec();
+    h.extend_from_slice(&id.to_be_bytes());
+    put_attr(&mut b, NFQA_VERDICT_HDR, &h);
+    end_msg(&mut b, m);
+    b
+}
+
+/// The packets reported in one datagram (anything else, or malformed, is skipped).
+pub fn parse(dgram: &[u8]) -> Vec<Queued> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off + NLMSG_HDRLEN <= dgram.len() {
+        let len = u32_at(dgram, off) as usize;
+        if len < NLMSG_HDRLEN || off + len > dgram.len() {
+            break;
+        }
+        if u16_at(dgram, off + 4) == (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET {
+            if let Some(q) = parse_packet(&dgram[off + NLMSG_HDRLEN..off + len]) {
+                out.push(q);
+            }
+        }
+        off += align4(len);
+    }
+    out
+}
+
+fn parse_packet(body: &[u8]) -> Option<Queued> {
+    let mut a = NFGENMSG_LEN;
+    let (mut id, mut packet) = (None, None);
+    while a + NLA_HDRLEN <= body.len() {
+        let alen = u16_at(body, a) as usize;
+        if alen < NLA_HDRLEN || a + alen > body.len() {
+            return None;
+        }
+        let p = &body[a + NLA_HDRLEN..a + alen];
+        match u16_at(body, a + 2) & 0x3fff {
+            // struct nfqnl_msg_packet_hdr: be32 packet_id, be16 hw_protocol, hook.
+            NFQA_PACKET_HDR if p.len() >= 4 => {
+                id = Some(u32::from_be_bytes([p[0], p[1], p[2], p[3]]))
+            }
+            NFQA_PAYLOAD => packet = Some(p.to_vec()),
+            _ => {}
+        }
+        a += align4(alen);
+    }
+    Some(Queued {
+        id: id?,
+        packet: packet.unwrap_or_default(),
+    })
+}
+
+/// Where an MH's held packets go once its connections moved (the old MSR's side).
+#[derive(Debug, Clone)]
+struct Forward {
+    /// The new MSR: its address, and its link-layer address once looked up.
+    via: IpAddr,
+    mac: Option<[u8; 6]>,
+    /// The flows that moved, as (MH's end, other end).
+    flows: HashSet<(SocketAddr, SocketAddr)>,
+    until: Instant,
+}
+
+struct Held {
+    id: u32,
+    at: Instant,
+    ends: Option<Ends>,
+    packet: Vec<u8>,
+}
+
+/// Whether a held packet belongs to a flow that moved (either way: the FH's segments,
+/// and the MH's own that it sent from the old cell before it moved).
+fn moved(f: &Forward, e: &Ends) -> bool {
+    f.flows.contains(&(e.dst, e.src)) || f.flows.contains(&(e.src, e.dst))
+}
+
+#[derive(Default)]
+struct State {
+    held: Vec<Held>,
+    forward: HashMap<IpAddr, Forward>,
+    /// The highest packet id read (ids only grow).
+    max_seen: Option<u32>,
+    /// Reports were lost (the socket overran): the kernel holds packets we never saw.
+    lost: bool,
+}
+
+/// The held packets and the queue's socket.
+pub struct Holding {
+    queue: u16,
+    /// The fixed LAN's interface (forwarding goes out on it).
+    lan: Option<String>,
+    fd: Mutex<Option<Arc<AsyncFd<OwnedFd>>>>,
+    st: Mutex<State>,
+}
+
+impl Holding {
+    pub fn new(queue: u16, lan: Option<String>) -> Holding {
+        Holding {
+            queue,
+            lan,
+            fd: Mutex::new(None),
+            st: Mutex::new(State::default()),
+        }
+    }
+
+    fn raw_fd(&self) -> Option<(RawFd, Arc<AsyncFd<OwnedFd>>)> {
+        let g = self.fd.lock().unwrap();
+        g.as_ref().map(|f| (f.get_ref().as_raw_fd(), f.clone()))
+    }
+
+    fn verdict(&self, id: u32, v: Verdict, batch: bool) {
+        let Some((fd, _keep)) = self.raw_fd() else {
+            return;
+        };
+        let m = verdict_msg(self.queue, id, v, batch);
+        loop {
+            match send(fd, &m, MsgFlags::empty()) {
+                Err(Errno::EINTR) => continue,
+                // The kernel drops a packet whose verdict never comes when the socket
+                // closes, or keeps it until then: either way it is not delivered.
+                Err(e) => debug!(id, error = %e, "verdict on a held packet not sent"),
+                Ok(_) => {}
+            }
+            return;
+        }
+    }
+
+    /// The MH's held packets run through the rules again: its connections run here.
+    pub fn deliver(&self, mh: IpAddr) {
+        let ids: Vec<u32> = {
+            let mut st = self.st.lock().unwrap();
+            st.forward.remove(&mh);
+            let (mine, rest): (Vec<Held>, Vec<Held>) = std::mem::take(&mut st.held)
+                .into_iter()
+                .partition(|h| h.ends.is_some_and(|e| e.src.ip() == mh || e.dst.ip() == mh));
+            st.held = rest;
+            mine.into_iter().map(|h| h.id).collect()
+        };
+        if !ids.is_empty() {
+            debug!(%mh, packets = ids.len(), "held packets delivered");
+        }
+        for id in ids {
+            self.verdict(id, Verdict::Repeat, false);
+        }
+    }
+
+    /// The MH's `flows` (MH's end, other end) moved to the MSR at `via`: their held
+    /// packets, and those that arrive for `window`, go there. Others stay held.
+    pub fn forward(
+        &self,
+        mh: IpAddr,
+        via: IpAddr,
+        flows: &[(SocketAddr, SocketAddr)],
+        window: Duration,
+    ) {
+        let f = Forward {
+            via,
+            mac: None,
+            flows: flows.iter().copied().collect(),
+            until: Instant::now() + window,
+        };
+        let out: Vec<Held> = {
+            let mut st = self.st.lock().unwrap();
+            let (out, keep): (Vec<Held>, Vec<Held>) = std::mem::take(&mut st.held)
+                .into_iter()
+                .partition(|h| h.ends.is_some_and(|e| moved(&f, &e)));
+            st.held = keep;
+            st.forward.insert(mh, f);
+            out
+        };
+        let n = out.len();
+        for h in out {
+            self.dispose(mh, h);
+        }
+        if n > 0 {
+            debug!(%mh, %via, packets = n, "held packets of connections that moved disposed of");
+        }
+    }
+
+    /// Sends one packet of `mh`'s moved flows on to the new MSR.
+    fn dispose(&self, mh: IpAddr, h: Held) {
+        self.send_on(mh, &h.packet);
+        // Sent on or not (then lost, as without the hold), it does not go on here.
+        self.verdict(h.id, Verdict::Drop, false);
+    }
+
+    /// Sends `packet` to the new MSR of `mh`, as a router would: an Ethernet frame to
+    /// its link-layer address on the fixed LAN. False if that cannot be done.
+    fn send_on(&self, mh: IpAddr, packet: &[u8]) -> bool {
+        let Some(lan) = &self.lan else { return false };
+        let (via, mac) = {
+            let st = self.st.lock().unwrap();
+            let Some(f) = st.forward.get(&mh) else {
+                return false;
+            };
+            (f.via, f.mac)
+        };
+        let mac = match mac {
+            Some(m) => m,
+            None => match crate::netlink::neigh_mac(lan, via) {
+                Ok(Some(m)) => {
+                    if let Some(f) = self.st.lock().unwrap().forward.get_mut(&mh) {
+                        f.mac = Some(m);
+                    }
+                    m
+                }
+                Ok(None) => {
+                    debug!(%via, "held packets not forwarded: no neighbour entry for the new MSR");
+                    return false;
+                }
+                Err(e) => {
+                    debug!(%via, error = %e, "held packets not forwarded");
+                    return false;
+                }
+            },
+        };
+        match send_frame(lan, mac, packet) {
+            Ok(()) => true,
+            Err(e) => {
+                debug!(%via, error = %e, "held packet not forwarded");
+                false
+            }
+        }
+    }
+
+    /// One packet from the kernel.
+    fn on_packet(&self, q: Queued) {
+        let e = ends(&q.packet);
+        let now = Instant::now();
+        let mut st = self.st.lock().unwrap();
+        st.max_seen = Some(st.max_seen.map_or(q.id, |m| m.max(q.id)));
+        let moved = e.and_then(|e| {
+            [e.dst.ip(), e.src.ip()].into_iter().find_map(|ip| {
+                st.forward
+                    .get(&ip)
+                    .filter(|f| f.until > now && moved(f, &e))
+                    .map(|_| ip)
+            })
+        });
+        let h = Held {
+            id: q.id,
+            at: now,
+            ends: e,
+            packet: q.packet,
+        };
+        match moved {
+            Some(mh) => {
+                drop(st);
+                self.dispose(mh, h);
+            }
+            None => st.held.push(h),
+        }
+    }
+
+    /// Drops what waited too long, forgets lapsed forwards, and drops the packets the
+    /// kernel holds whose reports were lost.
+    fn sweep(&self) {
+        let now = Instant::now();
+        let (old, lost_upto) = {
+            let mut st = self.st.lock().unwrap();
+            st.forward.retain(|_, f| f.until > now);
+            let (old, keep): (Vec<Held>, Vec<Held>) = std::mem::take(&mut st.held)
+                .into_iter()
+                .partition(|h| now.duration_since(h.at) >= MAX_HELD);
+            st.held = keep;
+            // Every id below the oldest one still held, up to the last one seen, is a
+            // packet the kernel holds and we do not know: drop them all in one verdict.
+            let lost_upto = if st.lost {
+                st.lost = false;
+                let below = st
+                    .held
+                    .iter()
+                    .map(|h| h.id)
+                    .min()
+                    .map(|m| m.wrapping_sub(1));
+                match (st.max_seen, below) {
+                    (Some(m), Some(b)) => Some(m.min(b)),
+                    (m, None) => m,
+                    (None, Some(_)) => None,
+                }
+            } else {
+                None
+            };
+            (old, lost_upto)
+        };
+        if !old.is_empty() {
+            debug!(
+                packets = old.len(),
+                "held packets dropped after waiting too long"
+            );
+        }
+        for h in old {
+            self.verdict(h.id, Verdict::Drop, false);
+        }
+        if let Some(id) = lost_upto {
+            self.verdict(id, Verdict::Drop, true);
+        }
+    }
+
+    /// Lets the queue go (the kernel drops what is still held).
+    pub fn close(&self) {
+        self.fd.lock().unwrap().take();
+    }
+
+    /// Held packets now (for tests and the status).
+    pub fn held(&self) -> usize {
+        self.st.lock().unwrap().held.len()
+    }
+}
+
+/// Sends one IP packet as an Ethernet frame to `mac` on `ifname` (AF_PACKET): it does
+/// not pass this router's routing or netfilter, so a hold here cannot stop it.
+fn send_frame(ifname: &str, mac: [u8; 6], packet: &[u8]) -> io::Result<()> {
+    thread_local! {
+        static SOCK: std::cell::RefCell<Option<OwnedFd>> = const { std::cell::RefCell::new(None) };
+    }
+    let idx = nix::net::if_::if_nametoindex(ifname).map_err(io::Error::from)?;
+    let proto: u16 = if packet.first().is_some_and(|b| b >> 4 == 6) {
+        libc::ETH_P_IPV6 as u16
+    } else {
+        libc::ETH_P_IP as u16
+    };
+    SOCK.with(|s| {
+        let mut s = s.borrow_mut();
+        if s.is_none() {
+            *s = Some(crate::netlink::socket(
+                libc::AF_PACKET,
+                libc::SOCK_DGRAM,
+                0,
+            )?);
+        }
+        let fd = s.as_ref().unwrap().as_raw_fd();
+        // SAFETY: sockaddr_ll is plain data; all-zero is valid before the fields are set.
+        let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        sll.sll_family = libc::AF_PACKET as u16;
+        sll.sll_protocol = proto.to_be();
+        sll.sll_ifindex = idx as i32;
+        sll.sll_halen = 6;
+        sll.sll_addr[..6].copy_from_slice(&mac);
+        // SAFETY: the buffer and the address are live for the call, with their sizes.
+        let n = unsafe {
+            libc::sendto(
+                fd,
+                packet.as_ptr().cast(),
+                packet.len(),
+                0,
+                (&sll as *const libc::sockaddr_ll).cast(),
+                std::mem::size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+            )
+        };
+        if n < 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    })
+}
+
+/// Opens the queue: fails with EBUSY while another socket (an msrd being upgraded)
+/// holds it.
+fn open(queue: u16) -> io::Result<OwnedFd> {
+    let fd = nl_socket(libc::NETLINK_NETFILTER)?;
+    let seq = next_seq(2);
+    for (i, m) in config_msgs(queue, seq).iter().enumerate() {
+        let s = seq.wrapping_add(i as u32);
+        let ack = nl_exchange(fd.as_raw_fd(), m, s, 1, s)?;
+        if ack.errno != 0 {
+            return Err(kernel_error(
+                &format!("NFQUEUE {queue}"),
+                ack.errno,
+                (ack.errno == libc::EBUSY).then_some("another program listens on it"),
+                &ack,
+            ));
+        }
+    }
+    // Room for a burst of full-sized packets: an overrun loses reports, not packets
+    // (they are dropped later, see `sweep`).
+    let _ = socket2::SockRef::from(&fd).set_recv_buffer_size(8 << 20);
+    socket2::SockRef::from(&fd).set_nonblocking(true)?;
+    Ok(fd)
+}
+
+/// Reads the queue until the daemon ends. The queue is retried while another process
+/// holds it (an msrd being upgraded still runs).
+pub async fn run(h: Arc<Holding>) {
+    let mut warned = false;
+    let fd = loop {
+        let opened = open(h.queue).and_then(|fd| {
+            // SAFETY: the OwnedFd is valid, open and owned by the AsyncFd from here on.
+            unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
+                .map_err(|e| io::Error::other(e.to_string()))
+        });
+        match opened {
+            Ok(fd) => break Arc::new(fd),
+            Err(e) => {
+                if !warned {
+                    warn!(queue = h.queue, error = %e, "packets held during handoffs are dropped until their queue opens");
+                    warned = true;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    *h.fd.lock().unwrap() = Some(fd.clone());
+    info!(queue = h.queue, "hold queue up");
+    let mut buf = vec![0u8; 256 << 10];
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    loop {
+        let mut ready = tokio::select! {
+            r = fd.readable() => match r {
+                Ok(r) => r,
+                Err(_) => return,
+            },
+            _ = tick.tick() => {
+                h.sweep();
+                continue;
+            }
+        };
+        let raw = fd.get_ref().as_raw_fd();
+        let n = match recv(raw, &mut buf, MsgFlags::empty()) {
+            Ok(n) => n,
+            Err(Errno::EAGAIN) => {
+                ready.clear_ready();
+                continue;
+            }
+            Err(Errno::EINTR) => continue,
+            Err(Errno::ENOBUFS) => {
+                h.st.lock().unwrap().lost = true;
+                debug!("hold queue reports overran");
+                continue;
+            }
+            Err(e) => {
+                warn!(error = %e, "hold queue read failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        for q in parse(&buf[..n]) {
+            h.on_packet(q);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tcp4(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16) -> Vec<u8> {
+        let mut p = vec![0u8; 40];
+        p[0] = 0x45;
+        p[9] = 6;
+        p[12..16].copy_from_slice(&src);
+        p[16..20].copy_from_slice(&dst);
+        p[20..22].copy_from_slice(&sport.to_be_bytes());
+        p[22..24].copy_from_slice(&dport.to_be_bytes());
+        p
+    }
+
+    #[test]
+    fn ends_of_ipv4_and_ipv6_tcp() {
+        let e = ends(&tcp4([10, 1, 0, 1], 5001, [10, 2, 0, 100], 40000)).unwrap();
+        assert_eq!(e.src, "10.1.0.1:5001".parse().unwrap());
+        assert_eq!(e.dst, "10.2.0.100:40000".parse().unwrap());
+        let mut p = vec![0u8; 60];
+        p[0] = 0x60;
+        p[6] = 6;
+        p[8..24].copy_from_slice(&"2001:db8::1".parse::<Ipv6Addr>().unwrap().octets());
+        p[24..40].copy_from_slice(&"2001:db8:2::100".parse::<Ipv6Addr>().unwrap().octets());
+        p[40..42].copy_from_slice(&80u16.to_be_bytes());
+        p[42..44].copy_from_slice(&443u16.to_be_bytes());
+        let e = ends(&p).unwrap();
+        assert_eq!(e.src, "[2001:db8::1]:80".parse().unwrap());
+        assert_eq!(e.dst, "[2001:db8:2::100]:443".parse().unwrap());
+        assert_eq!(ends(&[0x45, 0, 0]), None);
+        assert_eq!(ends(&[]), None);
+    }
+
+    #[test]
+    fn packet_reports_parse_and_junk_is_skipped() {
+        let payload = tcp4([10, 1, 0, 1], 5001, [10, 2, 0, 100], 40000);
+        let mut b = Vec::new();
+        let m = begin_msg(&mut b, (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET, 0, 1);
+        put_nfgenmsg(&mut b, 2, 4954);
+        put_attr(&mut b, NFQA_PACKET_HDR, &[0, 0, 1, 7, 8, 0, 0]);
+        put_attr(&mut b, NFQA_PAYLOAD, &payload);
+        end_msg(&mut b, m);
+        // Another message type, then a truncated one.
+        let m = begin_msg(&mut b, 0x0303, 0, 2);
+        put_nfgenmsg(&mut b, 2, 4954);
+        end_msg(&mut b, m);
+        let got = parse(&b);
+        assert_eq!(
+            got,
+            vec![Queued {
+                id: 263,
+                packet: payload.clone()
+            }]
+        );
+        let mut cut = b.clone();
+        cut.truncate(30);
+        assert!(parse(&cut).is_empty());
+    }
+
+    #[test]
+    fn verdict_layout() {
+        let m = verdict_msg(4954, 263, Verdict::Repeat, false);
+        assert_eq!(u16_at(&m, 4), (3 << 8) | 1);
+        // nfgenmsg: family, version, be16 queue.
+        assert_eq!(&m[18..20], &4954u16.to_be_bytes());
+        // attribute: len 12, type 2, be32 verdict, be32 id.
+        assert_eq!(u16_at(&m, 20), 12);
+        assert_eq!(u16_at(&m, 22), NFQA_VERDICT_HDR);
+        assert_eq!(&m[24..28], &4u32.to_be_bytes());
+        assert_eq!(&m[28..32], &263u32.to_be_bytes());
+        let b = verdict_msg(4954, 9, Verdict::Drop, true);
+        assert_eq!(u16_at(&b, 4), (3 << 8) | 3);
+    }
+
+    #[test]
+    fn packets_of_moved_flows_go_on_both_ways_and_others_stay() {
+        let mh: SocketAddr = "10.2.0.100:40000".parse().unwrap();
+        let fh: SocketAddr = "10.1.0.1:5001".parse().unwrap();
+        let other: SocketAddr = "10.1.0.1:5002".parse().unwrap();
+        let f = Forward {
+            via: "10.1.0.12".parse().unwrap(),
+            mac: None,
+            flows: [(mh, fh)].into_iter().collect(),
+            until: Instant::now() + Duration::from_secs(1),
+        };
+        assert!(moved(&f, &Ends { src: fh, dst: mh }));
+        assert!(moved(&f, &Ends { src: mh, dst: fh }));
+        assert!(!moved(
+            &f,
+            &Ends {
+                src: other,
+                dst: mh
+            }
+        ));
+    }
+
+    #[test]
+    fn bind_and_params_messages() {
+        let [bind, params] = config_msgs(4954, 10);
+        assert_eq!(u16_at(&bind, 4), (3 << 8) | 2);
+        assert_eq!(&bind[18..20], &4954u16.to_be_bytes());
+        assert_eq!(u16_at(&bind, 22), NFQA_CFG_CMD);
+        assert_eq!(bind[24], NFQNL_CFG_CMD_BIND);
+        assert_eq!(u32_at(&params, 8), 11);
+        // copy range 0xffff, copy mode packet, then the queue's length.
+        assert_eq!(&params[24..29], &[0, 0, 0xff, 0xff, NFQNL_COPY_PACKET]);
+        let at = 20 + align4(4 + 5);
+        assert_eq!(u16_at(&params, at + 2), NFQA_CFG_QUEUE_MAXLEN);
+        assert_eq!(&params[at + 4..at + 8], &QUEUE_MAXLEN.to_be_bytes());
+    }
+}
