@@ -260,19 +260,42 @@ impl Holding {
     }
 
     fn verdict(&self, id: u32, v: Verdict, batch: bool) {
+        self.send_verdicts(&[verdict_msg(self.queue, id, v, batch)]);
+    }
+
+    /// Verdicts on many packets: several messages per datagram (a handoff's held
+    /// packets are let go in a few system calls, not one each).
+    fn verdicts(&self, ids: impl IntoIterator<Item = u32>, v: Verdict) {
+        let msgs: Vec<Vec<u8>> = ids
+            .into_iter()
+            .map(|id| verdict_msg(self.queue, id, v, false))
+            .collect();
+        self.send_verdicts(&msgs);
+    }
+
+    fn send_verdicts(&self, msgs: &[Vec<u8>]) {
         let Some((fd, _keep)) = self.raw_fd() else {
             return;
         };
-        let m = verdict_msg(self.queue, id, v, batch);
-        loop {
-            match send(fd, &m, MsgFlags::empty()) {
-                Err(Errno::EINTR) => continue,
-                // The kernel drops a packet whose verdict never comes when the socket
-                // closes, or keeps it until then: either way it is not delivered.
-                Err(e) => debug!(id, error = %e, "verdict on a held packet not sent"),
-                Ok(_) => {}
+        let mut buf = Vec::with_capacity(32 << 10);
+        let mut at = 0;
+        while at < msgs.len() {
+            buf.clear();
+            while at < msgs.len() && buf.len() + msgs[at].len() <= 32 << 10 {
+                buf.extend_from_slice(&msgs[at]);
+                at += 1;
             }
-            return;
+            loop {
+                match send(fd, &buf, MsgFlags::empty()) {
+                    Err(Errno::EINTR) => continue,
+                    // The kernel drops a packet whose verdict never comes when the
+                    // socket closes, or keeps it until then: either way it is not
+                    // delivered.
+                    Err(e) => debug!(error = %e, "verdicts on held packets not sent"),
+                    Ok(_) => {}
+                }
+                break;
+            }
         }
     }
 
@@ -290,9 +313,7 @@ impl Holding {
         if !ids.is_empty() {
             debug!(%mh, packets = ids.len(), "held packets delivered");
         }
-        for id in ids {
-            self.verdict(id, Verdict::Repeat, false);
-        }
+        self.verdicts(ids, Verdict::Repeat);
     }
 
     /// The MH's `flows` (MH's end, other end) moved to the MSR at `via`: their held
@@ -320,9 +341,11 @@ impl Holding {
             out
         };
         let n = out.len();
-        for h in out {
-            self.dispose(mh, h);
+        for h in &out {
+            self.send_on(mh, &h.packet);
         }
+        // Sent on or not (then lost, as without the hold), they do not go on here.
+        self.verdicts(out.iter().map(|h| h.id), Verdict::Drop);
         if n > 0 {
             debug!(%mh, %via, packets = n, "held packets of connections that moved disposed of");
         }
@@ -440,9 +463,7 @@ impl Holding {
                 "held packets dropped after waiting too long"
             );
         }
-        for h in old {
-            self.verdict(h.id, Verdict::Drop, false);
-        }
+        self.verdicts(old.iter().map(|h| h.id), Verdict::Drop);
         if let Some(id) = lost_upto {
             self.verdict(id, Verdict::Drop, true);
         }
