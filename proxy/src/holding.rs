@@ -2,13 +2,14 @@
 //! frozen, msrd's hold rules (`intercept`) hand every TCP packet that arrives from or
 //! for the MH to one netfilter queue (NFQUEUE); msrd keeps them here, and when the hold
 //! ends each one is
-//! * run through the rules again (`deliver`): the connection runs here (the new MSR
-//!   after its restart, the old MSR after a rollback), so the socket takes it;
+//! * run through the rules again (`settle`), when its connection runs here (the new
+//!   MSR after its restart, the old MSR after a rollback), so the socket takes it;
 //! * sent on to the MSR the connection moved to (`forward`, at the old MSR): the FH's
 //!   segments that reached the old MSR during the freeze, and those that still do until
 //!   the fixed LAN has learnt the move (the MH's own from its old cell too), reach the
 //!   restored sockets;
-//! * or dropped, as every held packet was before, once it has waited [`MAX_HELD`].
+//! * or dropped, as every held packet was before: one of no connection that runs here,
+//!   or one that waited [`MAX_HELD`].
 //!
 //! So a segment the FH sends into a freeze is acknowledged as soon as the connection
 //! runs again, and the FH does not wait for its retransmission timeout.
@@ -299,21 +300,35 @@ impl Holding {
         }
     }
 
-    /// The MH's held packets run through the rules again: its connections run here.
-    pub fn deliver(&self, mh: IpAddr) {
-        let ids: Vec<u32> = {
+    /// The hold on `mh` is over: its held packets of `live` flows (MH's end, other
+    /// end: connections that run here now) go through the rules again, to their
+    /// sockets; the others are dropped, as every held packet was before. A packet
+    /// delivered where its connection does not live would be routed on to the MH,
+    /// which would answer the FH with an RST.
+    pub fn settle(&self, mh: IpAddr, live: &[(SocketAddr, SocketAddr)]) {
+        let live: HashSet<(SocketAddr, SocketAddr)> = live.iter().copied().collect();
+        let (go, drop): (Vec<u32>, Vec<u32>) = {
             let mut st = self.st.lock().unwrap();
             st.forward.remove(&mh);
             let (mine, rest): (Vec<Held>, Vec<Held>) = std::mem::take(&mut st.held)
                 .into_iter()
                 .partition(|h| h.ends.is_some_and(|e| e.src.ip() == mh || e.dst.ip() == mh));
             st.held = rest;
-            mine.into_iter().map(|h| h.id).collect()
+            let (go, drop): (Vec<Held>, Vec<Held>) = mine.into_iter().partition(|h| {
+                h.ends.is_some_and(|e| {
+                    live.contains(&(e.dst, e.src)) || live.contains(&(e.src, e.dst))
+                })
+            });
+            (
+                go.into_iter().map(|h| h.id).collect(),
+                drop.into_iter().map(|h| h.id).collect(),
+            )
         };
-        if !ids.is_empty() {
-            debug!(%mh, packets = ids.len(), "held packets delivered");
+        if !go.is_empty() || !drop.is_empty() {
+            debug!(%mh, delivered = go.len(), dropped = drop.len(), "held packets let go");
         }
-        self.verdicts(ids, Verdict::Repeat);
+        self.verdicts(go, Verdict::Repeat);
+        self.verdicts(drop, Verdict::Drop);
     }
 
     /// The MH's `flows` (MH's end, other end) moved to the MSR at `via`: their held
@@ -708,6 +723,34 @@ mod tests {
                 dst: mh
             }
         ));
+    }
+
+    #[test]
+    fn a_settled_or_forwarded_mh_leaves_the_others_held() {
+        // No queue open: verdicts go nowhere, the bookkeeping is what is tested.
+        let h = Holding::new(4954, None);
+        let pkt = |id, p: Vec<u8>| Queued { id, packet: p };
+        // MH .100: a live flow (both ways) and a dead one; MH .101: one flow.
+        h.on_packet(pkt(1, tcp4([10, 1, 0, 1], 5001, [10, 2, 0, 100], 40000)));
+        h.on_packet(pkt(2, tcp4([10, 2, 0, 100], 40000, [10, 1, 0, 1], 5001)));
+        h.on_packet(pkt(3, tcp4([10, 1, 0, 1], 5002, [10, 2, 0, 100], 40001)));
+        h.on_packet(pkt(4, tcp4([10, 1, 0, 1], 5001, [10, 2, 0, 101], 40000)));
+        assert_eq!(h.held(), 4);
+        let mh: IpAddr = "10.2.0.100".parse().unwrap();
+        let live = [(
+            "10.2.0.100:40000".parse().unwrap(),
+            "10.1.0.1:5001".parse().unwrap(),
+        )];
+        h.forward(mh, "10.1.0.12".parse().unwrap(), &live, Duration::from_secs(1));
+        // The moved flow's two packets went on; the dead one waits for the release.
+        assert_eq!(h.held(), 2);
+        // Arriving now, a moved flow's packet goes on at once; another one waits.
+        h.on_packet(pkt(5, tcp4([10, 1, 0, 1], 5001, [10, 2, 0, 100], 40000)));
+        h.on_packet(pkt(6, tcp4([10, 1, 0, 1], 5003, [10, 2, 0, 100], 40002)));
+        assert_eq!(h.held(), 3);
+        h.settle(mh, &[]);
+        assert_eq!(h.held(), 1, "only MH .101's packet is left");
+        assert_eq!(h.st.lock().unwrap().max_seen, Some(6));
     }
 
     #[test]

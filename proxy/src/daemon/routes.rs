@@ -74,15 +74,15 @@ impl Daemon {
         }
     }
 
-    /// Ends the hold: the packets held meanwhile go through the rules again.
+    /// Ends the hold: the packets held meanwhile are dropped (no connection of the MH
+    /// runs here for them; see `holding::Holding::settle`).
     pub fn release(&self, mh: IpAddr) {
         self.lift_hold(mh);
-        self.holding.deliver(mh);
+        self.holding.settle(mh, &[]);
     }
 
     /// Ends the hold, keeping the packets held meanwhile until
-    /// `self.holding.deliver(mh)`: a new MSR lets them go once its restored sockets
-    /// run (before, its gate would drop them).
+    /// `self.holding.settle`: once the connections they belong to run here.
     pub fn lift_hold(&self, mh: IpAddr) {
         if let Err(e) = self.rules.release(mh) {
             warn!(%mh, error = %e, "flow hold not released");

@@ -308,6 +308,7 @@ async fn run(
                         .into_iter()
                         .filter(|r| ids.contains(&r.id))
                         .collect();
+                    let flows: Vec<_> = rs.iter().flat_map(Restored::flows).collect();
                     let d2 = d.clone();
                     let few = rs.len() <= FEW;
                     let (resumed, failed, unstarted) =
@@ -328,10 +329,13 @@ async fn run(
                     }
                     // Segments of the failed ones are dropped now (above): the gate goes.
                     h.gates.open(&d.rules, mh);
+                    let down: std::collections::HashSet<_> =
+                        unstarted.iter().flat_map(Restored::flows).collect();
                     discard_all(unstarted);
                     moved = resumed.len();
                     // The sockets run: what reached us meanwhile goes to them.
-                    d.holding.deliver(mh);
+                    let live: Vec<_> = flows.into_iter().filter(|f| !down.contains(f)).collect();
+                    d.holding.settle(mh, &live);
                     lifted = false;
                     // The sockets run with their window now: the host route goes.
                     drop(flight_route.take());
@@ -391,7 +395,7 @@ async fn run(
         }
         if m.done() {
             if lifted {
-                d.holding.deliver(mh);
+                d.holding.settle(mh, &[]);
             }
             return;
         }

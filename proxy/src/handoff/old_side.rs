@@ -306,7 +306,9 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                 Action::Reroute(mh) => d.take_over(mh),
                 Action::Forget(mh) => d.forget(mh),
                 Action::Unfreeze(mh) => {
-                    d.release(mh);
+                    // Their held segments go to them once they run again.
+                    let live: Vec<_> = frozen.iter().flat_map(Frozen::flows).collect();
+                    d.lift_hold(mh);
                     if !frozen.is_empty() {
                         d.sessions
                             .stats
@@ -314,6 +316,7 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                             .fetch_add(1, Ordering::Relaxed);
                     }
                     resume(&d, std::mem::take(&mut frozen));
+                    d.holding.settle(mh, &live);
                 }
                 Action::Log(r) => {
                     if r.outcome == hlog::Outcome::Rejected {
