@@ -741,7 +741,12 @@ mod tests {
             "10.2.0.100:40000".parse().unwrap(),
             "10.1.0.1:5001".parse().unwrap(),
         )];
-        h.forward(mh, "10.1.0.12".parse().unwrap(), &live, Duration::from_secs(1));
+        h.forward(
+            mh,
+            "10.1.0.12".parse().unwrap(),
+            &live,
+            Duration::from_secs(1),
+        );
         // The moved flow's two packets went on; the dead one waits for the release.
         assert_eq!(h.held(), 2);
         // Arriving now, a moved flow's packet goes on at once; another one waits.

@@ -239,6 +239,8 @@ fn table(res: &Results, v: Variant, net: &str) -> TableOut {
         ("I-TCP / regular (paper)".into(), vec![]),
         ("MH had a cell (ours)".into(), vec![]),
         ("I-TCP / availability bound".into(), vec![]),
+        ("FH RTOs per move: regular TCP (ours)".into(), vec![]),
+        ("FH RTOs per move: I-TCP (ours)".into(), vec![]),
     ];
     let mut ratios = [f64::NAN; 4];
     let mut checks = Vec::new();
@@ -266,6 +268,8 @@ fn table(res: &Results, v: Variant, net: &str) -> TableOut {
             of_bound * 100.0,
             if near_bound { " †" } else { "" }
         ));
+        rows[8].1.push(rtos_per_move(&r, |o| o.registrations.len()));
+        rows[9].1.push(rtos_per_move(&i, |o| o.handoffs.len()));
         // Targets (issue 5).
         let beat = ratio >= paper_ratio - 0.005;
         checks.push(format!(
@@ -318,6 +322,22 @@ fn table(res: &Results, v: Variant, net: &str) -> TableOut {
         let _ = writeln!(md, "| {name} | {} |", cells.join(" | "));
     }
     TableOut { md, ratios, checks }
+}
+
+/// The FH's retransmission timeouts (its sender's `tcpi_total_rto`) over all runs,
+/// per move (`moves` of a run: the baseline's reroutes, I-TCP's handoffs), with the
+/// totals; "–" without moves.
+fn rtos_per_move(os: &[&Outcome], moves: impl Fn(&Outcome) -> usize) -> String {
+    let n: usize = os.iter().map(|o| moves(o)).sum();
+    let rtos: u64 = os
+        .iter()
+        .filter_map(|o| o.send.as_ref()?.tcp_info.as_ref())
+        .map(|t| u64::from(t.total_rto))
+        .sum();
+    if n == 0 {
+        return format!("– ({rtos} in all)");
+    }
+    format!("{:.2} ({rtos} / {n})", rtos as f64 / n as f64)
 }
 
 /// Goodput over time of one run (100 ms bins, KB/s) with the time axis from t0.
