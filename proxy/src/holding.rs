@@ -484,6 +484,12 @@ impl Holding {
         }
     }
 
+    /// A new hold on `mh` (its connections are in a new handoff): what arrives for it
+    /// is held here again, no longer sent on to the MSR they went to last time.
+    pub fn unforward(&self, mh: IpAddr) {
+        self.st.lock().unwrap().forward.remove(&mh);
+    }
+
     /// Lets the queue go (the kernel drops what is still held).
     pub fn close(&self) {
         self.fd.lock().unwrap().take();

@@ -69,6 +69,7 @@ impl Daemon {
         if let Some(h) = &self.handoff {
             h.hold_gen_bump(mh);
         }
+        self.holding.unforward(mh);
         if let Err(e) = self.rules.hold(mh) {
             warn!(%mh, error = %e, "flow hold not installed");
         }
