@@ -16,64 +16,34 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
 
-use nix::errno::Errno;
-use nix::sys::socket::{recv, MsgFlags};
-use tokio::io::unix::AsyncFd;
 use tracing::{debug, info, warn};
 
 use crate::daemon::Daemon;
+use crate::netlink::{read_reports, Reports};
 use crate::nflog::{self, Logged};
 
 /// Reads the rules' reports until the daemon ends. The group is retried while another
 /// process holds it (an msrd being upgraded still runs).
 pub async fn run(d: Arc<Daemon>, group: u16) {
-    let mut warned = false;
-    let fd = loop {
-        let opened = nflog::open(group).and_then(|fd| {
-            // SAFETY: the OwnedFd is valid, open and owned by the AsyncFd from here on.
-            unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
-                .map_err(|e| std::io::Error::other(e.to_string()))
-        });
-        match opened {
-            Ok(fd) => break fd,
-            Err(e) => {
-                if !warned {
-                    warn!(group, error = %e, "network detection waits for its NFLOG group");
-                    warned = true;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
+    let fd = crate::netlink::open_reports(
+        || nflog::open(group),
+        "network detection",
+        "network detection waits for its NFLOG group",
+    )
+    .await;
     info!(group, "network detection up");
     let mut buf = vec![0u8; 65536];
     loop {
-        let Ok(mut ready) = fd.readable().await else {
-            return;
-        };
-        let raw = std::os::fd::AsRawFd::as_raw_fd(fd.get_ref());
-        let n = match recv(raw, &mut buf, MsgFlags::empty()) {
-            Ok(n) => n,
-            Err(Errno::EAGAIN) => {
-                ready.clear_ready();
-                continue;
+        match read_reports(&fd, &mut buf, "NFLOG").await {
+            Reports::Read(n) => {
+                for l in nflog::parse(&buf[..n]) {
+                    on_arrival(&d, l);
+                }
             }
-            Err(Errno::EINTR) => continue,
             // Reports were lost (a burst): the MHs' next packets report again.
-            Err(Errno::ENOBUFS) => {
-                debug!("NFLOG reports overran");
-                continue;
-            }
-            Err(e) => {
-                warn!(error = %e, "NFLOG read failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        for l in nflog::parse(&buf[..n]) {
-            on_arrival(&d, l);
+            Reports::Overrun => debug!("NFLOG reports overran"),
+            Reports::Closed => return,
         }
     }
 }

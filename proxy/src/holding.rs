@@ -26,13 +26,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::sys::socket::{recv, send, MsgFlags};
+use nix::sys::socket::{send, MsgFlags};
 use tokio::io::unix::AsyncFd;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 use crate::netlink::{
-    align4, begin_msg, end_msg, kernel_error, next_seq, nl_exchange, nl_socket, put_attr,
-    put_nfgenmsg, u16_at, u32_at, NFGENMSG_LEN, NLA_HDRLEN, NLMSG_HDRLEN,
+    attrs, begin_msg, end_msg, kernel_error, messages, next_seq, nl_exchange, nl_socket, put_attr,
+    put_nfgenmsg, read_reports, Reports, NFGENMSG_LEN,
 };
 
 // From linux/netfilter/nfnetlink_queue.h.
@@ -160,33 +160,16 @@ fn verdict_msg(queue: u16, id: u32, v: Verdict, batch: bool) -> Vec<u8> {
 
 /// The packets reported in one datagram (anything else, or malformed, is skipped).
 pub fn parse(dgram: &[u8]) -> Vec<Queued> {
-    let mut out = Vec::new();
-    let mut off = 0;
-    while off + NLMSG_HDRLEN <= dgram.len() {
-        let len = u32_at(dgram, off) as usize;
-        if len < NLMSG_HDRLEN || off + len > dgram.len() {
-            break;
-        }
-        if u16_at(dgram, off + 4) == (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET {
-            if let Some(q) = parse_packet(&dgram[off + NLMSG_HDRLEN..off + len]) {
-                out.push(q);
-            }
-        }
-        off += align4(len);
-    }
-    out
+    messages(dgram, (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_PACKET)
+        .into_iter()
+        .filter_map(parse_packet)
+        .collect()
 }
 
 fn parse_packet(body: &[u8]) -> Option<Queued> {
-    let mut a = NFGENMSG_LEN;
     let (mut id, mut packet) = (None, None);
-    while a + NLA_HDRLEN <= body.len() {
-        let alen = u16_at(body, a) as usize;
-        if alen < NLA_HDRLEN || a + alen > body.len() {
-            return None;
-        }
-        let p = &body[a + NLA_HDRLEN..a + alen];
-        match u16_at(body, a + 2) & 0x3fff {
+    for (ty, p) in attrs(body, NFGENMSG_LEN)? {
+        match ty {
             // struct nfqnl_msg_packet_hdr: be32 packet_id, be16 hw_protocol, hook.
             NFQA_PACKET_HDR if p.len() >= 4 => {
                 id = Some(u32::from_be_bytes([p[0], p[1], p[2], p[3]]))
@@ -194,7 +177,6 @@ fn parse_packet(body: &[u8]) -> Option<Queued> {
             NFQA_PAYLOAD => packet = Some(p.to_vec()),
             _ => {}
         }
-        a += align4(alen);
     }
     Some(Queued {
         id: id?,
@@ -576,60 +558,37 @@ fn open(queue: u16) -> io::Result<OwnedFd> {
 /// Reads the queue until the daemon ends. The queue is retried while another process
 /// holds it (an msrd being upgraded still runs).
 pub async fn run(h: Arc<Holding>) {
-    let mut warned = false;
-    let fd = loop {
-        let opened = open(h.queue).and_then(|fd| {
-            // SAFETY: the OwnedFd is valid, open and owned by the AsyncFd from here on.
-            unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }
-                .map_err(|e| io::Error::other(e.to_string()))
-        });
-        match opened {
-            Ok(fd) => break Arc::new(fd),
-            Err(e) => {
-                if !warned {
-                    warn!(queue = h.queue, error = %e, "packets held during handoffs are dropped until their queue opens");
-                    warned = true;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
+    let q = h.queue;
+    let fd = crate::netlink::open_reports(
+        || open(q),
+        "hold queue",
+        "packets held during handoffs are dropped until their queue opens",
+    )
+    .await;
+    let fd = Arc::new(fd);
     *h.fd.lock().unwrap() = Some(fd.clone());
     info!(queue = h.queue, "hold queue up");
     let mut buf = vec![0u8; 256 << 10];
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
-        let mut ready = tokio::select! {
-            r = fd.readable() => match r {
-                Ok(r) => r,
-                Err(_) => return,
-            },
+        let got = tokio::select! {
+            r = read_reports(&fd, &mut buf, "hold queue") => r,
             _ = tick.tick() => {
                 h.sweep();
                 continue;
             }
         };
-        let raw = fd.get_ref().as_raw_fd();
-        let n = match recv(raw, &mut buf, MsgFlags::empty()) {
-            Ok(n) => n,
-            Err(Errno::EAGAIN) => {
-                ready.clear_ready();
-                continue;
+        match got {
+            Reports::Read(n) => {
+                for q in parse(&buf[..n]) {
+                    h.on_packet(q);
+                }
             }
-            Err(Errno::EINTR) => continue,
-            Err(Errno::ENOBUFS) => {
+            Reports::Overrun => {
                 h.st.lock().unwrap().lost = true;
                 debug!("hold queue reports overran");
-                continue;
             }
-            Err(e) => {
-                warn!(error = %e, "hold queue read failed");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        for q in parse(&buf[..n]) {
-            h.on_packet(q);
+            Reports::Closed => return,
         }
     }
 }
@@ -637,6 +596,7 @@ pub async fn run(h: Arc<Holding>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::netlink::{align4, u16_at, u32_at};
 
     fn tcp4(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16) -> Vec<u8> {
         let mut p = vec![0u8; 40];

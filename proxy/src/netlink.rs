@@ -481,14 +481,6 @@ fn nft_setelem_batch(
     add: bool,
     seq: u32,
 ) -> Vec<u8> {
-    let subsys = libc::NFNL_SUBSYS_NFTABLES as u16;
-    let req = libc::NLM_F_REQUEST as u16;
-    let mut b = Vec::with_capacity(128);
-
-    let m = begin_msg(&mut b, libc::NFNL_MSG_BATCH_BEGIN as u16, req, seq);
-    put_nfgenmsg(&mut b, libc::AF_UNSPEC as u8, subsys);
-    end_msg(&mut b, m);
-
     let (op, flags) = if add {
         (
             libc::NFT_MSG_NEWSETELEM,
@@ -497,15 +489,33 @@ fn nft_setelem_batch(
     } else {
         (libc::NFT_MSG_DELSETELEM, libc::NLM_F_ACK)
     };
+    nft_batch(seq, op, flags, |b| {
+        put_setelem_list(b, family, table, set, elems)
+    })
+}
+
+/// One nf_tables batch of a single message: BATCH_BEGIN (`seq`), message `op` with
+/// `flags` (`seq + 1`, the one acked) whose body `body` writes, BATCH_END (`seq + 2`).
+fn nft_batch(
+    seq: u32,
+    op: libc::c_int,
+    flags: libc::c_int,
+    body: impl FnOnce(&mut Vec<u8>),
+) -> Vec<u8> {
+    let subsys = libc::NFNL_SUBSYS_NFTABLES as u16;
+    let req = libc::NLM_F_REQUEST as u16;
+    let mut b = Vec::with_capacity(192);
+    let m = begin_msg(&mut b, libc::NFNL_MSG_BATCH_BEGIN as u16, req, seq);
+    put_nfgenmsg(&mut b, libc::AF_UNSPEC as u8, subsys);
+    end_msg(&mut b, m);
     let m = begin_msg(
         &mut b,
         (subsys << 8) | op as u16,
         req | flags as u16,
         seq.wrapping_add(1),
     );
-    put_setelem_list(&mut b, family, table, set, elems);
+    body(&mut b);
     end_msg(&mut b, m);
-
     let m = begin_msg(
         &mut b,
         libc::NFNL_MSG_BATCH_END as u16,
@@ -576,47 +586,28 @@ fn queue_rule_batch(table: &str, chain: &str, queue: u16, seq: u32) -> Vec<u8> {
     const NFTA_TARGET_NAME: u16 = 1;
     const NFTA_TARGET_REV: u16 = 2;
     const NFTA_TARGET_INFO: u16 = 3;
-    let subsys = libc::NFNL_SUBSYS_NFTABLES as u16;
-    let req = libc::NLM_F_REQUEST as u16;
-    let mut b = Vec::with_capacity(192);
-    let m = begin_msg(&mut b, libc::NFNL_MSG_BATCH_BEGIN as u16, req, seq);
-    put_nfgenmsg(&mut b, libc::AF_UNSPEC as u8, subsys);
-    end_msg(&mut b, m);
     // No NLM_F_APPEND: the rule goes first in the chain.
-    let m = begin_msg(
-        &mut b,
-        (subsys << 8) | libc::NFT_MSG_NEWRULE as u16,
-        req | (libc::NLM_F_CREATE | libc::NLM_F_ACK) as u16,
-        seq.wrapping_add(1),
-    );
-    put_nfgenmsg(&mut b, libc::NFPROTO_INET as u8, 0);
-    put_attr_str(&mut b, NFTA_RULE_TABLE, table);
-    put_attr_str(&mut b, NFTA_RULE_CHAIN, chain);
-    let exprs = begin_nested(&mut b, NFTA_RULE_EXPRESSIONS);
-    let e = begin_nested(&mut b, NFTA_LIST_ELEM);
-    put_attr_str(&mut b, NFTA_EXPR_NAME, "target");
-    let data = begin_nested(&mut b, NFTA_EXPR_DATA);
-    put_attr_str(&mut b, NFTA_TARGET_NAME, "NFQUEUE");
-    put_attr(&mut b, NFTA_TARGET_REV, &3u32.to_be_bytes());
-    // struct xt_NFQ_info_v3 {queuenum, queues_total, flags}, padded to 8 bytes
-    // (XT_ALIGN), in host order as xtables passes it.
-    let mut info = [0u8; 8];
-    info[..2].copy_from_slice(&queue.to_ne_bytes());
-    info[2..4].copy_from_slice(&1u16.to_ne_bytes());
-    put_attr(&mut b, NFTA_TARGET_INFO, &info);
-    end_nested(&mut b, data);
-    end_nested(&mut b, e);
-    end_nested(&mut b, exprs);
-    end_msg(&mut b, m);
-    let m = begin_msg(
-        &mut b,
-        libc::NFNL_MSG_BATCH_END as u16,
-        req,
-        seq.wrapping_add(2),
-    );
-    put_nfgenmsg(&mut b, libc::AF_UNSPEC as u8, subsys);
-    end_msg(&mut b, m);
-    b
+    let flags = libc::NLM_F_CREATE | libc::NLM_F_ACK;
+    nft_batch(seq, libc::NFT_MSG_NEWRULE, flags, |b| {
+        put_nfgenmsg(b, libc::NFPROTO_INET as u8, 0);
+        put_attr_str(b, NFTA_RULE_TABLE, table);
+        put_attr_str(b, NFTA_RULE_CHAIN, chain);
+        let exprs = begin_nested(b, NFTA_RULE_EXPRESSIONS);
+        let e = begin_nested(b, NFTA_LIST_ELEM);
+        put_attr_str(b, NFTA_EXPR_NAME, "target");
+        let data = begin_nested(b, NFTA_EXPR_DATA);
+        put_attr_str(b, NFTA_TARGET_NAME, "NFQUEUE");
+        put_attr(b, NFTA_TARGET_REV, &3u32.to_be_bytes());
+        // struct xt_NFQ_info_v3 {queuenum, queues_total, flags}, padded to 8 bytes
+        // (XT_ALIGN), in host order as xtables passes it.
+        let mut info = [0u8; 8];
+        info[..2].copy_from_slice(&queue.to_ne_bytes());
+        info[2..4].copy_from_slice(&1u16.to_ne_bytes());
+        put_attr(b, NFTA_TARGET_INFO, &info);
+        end_nested(b, data);
+        end_nested(b, e);
+        end_nested(b, exprs);
+    })
 }
 
 /// The link-layer address the neighbour table has for `ip` on `ifname` (RTM_GETNEIGH):
@@ -836,6 +827,107 @@ fn parse_ack(dgram: &[u8], first: u32, count: u32, ack_seq: u32) -> Option<Ack> 
         off += align4(len);
     }
     None
+}
+
+/// A socket the kernel reports on (NFLOG, NFQUEUE), opened by `open`; retried every
+/// 100 ms while it fails (another process holds the group or queue: an msrd being
+/// upgraded still runs), with one warning, `waits`, naming `what`.
+pub(crate) async fn open_reports(
+    open: impl Fn() -> io::Result<OwnedFd>,
+    what: &str,
+    waits: &str,
+) -> tokio::io::unix::AsyncFd<OwnedFd> {
+    let mut warned = false;
+    loop {
+        let opened = open().and_then(|fd| {
+            // SAFETY: the OwnedFd is valid, open and owned by the AsyncFd from here on.
+            unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+            }
+            .map_err(|e| io::Error::other(e.to_string()))
+        });
+        match opened {
+            Ok(fd) => return fd,
+            Err(e) => {
+                if !warned {
+                    tracing::warn!(what, error = %e, "{waits}");
+                    warned = true;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// What one read of a report socket gave.
+pub(crate) enum Reports {
+    /// A datagram of this many bytes.
+    Read(usize),
+    /// Reports were lost (the socket's buffer overran).
+    Overrun,
+    /// The socket is gone.
+    Closed,
+}
+
+/// Waits for and reads one datagram of reports from `fd`. Interruptions are retried;
+/// a failed read is logged (naming `what`) and retried after 50 ms.
+pub(crate) async fn read_reports(
+    fd: &tokio::io::unix::AsyncFd<OwnedFd>,
+    buf: &mut [u8],
+    what: &str,
+) -> Reports {
+    loop {
+        let Ok(mut ready) = fd.readable().await else {
+            return Reports::Closed;
+        };
+        match recv(fd.get_ref().as_raw_fd(), buf, MsgFlags::empty()) {
+            Ok(n) => return Reports::Read(n),
+            Err(Errno::EAGAIN) => ready.clear_ready(),
+            Err(Errno::EINTR) => {}
+            Err(Errno::ENOBUFS) => return Reports::Overrun,
+            Err(e) => {
+                tracing::warn!(what, error = %e, "read failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// The bodies (what follows each nlmsghdr) of the messages of type `ty` in one
+/// datagram, up to the first malformed one.
+pub(crate) fn messages(dgram: &[u8], ty: u16) -> Vec<&[u8]> {
+    let mut out = Vec::new();
+    let mut off = 0;
+    while off + NLMSG_HDRLEN <= dgram.len() {
+        let len = u32_at(dgram, off) as usize;
+        if len < NLMSG_HDRLEN || off + len > dgram.len() {
+            break;
+        }
+        if u16_at(dgram, off + 4) == ty {
+            out.push(&dgram[off + NLMSG_HDRLEN..off + len]);
+        }
+        off += align4(len);
+    }
+    out
+}
+
+/// The attributes of `body` from offset `start`, as (type without its flag bits,
+/// payload); None if one is malformed.
+pub(crate) fn attrs(body: &[u8], start: usize) -> Option<Vec<(u16, &[u8])>> {
+    let mut out = Vec::new();
+    let mut a = start;
+    while a + NLA_HDRLEN <= body.len() {
+        let alen = u16_at(body, a) as usize;
+        if alen < NLA_HDRLEN || a + alen > body.len() {
+            return None;
+        }
+        out.push((
+            u16_at(body, a + 2) & 0x3fff,
+            &body[a + NLA_HDRLEN..a + alen],
+        ));
+        a += align4(alen);
+    }
+    Some(out)
 }
 
 pub(crate) fn u16_at(b: &[u8], off: usize) -> u16 {

@@ -8,8 +8,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use crate::netlink::{
-    align4, begin_msg, end_msg, kernel_error, next_seq, nl_exchange, nl_socket, put_attr,
-    put_nfgenmsg, u16_at, u32_at, NFGENMSG_LEN, NLA_HDRLEN, NLMSG_HDRLEN,
+    attrs, begin_msg, end_msg, kernel_error, messages, next_seq, nl_exchange, nl_socket, put_attr,
+    put_nfgenmsg, NFGENMSG_LEN,
 };
 
 // From linux/netfilter/nfnetlink_log.h.
@@ -81,23 +81,10 @@ fn config_msg(group: u16, seq: u32) -> Vec<u8> {
 
 /// The packets reported in one datagram (anything else, or malformed, is skipped).
 pub fn parse(dgram: &[u8]) -> Vec<Logged> {
-    let mut out = Vec::new();
-    let mut off = 0;
-    while off + NLMSG_HDRLEN <= dgram.len() {
-        let len = u32_at(dgram, off) as usize;
-        if len < NLMSG_HDRLEN || off + len > dgram.len() {
-            break;
-        }
-        let ty = u16_at(dgram, off + 4);
-        if ty == (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET {
-            let body = &dgram[off + NLMSG_HDRLEN..off + len];
-            if let Some(l) = parse_packet(body) {
-                out.push(l);
-            }
-        }
-        off += align4(len);
-    }
-    out
+    messages(dgram, (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET)
+        .into_iter()
+        .filter_map(parse_packet)
+        .collect()
 }
 
 const ETH_P_IP: u16 = 0x0800;
@@ -128,15 +115,9 @@ fn sender(proto: u16, p: &[u8]) -> Option<(IpAddr, Option<[u8; 6]>)> {
 }
 
 fn parse_packet(body: &[u8]) -> Option<Logged> {
-    let mut a = NFGENMSG_LEN;
     let (mut ifindex, mut mac, mut payload, mut proto) = (0, None, None, ETH_P_IP);
-    while a + NLA_HDRLEN <= body.len() {
-        let alen = u16_at(body, a) as usize;
-        if alen < NLA_HDRLEN || a + alen > body.len() {
-            return None;
-        }
-        let p = &body[a + NLA_HDRLEN..a + alen];
-        match u16_at(body, a + 2) & 0x3fff {
+    for (ty, p) in attrs(body, NFGENMSG_LEN)? {
+        match ty {
             // struct nfulnl_msg_packet_hdr: be16 hw_protocol, hook, pad.
             NFULA_PACKET_HDR if p.len() >= 2 => proto = u16::from_be_bytes([p[0], p[1]]),
             NFULA_IFINDEX_INDEV if p.len() == 4 => {
@@ -149,7 +130,6 @@ fn parse_packet(body: &[u8]) -> Option<Logged> {
             NFULA_PAYLOAD => payload = Some(p),
             _ => {}
         }
-        a += align4(alen);
     }
     let (src, sha) = sender(proto, payload?)?;
     Some(Logged {
@@ -162,6 +142,7 @@ fn parse_packet(body: &[u8]) -> Option<Logged> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::netlink::{align4, u16_at, NLA_HDRLEN, NLMSG_HDRLEN};
 
     /// A packet message as the kernel sends it.
     fn packet(ifindex: u32, mac: &[u8; 6], payload: &[u8]) -> Vec<u8> {
