@@ -359,6 +359,12 @@ stats! {
     channels_kept_used,
     /// Kept channels found closed by the peer (or dead when used) and replaced.
     channels_kept_stale,
+    /// Packets held while their connection was frozen, then delivered to it here.
+    held_delivered,
+    /// Held packets sent on to the MSR their connection moved to.
+    held_forwarded,
+    /// Held packets dropped (no connection of theirs runs here, or held too long).
+    held_dropped,
 }
 
 #[cfg(test)]
@@ -481,7 +487,7 @@ mod tests {
     fn stats_from_an_older_msrd_read_missing_counters_as_zero() {
         let s: Stats = serde_json::from_str(r#"{"connections_total":4,"future":1}"#).unwrap();
         assert_eq!(s.connections_total, 4);
-        assert_eq!(s.fields().len(), 19);
+        assert_eq!(s.fields().len(), 22);
         assert_eq!(s.fields()[0], ("connections_total", 4));
     }
 

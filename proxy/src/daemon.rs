@@ -121,9 +121,11 @@ impl Daemon {
         };
         let setups = Setups::new(a.max_handshakes as usize, a.max_handshakes_per_mh as usize);
         let (upgrades, asks) = mpsc::unbounded_channel();
+        let sessions = Arc::new(Sessions::default());
         let holding = Arc::new(crate::holding::Holding::new(
             cfg.interception.hold_queue,
             cfg.handoff.lan_interface.clone(),
+            sessions.clone(),
         ));
         Ok(Arc::new(Daemon {
             holding,
@@ -134,7 +136,7 @@ impl Daemon {
             setups: Arc::new(Mutex::new(setups)),
             // 3 lines at once per source, then one every 10 s.
             noisy: Mutex::new(itcp_handoff::greet::PerAddr::new(3, 0.1, 4096)),
-            sessions: Arc::new(Sessions::default()),
+            sessions,
             listeners: Listeners::default(),
             cells,
             relay_opts,

@@ -22,6 +22,7 @@ use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -221,6 +222,8 @@ struct State {
 /// The held packets and the queue's socket.
 pub struct Holding {
     queue: u16,
+    /// Where the fates of held packets are counted (`held_*`).
+    stats: Arc<crate::sessions::Sessions>,
     /// The fixed LAN's interface (forwarding goes out on it).
     lan: Option<String>,
     fd: Mutex<Option<Arc<AsyncFd<OwnedFd>>>>,
@@ -228,9 +231,10 @@ pub struct Holding {
 }
 
 impl Holding {
-    pub fn new(queue: u16, lan: Option<String>) -> Holding {
+    pub fn new(queue: u16, lan: Option<String>, stats: Arc<crate::sessions::Sessions>) -> Holding {
         Holding {
             queue,
+            stats,
             lan,
             fd: Mutex::new(None),
             st: Mutex::new(State::default()),
@@ -309,6 +313,11 @@ impl Holding {
         if !go.is_empty() || !drop.is_empty() {
             debug!(%mh, delivered = go.len(), dropped = drop.len(), "held packets let go");
         }
+        let st = &self.stats.stats;
+        st.held_delivered
+            .fetch_add(go.len() as u64, Ordering::Relaxed);
+        st.held_dropped
+            .fetch_add(drop.len() as u64, Ordering::Relaxed);
         self.verdicts(go, Verdict::Repeat);
         self.verdicts(drop, Verdict::Drop);
     }
@@ -339,7 +348,7 @@ impl Holding {
         };
         let n = out.len();
         for h in &out {
-            self.send_on(mh, &h.packet);
+            self.count_sent(self.send_on(mh, &h.packet));
         }
         // Sent on or not (then lost, as without the hold), they do not go on here.
         self.verdicts(out.iter().map(|h| h.id), Verdict::Drop);
@@ -350,9 +359,19 @@ impl Holding {
 
     /// Sends one packet of `mh`'s moved flows on to the new MSR.
     fn dispose(&self, mh: IpAddr, h: Held) {
-        self.send_on(mh, &h.packet);
+        self.count_sent(self.send_on(mh, &h.packet));
         // Sent on or not (then lost, as without the hold), it does not go on here.
         self.verdict(h.id, Verdict::Drop, false);
+    }
+
+    fn count_sent(&self, sent: bool) {
+        let st = &self.stats.stats;
+        let c = if sent {
+            &st.held_forwarded
+        } else {
+            &st.held_dropped
+        };
+        c.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Sends `packet` to the new MSR of `mh`, as a router would: an Ethernet frame to
@@ -694,7 +713,7 @@ mod tests {
     #[test]
     fn a_settled_or_forwarded_mh_leaves_the_others_held() {
         // No queue open: verdicts go nowhere, the bookkeeping is what is tested.
-        let h = Holding::new(4954, None);
+        let h = Holding::new(4954, None, Arc::default());
         let pkt = |id, p: Vec<u8>| Queued { id, packet: p };
         // MH .100: a live flow (both ways) and a dead one; MH .101: one flow.
         h.on_packet(pkt(1, tcp4([10, 1, 0, 1], 5001, [10, 2, 0, 100], 40000)));
@@ -721,6 +740,12 @@ mod tests {
         assert_eq!(h.held(), 3);
         h.settle(mh, &[]);
         assert_eq!(h.held(), 1, "only MH .101's packet is left");
+        // No LAN to send on: the moved flows' packets count as dropped, like the rest.
+        let st = h.stats.stats.snapshot();
+        assert_eq!(
+            (st.held_delivered, st.held_forwarded, st.held_dropped),
+            (0, 0, 5)
+        );
         assert_eq!(h.st.lock().unwrap().max_seen, Some(6));
     }
 

@@ -20,6 +20,7 @@
 //! | `handoff_duration_seconds` | histogram | `role` (new, old) |
 //! | `handoff_messages_rejected_total`, `greetings_rejected_total` | counter | |
 //! | `handoff_channels_kept_total` | counter | `outcome` (used, stale) |
+//! | `held_packets_total` | counter | `fate` (delivered, forwarded, dropped) |
 //! | `relay_pipes` | gauge | `state` (in_use, pooled) |
 //! | `relay_pipe_bytes` | gauge | capacity of the pipes in use |
 //! | `relay_pipes_created_total`, `relay_pipe_fallbacks_total` | counter | |
@@ -353,6 +354,18 @@ pub fn render_parts(
         &[("outcome", "stale")],
         st.channels_kept_stale,
     );
+    e.family(
+        "held_packets_total",
+        "counter",
+        "TCP packets held while their connection was frozen for a handoff, by what became of them.",
+    );
+    for (fate, n) in [
+        ("delivered", st.held_delivered),
+        ("forwarded", st.held_forwarded),
+        ("dropped", st.held_dropped),
+    ] {
+        e.sample("held_packets_total", &[("fate", fate)], n);
+    }
     e.family(
         "relay_pipes",
         "gauge",

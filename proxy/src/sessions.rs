@@ -68,6 +68,9 @@ pub struct Stats {
     pub greetings_rejected: AtomicU64,
     pub channels_kept_used: AtomicU64,
     pub channels_kept_stale: AtomicU64,
+    pub held_delivered: AtomicU64,
+    pub held_forwarded: AtomicU64,
+    pub held_dropped: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -103,6 +106,9 @@ impl Stats {
             greetings_rejected: g(&self.greetings_rejected),
             channels_kept_used: g(&self.channels_kept_used),
             channels_kept_stale: g(&self.channels_kept_stale),
+            held_delivered: g(&self.held_delivered),
+            held_forwarded: g(&self.held_forwarded),
+            held_dropped: g(&self.held_dropped),
         }
     }
 }
@@ -130,6 +136,9 @@ impl Stats {
         set(&self.greetings_rejected, s.greetings_rejected);
         set(&self.channels_kept_used, s.channels_kept_used);
         set(&self.channels_kept_stale, s.channels_kept_stale);
+        set(&self.held_delivered, s.held_delivered);
+        set(&self.held_forwarded, s.held_forwarded);
+        set(&self.held_dropped, s.held_dropped);
     }
 }
 

@@ -616,6 +616,18 @@ fn the_fixed_host_loses_nothing_in_a_slow_handoff() {
     .map(|n| delta(n))
     .sum();
     let (fast, recoveries) = (delta("TCPFastRetrans"), delta("TCPSackRecovery"));
+    // The FH's segments that reached the old MSR during the freeze were sent on.
+    let old = lab.msrd_stats(1).unwrap().stats;
+    let new = lab.msrd_stats(2).unwrap().stats;
+    eprintln!(
+        "held packets: old MSR forwarded {} dropped {}; new MSR delivered {} dropped {}",
+        old.held_forwarded, old.held_dropped, new.held_delivered, new.held_dropped
+    );
+    assert!(
+        old.held_forwarded > 0,
+        "the old MSR sent nothing on\n{}",
+        diag(&lab)
+    );
     eprintln!(
         "handoff {:.1} ms; FH: RTOs {rtos}, fast retransmits {fast}, recoveries {recoveries}, \
          loss probes {}, new segments sent over the move {}",
