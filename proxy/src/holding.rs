@@ -203,10 +203,15 @@ struct Held {
     packet: Vec<u8>,
 }
 
-/// Whether a held packet belongs to a flow that moved (either way: the FH's segments,
-/// and the MH's own that it sent from the old cell before it moved).
+/// Whether a held packet belongs to one of `flows` (MH's end, other end), either way:
+/// the FH's segments and the MH's own.
+fn of_flows(flows: &HashSet<(SocketAddr, SocketAddr)>, e: &Ends) -> bool {
+    flows.contains(&(e.dst, e.src)) || flows.contains(&(e.src, e.dst))
+}
+
+/// Whether a held packet belongs to a flow that moved.
 fn moved(f: &Forward, e: &Ends) -> bool {
-    f.flows.contains(&(e.dst, e.src)) || f.flows.contains(&(e.src, e.dst))
+    of_flows(&f.flows, e)
 }
 
 #[derive(Default)]
@@ -244,10 +249,6 @@ impl Holding {
     fn raw_fd(&self) -> Option<(RawFd, Arc<AsyncFd<OwnedFd>>)> {
         let g = self.fd.lock().unwrap();
         g.as_ref().map(|f| (f.get_ref().as_raw_fd(), f.clone()))
-    }
-
-    fn verdict(&self, id: u32, v: Verdict, batch: bool) {
-        self.send_verdicts(&[verdict_msg(self.queue, id, v, batch)]);
     }
 
     /// Verdicts on many packets: several messages per datagram (a handoff's held
@@ -300,11 +301,9 @@ impl Holding {
                 .into_iter()
                 .partition(|h| h.ends.is_some_and(|e| e.src.ip() == mh || e.dst.ip() == mh));
             st.held = rest;
-            let (go, drop): (Vec<Held>, Vec<Held>) = mine.into_iter().partition(|h| {
-                h.ends.is_some_and(|e| {
-                    live.contains(&(e.dst, e.src)) || live.contains(&(e.src, e.dst))
-                })
-            });
+            let (go, drop): (Vec<Held>, Vec<Held>) = mine
+                .into_iter()
+                .partition(|h| h.ends.is_some_and(|e| of_flows(&live, &e)));
             (
                 go.into_iter().map(|h| h.id).collect(),
                 drop.into_iter().map(|h| h.id).collect(),
@@ -346,22 +345,19 @@ impl Holding {
             st.forward.insert(mh, f);
             out
         };
-        let n = out.len();
-        for h in &out {
+        if !out.is_empty() {
+            debug!(%mh, %via, packets = out.len(), "held packets of connections that moved disposed of");
+        }
+        self.dispose(mh, &out);
+    }
+
+    /// Sends packets of `mh`'s moved flows on to the new MSR.
+    fn dispose(&self, mh: IpAddr, held: &[Held]) {
+        for h in held {
             self.count_sent(self.send_on(mh, &h.packet));
         }
         // Sent on or not (then lost, as without the hold), they do not go on here.
-        self.verdicts(out.iter().map(|h| h.id), Verdict::Drop);
-        if n > 0 {
-            debug!(%mh, %via, packets = n, "held packets of connections that moved disposed of");
-        }
-    }
-
-    /// Sends one packet of `mh`'s moved flows on to the new MSR.
-    fn dispose(&self, mh: IpAddr, h: Held) {
-        self.count_sent(self.send_on(mh, &h.packet));
-        // Sent on or not (then lost, as without the hold), it does not go on here.
-        self.verdict(h.id, Verdict::Drop, false);
+        self.verdicts(held.iter().map(|h| h.id), Verdict::Drop);
     }
 
     fn count_sent(&self, sent: bool) {
@@ -436,7 +432,7 @@ impl Holding {
         match moved {
             Some(mh) => {
                 drop(st);
-                self.dispose(mh, h);
+                self.dispose(mh, std::slice::from_ref(&h));
             }
             None => st.held.push(h),
         }
@@ -481,7 +477,7 @@ impl Holding {
         }
         self.verdicts(old.iter().map(|h| h.id), Verdict::Drop);
         if let Some(id) = lost_upto {
-            self.verdict(id, Verdict::Drop, true);
+            self.send_verdicts(&[verdict_msg(self.queue, id, Verdict::Drop, true)]);
         }
     }
 

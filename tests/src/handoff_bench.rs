@@ -63,21 +63,31 @@ pub struct LatencyResult {
 
 /// A `TcpExt` counter of host `h`'s namespace (`/proc/net/netstat`).
 pub fn tcp_ext(lab: &Lab, h: Host, name: &str) -> io::Result<u64> {
+    tcp_ext_all(lab, h)?
+        .get(name)
+        .copied()
+        .ok_or_else(|| io::Error::other(format!("no TcpExt {name} in /proc/net/netstat")))
+}
+
+/// Every `TcpExt` counter of host `h`'s namespace, by name.
+pub fn tcp_ext_all(lab: &Lab, h: Host) -> io::Result<std::collections::HashMap<String, u64>> {
     let out = lab.run(h, "cat", &["/proc/net/netstat"])?;
     let text = String::from_utf8_lossy(&out.stdout);
+    let mut m = std::collections::HashMap::new();
     let mut lines = text.lines();
     while let (Some(names), Some(values)) = (lines.next(), lines.next()) {
         if !names.starts_with("TcpExt:") {
             continue;
         }
-        let at = names.split_whitespace().position(|n| n == name);
-        if let Some(v) = at.and_then(|i| values.split_whitespace().nth(i)) {
-            return v.parse().map_err(io::Error::other);
+        for (n, v) in names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .skip(1)
+        {
+            m.insert(n.to_string(), v.parse().map_err(io::Error::other)?);
         }
     }
-    Err(io::Error::other(format!(
-        "no TcpExt {name} in /proc/net/netstat"
-    )))
+    Ok(m)
 }
 
 fn median(v: &mut [f64]) -> f64 {

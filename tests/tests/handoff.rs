@@ -538,28 +538,6 @@ fn connections_that_fail_to_restart_while_others_resume_draw_no_reset() {
     partial_restart(&[(2, "MSRD_FAULT", "fail_restart:5002")]);
 }
 
-/// The FH's `TcpExt` counters (`/proc/net/netstat`), by name.
-fn fh_tcp_ext(lab: &Lab) -> std::collections::HashMap<String, u64> {
-    let out = lab.run(Host::Fh, "cat", &["/proc/net/netstat"]).unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    let lines: Vec<&str> = text.lines().collect();
-    let mut m = std::collections::HashMap::new();
-    for pair in lines.chunks(2) {
-        if let [names, values] = pair {
-            if names.starts_with("TcpExt:") {
-                for (n, v) in names
-                    .split_whitespace()
-                    .zip(values.split_whitespace())
-                    .skip(1)
-                {
-                    m.insert(n.to_string(), v.parse().unwrap_or(0));
-                }
-            }
-        }
-    }
-    m
-}
-
 /// The FH streams to the MH while a handoff takes 150 ms (the new MSR restores late,
 /// as with many connections): far longer than the FH's loss probe timer. The FH's own
 /// link is the bottleneck, so its congestion window is full of segments in flight when
@@ -583,6 +561,7 @@ fn the_fixed_host_loses_nothing_in_a_slow_handoff() {
     let bytes = 12 << 20;
     let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
     std::thread::sleep(Duration::from_millis(1500));
+    let fh_tcp_ext = |lab: &Lab| itcp_testbed::handoff_bench::tcp_ext_all(lab, Host::Fh).unwrap();
     let before = fh_tcp_ext(&lab);
     crossing(&lab, 1, 2, Duration::from_millis(300), Duration::ZERO);
     wait_moves(&lab, 1, Duration::from_secs(10));
