@@ -249,7 +249,7 @@ impl NewSide {
         )
     }
 
-    /// The MH's session token as the old MSR sent it (hex), once the images are in.
+    /// The MH's session token as the old MSR sent it (hex), once it accepted.
     pub fn token(&self) -> Option<&str> {
         self.token.as_deref()
     }
@@ -366,10 +366,13 @@ impl NewSide {
     pub fn handle(&mut self, ev: NewEvent, now_us: u64) -> Vec<Action> {
         let id = self.handoff_id;
         match (self.state, ev) {
-            (NewState::WaitingAccept, NewEvent::Message(Message::Accepted { handoff_id }))
-                if handoff_id == id =>
-            {
+            (
+                NewState::WaitingAccept,
+                NewEvent::Message(Message::Accepted { handoff_id, token }),
+            ) if handoff_id == id => {
                 self.state = NewState::WaitingImages;
+                // The MH's token, so the replies to it are tagged from the hold on.
+                self.token = token;
                 vec![Action::Hold(self.mh)]
             }
             // Network detection: no peer serves the MH. It is ours now, with nothing
@@ -397,7 +400,9 @@ impl NewSide {
                 }),
             ) if handoff_id == id => {
                 self.phases.images_sent = Some(now_us);
-                self.token = token;
+                if token.is_some() {
+                    self.token = token;
+                }
                 if self.mac.is_none() {
                     self.mac = mac.as_deref().and_then(itcp_proto::hex::parse_mac);
                 }
@@ -625,7 +630,10 @@ impl OldSide {
                     // A detected MH sends through the new MSR already: nothing to wait.
                     acts.push(Action::AwaitHandshakes(mh));
                 }
-                acts.push(Action::Send(Message::Accepted { handoff_id }));
+                acts.push(Action::Send(Message::Accepted {
+                    handoff_id,
+                    token: s.token.clone(),
+                }));
                 acts.push(Action::FreezeAndCapture(mh));
                 acts
             }
@@ -845,7 +853,10 @@ mod tests {
             vec![
                 Action::GreetingUsed { mh, ts_ms: 10 },
                 Action::AwaitHandshakes(mh),
-                Action::Send(Message::Accepted { handoff_id: 9 }),
+                Action::Send(Message::Accepted {
+                    handoff_id: 9,
+                    token: Some(itcp_proto::hex::hex(TOKEN)),
+                }),
                 Action::FreezeAndCapture(mh)
             ]
         );
@@ -924,7 +935,10 @@ mod tests {
         assert_eq!(
             acts,
             vec![
-                Action::Send(Message::Accepted { handoff_id: 4 }),
+                Action::Send(Message::Accepted {
+                    handoff_id: 4,
+                    token: None
+                }),
                 Action::FreezeAndCapture(mh)
             ]
         );
@@ -1128,6 +1142,32 @@ mod tests {
     }
 
     #[test]
+    fn the_mhs_token_comes_with_the_acceptance() {
+        let (mut new, _) = NewSide::start(8, "msr2", greeting(), 0, T);
+        assert_eq!(new.token(), None);
+        let accepted = Message::Accepted {
+            handoff_id: 8,
+            token: Some("aa".into()),
+        };
+        new.handle(NewEvent::Message(accepted), 1);
+        assert_eq!(
+            new.token(),
+            Some("aa"),
+            "replies from the hold on are tagged"
+        );
+        // Images without a token do not make the new MSR forget it.
+        let images = Message::Images {
+            handoff_id: 8,
+            images: vec![],
+            token: None,
+            closed: vec![],
+            mac: None,
+        };
+        new.handle(NewEvent::Message(images), 2);
+        assert_eq!(new.token(), Some("aa"));
+    }
+
+    #[test]
     fn a_refused_channel_attaches_the_mh_without_its_connections() {
         let (mut new, _) = NewSide::start(6, "msr2", greeting(), 0, T);
         let acts = new.handle_old_down("Connection refused");
@@ -1138,7 +1178,13 @@ mod tests {
         assert!(new.done());
         // Once the old MSR has answered, a lost channel is a rollback as before.
         let (mut new, _) = NewSide::start(7, "msr2", greeting(), 0, T);
-        new.handle(NewEvent::Message(Message::Accepted { handoff_id: 7 }), 1);
+        new.handle(
+            NewEvent::Message(Message::Accepted {
+                handoff_id: 7,
+                token: None,
+            }),
+            1,
+        );
         assert_eq!(
             log(&new.handle_old_down("Connection refused")).outcome,
             Outcome::RolledBack
@@ -1163,7 +1209,13 @@ mod tests {
             }),
             500,
         );
-        new.handle(NewEvent::Message(Message::Accepted { handoff_id: 5 }), 600);
+        new.handle(
+            NewEvent::Message(Message::Accepted {
+                handoff_id: 5,
+                token: None,
+            }),
+            600,
+        );
         assert_eq!(new.poll_timeout(), Some(1000));
         let acts = new.handle_timeout(1000);
         assert!(matches!(sent(&acts), Message::Abort { .. }));
@@ -1224,7 +1276,13 @@ mod tests {
     fn when_nothing_resumes_the_old_msr_keeps_everything_and_takes_the_mh_back() {
         let mh = greeting().mh;
         let (mut new, _) = NewSide::start(3, "msr2", greeting(), 0, T);
-        new.handle(NewEvent::Message(Message::Accepted { handoff_id: 3 }), 1);
+        new.handle(
+            NewEvent::Message(Message::Accepted {
+                handoff_id: 3,
+                token: None,
+            }),
+            1,
+        );
         new.handle(
             NewEvent::Message(Message::Images {
                 handoff_id: 3,
@@ -1273,7 +1331,13 @@ mod tests {
     fn a_connection_that_fails_to_restart_is_not_acknowledged_and_stays_at_the_old_msr() {
         let mh = greeting().mh;
         let (mut new, _) = NewSide::start(3, "msr2", greeting(), 0, T);
-        new.handle(NewEvent::Message(Message::Accepted { handoff_id: 3 }), 1);
+        new.handle(
+            NewEvent::Message(Message::Accepted {
+                handoff_id: 3,
+                token: None,
+            }),
+            1,
+        );
         new.handle(
             NewEvent::Message(Message::Images {
                 handoff_id: 3,

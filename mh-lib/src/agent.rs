@@ -26,6 +26,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use itcp_proto::beacon::Solicitation;
 use itcp_proto::greeting::{GreetMsg, GreetReply, GreetStatus, Greeting};
+
+use crate::answers::{self, Verdict};
 use serde::Serialize;
 
 use crate::link::{LinkEvent, LinkWatch};
@@ -116,6 +118,9 @@ pub enum Event {
     },
     /// The MSR refused the greeting.
     Refused { msr: String, reason: String },
+    /// An answer "from" `msr` was dropped: forged, or untagged where a tag is due
+    /// (reported once per greeting).
+    AnswerDropped { msr: String, reason: String },
     /// No MSR heard any more.
     Lost { from: String },
     /// After [`Event::Lost`], beacons of the MSR the MH was attached to are heard again
@@ -133,6 +138,10 @@ struct Pending {
     t0: Instant,
     last_sent: Option<Instant>,
     holding_ms: Option<f64>,
+    /// An untagged answer kept aside (see [`crate::answers`]).
+    fallback: Option<GreetReply>,
+    /// A dropped answer was reported for this greeting (once is enough).
+    dropped: bool,
 }
 
 fn ms_since(t0: Instant) -> f64 {
@@ -188,6 +197,8 @@ pub struct Agent {
     /// moved): a greeting names it as the previous MSR, whatever the detector last
     /// chose, since a move whose greetings went unanswered moved nothing.
     attached: Option<String>,
+    /// The gateway MAC of `attached`, as its answer gave it.
+    attached_mac: Option<String>,
     t_start: Instant,
     /// `Lost` was reported and nothing heard of the current MSR since.
     lost: bool,
@@ -236,6 +247,7 @@ impl Agent {
             macs: Default::default(),
             pending: None,
             attached: None,
+            attached_mac: None,
             t_start: Instant::now(),
             lost: false,
             link,
@@ -379,6 +391,8 @@ impl Agent {
                     t0: Instant::now(),
                     last_sent: None,
                     holding_ms: None,
+                    fallback: None,
+                    dropped: false,
                 });
                 self.retransmit(on_event)
             }
@@ -424,6 +438,16 @@ impl Agent {
         let Some(p) = &mut self.pending else {
             return Ok(());
         };
+        // An untagged answer acts once the MSR we are attached to is silent: it crashed
+        // (and its token with it), so the new MSR could not tag.
+        let silent = self
+            .attached
+            .as_deref()
+            .is_none_or(|a| !self.det.alive(a, self.t_start.elapsed().as_nanos() as u64));
+        if p.fallback.is_some() && silent {
+            let r = p.fallback.take().unwrap();
+            return self.act(r, on_event);
+        }
         if p.t0.elapsed() > self.cfg.greet_timeout {
             let p = self.pending.take().unwrap();
             // Nobody answered: nothing moved, and the next move starts from where the
@@ -467,17 +491,43 @@ impl Agent {
         if r.nonce != p.nonce || r.msr != p.to {
             return Ok(());
         }
+        match answers::judge(&r, &self.cfg.token.0, self.attached.is_some()) {
+            Verdict::Act => self.act(r, on_event),
+            Verdict::Fallback => {
+                p.fallback = Some(r);
+                Ok(())
+            }
+            Verdict::Drop(reason) => {
+                if !p.dropped {
+                    p.dropped = true;
+                    on_event(Event::AnswerDropped {
+                        msr: r.msr,
+                        reason: reason.into(),
+                    });
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Acts on answer `r` to the pending greeting.
+    fn act(&mut self, r: GreetReply, on_event: &mut impl FnMut(Event)) -> io::Result<()> {
+        let Some(p) = &mut self.pending else {
+            return Ok(());
+        };
+        let mac = answers::gateway_mac(&r, &p.mac);
         match r.status {
             GreetStatus::Holding => {
                 if p.holding_ms.is_none() {
                     p.holding_ms = Some(ms_since(p.t0));
-                    point_gateway(self.cfg.gateway, &p.mac, &self.cfg.interface)?;
+                    point_gateway(self.cfg.gateway, &mac, &self.cfg.interface)?;
                 }
             }
             GreetStatus::Attached => {
-                point_gateway(self.cfg.gateway, &p.mac, &self.cfg.interface)?;
+                point_gateway(self.cfg.gateway, &mac, &self.cfg.interface)?;
                 let p = self.pending.take().unwrap();
                 self.attached = Some(p.to.clone());
+                self.attached_mac = Some(mac);
                 on_event(Event::Attached {
                     msr: p.to,
                     connections: r.connections,
@@ -485,10 +535,11 @@ impl Agent {
             }
             GreetStatus::Moved => {
                 if p.holding_ms.is_none() {
-                    point_gateway(self.cfg.gateway, &p.mac, &self.cfg.interface)?;
+                    point_gateway(self.cfg.gateway, &mac, &self.cfg.interface)?;
                 }
                 let p = self.pending.take().unwrap();
                 self.attached = Some(p.to.clone());
+                self.attached_mac = Some(mac);
                 on_event(Event::Moved {
                     holding_ms: p.holding_ms.unwrap_or(0.0),
                     moved_ms: ms_since(p.t0),
@@ -499,8 +550,13 @@ impl Agent {
             }
             GreetStatus::Failed => {
                 let p = self.pending.take().unwrap();
-                // The connections stayed with the previous MSR: go back to it.
-                if let Some(mac) = self.macs.get(&p.from).filter(|_| !p.from.is_empty()) {
+                // The connections stayed with the previous MSR: go back to it, at the
+                // MAC it answered with (a beacon naming it could be anyone's).
+                let back = match &self.attached_mac {
+                    Some(m) if self.attached.as_deref() == Some(p.from.as_str()) => Some(m),
+                    _ => self.macs.get(&p.from),
+                };
+                if let Some(mac) = back.filter(|_| !p.from.is_empty()) {
                     point_gateway(self.cfg.gateway, mac, &self.cfg.interface)?;
                     self.det.set_current(&p.from);
                 }

@@ -77,6 +77,7 @@
 #![warn(missing_docs)]
 
 pub mod agent;
+pub mod answers;
 mod blocking;
 mod handshake;
 pub mod link;

@@ -92,7 +92,8 @@ impl Detector {
         self.current.as_deref()
     }
 
-    fn alive(&self, msr: &str, now: u64) -> bool {
+    /// True if a beacon of `msr` was heard within its lifetime before `now`.
+    pub fn alive(&self, msr: &str, now: u64) -> bool {
         self.heard
             .get(msr)
             .is_some_and(|h| now.saturating_sub(h.last_ns) <= h.lifetime_ns)

@@ -78,8 +78,13 @@ pub enum Message {
     NotHere { handoff_id: u64 },
     /// Old MSR → new MSR: the greeting's proof verified; the old MSR freezes now, so
     /// the new MSR may hold the MH's flows and let it send (nothing is held for an
-    /// unproven greeting).
-    Accepted { handoff_id: u64 },
+    /// unproven greeting). `token` is the MH's session token (hex), so the new MSR can
+    /// tag its replies to the MH from the start.
+    Accepted {
+        handoff_id: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        token: Option<String>,
+    },
     /// Old MSR → new MSR (step 8): the frozen connections.
     Images {
         handoff_id: u64,

@@ -138,6 +138,49 @@ pub struct GreetReply {
     pub reason: Option<String>,
     #[serde(default)]
     pub connections: usize,
+    /// The MSR's MAC on the MH's cell: the MH points its gateway address at it. An MH
+    /// takes it from a tagged reply rather than from a beacon (anyone can beacon).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    /// HMAC-SHA256(token, "itcp-greet-reply" · msr · nonce · status · reason ·
+    /// connections · mac), hex, under the MH's session token: present when the MSR
+    /// holds that token, so the MH can tell its MSRs' answers from anyone's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tag: Option<String>,
+}
+
+impl GreetReply {
+    fn mac_under(&self, token: &[u8]) -> HmacSha256 {
+        let mut m = HmacSha256::new_from_slice(token).expect("HMAC takes any key length");
+        let status = serde_json::to_string(&self.status).expect("statuses serialize");
+        let connections = (self.connections as u64).to_be_bytes();
+        for part in [
+            b"itcp-greet-reply".as_slice(),
+            self.msr.as_bytes(),
+            self.nonce.as_bytes(),
+            status.as_bytes(),
+            self.reason.as_deref().unwrap_or("").as_bytes(),
+            &connections,
+            self.mac.as_deref().unwrap_or("").as_bytes(),
+        ] {
+            m.update(&(part.len() as u32).to_be_bytes());
+            m.update(part);
+        }
+        m
+    }
+
+    /// Tags the reply under the MH's session `token`.
+    pub fn seal(&mut self, token: &[u8]) {
+        self.tag = Some(hex(&self.mac_under(token).finalize().into_bytes()));
+    }
+
+    /// True if the reply carries a tag made with `token` (constant-time comparison).
+    pub fn verify(&self, token: &[u8]) -> bool {
+        let Some(tag) = self.tag.as_deref().and_then(unhex) else {
+            return false;
+        };
+        self.mac_under(token).verify_slice(&tag).is_ok()
+    }
 }
 
 /// Decodes a greeting datagram; errors say what is wrong.
@@ -176,5 +219,43 @@ mod tests {
         let mut h = g;
         h.new_msr = "msr3".into();
         assert!(!h.verify(b"0123456789abcdef"));
+    }
+
+    #[test]
+    fn a_reply_tag_needs_the_token_and_covers_every_field() {
+        let token = b"0123456789abcdef";
+        let mut r = GreetReply {
+            msr: "msr2".into(),
+            nonce: "00112233445566778899aabbccddeeff".into(),
+            status: GreetStatus::Holding,
+            reason: None,
+            connections: 0,
+            mac: Some("02:00:00:00:02:01".into()),
+            tag: None,
+        };
+        assert!(!r.verify(token), "no tag, nothing verifies");
+        r.seal(token);
+        assert!(r.verify(token));
+        assert!(!r.verify(b"another token..."));
+        // It survives the wire.
+        let wire = parse_greet_reply(&serde_json::to_vec(&r).unwrap()).unwrap();
+        assert!(wire.verify(token));
+        let changed: [fn(&mut GreetReply); 6] = [
+            |r| r.msr = "msr3".into(),
+            |r| r.nonce = "ffffffffffffffffffffffffffffffff".into(),
+            |r| r.status = GreetStatus::Moved,
+            |r| r.reason = Some("x".into()),
+            |r| r.connections = 1,
+            |r| r.mac = Some("02:66:66:66:66:66".into()),
+        ];
+        for change in changed {
+            let mut f = r.clone();
+            change(&mut f);
+            assert!(!f.verify(token), "{f:?}");
+        }
+        // An old MSR's reply (no mac, no tag) still parses.
+        let old = br#"{"msr":"msr1","nonce":"ab","status":"attached","connections":2}"#;
+        let o = parse_greet_reply(old).unwrap();
+        assert_eq!((o.mac, o.tag), (None, None));
     }
 }

@@ -35,8 +35,8 @@ struct Cell {
     sock: UdpSocket,
 }
 
-fn open_cell(ifname: &str) -> io::Result<Cell> {
-    let mac = itcp_proto::hex::mac(&crate::netlink::link_mac(ifname)?);
+fn open_cell(ifname: &str, gateway_mac: Option<[u8; 6]>) -> io::Result<Cell> {
+    let mac = cell_mac(ifname, gateway_mac)?;
     let sock = UdpSocket::bind(SocketAddr::from(([0, 0, 0, 0], 0)))?;
     sock.set_broadcast(true)?;
     sockopt::bind_to_device(&sock, ifname)?;
@@ -45,6 +45,16 @@ fn open_cell(ifname: &str) -> io::Result<Cell> {
         mac,
         sock,
     })
+}
+
+/// The MAC an MH on cell `ifname` sends to: `[msr] gateway_mac` when set (msrd gives
+/// it to every cell, possibly after this is read), else the interface's own.
+pub fn cell_mac(ifname: &str, gateway_mac: Option<[u8; 6]>) -> io::Result<String> {
+    let mac = match gateway_mac {
+        Some(m) => m,
+        None => crate::netlink::link_mac(ifname)?,
+    };
+    Ok(itcp_proto::hex::mac(&mac))
 }
 
 /// Time from now until the next wall-clock instant ≡ `offset_ms` (mod `interval_ms`).
@@ -87,10 +97,15 @@ pub struct Advertiser {
 impl Advertiser {
     /// Opens a broadcast socket on each interface. Interfaces that cannot be opened are
     /// reported and skipped; None when none could.
-    pub fn open(cfg: &BeaconSection, msr: &str, interfaces: &[String]) -> Option<Advertiser> {
+    pub fn open(
+        cfg: &BeaconSection,
+        msr: &str,
+        gateway_mac: Option<[u8; 6]>,
+        interfaces: &[String],
+    ) -> Option<Advertiser> {
         let cells: Vec<Cell> = interfaces
             .iter()
-            .filter_map(|i| match open_cell(i) {
+            .filter_map(|i| match open_cell(i, gateway_mac) {
                 Ok(c) => Some(c),
                 Err(e) => {
                     warn!(interface = %i, error = %e, "cannot send beacons on this interface");

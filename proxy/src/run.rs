@@ -185,9 +185,12 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
     let cfg = &d.cfg;
     // Before the greeting sockets serve: they pass solicitations to it.
     if cfg.beacon.enabled {
-        if let Some(a) =
-            crate::beacon::Advertiser::open(&cfg.beacon, &cfg.msr.id, &cfg.beacon_interfaces())
-        {
+        if let Some(a) = crate::beacon::Advertiser::open(
+            &cfg.beacon,
+            &cfg.msr.id,
+            cfg.msr.gateway_mac(),
+            &cfg.beacon_interfaces(),
+        ) {
             let _ = d.beacons.set(Arc::new(a));
         }
     }

@@ -381,6 +381,134 @@ fn spoofed_greetings_change_nothing_and_the_next_genuine_handoff_works() {
     );
 }
 
+/// The MAC the MH's neighbour entry for its gateway names (empty if none).
+fn mh_gateway_mac(lab: &Lab) -> String {
+    let gw = lab::addr::CELL_GW.to_string();
+    let o = lab
+        .run(Host::Mh, "ip", &["neigh", "show", &gw, "dev", "air0"])
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let mut words = out.split_whitespace();
+    words.find(|w| *w == "lladdr");
+    words
+        .next()
+        .map_or_else(|| format!("no entry: {out:?}"), str::to_string)
+}
+
+/// MSR `k`'s MAC on its cell.
+fn msr_cell_mac(lab: &Lab, k: usize) -> String {
+    let o = lab
+        .run(Host::Msr(k), "ip", &["-br", "link", "show", "cell0"])
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    out.split_whitespace()
+        .nth(2)
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A station on MSR1's cell (sending from MSR1's side of the air) that beacons as an
+/// MSR of its own and as MSR1, both with its own MAC, and answers every greeting
+/// meant for it with forged answers: untagged, and tagged under a wrong token. The
+/// MH's agent is attached to MSR1 with a relayed transfer running, so MSR1 holds its
+/// token. Before answers were tagged, the first forged `holding` pointed the MH's
+/// gateway at the station.
+#[test]
+fn a_station_forging_msr_answers_cannot_take_the_mhs_gateway() {
+    use itcp_proto::greeting::{parse_greet_msg, GreetReply, GreetStatus};
+    const ROGUE_MAC: &str = "02:66:66:66:66:66";
+    let mut lab = mobile_lab(2, 23);
+    let bytes = 16 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    std::thread::sleep(Duration::from_millis(300));
+    let msr1 = msr_cell_mac(&lab, 1);
+    assert_eq!(mh_gateway_mac(&lab), msr1, "attached to MSR1");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let ns = lab.ns(Host::Msr(1));
+    let rogue = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            itcp_testbed::sys::in_netns(&ns, || {
+                // The greeting port, shared with msrd's socket: broadcasts reach both.
+                let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+                s.set_reuse_address(true)?;
+                s.bind_device(Some(b"cell0"))?;
+                s.set_broadcast(true)?;
+                s.bind(&std::net::SocketAddr::from(([0, 0, 0, 0], 4346)).into())?;
+                let s = std::net::UdpSocket::from(s);
+                s.set_read_timeout(Some(Duration::from_millis(50)))?;
+                let (mut seq, mut answered, mut buf) = (0u64, 0u32, vec![0u8; 4096]);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    seq += 1;
+                    for msr in ["rogue", "msr1"] {
+                        let b =
+                            json!({"msr": msr, "mac": ROGUE_MAC, "lifetime_ms": 3000, "seq": seq});
+                        s.send_to(&serde_json::to_vec(&b).unwrap(), "255.255.255.255:4345")?;
+                    }
+                    let Ok((n, from)) = s.recv_from(&mut buf) else {
+                        continue;
+                    };
+                    let Ok(m) = parse_greet_msg(&buf[..n]) else {
+                        continue;
+                    };
+                    if m.greeting.new_msr != "rogue" {
+                        continue;
+                    }
+                    for (status, tagged) in [
+                        (GreetStatus::Holding, false),
+                        (GreetStatus::Holding, true),
+                        (GreetStatus::Moved, true),
+                        (GreetStatus::Attached, false),
+                        (GreetStatus::Moved, false),
+                    ] {
+                        let mut r = GreetReply {
+                            msr: "rogue".into(),
+                            nonce: m.greeting.nonce.clone(),
+                            status,
+                            reason: None,
+                            connections: 1,
+                            mac: Some(ROGUE_MAC.into()),
+                            tag: None,
+                        };
+                        if tagged {
+                            r.seal(b"a token of the station's own");
+                        }
+                        s.send_to(&serde_json::to_vec(&r).unwrap(), from)?;
+                    }
+                    answered += 1;
+                }
+                Ok(answered)
+            })
+        })
+    };
+    // While the station works: the MH's gateway never changes.
+    let until = Instant::now() + Duration::from_secs(3);
+    while Instant::now() < until {
+        let now = mh_gateway_mac(&lab);
+        assert_eq!(
+            now,
+            msr1,
+            "a forged answer moved the MH's gateway\n{:?}",
+            lab.agent_events()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let answered = rogue.join().unwrap().unwrap();
+    assert!(answered > 0, "the station saw a greeting meant for it");
+    let events = lab.agent_events();
+    assert!(
+        events.iter().any(|e| e["event"] == "answer_dropped"),
+        "{events:?}"
+    );
+    // The genuine move still works, to the MAC MSR2 answered with (not a beacon's).
+    lab.assoc(&[2]).unwrap();
+    wait_moves(&lab, 1, Duration::from_secs(15));
+    assert_eq!(mh_gateway_mac(&lab), msr_cell_mac(&lab, 2));
+    let (send, recv) = finish(&mut lab, t);
+    assert_clean(&lab, &send, &recv, bytes);
+}
+
 /// Beacons every 200 ms (lifetime 600 ms) so that many moves fit in one test.
 const FAST_BEACONS: &str = "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n";
 const FAST_AGENT: &[&str] = &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"];

@@ -437,6 +437,8 @@ impl EventMapper {
                 e.reason = reason;
                 out.push(e);
             }
+            // For the agent's log: nothing changed for the app.
+            Event::AnswerDropped { .. } => {}
             Event::Lost { from } => {
                 self.disconnected = true;
                 let mut e = OwnedEvent::new(ITCP_EVENT_DISCONNECTED);

@@ -104,6 +104,8 @@ pub async fn serve_greetings(d: Arc<Daemon>, sock: UdpSocket) {
         .ok()
         .flatten()
         .unwrap_or_default();
+    // What the MHs on this cell point their gateway at, in our tagged replies.
+    let mac = crate::beacon::cell_mac(&ifname, d.cfg.msr.gateway_mac()).ok();
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
     loop {
         let (n, from) = match sock.recv_from(&mut buf).await {
@@ -120,7 +122,7 @@ pub async fn serve_greetings(d: Arc<Daemon>, sock: UdpSocket) {
         }
         let h = d.handoff.as_ref().unwrap();
         match parse_greet_msg(&buf[..n]) {
-            Ok(msg) => on_greeting(&d, &sock, from, msg.greeting).await,
+            Ok(msg) => on_greeting(&d, &sock, from, msg.greeting, &mac).await,
             Err(e) => {
                 d.sessions
                     .stats
@@ -150,6 +152,7 @@ async fn on_greeting(
     sock: &Arc<UdpSocket>,
     from: SocketAddr,
     g: itcp_proto::greeting::Greeting,
+    mac: &Option<String>,
 ) {
     let h = d.handoff.as_ref().unwrap();
     let mh = crate::admission::canonical(g.mh);
@@ -208,7 +211,7 @@ async fn on_greeting(
             if h.may_log(from.ip()) {
                 warn!(%mh, %reason, "greeting refused");
             }
-            let r = h.answer(mh, &g, GreetStatus::Refused, Some(reason), 0);
+            let r = h.answer(mh, &g, GreetStatus::Refused, Some(reason), 0, mac.clone());
             reply(sock, from, &r).await;
         }
         Decision::Attach { proven } => {
@@ -220,7 +223,8 @@ async fn on_greeting(
                 d.take_over(mh);
             }
             info!(%mh, connections = sessions.len(), proven, "MH attached");
-            let r = h.answer(mh, &g, GreetStatus::Attached, None, sessions.len());
+            let n = sessions.len();
+            let r = h.answer(mh, &g, GreetStatus::Attached, None, n, mac.clone());
             reply(sock, from, &r).await;
         }
         Decision::Pull => {
@@ -228,10 +232,16 @@ async fn on_greeting(
                 return;
             };
             h.set_pulling(mh, true);
-            let (d, sock) = (d.clone(), sock.clone());
+            let (d, sock, mac) = (d.clone(), sock.clone(), mac.clone());
             tokio::spawn(async move {
                 let _busy = busy;
-                new_side::pull(d.clone(), sock, from, g, peer.id.clone(), peer.address).await;
+                let greeter = new_side::Greeter {
+                    sock,
+                    addr: from,
+                    g,
+                    mac,
+                };
+                new_side::pull(d.clone(), greeter, peer.id.clone(), peer.address).await;
                 d.handoff.as_ref().unwrap().set_pulling(mh, false);
             });
         }

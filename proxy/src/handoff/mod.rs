@@ -206,8 +206,9 @@ impl Handoffs {
         self.mhs.lock().unwrap().get(&mh).map_or(0, |s| s.hold_gen)
     }
 
-    /// The answer to greeting `g`, remembered so that a retransmitted greeting gets it
-    /// again.
+    /// The answer to greeting `g` (`mac`: ours on the MH's cell), tagged under the
+    /// MH's token if we hold it, and remembered so that a retransmitted greeting gets
+    /// it again.
     pub(crate) fn answer(
         &self,
         mh: IpAddr,
@@ -215,16 +216,24 @@ impl Handoffs {
         status: GreetStatus,
         reason: Option<String>,
         connections: usize,
+        mac: Option<String>,
     ) -> GreetReply {
-        let r = GreetReply {
+        let mut r = GreetReply {
             msr: self.me.clone(),
             nonce: g.nonce.clone(),
             status,
             reason,
             connections,
+            mac,
+            tag: None,
         };
         let mut m = self.mhs.lock().unwrap();
         let st = m.entry(mh).or_default();
+        // Tagged whenever we hold the MH's token: the MH then acts on no answer
+        // that is not (anyone on the cell can send one).
+        if let Some(t) = &st.token {
+            r.seal(t);
+        }
         st.last_nonce = Some(r.nonce.clone());
         st.last_reply = Some(r.clone());
         r

@@ -28,11 +28,13 @@ use super::spares;
 use crate::clock::now_us;
 use crate::daemon::Daemon;
 
-/// The MH that greeted us, to answer.
-struct Greeter {
-    sock: Arc<UdpSocket>,
-    addr: SocketAddr,
-    g: Greeting,
+/// The MH that greeted us, to answer: from `sock`, to `addr`, with our `mac` on its
+/// cell.
+pub struct Greeter {
+    pub sock: Arc<UdpSocket>,
+    pub addr: SocketAddr,
+    pub g: Greeting,
+    pub mac: Option<String>,
 }
 
 impl Greeter {
@@ -45,11 +47,11 @@ impl Greeter {
         n: usize,
     ) {
         if let Some(gr) = this {
-            let r = d
-                .handoff
-                .as_ref()
-                .unwrap()
-                .answer(mh, &gr.g, status, reason, n);
+            let r =
+                d.handoff
+                    .as_ref()
+                    .unwrap()
+                    .answer(mh, &gr.g, status, reason, n, gr.mac.clone());
             reply(&gr.sock, gr.addr, &r).await;
         }
     }
@@ -63,23 +65,11 @@ fn note_strays(msg: &Message, strays: &mut Vec<itcp_proto::channel::ClosedFlow>)
 }
 
 /// Runs one pull for a greeting to the end (moved, partial, refused or rolled back).
-pub async fn pull(
-    d: Arc<Daemon>,
-    sock: Arc<UdpSocket>,
-    mh_addr: SocketAddr,
-    g: Greeting,
-    prev: String,
-    peer_addr: SocketAddr,
-) {
+pub async fn pull(d: Arc<Daemon>, greeter: Greeter, prev: String, peer_addr: SocketAddr) {
     let h = d.handoff.as_ref().unwrap();
     let id = h.next_handoff_id();
-    let (m, acts) = NewSide::start(id, &h.me, g.clone(), now_us(), h.timeouts());
+    let (m, acts) = NewSide::start(id, &h.me, greeter.g.clone(), now_us(), h.timeouts());
     let span = info_span!("handoff", handoff = id, mh = %m.mh(), role = "new", peer = %prev);
-    let greeter = Greeter {
-        sock,
-        addr: mh_addr,
-        g,
-    };
     run(d, m, acts, Some(greeter), Some((prev, peer_addr)))
         .instrument(span)
         .await
@@ -175,6 +165,11 @@ async fn run(
         for a in acts.drain(..) {
             match a {
                 Action::Hold(mh) => {
+                    // The old MSR accepted, with the MH's token: our answers are
+                    // tagged under it from now on.
+                    if let Some(t) = m.token().and_then(unhex) {
+                        h.mhs.lock().unwrap().entry(mh).or_default().token = Some(t);
+                    }
                     d.hold(mh);
                     // From here the MH may send through us: its segments are held.
                     Greeter::tell(&greeter, &d, mh, GreetStatus::Holding, None, 0).await;

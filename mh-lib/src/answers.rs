@@ -1,0 +1,121 @@
+//! Which answers to its greetings the agent acts on, decided without I/O.
+//!
+//! An answer points the MH's gateway at an MSR, so a forged one could hand the MH's
+//! traffic to any station on the cell. An MSR that holds the MH's session token tags
+//! its answers under it (`GreetReply::seal`); every MSR that moves the MH's connections
+//! holds it (the old MSR checks the greeting's proof with it and ships it on the
+//! encrypted channel). So, once attached:
+//!
+//! * a tagged answer acts if the tag verifies, and is dropped otherwise;
+//! * an untagged `holding` or `moved` is dropped: no MSR sends one;
+//! * an untagged `attached`, `failed` or `refused` is kept aside. It is what an MSR
+//!   sends that cannot know the token (the previous MSR crashed with it), and it acts
+//!   only if no tagged answer came and the previous MSR has gone silent (no beacon
+//!   within its lifetime): a station next to a live MSR cannot use it.
+//!
+//! Before the first attachment nothing is tagged (no MSR knows the token yet): the
+//! first contact trusts the cell, as any host trusts its first gateway.
+
+use itcp_proto::greeting::{GreetReply, GreetStatus};
+
+/// What to do with one answer to the pending greeting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Act on it now.
+    Act,
+    /// Keep it: act on it if nothing better comes and the previous MSR is silent.
+    Fallback,
+    /// Drop it (the reason, for the log).
+    Drop(&'static str),
+}
+
+/// Judges answer `r` under the MH's `token`; `attached`: the MH attached before.
+pub fn judge(r: &GreetReply, token: &[u8], attached: bool) -> Verdict {
+    if r.tag.is_some() {
+        return if r.verify(token) {
+            Verdict::Act
+        } else {
+            Verdict::Drop("tag does not verify under the MH's token")
+        };
+    }
+    if !attached {
+        return Verdict::Act;
+    }
+    match r.status {
+        GreetStatus::Holding | GreetStatus::Moved => {
+            Verdict::Drop("untagged: every MSR that moves connections tags its answers")
+        }
+        GreetStatus::Attached | GreetStatus::Failed | GreetStatus::Refused => Verdict::Fallback,
+    }
+}
+
+/// The MAC to point the gateway at for answer `r`: the one it names if it is tagged
+/// (authenticated), else `beacon_mac` (what the MSR's beacon said).
+pub fn gateway_mac(r: &GreetReply, beacon_mac: &str) -> String {
+    match (&r.tag, &r.mac) {
+        (Some(_), Some(m)) => m.clone(),
+        _ => beacon_mac.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TOKEN: &[u8] = b"0123456789abcdef";
+
+    fn reply(status: GreetStatus) -> GreetReply {
+        GreetReply {
+            msr: "msr2".into(),
+            nonce: "aa".into(),
+            status,
+            reason: None,
+            connections: 1,
+            mac: Some("02:00:00:00:02:01".into()),
+            tag: None,
+        }
+    }
+
+    #[test]
+    fn once_attached_only_tagged_answers_move_the_gateway_at_once() {
+        for s in [
+            GreetStatus::Holding,
+            GreetStatus::Moved,
+            GreetStatus::Attached,
+            GreetStatus::Failed,
+            GreetStatus::Refused,
+        ] {
+            let mut r = reply(s);
+            // First contact: nobody can tag yet.
+            assert_eq!(judge(&r, TOKEN, false), Verdict::Act);
+            let untagged = judge(&r, TOKEN, true);
+            assert_ne!(untagged, Verdict::Act, "{s:?}");
+            r.seal(TOKEN);
+            assert_eq!(judge(&r, TOKEN, true), Verdict::Act);
+            assert_eq!(judge(&r, TOKEN, false), Verdict::Act);
+            // A tag under another token is a forgery, before or after attaching.
+            r.seal(b"fedcba9876543210");
+            assert!(matches!(judge(&r, TOKEN, true), Verdict::Drop(_)));
+            assert!(matches!(judge(&r, TOKEN, false), Verdict::Drop(_)));
+        }
+        assert!(matches!(
+            judge(&reply(GreetStatus::Moved), TOKEN, true),
+            Verdict::Drop(_)
+        ));
+        assert_eq!(
+            judge(&reply(GreetStatus::Attached), TOKEN, true),
+            Verdict::Fallback
+        );
+    }
+
+    #[test]
+    fn the_gateway_mac_comes_from_a_tagged_answer_only() {
+        let mut r = reply(GreetStatus::Moved);
+        assert_eq!(gateway_mac(&r, "02:66:66:66:66:66"), "02:66:66:66:66:66");
+        r.seal(TOKEN);
+        assert_eq!(gateway_mac(&r, "02:66:66:66:66:66"), "02:00:00:00:02:01");
+        r.mac = None;
+        r.seal(TOKEN);
+        assert_eq!(gateway_mac(&r, "02:00:00:00:02:09"), "02:00:00:00:02:09");
+    }
+}
