@@ -145,11 +145,13 @@ fn move_once(lab: &Lab, at: usize, seen: usize) -> io::Result<usize> {
     }
 }
 
-/// Handoff latency for an MH with `conns` connections carrying `queues`.
+/// Handoff latency for an MH with `conns` connections carrying `queues`, the MSR⇄MSR
+/// channel over mutual TLS (`tls`) or pre-shared keys.
 pub fn latency(
     conns: usize,
     queues: Queues,
     moves: usize,
+    tls: bool,
     progress: impl Fn(&str),
 ) -> io::Result<LatencyResult> {
     use std::sync::mpsc;
@@ -157,6 +159,7 @@ pub fn latency(
 
     let full = queues == Queues::Full;
     let mut lab = lab(conns as u64 + queues as u64)?;
+    lab.channel_tls = tls;
     let n = conns.max(1) + 16;
     lab.access_extra =
         format!("max_connections_per_mh = {n}\nmax_handshakes = {n}\nmax_handshakes_per_mh = {n}");

@@ -161,7 +161,7 @@ run's lab is removed by 'itcp-lab cleanup'.",
         },
         Command {
             name: "bench handoff",
-            synopsis: "[--conns 1,100,1000] [--moves N] [--gap yes|no]",
+            synopsis: "[--conns 1,100,1000] [--moves N] [--gap yes|no] [--channel tls|psk]",
             about: "Handoff latency (greeting → resumed) with empty, full and streaming queues, \
                     the fixed host's retransmission timeouts during the moves, and the gap in \
                     bytes at the MH around one overlapped handoff.",
@@ -173,6 +173,11 @@ run's lab is removed by 'itcp-lab cleanup'.",
                 ),
                 Flag::value("moves", "N", "Moves per measurement (default 6)."),
                 Flag::value("gap", "yes|no", "Also measure the gap (default yes)."),
+                Flag::value(
+                    "channel",
+                    "tls|psk",
+                    "The MSR⇄MSR channel: mutual TLS (default) or pre-shared keys.",
+                ),
             ],
         },
         Command {
@@ -281,7 +286,8 @@ enum Job {
     NoMoves(NoMoves),
     Relay(u64, usize, Option<String>),
     Paper(itcp_testbed::paper::PaperOpts),
-    Handoff(Vec<usize>, usize, bool),
+    /// Connection counts, moves, the gap too, the channel over TLS.
+    Handoff(Vec<usize>, usize, bool, bool),
     Conns(usize, usize),
     Churn(usize, usize),
     Soak(itcp_testbed::soak::SoakOpts, Option<String>),
@@ -446,6 +452,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
         }
         "bench handoff" => {
             let (mut conns, mut moves, mut gap) = (vec![1usize, 100, 1000], 6usize, true);
+            let mut tls = true;
             while let Some(arg) = a.next()? {
                 match arg {
                     Arg::Flag("conns") => {
@@ -461,10 +468,17 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
                     }
                     Arg::Flag("moves") => moves = a.int("moves")?,
                     Arg::Flag("gap") => gap = yes_no(&mut a, "gap")?,
+                    Arg::Flag("channel") => {
+                        tls = match a.value("channel")?.as_str() {
+                            "tls" => true,
+                            "psk" => false,
+                            v => return Err(a.usage(format!("--channel: {v:?} is not tls or psk"))),
+                        }
+                    }
                     other => return Err(a.unexpected(other)),
                 }
             }
-            Job::Handoff(conns, moves, gap)
+            Job::Handoff(conns, moves, gap, tls)
         }
         "bench conns" => {
             let (mut count, mut bytes) = (10_000usize, 16_384usize);
@@ -569,7 +583,7 @@ fn main() -> ExitCode {
         Job::NoMoves(o) => bench_nomoves(o),
         Job::Relay(seconds, rounds, json_out) => bench_relay(seconds, rounds, json_out),
         Job::Paper(o) => bench_paper(o),
-        Job::Handoff(conns, moves, gap) => bench_handoff(conns, moves, gap),
+        Job::Handoff(conns, moves, gap, tls) => bench_handoff(conns, moves, gap, tls),
         Job::Conns(count, bytes) => bench_conns(count, bytes),
         Job::Churn(total, conc) => bench_churn(total, conc),
         Job::Soak(o, json_out) => bench_soak(o, json_out),
@@ -779,13 +793,13 @@ fn bench_paper(o: itcp_testbed::paper::PaperOpts) -> Result<(), String> {
     Ok(())
 }
 
-fn bench_handoff(conns: Vec<usize>, moves: usize, gap: bool) -> Result<(), String> {
+fn bench_handoff(conns: Vec<usize>, moves: usize, gap: bool, tls: bool) -> Result<(), String> {
     use itcp_testbed::handoff_bench;
     let mut rows = Vec::new();
     for &n in &conns {
         for q in handoff_bench::Queues::ALL {
             eprintln!("handoff latency: {n} connection(s), {} queues", q.as_str());
-            let r = handoff_bench::latency(n, q, moves, |l| eprintln!("  {l}"))
+            let r = handoff_bench::latency(n, q, moves, tls, |l| eprintln!("  {l}"))
                 .map_err(|e| format!("{n} connections ({}): {e}", q.as_str()))?;
             println!("{}", serde_json::to_string(&r).unwrap());
             rows.push(r);
