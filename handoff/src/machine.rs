@@ -32,6 +32,9 @@ pub enum Action {
     /// Hold (queue or drop, never answer) every packet of this MH's I-TCP flows until
     /// released; tell the MH it may send through us.
     Hold(IpAddr),
+    /// Tell the greeting MH it is attached here with nothing to move (the previous MSR
+    /// holds nothing of it). Nothing else changes: the greeting is unproven here.
+    Attached,
     Release(IpAddr),
     /// A proven greeting was used: later greetings of this MH must be newer.
     GreetingUsed {
@@ -375,6 +378,14 @@ impl NewSide {
                 self.token = token;
                 vec![Action::Hold(self.mh)]
             }
+            // A greeting: the previous MSR holds nothing of the MH (no connection, no
+            // token), so there is nothing to move or prove. It attaches here.
+            (NewState::WaitingAccept, NewEvent::Message(Message::NotHere { handoff_id }))
+                if handoff_id == id && self.greeting().is_some() =>
+            {
+                self.state = NewState::Done;
+                vec![Action::Attached]
+            }
             // Network detection: no peer serves the MH. It is ours now, with nothing
             // to move; it needs its address here on the fixed LAN all the same.
             (NewState::WaitingAccept, NewEvent::Message(Message::NotHere { handoff_id }))
@@ -600,6 +611,14 @@ impl OldSide {
             timeouts,
             deadline: None,
         };
+        // A greeting for an MH that has nothing here (no connection, and so no token
+        // to check a proof with): nothing to move, nothing changes here.
+        if let Request::Greeting(_) = req {
+            if known.local == 0 && known.token.is_none() {
+                s.state = OldState::Done;
+                return (s, vec![Action::Send(Message::NotHere { handoff_id })]);
+            }
+        }
         if let Request::Detected { mac, .. } = req {
             if known.local == 0 && known.mac.is_none_or(|b| b == mac) {
                 s.state = OldState::Done;
@@ -1045,11 +1064,36 @@ mod tests {
             vec![Action::Arrived { mh, mac: Some(MAC) }, Action::Reroute(mh)]
         );
         assert!(new.done());
-        // A greeting's pull never takes "not here" for an arrival.
+        // A greeting's pull never takes "not here" for an arrival (no address taken
+        // over): the MH is only told it is attached.
         let (mut g, _) = NewSide::start(5, "msr2", greeting(), 0, T);
-        assert!(g
-            .handle(NewEvent::Message(Message::NotHere { handoff_id: 5 }), 1)
-            .is_empty());
+        assert_eq!(
+            g.handle(NewEvent::Message(Message::NotHere { handoff_id: 5 }), 1),
+            vec![Action::Attached]
+        );
+    }
+
+    #[test]
+    fn an_mh_with_nothing_at_the_old_msr_attaches_at_the_new_one() {
+        // The old MSR holds no connection and no token of the MH: it says so, and
+        // nothing changes there (no freeze, no replay state, no record).
+        let (old, acts) = OldSide::start(
+            "msr1",
+            "msr2",
+            5,
+            Request::Greeting(&greeting()),
+            MhKnown::default(),
+            0,
+            T,
+        );
+        assert_eq!(acts, vec![Action::Send(Message::NotHere { handoff_id: 5 })]);
+        assert!(old.done());
+        // The new MSR tells the MH it is attached; it holds nothing and takes no
+        // address over (the greeting is unproven here).
+        let (mut new, _) = NewSide::start(5, "msr2", greeting(), 0, T);
+        let acts = new.handle(NewEvent::Message(Message::NotHere { handoff_id: 5 }), 1);
+        assert_eq!(acts, vec![Action::Attached]);
+        assert!(new.done());
     }
 
     #[test]
@@ -1077,14 +1121,18 @@ mod tests {
             )
             .1,
         );
-        // No connection of that MH here with a token.
+        // Connections of that MH here, opened without a token (a stock SOCKS client).
+        let tokenless = MhKnown {
+            local: 2,
+            ..MhKnown::default()
+        };
         only_refusal(
             &OldSide::start(
                 "msr1",
                 "msr2",
                 1,
                 Request::Greeting(&greeting()),
-                MhKnown::default(),
+                tokenless,
                 0,
                 T,
             )

@@ -8,6 +8,7 @@
 //! | proxy-ARP/NDP entries for MH addresses on `[handoff] lan_interface` | takeovers | handoff out; exit; start |
 //! | host routes for MHs with a large `initcwnd` (protocol [`ROUTE_PROTO`]) | restores | after restart; exit; start |
 //! | `net.ipv4.neigh.<lan_interface>.proxy_delay` = 0 | start | exit; start (original value kept in the state file) |
+//! | with IPv6 MH prefixes: `net.ipv6.conf.<lan_interface>.proxy_ndp` = 1 and `net.ipv6.neigh.<lan_interface>.proxy_delay` = 0 | start | exit; start (original values kept in the state file) |
 //! | the cell interfaces' MAC address = `[msr] gateway_mac` | start | exit; start (original kept in the state file) |
 //!
 //! The state file (`<control_socket>.state`) holds what cannot be found again from

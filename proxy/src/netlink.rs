@@ -297,6 +297,12 @@ pub fn proxy_ndp_path(ifname: &str) -> io::Result<String> {
         .replace("/proxy_delay", "/proxy_ndp"))
 }
 
+/// `/proc/sys/net/ipv6/neigh/<ifname>/proxy_delay`: proxied neighbour advertisements
+/// answering a multicast solicitation are otherwise delayed by up to 0.8 s.
+pub fn proxy_delay6_path(ifname: &str) -> io::Result<String> {
+    Ok(proxy_delay_path(ifname)?.replace("ipv4/neigh/", "ipv6/neigh/"))
+}
+
 pub fn proxy_delay_path(ifname: &str) -> io::Result<String> {
     // The name becomes a path component: refuse anything that could leave the directory.
     if ifname.is_empty()

@@ -159,12 +159,18 @@ async fn bind_rest(
             if let Err(e) = r {
                 warn!(interface = %lan, error = %e, "proxied ARP replies may be delayed");
             }
-            // Proxy neighbour entries answer IPv6 solicitations only with proxy_ndp on.
+            // Proxy neighbour entries answer IPv6 solicitations only with proxy_ndp on,
+            // and (as for ARP) up to 0.8 s late unless proxy_delay is 0.
             if cfg.access.mh_prefixes.iter().any(|p| !p.is_ipv4()) {
                 let r =
                     crate::netlink::proxy_ndp_path(lan).and_then(|p| footprint.set_sysctl(&p, "1"));
                 if let Err(e) = r {
                     warn!(interface = %lan, error = %e, "no proxy NDP: IPv6 MHs cannot move here");
+                }
+                let r = crate::netlink::proxy_delay6_path(lan)
+                    .and_then(|p| footprint.set_sysctl(&p, "0"));
+                if let Err(e) = r {
+                    warn!(interface = %lan, error = %e, "proxied neighbour advertisements may be delayed");
                 }
             }
         }

@@ -509,6 +509,40 @@ fn a_station_forging_msr_answers_cannot_take_the_mhs_gateway() {
     assert_clean(&lab, &send, &recv, bytes);
 }
 
+/// An MH whose agent runs but whose apps opened no I-TCP connection yet has nothing at
+/// its MSR to move (and no token there). When it moves, the new MSR hears from the old
+/// one that it holds nothing, and the MH attaches to the new MSR. It used to be refused
+/// ("no I-TCP connection of this MH here…"): the agent went back to the MSR of a cell it
+/// had left, and failed again at every beacon.
+#[test]
+fn an_mh_with_no_connection_attaches_to_the_next_msr() {
+    let lab = fast_lab(27, &[]);
+    assert_eq!(mh_gateway_mac(&lab), msr_cell_mac(&lab, 1));
+    lab.assoc(&[]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    lab.assoc(&[2]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ev = lab.agent_events();
+        assert!(
+            !ev.iter().any(|e| e["event"] == "move_failed"),
+            "the move failed: {ev:?}\n{}",
+            diag(&lab)
+        );
+        if ev
+            .iter()
+            .any(|e| e["event"] == "attached" && e["msr"] == "msr2")
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "not attached to msr2: {ev:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(mh_gateway_mac(&lab), msr_cell_mac(&lab, 2));
+    // Nothing was moved, refused or taken over: no handoff record anywhere.
+    assert!(lab.handoff_records(1).is_empty() && lab.handoff_records(2).is_empty());
+}
+
 /// Beacons every 200 ms (lifetime 600 ms) so that many moves fit in one test.
 const FAST_BEACONS: &str = "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n";
 const FAST_AGENT: &[&str] = &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"];

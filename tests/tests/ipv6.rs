@@ -259,6 +259,18 @@ fn a_dual_stack_agent_moves_its_ipv4_and_ipv6_connections_together() {
         }
     };
     wait_for(&lab, 1, "before moving");
+    // A proxied neighbour advertisement answering a multicast solicitation (the GW
+    // resolving the MH's IPv6 address) goes out at once, not up to 0.8 s later.
+    for k in 1..=2 {
+        let o = lab
+            .run(
+                Host::Msr(k),
+                "cat",
+                &["/proc/sys/net/ipv6/neigh/lan0/proxy_delay"],
+            )
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "0", "MSR{k}");
+    }
     let mut at = 1;
     for n in 1..=2 {
         let to = 3 - at;
@@ -293,4 +305,205 @@ fn a_dual_stack_agent_moves_its_ipv4_and_ipv6_connections_together() {
             "no move of {ip} into MSR2: {recs:?}"
         );
     }
+}
+
+/// Sessions of `kind` for the MH's IPv6 address at MSR `k`.
+fn v6_sessions_at(lab: &Lab, k: usize, kind: itcp_proto::control::Kind) -> usize {
+    lab.msrd_sessions(k)
+        .unwrap_or_default()
+        .iter()
+        .filter(|s| s.kind == kind && s.mh.ip() == IpAddr::V6(addr6::MH))
+        .count()
+}
+
+/// Passive open over IPv6 through a handoff: the MH listens through MSR1 (mh-lib over
+/// IPv6), the FH connects to the MH's IPv6 address and streams while the MH moves to
+/// MSR2; the listener moves too, so a second connection after the move is accepted
+/// through MSR2. Every byte is checked, and no RST is seen at FH or MH.
+///
+/// Ignored: it fails. The listener and the accepted connection move (MSR2 logs both
+/// restored and the handoff `moved`), but the accepted connection carries no byte at
+/// MSR2 and its relay ends after ~2 min with "No route to host"; the FH's connection is
+/// reset. The same over IPv4 (the handoff suite's `connections_of_every_kind_…`) and an
+/// IPv6 CONNECT (`a_dual_stack_agent_moves_…`) move fine. Not yet explained.
+#[test]
+#[ignore = "fails: a moved IPv6 accepted connection carries no byte at the new MSR (issue 10)"]
+fn passive_open_over_ipv6_moves_with_the_mh() {
+    use itcp_proto::control::Kind;
+    let mut cfg = LabConfig::clean(2, 69);
+    cfg.ipv6 = true;
+    let mut lab = Lab::new(cfg).unwrap();
+    lab.start_itcp_mobility(
+        "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n",
+        &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"],
+    )
+    .unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    lab.watch_rsts(Host::Mh).unwrap();
+    // A dual-stack MH's app also has an IPv4 connection through I-TCP.
+    let ttcp = bin_path("ttcp");
+    let fh4 = SocketAddr::from((itcp_testbed::lab::addr::FH, 5001)).to_string();
+    let s4 = lab
+        .spawn(
+            Host::Fh,
+            &ttcp,
+            &["send", "--listen", &fh4, "--duration", "5"],
+        )
+        .unwrap();
+    lab.wait_listening(Host::Fh, 5001).unwrap();
+    let r4 = lab
+        .spawn(Host::Mh, &ttcp, &["recv", "--connect", &fh4, "--itcp"])
+        .unwrap();
+    let opts = MhOptions::new()
+        .gateway(SocketAddr::new(addr6::CELL_GW.into(), 1080))
+        .token_file(lab.dir.join("mh-token"))
+        .connect_timeout(Duration::from_secs(5));
+    let (tx, rx) = std::sync::mpsc::channel();
+    let ns = lab.ns(Host::Mh);
+    // The MH: accepts two connections; each must carry bytes i % 251, and is answered
+    // with how many arrived intact.
+    let mh = std::thread::spawn(move || {
+        in_netns(&ns, || {
+            let l = ItcpListener::bind_with(&opts, 6001)?;
+            tx.send(l.local_addr()?).unwrap();
+            let mut got = Vec::new();
+            for _ in 0..2 {
+                let (mut s, _) = l.accept()?;
+                let mut b = Vec::new();
+                s.read_to_end(&mut b)?;
+                let intact = b.iter().enumerate().all(|(i, &x)| x == (i % 251) as u8);
+                s.write_all(format!("{} {intact}", b.len()).as_bytes())?;
+                got.push((b.len(), intact));
+            }
+            Ok(got)
+        })
+    });
+    let bound = rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    assert_eq!(bound, SocketAddr::new(addr6::MH.into(), 6001));
+    let diag = |lab: &Lab| {
+        ["msrd1.log", "msrd2.log", "agent.events"]
+            .iter()
+            .map(|f| {
+                let t = std::fs::read_to_string(lab.dir.join(f)).unwrap_or_default();
+                let tail: Vec<&str> = t.lines().rev().take(25).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                format!("--- {f}\n{}\n", tail.join("\n"))
+            })
+            .collect::<String>()
+            + &[
+                (Host::Gw, "ip", vec!["-6", "neigh"]),
+                (Host::Gw, "ip", vec!["-6", "route"]),
+                (Host::Msr(1), "ip", vec!["-6", "neigh", "show", "proxy"]),
+                (Host::Msr(1), "ss", vec!["-tan6"]),
+                (Host::Fh, "ss", vec!["-tan6"]),
+            ]
+            .iter()
+            .map(|(h, p, a)| {
+                let o = lab
+                    .run(*h, p, a)
+                    .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+                format!("--- {h:?} {p} {a:?}\n{}\n", o.unwrap_or_default())
+            })
+            .collect::<String>()
+    };
+    let wait_listener_at = |lab: &Lab, k: usize| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(6);
+        while v6_sessions_at(lab, k, Kind::Listen) != 1 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the MH's IPv6 listener is not at MSR{k}\n{}",
+                diag(lab)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_listener_at(&lab, 1);
+    // Sends `chunks` × 8 KiB of the pattern, `pause` apart, then reads the answer.
+    let send = move |chunks: usize, pause: Duration| {
+        move || -> std::io::Result<(usize, String)> {
+            let mut s = TcpStream::connect_timeout(&bound, Duration::from_secs(5))?;
+            s.set_read_timeout(Some(Duration::from_secs(15)))?;
+            s.set_write_timeout(Some(Duration::from_secs(15)))?;
+            let mut n = 0usize;
+            for _ in 0..chunks {
+                let c: Vec<u8> = (n..n + 8192).map(|i| (i % 251) as u8).collect();
+                s.write_all(&c)?;
+                n += c.len();
+                std::thread::sleep(pause);
+            }
+            s.shutdown(Shutdown::Write)?;
+            let mut back = String::new();
+            s.read_to_string(&mut back)?;
+            Ok((n, back))
+        }
+    };
+    // The GW resolves the MH's address by a multicast solicitation, which MSR1's
+    // proxy entry answers: at once, not up to 0.8 s later (the kernel's default
+    // proxy_delay, which msrd zeroes for IPv6 as for ARP).
+    let delay = lab
+        .run(
+            Host::Msr(1),
+            "cat",
+            &["/proc/sys/net/ipv6/neigh/lan0/proxy_delay"],
+        )
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&delay.stdout).trim(), "0");
+    let fh_ns = lab.ns(Host::Fh);
+    let first = {
+        let (ns, f) = (fh_ns.clone(), send(60, Duration::from_millis(50)));
+        std::thread::spawn(move || in_netns(&ns, f))
+    };
+    let t0 = std::time::Instant::now();
+    while v6_sessions_at(&lab, 1, Kind::Accept) != 1 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "{:?}\n{}",
+            lab.msrd_sessions(1),
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let accepted_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    eprintln!("the FH's first connection was accepted through MSR1 after {accepted_ms:.0} ms");
+    std::thread::sleep(Duration::from_millis(300));
+    lab.assoc(&[]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    lab.assoc(&[2]).unwrap();
+    wait_listener_at(&lab, 2);
+    let (n, back) = first
+        .join()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the first connection: {e}\n{}", diag(&lab)));
+    assert_eq!(
+        back,
+        format!("{n} true"),
+        "the first connection\n{}",
+        diag(&lab)
+    );
+    // Accepted through MSR2 now.
+    let (n2, back2) = in_netns(&fh_ns, send(16, Duration::ZERO)).unwrap();
+    assert_eq!(
+        back2,
+        format!("{n2} true"),
+        "after the move\n{}",
+        diag(&lab)
+    );
+    let got = mh.join().unwrap().unwrap();
+    assert_eq!(got, vec![(n, true), (n2, true)]);
+    let (_, out, err) = lab.wait(r4, Duration::from_secs(30)).unwrap();
+    let r: RecvReport = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("IPv4 receiver: {e}: {err}\n{}", diag(&lab)));
+    assert!(r.ok && r.verified && r.bytes > 0, "IPv4: {:?}", r.error);
+    let _ = lab.wait(s4, Duration::from_secs(10));
+    let rsts = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
+    assert_eq!(rsts, ((0, 0), (0, 0)), "RSTs at FH and MH\n{}", diag(&lab));
+    let moved = lab
+        .handoff_records(2)
+        .into_iter()
+        .any(|r| r.mh == IpAddr::V6(addr6::MH) && r.outcome == itcp_handoff::log::Outcome::Moved);
+    assert!(
+        moved,
+        "no move of the MH's IPv6 address into MSR2\n{}",
+        diag(&lab)
+    );
 }

@@ -278,6 +278,10 @@ async fn run(
                     });
                     restored = ok;
                 }
+                Action::Attached => {
+                    debug!(%mh, old = %prev, "the previous MSR holds nothing of the MH: attached here");
+                    Greeter::tell(&greeter, &d, mh, GreetStatus::Attached, None, 0).await;
+                }
                 Action::Reroute(mh) => d.take_over(mh),
                 Action::Unroute(mh) => {
                     d.give_up_route(mh);
