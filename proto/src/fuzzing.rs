@@ -201,7 +201,8 @@ pub fn beacon(data: &[u8]) {
 const FUZZ_TOKEN: &[u8; 16] = b"fuzz-mh-token-16";
 
 /// `parse_greet_msg` (and `Greeting::verify` under the token it carries and a fixed
-/// one), `parse_greet_reply`; decoded values survive a JSON round trip.
+/// one), `parse_greet_reply` (and its tag: verify, seal); decoded values survive a
+/// JSON round trip.
 pub fn greeting(data: &[u8]) {
     if let Ok(msg) = parse_greet_msg(data) {
         let _ = msg.greeting.verify(FUZZ_TOKEN);
@@ -212,6 +213,12 @@ pub fn greeting(data: &[u8]) {
         assert_eq!(serde_json::from_slice(&json).ok(), Some(msg));
     }
     if let Ok(reply) = parse_greet_reply(data) {
+        let _ = reply.verify(FUZZ_TOKEN);
+        // Whatever it says, a reply sealed under a token verifies under it, and only it.
+        let mut sealed = reply.clone();
+        sealed.seal(FUZZ_TOKEN);
+        assert!(sealed.verify(FUZZ_TOKEN));
+        assert!(!sealed.verify(b"another token..."));
         let json = serde_json::to_vec(&reply).expect("replies serialize");
         assert_eq!(serde_json::from_slice(&json).ok(), Some(reply));
     }
