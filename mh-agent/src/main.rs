@@ -74,7 +74,9 @@ configuration file wins over the built-in defaults.",
             "gateway",
             "ADDR",
             "The cell gateway address every MSR shares. Default: the configuration file's \
-             [mh] gateway, else the default route's gateway.",
+             [mh] gateway, else the default route's gateway. A dual-stack MH may give it \
+             twice, its IPv4 and its IPv6 address: both are pointed at the MSR at every \
+             move (the first given is the main one).",
         ),
         Flag::value(
             "policy",
@@ -154,7 +156,7 @@ struct Opts {
     interface: String,
     mh: Vec<IpAddr>,
     config: Option<String>,
-    gateway: Option<IpAddr>,
+    gateway: Vec<IpAddr>,
     policy: Option<Policy>,
     hysteresis_ms: Option<u64>,
     beacon_interval_ms: Option<u64>,
@@ -177,7 +179,13 @@ fn parse(mut a: Args) -> itcp_cli::Result<Opts> {
                 o.mh.push(ip);
             }
             Arg::Flag("config") => o.config = Some(a.value("config")?),
-            Arg::Flag("gateway") => o.gateway = Some(a.parse("gateway", "an IP address")?),
+            Arg::Flag("gateway") => {
+                let ip: IpAddr = a.parse("gateway", "an IP address")?;
+                if o.gateway.iter().any(|g| g.is_ipv4() == ip.is_ipv4()) {
+                    return Err(a.usage("--gateway: at most one IPv4 and one IPv6 address"));
+                }
+                o.gateway.push(ip);
+            }
             Arg::Flag("policy") => {
                 o.policy = Some(match a.choice("policy", &["eager", "lazy"])? {
                     "lazy" => Policy::Lazy,
@@ -228,8 +236,8 @@ fn main() -> ExitCode {
     if let Some(f) = &o.token_file {
         opts = opts.token_file(f);
     }
-    let gateway = match o.gateway {
-        Some(ip) => ip,
+    let gateway = match o.gateway.first() {
+        Some(&ip) => ip,
         None => match opts.resolve_gateway() {
             Ok(sa) => sa.ip(),
             Err(e) => return fail(format!("{e} (or give --gateway)")),
@@ -246,6 +254,7 @@ fn main() -> ExitCode {
     let mh = *main.first().unwrap_or(&o.mh[0]);
     let mut cfg = AgentConfig::new(&o.interface, mh, gateway, token);
     cfg.more_mh = more;
+    cfg.more_gateways = o.gateway.iter().skip(1).copied().collect();
     if let Some(m) = file.as_ref().map(|c| &c.mobility) {
         cfg.beacon_port = m.beacon_port;
         cfg.hysteresis = m.hysteresis();
@@ -338,6 +347,20 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(o.mh.len(), 2);
+        // ...and its gateway in both families, the first one the main one.
+        let o = p(&[
+            "--interface",
+            "air0",
+            "--mh",
+            "10.2.0.100",
+            "--gateway",
+            "10.2.0.1",
+            "--gateway",
+            "2001:db8:2::1",
+        ])
+        .unwrap();
+        let gws: Vec<String> = o.gateway.iter().map(|g| g.to_string()).collect();
+        assert_eq!(gws, ["10.2.0.1", "2001:db8:2::1"]);
     }
 
     #[test]
@@ -364,6 +387,8 @@ mod tests {
             with(&["--policy", "fast"]).starts_with("--policy: \"fast\" is not one of eager, lazy")
         );
         assert!(with(&["--gateway", "gw"]).starts_with("--gateway:"));
+        assert!(with(&["--gateway", "10.2.0.1", "--gateway", "10.2.0.2"])
+            .contains("at most one IPv4 and one IPv6"));
         assert_eq!(err(&["--mh", "10.2.0.100"]), "--interface IF is required");
         assert!(err(&["--interface", "air0", "--mh", "x"]).starts_with("--mh:"));
         assert!(with(&["--mh", "10.2.0.101"]).contains("at most one IPv4 and one IPv6"));

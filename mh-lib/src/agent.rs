@@ -46,6 +46,9 @@ pub struct AgentConfig {
     pub more_mh: Vec<IpAddr>,
     /// The cell gateway address every MSR shares (`10.2.0.1`).
     pub gateway: IpAddr,
+    /// The gateway's address in the other family (a dual-stack MH): pointed at the same
+    /// MSR at every move.
+    pub more_gateways: Vec<IpAddr>,
     /// The MH's session token (proof in greetings).
     pub token: Token,
     /// UDP port beacons arrive on (4345).
@@ -80,6 +83,7 @@ impl AgentConfig {
             mh,
             more_mh: Vec::new(),
             gateway,
+            more_gateways: Vec::new(),
             token,
             beacon_port: 4345,
             greet_port: 4346,
@@ -510,6 +514,14 @@ impl Agent {
         }
     }
 
+    /// Points every gateway address (both families of a dual-stack MH) at `mac`.
+    fn point_gateways(&self, mac: &str) -> io::Result<()> {
+        for &gw in std::iter::once(&self.cfg.gateway).chain(&self.cfg.more_gateways) {
+            point_gateway(gw, mac, &self.cfg.interface)?;
+        }
+        Ok(())
+    }
+
     /// Acts on answer `r` to the pending greeting.
     fn act(&mut self, r: GreetReply, on_event: &mut impl FnMut(Event)) -> io::Result<()> {
         let Some(p) = &mut self.pending else {
@@ -520,11 +532,11 @@ impl Agent {
             GreetStatus::Holding => {
                 if p.holding_ms.is_none() {
                     p.holding_ms = Some(ms_since(p.t0));
-                    point_gateway(self.cfg.gateway, &mac, &self.cfg.interface)?;
+                    self.point_gateways(&mac)?;
                 }
             }
             GreetStatus::Attached => {
-                point_gateway(self.cfg.gateway, &mac, &self.cfg.interface)?;
+                self.point_gateways(&mac)?;
                 let p = self.pending.take().unwrap();
                 self.attached = Some(p.to.clone());
                 self.attached_mac = Some(mac);
@@ -535,7 +547,7 @@ impl Agent {
             }
             GreetStatus::Moved => {
                 if p.holding_ms.is_none() {
-                    point_gateway(self.cfg.gateway, &mac, &self.cfg.interface)?;
+                    self.point_gateways(&mac)?;
                 }
                 let p = self.pending.take().unwrap();
                 self.attached = Some(p.to.clone());
@@ -557,7 +569,7 @@ impl Agent {
                     _ => self.macs.get(&p.from),
                 };
                 if let Some(mac) = back.filter(|_| !p.from.is_empty()) {
-                    point_gateway(self.cfg.gateway, mac, &self.cfg.interface)?;
+                    self.point_gateways(mac)?;
                     self.det.set_current(&p.from);
                 }
                 on_event(Event::MoveFailed {

@@ -1245,10 +1245,12 @@ impl Lab {
             let mh = addr::mh(j).to_string();
             let mh6 = addr6::mh(j).to_string();
             let gw = addr::CELL_GW.to_string();
+            let gw6 = addr6::CELL_GW.to_string();
             let mut args = vec!["--interface", "air0", "--mh", &mh, "--gateway", &gw];
-            // A dual-stack MH's agent greets for both its addresses.
+            // A dual-stack MH's agent greets for both its addresses and points both
+            // gateway addresses.
             if self.config.ipv6 {
-                args.extend(["--mh", mh6.as_str()]);
+                args.extend(["--mh", mh6.as_str(), "--gateway", gw6.as_str()]);
             }
             args.extend_from_slice(agent_args);
             let child = self

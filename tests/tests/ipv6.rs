@@ -319,15 +319,11 @@ fn v6_sessions_at(lab: &Lab, k: usize, kind: itcp_proto::control::Kind) -> usize
 /// Passive open over IPv6 through a handoff: the MH listens through MSR1 (mh-lib over
 /// IPv6), the FH connects to the MH's IPv6 address and streams while the MH moves to
 /// MSR2; the listener moves too, so a second connection after the move is accepted
-/// through MSR2. Every byte is checked, and no RST is seen at FH or MH.
-///
-/// Ignored: it fails. The listener and the accepted connection move (MSR2 logs both
-/// restored and the handoff `moved`), but the accepted connection carries no byte at
-/// MSR2 and its relay ends after ~2 min with "No route to host"; the FH's connection is
-/// reset. The same over IPv4 (the handoff suite's `connections_of_every_kind_…`) and an
-/// IPv6 CONNECT (`a_dual_stack_agent_moves_…`) move fine. Not yet explained.
+/// through MSR2. Every byte is checked, and no RST is seen at FH or MH. This failed
+/// while the agent pointed only its IPv4 gateway at the new MSR: the MH's IPv6 gateway
+/// entry still named the old MSR's MAC, so its answers to the new MSR's neighbour
+/// solicitations went to the old cell and the moved connection carried nothing.
 #[test]
-#[ignore = "fails: a moved IPv6 accepted connection carries no byte at the new MSR (issue 10)"]
 fn passive_open_over_ipv6_moves_with_the_mh() {
     use itcp_proto::control::Kind;
     let mut cfg = LabConfig::clean(2, 69);
