@@ -1373,6 +1373,17 @@ impl Lab {
             .collect()
     }
 
+    /// MSR `k`'s MAC on its cell interface, as the kernel has it now.
+    pub fn msr_cell_mac_now(&self, k: usize) -> io::Result<String> {
+        let o = self.run(Host::Msr(k), "ip", &["-br", "link", "show", "cell0"])?;
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        Ok(out
+            .split_whitespace()
+            .nth(2)
+            .unwrap_or_default()
+            .to_string())
+    }
+
     /// Handoff records MSR `k` wrote so far.
     pub fn handoff_records(&self, k: usize) -> Vec<itcp_handoff::log::Record> {
         itcp_handoff::log::read(&self.handoff_log(k), &Default::default())

@@ -395,18 +395,6 @@ fn mh_gateway_mac(lab: &Lab) -> String {
         .map_or_else(|| format!("no entry: {out:?}"), str::to_string)
 }
 
-/// MSR `k`'s MAC on its cell.
-fn msr_cell_mac(lab: &Lab, k: usize) -> String {
-    let o = lab
-        .run(Host::Msr(k), "ip", &["-br", "link", "show", "cell0"])
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    out.split_whitespace()
-        .nth(2)
-        .unwrap_or_default()
-        .to_string()
-}
-
 /// A station on MSR1's cell (sending from MSR1's side of the air) that beacons as an
 /// MSR of its own and as MSR1, both with its own MAC, and answers every greeting
 /// meant for it with forged answers: untagged, and tagged under a wrong token. The
@@ -421,7 +409,7 @@ fn a_station_forging_msr_answers_cannot_take_the_mhs_gateway() {
     let bytes = 16 << 20;
     let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
     std::thread::sleep(Duration::from_millis(300));
-    let msr1 = msr_cell_mac(&lab, 1);
+    let msr1 = lab.msr_cell_mac_now(1).unwrap();
     assert_eq!(mh_gateway_mac(&lab), msr1, "attached to MSR1");
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let ns = lab.ns(Host::Msr(1));
@@ -504,7 +492,7 @@ fn a_station_forging_msr_answers_cannot_take_the_mhs_gateway() {
     // The genuine move still works, to the MAC MSR2 answered with (not a beacon's).
     lab.assoc(&[2]).unwrap();
     wait_moves(&lab, 1, Duration::from_secs(15));
-    assert_eq!(mh_gateway_mac(&lab), msr_cell_mac(&lab, 2));
+    assert_eq!(mh_gateway_mac(&lab), lab.msr_cell_mac_now(2).unwrap());
     let (send, recv) = finish(&mut lab, t);
     assert_clean(&lab, &send, &recv, bytes);
 }
@@ -517,7 +505,7 @@ fn a_station_forging_msr_answers_cannot_take_the_mhs_gateway() {
 #[test]
 fn an_mh_with_no_connection_attaches_to_the_next_msr() {
     let lab = fast_lab(27, &[]);
-    assert_eq!(mh_gateway_mac(&lab), msr_cell_mac(&lab, 1));
+    assert_eq!(mh_gateway_mac(&lab), lab.msr_cell_mac_now(1).unwrap());
     lab.assoc(&[]).unwrap();
     std::thread::sleep(Duration::from_millis(300));
     lab.assoc(&[2]).unwrap();
@@ -538,7 +526,7 @@ fn an_mh_with_no_connection_attaches_to_the_next_msr() {
         assert!(Instant::now() < deadline, "not attached to msr2: {ev:?}");
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(mh_gateway_mac(&lab), msr_cell_mac(&lab, 2));
+    assert_eq!(mh_gateway_mac(&lab), lab.msr_cell_mac_now(2).unwrap());
     // Nothing was moved, refused or taken over: no handoff record anywhere.
     assert!(lab.handoff_records(1).is_empty() && lab.handoff_records(2).is_empty());
 }

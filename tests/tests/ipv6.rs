@@ -182,9 +182,10 @@ fn explicit_at(lab: &Lab, k: usize) -> (usize, usize) {
     (n(false), n(true))
 }
 
-#[test]
-fn a_dual_stack_agent_moves_its_ipv4_and_ipv6_connections_together() {
-    let mut cfg = LabConfig::clean(2, 67);
+/// Two MSRs with handoff, a dual-stack MH with its agent (fast beacons), RSTs counted
+/// at the FH and the MH.
+fn dual_stack_mobile_lab(seed: u64) -> Lab {
+    let mut cfg = LabConfig::clean(2, seed);
     cfg.ipv6 = true;
     let mut lab = Lab::new(cfg).unwrap();
     lab.start_itcp_mobility(
@@ -194,6 +195,12 @@ fn a_dual_stack_agent_moves_its_ipv4_and_ipv6_connections_together() {
     .unwrap();
     lab.watch_rsts(Host::Fh).unwrap();
     lab.watch_rsts(Host::Mh).unwrap();
+    lab
+}
+
+#[test]
+fn a_dual_stack_agent_moves_its_ipv4_and_ipv6_connections_together() {
+    let mut lab = dual_stack_mobile_lab(67);
     let ttcp = bin_path("ttcp");
     let (fh4, fh6) = (
         SocketAddr::from((itcp_testbed::lab::addr::FH, 5001)).to_string(),
@@ -326,16 +333,7 @@ fn v6_sessions_at(lab: &Lab, k: usize, kind: itcp_proto::control::Kind) -> usize
 #[test]
 fn passive_open_over_ipv6_moves_with_the_mh() {
     use itcp_proto::control::Kind;
-    let mut cfg = LabConfig::clean(2, 69);
-    cfg.ipv6 = true;
-    let mut lab = Lab::new(cfg).unwrap();
-    lab.start_itcp_mobility(
-        "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n",
-        &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"],
-    )
-    .unwrap();
-    lab.watch_rsts(Host::Fh).unwrap();
-    lab.watch_rsts(Host::Mh).unwrap();
+    let mut lab = dual_stack_mobile_lab(69);
     // A dual-stack MH's app also has an IPv4 connection through I-TCP.
     let ttcp = bin_path("ttcp");
     let fh4 = SocketAddr::from((itcp_testbed::lab::addr::FH, 5001)).to_string();

@@ -31,18 +31,6 @@ fn network_lab(seed: u64, mhs: usize) -> (Lab, Vec<usize>) {
     (lab, msrds)
 }
 
-/// The MAC address of MSR `k`'s cell interface.
-fn cell_mac(lab: &Lab, k: usize) -> String {
-    let o = lab
-        .run(Host::Msr(k), "ip", &["-br", "link", "show", "cell0"])
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout).into_owned();
-    out.split_whitespace()
-        .nth(2)
-        .unwrap_or_default()
-        .to_string()
-}
-
 fn diag(lab: &Lab) -> String {
     let mut s = String::new();
     for k in 1..=2 {
@@ -158,7 +146,7 @@ fn an_mh_that_runs_nothing_of_ours_keeps_its_transfers_and_its_ping_across_ten_m
     let (mut lab, msrds) = network_lab(101, 1);
     // Both cells answer with the one gateway MAC.
     for k in 1..=2 {
-        assert_eq!(cell_mac(&lab, k), addr::GATEWAY_MAC);
+        assert_eq!(lab.msr_cell_mac_now(k).unwrap(), addr::GATEWAY_MAC);
     }
     let ttcp = bin_path("ttcp");
     let (down, up) = (lab::fh_addr(5001), lab::fh_addr(5002));
@@ -283,7 +271,7 @@ fn an_mh_that_runs_nothing_of_ours_keeps_its_transfers_and_its_ping_across_ten_m
     // msrd gives the cell its own MAC back when it stops.
     lab.terminate(msrds[0]);
     lab.wait(msrds[0], Duration::from_secs(40)).unwrap();
-    assert_eq!(cell_mac(&lab, 1), addr::msr_cell_mac(1));
+    assert_eq!(lab.msr_cell_mac_now(1).unwrap(), addr::msr_cell_mac(1));
 }
 
 #[test]
