@@ -26,10 +26,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use itcp_proto::beacon::Solicitation;
 use itcp_proto::greeting::{GreetMsg, GreetReply, GreetStatus, Greeting};
-
-use crate::answers::{self, Verdict};
 use serde::Serialize;
 
+use crate::answers::{self, Verdict};
 use crate::link::{LinkEvent, LinkWatch};
 use crate::mobility::{Beacon, Decision, Detector, Policy, Solicitor};
 use crate::socks::Token;
@@ -142,11 +141,14 @@ struct Pending {
     t0: Instant,
     last_sent: Option<Instant>,
     holding_ms: Option<f64>,
-    /// An untagged answer kept aside (see [`crate::answers`]).
-    fallback: Option<GreetReply>,
+    /// An untagged answer kept aside (see [`crate::answers`]), and when it came.
+    fallback: Option<(GreetReply, Instant)>,
     /// A dropped answer was reported for this greeting (once is enough).
     dropped: bool,
 }
+
+/// How long an untagged answer waits for a tagged one before it may act.
+const FALLBACK_GRACE: Duration = Duration::from_secs(1);
 
 fn ms_since(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64() * 1000.0
@@ -443,13 +445,19 @@ impl Agent {
             return Ok(());
         };
         // An untagged answer acts once the MSR we are attached to is silent: it crashed
-        // (and its token with it), so the new MSR could not tag.
+        // (and its token with it), so the new MSR could not tag. Not while a tagged
+        // `holding` says a genuine MSR is at work, and not before a tagged answer had
+        // its chance (a station could answer first).
         let silent = self
             .attached
             .as_deref()
             .is_none_or(|a| !self.det.alive(a, self.t_start.elapsed().as_nanos() as u64));
-        if p.fallback.is_some() && silent {
-            let r = p.fallback.take().unwrap();
+        let ripe = p
+            .fallback
+            .as_ref()
+            .is_some_and(|(_, at)| at.elapsed() >= FALLBACK_GRACE);
+        if ripe && silent && p.holding_ms.is_none() {
+            let (r, _) = p.fallback.take().unwrap();
             return self.act(r, on_event);
         }
         if p.t0.elapsed() > self.cfg.greet_timeout {
@@ -498,7 +506,7 @@ impl Agent {
         match answers::judge(&r, &self.cfg.token.0, self.attached.is_some()) {
             Verdict::Act => self.act(r, on_event),
             Verdict::Fallback => {
-                p.fallback = Some(r);
+                p.fallback.get_or_insert((r, Instant::now()));
                 Ok(())
             }
             Verdict::Drop(reason) => {

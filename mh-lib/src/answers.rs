@@ -9,9 +9,11 @@
 //! * a tagged answer acts if the tag verifies, and is dropped otherwise;
 //! * an untagged `holding` or `moved` is dropped: no MSR sends one;
 //! * an untagged `attached`, `failed` or `refused` is kept aside. It is what an MSR
-//!   sends that cannot know the token (the previous MSR crashed with it), and it acts
-//!   only if no tagged answer came and the previous MSR has gone silent (no beacon
-//!   within its lifetime): a station next to a live MSR cannot use it.
+//!   sends that cannot know the token (the previous MSR crashed with it, or never had
+//!   it), and it acts only if no tagged answer came within a second, no tagged
+//!   `holding` came at all, and the previous MSR has gone silent (no beacon within its
+//!   lifetime): a station next to a live MSR cannot use it, nor one racing a genuine
+//!   MSR's answer.
 //!
 //! Before the first attachment nothing is tagged (no MSR knows the token yet): the
 //! first contact trusts the cell, as any host trusts its first gateway.
