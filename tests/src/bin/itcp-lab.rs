@@ -176,7 +176,7 @@ run's lab is removed by 'itcp-lab cleanup'.",
                 Flag::value(
                     "channel",
                     "tls|psk",
-                    "The MSR⇄MSR channel: mutual TLS (default) or pre-shared keys.",
+                    "The MSR-to-MSR channel: mutual TLS (default) or pre-shared keys.",
                 ),
             ],
         },
