@@ -209,11 +209,6 @@ fn of_flows(flows: &HashSet<(SocketAddr, SocketAddr)>, e: &Ends) -> bool {
     flows.contains(&(e.dst, e.src)) || flows.contains(&(e.src, e.dst))
 }
 
-/// Whether a held packet belongs to a flow that moved.
-fn moved(f: &Forward, e: &Ends) -> bool {
-    of_flows(&f.flows, e)
-}
-
 #[derive(Default)]
 struct State {
     held: Vec<Held>,
@@ -340,7 +335,7 @@ impl Holding {
             let mut st = self.st.lock().unwrap();
             let (out, keep): (Vec<Held>, Vec<Held>) = std::mem::take(&mut st.held)
                 .into_iter()
-                .partition(|h| h.ends.is_some_and(|e| moved(&f, &e)));
+                .partition(|h| h.ends.is_some_and(|e| of_flows(&f.flows, &e)));
             st.held = keep;
             st.forward.insert(mh, f);
             out
@@ -419,7 +414,7 @@ impl Holding {
             [e.dst.ip(), e.src.ip()].into_iter().find_map(|ip| {
                 st.forward
                     .get(&ip)
-                    .filter(|f| f.until > now && moved(f, &e))
+                    .filter(|f| f.until > now && of_flows(&f.flows, &e))
                     .map(|_| ip)
             })
         });
@@ -695,10 +690,10 @@ mod tests {
             flows: [(mh, fh)].into_iter().collect(),
             until: Instant::now() + Duration::from_secs(1),
         };
-        assert!(moved(&f, &Ends { src: fh, dst: mh }));
-        assert!(moved(&f, &Ends { src: mh, dst: fh }));
-        assert!(!moved(
-            &f,
+        assert!(of_flows(&f.flows, &Ends { src: fh, dst: mh }));
+        assert!(of_flows(&f.flows, &Ends { src: mh, dst: fh }));
+        assert!(!of_flows(
+            &f.flows,
             &Ends {
                 src: other,
                 dst: mh

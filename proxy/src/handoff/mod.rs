@@ -182,6 +182,14 @@ impl Handoffs {
         }
     }
 
+    /// Takes the MH's token (hex) as the old MSR sent it on the authenticated channel:
+    /// its greeting proofs are checked, and our answers to it tagged, under it.
+    pub(crate) fn adopt_token(&self, mh: IpAddr, hex: Option<&str>) {
+        if let Some(t) = hex.and_then(itcp_proto::hex::unhex) {
+            self.mhs.lock().unwrap().entry(mh).or_default().token = Some(t);
+        }
+    }
+
     pub(crate) fn next_handoff_id(&self) -> u64 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }

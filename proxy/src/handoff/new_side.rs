@@ -15,7 +15,6 @@ use itcp_handoff::log::{self as hlog, ConnEntry};
 use itcp_handoff::machine::{Action, NewEvent, NewSide};
 use itcp_proto::channel::Message;
 use itcp_proto::greeting::{GreetStatus, Greeting};
-use itcp_proto::hex::unhex;
 use tokio::net::UdpSocket;
 use tracing::{debug, field, info, info_span, warn, Instrument};
 
@@ -167,9 +166,7 @@ async fn run(
                 Action::Hold(mh) => {
                     // The old MSR accepted, with the MH's token: our answers are
                     // tagged under it from now on.
-                    if let Some(t) = m.token().and_then(unhex) {
-                        h.mhs.lock().unwrap().entry(mh).or_default().token = Some(t);
-                    }
+                    h.adopt_token(mh, m.token());
                     d.hold(mh);
                     // From here the MH may send through us: its segments are held.
                     Greeter::tell(&greeter, &d, mh, GreetStatus::Holding, None, 0).await;
@@ -248,18 +245,12 @@ async fn run(
                             super::sockets::fault_delay().unwrap_or(Duration::from_millis(100));
                         tokio::time::sleep(ms).await;
                     }
-                    {
-                        // The old MSR verified this greeting: it is used here too, and the
-                        // MH's token (shipped on the authenticated channel) is now ours.
-                        let mut mm = h.mhs.lock().unwrap();
-                        let st = mm.entry(mh).or_default();
-                        if let Some(g) = m.greeting() {
-                            st.last_greeting_ts = st.last_greeting_ts.max(g.ts_ms);
-                        }
-                        if let Some(t) = m.token().and_then(unhex) {
-                            st.token = Some(t);
-                        }
+                    // The old MSR verified this greeting: it is used here too, and the
+                    // MH's token (in the images, from an older peer) is now ours.
+                    if let Some(g) = m.greeting() {
+                        h.greeting_used(mh, g.ts_ms);
                     }
+                    h.adopt_token(mh, m.token());
                     let policy = unacked(h.cfg.unacked);
                     let fwmark = d.cfg.interception.fwmark;
                     let dev = d.cell_interface(mh);
