@@ -135,8 +135,9 @@ impl Inflight {
     pub async fn settle(&self, mh: IpAddr, bound: Duration) -> usize {
         self.map.lock().unwrap().entry(mh).or_default().freezing = true;
         let mut rx = self.changed.subscribe();
-        // Accept queues only drain now (the hold is on), and msrd takes from them at
-        // once; the kernel signals no event for an empty queue, so it is polled.
+        // Accept queues only drain now (the MH's new SYNs are dropped since the
+        // handoff began), and msrd takes from them at once; the kernel signals no
+        // event for an empty queue, so it is polled.
         let queues = tokio::time::Instant::now() + bound.min(Duration::from_millis(50));
         while self.backlog() > 0 && tokio::time::Instant::now() < queues {
             tokio::time::sleep(Duration::from_millis(1)).await;

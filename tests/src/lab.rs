@@ -1138,6 +1138,11 @@ impl Lab {
     /// its namespace); read with [`Lab::rsts`].
     pub fn watch_rsts(&self, h: Host) -> io::Result<()> {
         let script = "table inet rstwatch {\n  counter rst_in { }\n  counter rst_out { }\n  chain i { type filter hook input priority -300; tcp flags & rst == rst counter name \"rst_in\"; }\n  chain o { type filter hook output priority -300; tcp flags & rst == rst counter name \"rst_out\"; }\n}\n";
+        self.nft(h, script)
+    }
+
+    /// Runs an nftables script in host `h`'s namespace.
+    pub fn nft(&self, h: Host, script: &str) -> io::Result<()> {
         let mut child = Command::new("ip")
             .args(["netns", "exec", &self.ns(h), "nft", "-f", "-"])
             .stdin(Stdio::piped())
@@ -1147,7 +1152,8 @@ impl Lab {
         let out = child.wait_with_output()?;
         if !out.status.success() {
             return Err(io::Error::other(format!(
-                "nft rstwatch: {}",
+                "nft in {}: {}",
+                self.ns(h),
                 String::from_utf8_lossy(&out.stderr)
             )));
         }

@@ -1318,6 +1318,82 @@ fn short_connections_through_twenty_handoffs_see_no_reset() {
     short_connections_through_twenty_handoffs(true);
 }
 
+/// A connection whose fixed-side connect is still in flight when a handoff starts
+/// finishes it at the old MSR and moves as a relay. The flow hold used to be on while
+/// the old MSR waited for the connect, so it dropped the connect's SYN retransmission
+/// and queued the FH's SYN-ACK: the connect could not finish, the connection stayed
+/// behind at the old MSR and the MH never got its reply (found by the overlapped
+/// short-connections test: a reset every few runs).
+#[test]
+fn a_fixed_side_connect_in_flight_at_a_handoff_finishes_and_moves() {
+    let mut lab = fast_lab_with(89, &[], "[transparent]\nenabled = true\nports = [5009]\n");
+    let (fh, other) = (lab::fh_addr(5009), lab::fh_addr(5006));
+    for (a, port) in [(&fh, 5009), (&other, 5006)] {
+        lab.spawn(Host::Fh, bin_path("ttcp"), &["echo", "--listen", a])
+            .unwrap();
+        lab.wait_listening(Host::Fh, port).unwrap();
+    }
+    // An I-TCP connection of the MH's (through mh-lib) gives MSR1 its session token,
+    // so that its greetings can move the other one.
+    let rr_args = |to: &str, itcp: bool| {
+        let n = if itcp { "60" } else { "20" };
+        let mut v: Vec<String> = ["rr", "--connect", to, "--count", n, "--size", "100"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        v.extend(["--interval-ms".into(), "50".into()]);
+        if itcp {
+            v.push("--itcp".into());
+        }
+        v
+    };
+    let a = rr_args(&other, true);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let explicit = lab.spawn(Host::Mh, bin_path("ttcp"), &a).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // The FH ignores SYNs for a while: MSR1's connect to it waits for its first SYN
+    // retransmission (1 s after the first SYN).
+    lab.nft(
+        Host::Fh,
+        "table inet slowfh {\n  chain i { type filter hook input priority -200; tcp dport 5009 tcp flags & (syn | ack) == syn drop; }\n}\n",
+    )
+    .unwrap();
+    let a = rr_args(&fh, false);
+    let a: Vec<&str> = a.iter().map(String::as_str).collect();
+    let rr = lab.spawn(Host::Mh, bin_path("ttcp"), &a).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    crossing(&lab, 1, 2, Duration::from_millis(300), Duration::ZERO);
+    // The SYN retransmission, ~1 s after the first, is answered.
+    std::thread::sleep(Duration::from_millis(350));
+    lab.nft(Host::Fh, "delete table inet slowfh\n").unwrap();
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    for (i, what, n) in [(rr, "transparent", 20), (explicit, "explicit", 60)] {
+        let (_, out, err) = lab.wait(i, Duration::from_secs(15)).unwrap_or_else(|e| {
+            panic!(
+                "the MH's {what} request-response never finished: {e}\n{}",
+                diag(&lab)
+            )
+        });
+        let r: itcp_testbed::ttcp::RrReport = serde_json::from_str(out.trim())
+            .unwrap_or_else(|e| panic!("{what} rr: {e}: {err}\n{}", diag(&lab)));
+        assert!(r.ok && r.count == n, "{what}: {r:?}\n{}", diag(&lab));
+    }
+    let moved: usize = lab
+        .handoff_records(1)
+        .iter()
+        .map(|rec| rec.connections.len())
+        .sum();
+    assert!(moved >= 1, "the connection did not move\n{}", diag(&lab));
+    let (fh_in, fh_out) = lab.rsts(Host::Fh).unwrap();
+    let (mh_in, mh_out) = lab.rsts(Host::Mh).unwrap();
+    assert_eq!(
+        (fh_in, fh_out, mh_in, mh_out),
+        (0, 0, 0, 0),
+        "RSTs\n{}",
+        diag(&lab)
+    );
+}
+
 /// Short connections opened and closed continuously (25 a second each) through 20
 /// handoffs, explicit (mh-lib) and transparent (a plain connect), against echo servers
 /// at the FH: every connection completes byte-exact and nobody sees a reset. Moves are

@@ -14,7 +14,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn, Instrument};
 
 use super::channel::{Channel, ChannelError};
-use super::sockets::{capture_all, delete, freeze, resume, socket_work, FEW};
+use super::sockets::{capture_all, delete, freeze, resume, settle, socket_work, FEW};
 use super::spares::IDLE_LIMIT;
 use crate::clock::now_us;
 use crate::daemon::Daemon;
@@ -206,7 +206,9 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                 Action::AwaitHandshakes(mh) => await_handshakes(&d, mh).await,
                 Action::FreezeAndCapture(mh) => {
                     let t0 = std::time::Instant::now();
+                    settle(&d, mh, None).await;
                     d.hold(mh);
+                    settle(&d, mh, Some(Duration::from_millis(50))).await;
                     frozen = freeze(&d, mh).await;
                     let t_freeze = t0.elapsed();
                     let mut images = Vec::new();

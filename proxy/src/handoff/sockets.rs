@@ -31,16 +31,24 @@ pub fn unacked(p: UnackedPolicy) -> UnackedRestore {
     }
 }
 
-/// Pauses every connection of `mh` and collects its sockets: relays, listeners, and
-/// connections in setup that wait for the MH. Fixed-side connects in flight are
-/// waited for first (`[handoff] setup_wait_ms`), so that they move as relays.
-pub async fn freeze(d: &Daemon, mh: IpAddr) -> Vec<Frozen> {
-    let wait = Duration::from_millis(d.handoff_cfg().setup_wait_ms);
+/// Waits (`[handoff] setup_wait_ms`) until no fixed-side connect of `mh` is in flight
+/// and no connection of its is on its way to the session table, so that they move as
+/// relays; no new fixed-side setup of `mh` starts from here on. Called before the flow
+/// hold, which would drop the connects' SYN retransmissions and queue the FH's
+/// SYN-ACKs, and again under the hold (a short `bound`) for what was accepted in
+/// between.
+pub async fn settle(d: &Daemon, mh: IpAddr, bound: Option<Duration>) {
+    let wait = bound.unwrap_or(Duration::from_millis(d.handoff_cfg().setup_wait_ms));
     let left = d.inflight.settle(mh, wait).await;
     if left > 0 {
         warn!(%mh, left, wait_ms = wait.as_millis() as u64,
             "fixed-side connects still in flight: they stay at this MSR");
     }
+}
+
+/// Pauses every connection of `mh` and collects its sockets: relays, listeners, and
+/// connections in setup that wait for the MH (after [`settle`]).
+pub async fn freeze(d: &Daemon, mh: IpAddr) -> Vec<Frozen> {
     let mut waits = Vec::new();
     for s in d.sessions.of_mh(mh) {
         let (tx, rx) = oneshot::channel();
