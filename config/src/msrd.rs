@@ -801,7 +801,8 @@ pub struct InterceptionSection {
     #[serde(default = "default_route_table")]
     pub route_table: u32,
     /// NFLOG group on which msrd's rules report MHs arriving in cells with network
-    /// detection (4954); another program must not use it.
+    /// detection (4954); with handoff on, the SYN-ACKs sent to MHs are reported on the
+    /// next group (4955). Another program must not use either.
     #[serde(default = "default_nflog_group")]
     pub nflog_group: u16,
     /// Netfilter queue (NFQUEUE) in which msrd holds an MH's TCP packets while its
@@ -1265,10 +1266,11 @@ impl MsrdConfig {
         if i.fwmark == 0 {
             return Err(src.invalid("interception.fwmark", "must not be 0 (0 means \"no mark\")"));
         }
-        if i.nflog_group == 0 {
+        if i.nflog_group == 0 || i.nflog_group == u16::MAX {
             return Err(src.invalid(
                 "interception.nflog_group",
-                "must not be 0 (group 0 is the kernel's default log group)",
+                "must be 1 to 65534 (group 0 is the kernel's default log group, and msrd \
+                 also uses the group after this one)",
             ));
         }
         match i.route_table {

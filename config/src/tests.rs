@@ -285,6 +285,12 @@ fn bad_interception() {
         "interception.fwmark",
     );
     assert!(e.to_string().contains("out of range"), "{e}");
+    // The group after it carries the SYN-ACK reports.
+    let e = msrd_err(
+        &format!("{MIN}[interception]\nnflog_group = 65535\n"),
+        "interception.nflog_group",
+    );
+    assert!(e.to_string().contains("after this one"), "{e}");
     msrd_err(
         &format!("{MIN}[interception]\nnft_table = \"itcp-msrd\"\n"),
         "interception.nft_table",

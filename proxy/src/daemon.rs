@@ -68,6 +68,8 @@ pub struct Daemon {
     pub beacons: std::sync::OnceLock<Arc<crate::beacon::Advertiser>>,
     /// Packets held while an MH's connections are frozen (`[handoff]` on).
     pub holding: Arc<crate::holding::Holding>,
+    /// The SYN-ACKs sent to MHs lately (`[handoff]` on).
+    pub handshakes: crate::handshakes::Recent,
 }
 
 /// A connection counted as in setup until dropped.
@@ -129,6 +131,7 @@ impl Daemon {
         ));
         Ok(Arc::new(Daemon {
             holding,
+            handshakes: Default::default(),
             upgrades,
             upgrade_asks: Mutex::new(Some(asks)),
             beacons: std::sync::OnceLock::new(),

@@ -27,7 +27,7 @@ use crate::nflog::{self, Logged};
 /// process holds it (an msrd being upgraded still runs).
 pub async fn run(d: Arc<Daemon>, group: u16) {
     let fd = crate::netlink::open_reports(
-        || nflog::open(group),
+        || nflog::open(group, nflog::DETECT_COPY),
         "network detection",
         "network detection waits for its NFLOG group",
     )

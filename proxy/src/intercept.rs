@@ -33,6 +33,9 @@ pub struct Rules {
     pub mh_prefixes: Vec<IpPrefix>,
     /// The netfilter queue of held packets (`[interception] hold_queue`).
     pub hold_queue: u16,
+    /// The NFLOG group SYN-ACKs sent to MHs are reported on (`crate::handshakes`),
+    /// when handoff is on: `[interception] nflog_group` + 1.
+    pub handshake_group: Option<u16>,
 }
 
 /// How long after the last SYN-ACK sent to an MH a handoff still looks for its
@@ -180,12 +183,16 @@ impl Rules {
             );
             if chain == "hold_out" {
                 // Before the hold: a SYN-ACK dropped by it still has a request socket.
+                // With handoff on, each is reported (`crate::handshakes`).
                 let (v4, v6): (Vec<&IpPrefix>, Vec<&IpPrefix>) =
                     self.mh_prefixes.iter().partition(|p| p.is_ipv4());
+                let log = self
+                    .handshake_group
+                    .map_or(String::new(), |g| format!(" log group {g}"));
                 for (ip, v, p) in [("ip", "4", v4), ("ip6", "6", v6)] {
                     if !p.is_empty() {
                         s += &format!(
-                            "    tcp flags & (syn | ack) == syn | ack {ip} daddr {} update @synack{v} {{ {ip} daddr }}\n",
+                            "    tcp flags & (syn | ack) == syn | ack {ip} daddr {} update @synack{v} {{ {ip} daddr }}{log}\n",
                             set(&p)
                         );
                     }
@@ -514,6 +521,7 @@ pub fn rules_of(cfg: &itcp_config::MsrdConfig) -> Rules {
         },
         mh_prefixes: cfg.access.mh_prefixes.clone(),
         hold_queue: i.hold_queue,
+        handshake_group: cfg.handoff.listen.map(|_| i.nflog_group.wrapping_add(1)),
     }
 }
 
@@ -536,6 +544,7 @@ mod tests {
             }),
             detect: None,
             hold_queue: 4954,
+            handshake_group: Some(4955),
             mh_prefixes: vec![
                 "10.2.0.0/24".parse().unwrap(),
                 "2001:db8::/64".parse().unwrap(),

@@ -19,6 +19,8 @@
 //!
 //! * [`handoff`] — moving an MH's connections between MSRs (greetings, the MSR⇄MSR
 //!   channel, freeze/capture/restore), with [`netlink`] for holds and ARP takeover.
+//! * [`handshakes`] — TCP handshakes half-open when their MH moves on, completed so
+//!   that they move too (SYN-ACKs reported over [`nflog`]).
 //! * [`detect`] — network detection: MHs arriving in a cell, reported by msrd's own
 //!   rules over [`nflog`], pull their connections with no greeting.
 //! * [`upgrade`] — replacing msrd by a new process of its binary, every connection
@@ -33,6 +35,7 @@ pub mod detect;
 pub mod fixed;
 pub mod footprint;
 pub mod handoff;
+pub mod handshakes;
 pub mod holding;
 pub mod http;
 pub mod intercept;

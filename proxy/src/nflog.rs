@@ -1,7 +1,8 @@
-//! The packets msrd's own nftables rules report on an NFLOG group (nfnetlink_log):
-//! network detection's "an MH not present here sent a packet on a cell". Opening binds
-//! the group with the packet's first bytes copied and no batching (each report is
-//! sent at once, not after a second or 100 packets); [`parse`] is pure.
+//! The packets msrd's own nftables rules report on NFLOG groups (nfnetlink_log):
+//! network detection's "an MH not present here sent a packet on a cell", and the
+//! SYN-ACKs sent to MHs (`crate::handshakes`). Opening binds a group with the
+//! packet's first bytes copied and no batching (each report is sent at once, not after
+//! a second or 100 packets); [`parse`] and [`payloads`] are pure.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
@@ -27,8 +28,8 @@ const NFULA_IFINDEX_INDEV: u16 = 4;
 const NFULA_HWADDR: u16 = 8;
 const NFULA_PAYLOAD: u16 = 9;
 
-/// Bytes of each packet copied: the IPv4 header is all detection needs.
-const COPY_RANGE: u32 = 64;
+/// Bytes of each packet copied for detection: the IPv4 header is all it needs.
+pub const DETECT_COPY: u32 = 64;
 
 /// One reported packet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,12 +42,13 @@ pub struct Logged {
     pub src: IpAddr,
 }
 
-/// Opens a non-blocking netlink socket bound to NFLOG group `group`. Fails with EBUSY while another
-/// socket (an msrd being upgraded) holds the group.
-pub fn open(group: u16) -> io::Result<OwnedFd> {
+/// Opens a non-blocking netlink socket bound to NFLOG group `group`, copying the first
+/// `copy` bytes of each packet. Fails with EBUSY while another socket (an msrd being
+/// upgraded) holds the group.
+pub fn open(group: u16, copy: u32) -> io::Result<OwnedFd> {
     let fd = nl_socket(libc::NETLINK_NETFILTER)?;
     let seq = next_seq(1);
-    let req = config_msg(group, seq);
+    let req = config_msg(group, copy, seq);
     let ack = nl_exchange(fd.as_raw_fd(), &req, seq, 1, seq)?;
     if ack.errno != 0 {
         return Err(kernel_error(
@@ -61,16 +63,16 @@ pub fn open(group: u16) -> io::Result<OwnedFd> {
     Ok(fd)
 }
 
-/// Binds `group`, copies `COPY_RANGE` bytes of each packet, flushes every packet at
-/// once (queue threshold 1, no timer).
-fn config_msg(group: u16, seq: u32) -> Vec<u8> {
+/// Binds `group`, copies `copy` bytes of each packet, flushes every packet at once
+/// (queue threshold 1, no timer).
+fn config_msg(group: u16, copy: u32, seq: u32) -> Vec<u8> {
     let ty = (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_CONFIG;
     let mut b = Vec::new();
     let flags = (libc::NLM_F_REQUEST | libc::NLM_F_ACK) as u16;
     let m = begin_msg(&mut b, ty, flags, seq);
     put_nfgenmsg(&mut b, libc::AF_UNSPEC as u8, group);
     put_attr(&mut b, NFULA_CFG_CMD, &[NFULNL_CFG_CMD_BIND]);
-    let mut mode = COPY_RANGE.to_be_bytes().to_vec();
+    let mut mode = copy.to_be_bytes().to_vec();
     mode.extend_from_slice(&[NFULNL_COPY_PACKET, 0]);
     put_attr(&mut b, NFULA_CFG_MODE, &mode);
     put_attr(&mut b, NFULA_CFG_QTHRESH, &1u32.to_be_bytes());
@@ -84,6 +86,18 @@ pub fn parse(dgram: &[u8]) -> Vec<Logged> {
     messages(dgram, (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET)
         .into_iter()
         .filter_map(parse_packet)
+        .collect()
+}
+
+/// The copied bytes (from the IP header on) of each packet reported in one datagram.
+pub fn payloads(dgram: &[u8]) -> Vec<&[u8]> {
+    messages(dgram, (NFNL_SUBSYS_ULOG << 8) | NFULNL_MSG_PACKET)
+        .into_iter()
+        .filter_map(|body| {
+            attrs(body, NFGENMSG_LEN)?
+                .into_iter()
+                .find_map(|(ty, p)| (ty == NFULA_PAYLOAD).then_some(p))
+        })
         .collect()
 }
 
@@ -252,7 +266,7 @@ mod tests {
 
     #[test]
     fn config_binds_the_group_without_batching() {
-        let b = config_msg(4954, 9);
+        let b = config_msg(4954, DETECT_COPY, 9);
         assert_eq!(u16_at(&b, 4), 0x0401);
         assert_eq!(
             &b[NLMSG_HDRLEN + 2..NLMSG_HDRLEN + 4],
@@ -264,5 +278,18 @@ mod tests {
         assert_eq!(&attrs[8..18], &[10, 0, 2, 0, 0, 0, 0, 64, 2, 0]);
         assert_eq!(&attrs[20..28], &[8, 0, 5, 0, 0, 0, 0, 1]);
         assert_eq!(&attrs[28..36], &[8, 0, 4, 0, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn payloads_are_the_copied_bytes_of_each_packet() {
+        let mut d = packet(3, &[2, 0, 0, 0, 0, 1], &ipv4_header([10, 2, 0, 100]));
+        d.extend(packet(
+            4,
+            &[2, 0, 0, 0, 0, 2],
+            &ipv4_header([10, 2, 0, 101]),
+        ));
+        let p = payloads(&d);
+        assert_eq!(p.len(), 2);
+        assert_eq!(p[1], &ipv4_header([10, 2, 0, 101])[..]);
     }
 }

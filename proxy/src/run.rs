@@ -270,6 +270,10 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
         (Some(dt), Some(_)) => Some(tokio::spawn(crate::detect::run(d.clone(), dt.group))),
         _ => None,
     };
+    let handshakes = d
+        .rules
+        .handshake_group
+        .map(|g| tokio::spawn(crate::handshakes::run(d.clone(), g)));
     // Packets held during handoffs are kept, not dropped.
     let holding = d
         .handoff
@@ -320,7 +324,7 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
                 }
                 // The new process owns the footprint and the control socket now, and
                 // takes the hold queue once we let it go.
-                if let Some(t) = &holding {
+                for t in [&holding, &handshakes].into_iter().flatten() {
                     t.abort();
                 }
                 d.holding.close();
@@ -353,7 +357,10 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
     if let Some(b) = beacons {
         b.abort();
     }
-    for t in [detection, spares, holding].into_iter().flatten() {
+    for t in [detection, spares, holding, handshakes]
+        .into_iter()
+        .flatten()
+    {
         t.abort();
     }
     // The queue is free for the msrd that follows (an upgrade's).

@@ -1,10 +1,10 @@
-//! Counts an MH's TCP handshakes half-open at this MSR (request sockets in SYN_RECV),
-//! over NETLINK_SOCK_DIAG: the kernel keeps them out of reach of accept and
-//! TCP_REPAIR, so a handoff waits for them to complete before it freezes the MH
-//! (see `Action::AwaitHandshakes`).
+//! Lists the TCP handshakes half-open at this MSR (request sockets in SYN_RECV), over
+//! NETLINK_SOCK_DIAG: the kernel keeps them out of reach of accept and TCP_REPAIR, so
+//! a handoff waits for its MH's to complete, or completes them
+//! (`crate::handshakes`), before it freezes the MH (see `Action::AwaitHandshakes`).
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsRawFd;
 
 use nix::sys::socket::{recv, send, MsgFlags};
@@ -37,9 +37,29 @@ fn request(family: u8, seq: u32) -> Vec<u8> {
     b
 }
 
-/// What one datagram of the dump says: the remote addresses of sockets in SYN_RECV,
-/// and whether the dump is over.
-fn parse(dgram: &[u8], out: &mut Vec<IpAddr>) -> io::Result<bool> {
+/// One half-open handshake: our end (the listener's address as the MH reached it) and
+/// the MH's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HalfOpen {
+    pub local: SocketAddr,
+    pub remote: SocketAddr,
+}
+
+/// An address of a sockid (IPv4-mapped as IPv4).
+fn ip_of(family: u8, b: &[u8]) -> Option<IpAddr> {
+    match family as i32 {
+        libc::AF_INET => Some(IpAddr::V4(Ipv4Addr::new(b[0], b[1], b[2], b[3]))),
+        libc::AF_INET6 => {
+            let a = Ipv6Addr::from(<[u8; 16]>::try_from(&b[..16]).ok()?);
+            Some(a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4))
+        }
+        _ => None,
+    }
+}
+
+/// What one datagram of the dump says: the sockets in SYN_RECV, and whether the dump
+/// is over.
+fn parse(dgram: &[u8], out: &mut Vec<HalfOpen>) -> io::Result<bool> {
     let mut off = 0;
     while off + NLMSG_HDRLEN <= dgram.len() {
         let h = &dgram[off..];
@@ -59,21 +79,15 @@ fn parse(dgram: &[u8], out: &mut Vec<IpAddr>) -> io::Result<bool> {
             _ if len >= NLMSG_HDRLEN + MSG_LEN => {
                 let m = &h[NLMSG_HDRLEN..len];
                 let (family, state) = (m[0], m[1]);
-                // sockid: sport, dport (2 each), src[16], dst[16], if, cookie.
-                let dst = &m[4 + 20..4 + 36];
-                let ip = match family as i32 {
-                    libc::AF_INET => IpAddr::V4(Ipv4Addr::new(dst[0], dst[1], dst[2], dst[3])),
-                    libc::AF_INET6 => {
-                        let a = Ipv6Addr::from(<[u8; 16]>::try_from(dst).unwrap());
-                        a.to_ipv4_mapped().map_or(IpAddr::V6(a), IpAddr::V4)
-                    }
-                    _ => {
-                        off += len.next_multiple_of(4);
-                        continue;
-                    }
-                };
-                if state == TCP_SYN_RECV || state == TCP_NEW_SYN_RECV {
-                    out.push(ip);
+                // sockid: sport, dport (2 each, big-endian), src[16], dst[16], if, cookie.
+                let sport = u16::from_be_bytes([m[4], m[5]]);
+                let dport = u16::from_be_bytes([m[6], m[7]]);
+                let ends = ip_of(family, &m[8..24]).zip(ip_of(family, &m[24..40]));
+                if let (Some((src, dst)), TCP_SYN_RECV | TCP_NEW_SYN_RECV) = (ends, state) {
+                    out.push(HalfOpen {
+                        local: SocketAddr::new(src, sport),
+                        remote: SocketAddr::new(dst, dport),
+                    });
                 }
             }
             _ => {}
@@ -83,11 +97,10 @@ fn parse(dgram: &[u8], out: &mut Vec<IpAddr>) -> io::Result<bool> {
     Ok(false)
 }
 
-/// The remote addresses of this namespace's TCP sockets of one family in SYN_RECV
-/// (IPv4-mapped addresses as IPv4). One dump walks the kernel's whole established
-/// hash, whose size follows the machine's memory (7–10 ms for both families on a
-/// 24 GiB machine): ask only for the family wanted.
-pub fn syn_recv_peers(ipv6: bool) -> io::Result<Vec<IpAddr>> {
+/// This namespace's TCP sockets of one family in SYN_RECV. One dump walks the
+/// kernel's whole established hash, whose size follows the machine's memory (7–10 ms
+/// for both families on a 24 GiB machine): ask only for the family wanted.
+pub fn syn_recv(ipv6: bool) -> io::Result<Vec<HalfOpen>> {
     let s = crate::netlink::nl_socket(libc::NETLINK_SOCK_DIAG)?;
     let mut out = Vec::new();
     let mut buf = vec![0u8; 32 * 1024];
@@ -113,6 +126,14 @@ mod tests {
         b[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
         b[NLMSG_HDRLEN] = family;
         b[NLMSG_HDRLEN + 1] = state;
+        // sport 1080, dport 40000; src 10.0.0.1 (or its mapped form).
+        b[NLMSG_HDRLEN + 4..NLMSG_HDRLEN + 8].copy_from_slice(&[4, 56, 0x9c, 0x40]);
+        let src: &[u8] = if dst.len() == 4 {
+            &[10, 0, 0, 1]
+        } else {
+            &[0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 1]
+        };
+        b[NLMSG_HDRLEN + 8..NLMSG_HDRLEN + 8 + src.len()].copy_from_slice(src);
         b[NLMSG_HDRLEN + 24..NLMSG_HDRLEN + 24 + dst.len()].copy_from_slice(dst);
         b
     }
@@ -138,7 +159,11 @@ mod tests {
         let mut out = Vec::new();
         assert!(!parse(&d, &mut out).unwrap(), "no NLMSG_DONE yet");
         let mh: IpAddr = "10.2.0.100".parse().unwrap();
-        assert_eq!(out, vec![mh, mh, IpAddr::V6(v6)]);
+        let remotes: Vec<IpAddr> = out.iter().map(|h| h.remote.ip()).collect();
+        assert_eq!(remotes, vec![mh, mh, IpAddr::V6(v6)]);
+        let ours: SocketAddr = "10.0.0.1:1080".parse().unwrap();
+        assert_eq!(out[1].local, ours, "IPv4-mapped read as IPv4");
+        assert_eq!(out[0].remote.port(), 40000);
         assert!(parse(&done(), &mut out).unwrap());
         let mut cut = msg(libc::AF_INET as u8, TCP_SYN_RECV, &[10, 2, 0, 100]);
         cut.truncate(40);

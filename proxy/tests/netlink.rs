@@ -381,6 +381,7 @@ fn proxy_delay_zeroed_and_restored() {
             detect: None,
             mh_prefixes: vec!["10.9.0.0/24".parse().unwrap()],
             hold_queue: 4955,
+            handshake_group: None,
         },
         lan_interface: Some("v0".into()),
         mh_prefixes: vec!["10.9.0.0/24".parse().unwrap()],
@@ -436,6 +437,7 @@ fn msr_and_mh(table: &str) -> (Netns, Netns, itcp_proxy::intercept::Rules) {
         detect: None,
         mh_prefixes: vec!["10.2.0.0/24".parse().unwrap()],
         hold_queue: 4956,
+        handshake_group: Some(4957),
     };
     let script = rules.nft_script();
     let mut child = Command::new("ip")
@@ -516,14 +518,96 @@ fn half_open_handshakes_are_listed_by_peer() {
         ),
     ]);
     ns.run(|| {
-        use itcp_proxy::sockdiag::syn_recv_peers;
+        use itcp_proxy::sockdiag::syn_recv;
         let l = std::net::TcpListener::bind("127.0.0.1:7").unwrap();
-        assert!(syn_recv_peers(false).unwrap().is_empty());
+        assert!(syn_recv(false).unwrap().is_empty());
         let s = std::net::TcpStream::connect("127.0.0.1:7").unwrap();
-        assert_eq!(syn_recv_peers(false).unwrap(), vec![ip("127.0.0.1")]);
-        assert!(syn_recv_peers(true).unwrap().is_empty());
+        let open = syn_recv(false).unwrap();
+        assert_eq!(open.len(), 1);
+        assert_eq!(open[0].remote, s.local_addr().unwrap());
+        assert_eq!(open[0].local, s.peer_addr().unwrap());
+        assert!(syn_recv(true).unwrap().is_empty());
         drop((s, l));
     });
+}
+
+/// A handshake whose final ACK was lost completes with the ACK replayed from the
+/// SYN-ACK msrd's rules reported (`itcp_proxy::handshakes`): the listener accepts the
+/// connection and both ends exchange bytes, as if the client's own ACK had come.
+#[test]
+fn a_half_open_handshake_completes_with_the_replayed_ack() {
+    use itcp_proxy::handshakes;
+    use std::io::{Read, Write};
+    const MARK: u32 = 0x4957;
+    let ns = Netns::new();
+    ns.sh(&["ip", "link", "set", "lo", "up"]);
+    ns.sh(&[
+        "nft",
+        &format!(
+            "add table inet {TABLE}; \
+             add chain inet {TABLE} in {{ type filter hook input priority 0; }}; \
+             add rule inet {TABLE} in tcp dport 7 meta mark != {MARK} tcp flags & (syn | ack) == ack drop; \
+             add chain inet {TABLE} out {{ type filter hook output priority 0; }}; \
+             add rule inet {TABLE} out tcp flags & (syn | ack) == syn | ack log group 4957"
+        ),
+    ]);
+    let (client, server) = ns.run(|| {
+        use itcp_proxy::sockdiag::syn_recv;
+        let log = itcp_proxy::nflog::open(4957, handshakes::COPY).unwrap();
+        let l = std::net::TcpListener::bind("127.0.0.1:7").unwrap();
+        l.set_nonblocking(true).unwrap();
+        let s = std::net::TcpStream::connect("127.0.0.1:7").unwrap();
+        let mut buf = vec![0u8; 65536];
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let synack = loop {
+            let n = nix::sys::socket::recv(
+                log.as_raw_fd(),
+                &mut buf,
+                nix::sys::socket::MsgFlags::empty(),
+            )
+            .unwrap_or(0);
+            let got = itcp_proxy::nflog::payloads(&buf[..n])
+                .into_iter()
+                .find_map(handshakes::parse);
+            if let Some(g) = got {
+                break g;
+            }
+            assert!(Instant::now() < deadline, "no SYN-ACK reported");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!(synack.remote, s.local_addr().unwrap());
+        assert!(l.accept().is_err(), "the handshake completed on its own");
+        assert_eq!(syn_recv(false).unwrap().len(), 1);
+        handshakes::replay(&synack, MARK).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let a = loop {
+            if let Ok((a, _)) = l.accept() {
+                break a;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replayed ACK completed nothing"
+            );
+            std::thread::sleep(Duration::from_millis(2));
+        };
+        assert!(syn_recv(false).unwrap().is_empty());
+        (s, a)
+    });
+    // The client's own segments get through from now on.
+    ns.sh(&["nft", &format!("delete table inet {TABLE}")]);
+    let (mut client, mut server) = (client, server);
+    server.set_nonblocking(false).unwrap();
+    for s in [&client, &server] {
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    }
+    client.write_all(b"request").unwrap();
+    let mut got = [0u8; 7];
+    server.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"request");
+    server.write_all(b"reply").unwrap();
+    let mut got = [0u8; 5];
+    client.read_exact(&mut got).unwrap();
+    assert_eq!(&got, b"reply");
 }
 
 #[test]

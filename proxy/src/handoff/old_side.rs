@@ -359,11 +359,12 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
 /// Waits until none of the MH's TCP handshakes is half-open here (SYN_RECV), at most
 /// `setup_wait_ms` and never more than [`HANDSHAKE_WAIT`]: one wireless round trip
 /// completes them, and one whose SYN-ACK was lost would take a retransmission timeout.
+/// Those still half-open then are completed here with the MH's ACK replayed
+/// ([`crate::handshakes`]: the MH left before its ACK got out), so that they move.
 /// New SYNs of the MH are dropped from now on (it retransmits them to the new MSR):
 /// none is answered here after the MH has turned to the new MSR. Only an MH sent a
 /// SYN-ACK in the last [`crate::intercept::SYNACK_RECENT`] is looked for: one whose
-/// handshake has been half-open longer (its ACK lost, nothing sent since) would seldom
-/// complete within the wait, and stays here as it did after the wait.
+/// handshake has been half-open longer (its ACK lost, nothing sent since) stays here.
 async fn await_handshakes(d: &Daemon, mh: std::net::IpAddr) {
     hold_syns(d, mh, true);
     // A handshake half-open here was answered with a SYN-ACK lately: when none was,
@@ -373,19 +374,28 @@ async fn await_handshakes(d: &Daemon, mh: std::net::IpAddr) {
         Ok(true) => {}
         Err(e) => warn!(error = %e, "recent SYN-ACKs not known: half-open handshakes listed"),
     }
-    let bound = Duration::from_millis(d.handoff_cfg().setup_wait_ms).min(HANDSHAKE_WAIT);
+    let mut bound = Duration::from_millis(d.handoff_cfg().setup_wait_ms).min(HANDSHAKE_WAIT);
     let t0 = std::time::Instant::now();
+    let mut replayed = false;
     loop {
         // IPv4 MHs reach msrd's IPv4 sockets (its IPv6 ones are IPv6-only).
-        let n = match crate::sockdiag::syn_recv_peers(mh.is_ipv6()) {
-            Ok(p) => p.iter().filter(|&&ip| ip == mh).count(),
+        let open: Vec<_> = match crate::sockdiag::syn_recv(mh.is_ipv6()) {
+            Ok(p) => p.into_iter().filter(|h| h.remote.ip() == mh).collect(),
             Err(e) => return warn!(error = %e, "half-open handshakes not listed: not waited for"),
         };
-        if n == 0 {
+        if open.is_empty() {
             return;
         }
         if t0.elapsed() >= bound {
-            return warn!(%mh, half_open = n, "TCP handshakes of the MH still half-open: they stay here");
+            if replayed {
+                return warn!(%mh, half_open = open.len(),
+                    "TCP handshakes of the MH still half-open: they stay here");
+            }
+            if crate::handshakes::complete(d, &open) == 0 {
+                return;
+            }
+            replayed = true;
+            bound += REPLAYED_WAIT;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -399,6 +409,8 @@ fn hold_syns(d: &Daemon, mh: std::net::IpAddr, on: bool) {
 
 /// See [`await_handshakes`].
 const HANDSHAKE_WAIT: Duration = Duration::from_millis(250);
+/// How long a replayed ACK may take to complete its handshake (it goes over loopback).
+const REPLAYED_WAIT: Duration = Duration::from_millis(50);
 
 /// Closes connections that finished closing while frozen (nothing left to send).
 fn finish_closed(d: &Daemon, over: Vec<Frozen>) {

@@ -1,0 +1,314 @@
+//! Handshakes caught between MSRs. A TCP handshake still half-open here (SYN_RECV)
+//! when its MH moves on cannot be captured: the kernel keeps request sockets out of
+//! reach of accept and TCP_REPAIR. When the MH left the cell after our SYN-ACK reached
+//! it but before its ACK got out (a gap between cells), that ACK never comes here, and
+//! the MH's next segment would meet the new MSR with no socket for it: a reset.
+//!
+//! msrd's rules report every SYN-ACK sent to an MH on an NFLOG group
+//! (`[interception] nflog_group` + 1); [`Recent`] keeps them for a request socket's
+//! lifetime. A handoff that still finds handshakes of its MH half-open replays, for
+//! each, the ACK the MH sent ([`ack_of`]: the sequence numbers the SYN-ACK named, the
+//! timestamps it carried) to the request socket over the loopback path. The kernel
+//! completes the handshake with the options the MH's SYN negotiated, as if the MH's
+//! own ACK had come; msrd takes the connection and it moves like any other in setup.
+//! The MH, which took its handshake for complete, never sees a difference.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::os::fd::AsFd;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use itcp_handoff::packet::Segment;
+use tracing::{debug, info, warn};
+
+use crate::daemon::Daemon;
+use crate::netlink::{read_reports, Reports};
+use crate::sockdiag::HalfOpen;
+
+/// Bytes of each SYN-ACK copied: an IPv6 header and a TCP header with every option.
+pub const COPY: u32 = 40 + 60;
+
+/// How long a SYN-ACK is remembered: a request socket's lifetime with Linux's default
+/// five SYN-ACK retransmissions (each one reported again) is about a minute.
+const KEEP: Duration = Duration::from_secs(64);
+
+/// At most this many are remembered (about 5 MiB); over it, the oldest go first.
+const CAP: usize = 65536;
+
+/// What a SYN-ACK sent to an MH tells of its handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SynAck {
+    /// Our end (the address the MH connected to).
+    pub local: SocketAddr,
+    /// The MH's end.
+    pub remote: SocketAddr,
+    /// Our initial sequence number.
+    pub isn: u32,
+    /// The MH's initial sequence number + 1.
+    pub ack: u32,
+    /// Window scaling was negotiated (the MH's shift is not in the SYN-ACK).
+    pub wscale: bool,
+    /// Our TSval and the MH's (echoed as TSecr), when timestamps were negotiated.
+    pub ts: Option<(u32, u32)>,
+}
+
+/// Reads an IPv4 or IPv6 packet carrying a TCP SYN-ACK (anything else: `None`).
+pub fn parse(p: &[u8]) -> Option<SynAck> {
+    let (src, dst, tcp) = match p.first()? >> 4 {
+        4 => {
+            let ihl = usize::from(p[0] & 0x0f) * 4;
+            if p.len() < 20 || ihl < 20 || p[9] != 6 {
+                return None;
+            }
+            let a = |o: usize| IpAddr::V4(Ipv4Addr::new(p[o], p[o + 1], p[o + 2], p[o + 3]));
+            (a(12), a(16), p.get(ihl..)?)
+        }
+        // Extension headers are not looked through: the kernel sends none on a SYN-ACK.
+        6 if p.len() >= 40 && p[6] == 6 => {
+            let a =
+                |o: usize| IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&p[o..o + 16]).unwrap()));
+            (a(8), a(24), &p[40..])
+        }
+        _ => return None,
+    };
+    if tcp.len() < 20 || tcp[13] & 0x12 != 0x12 {
+        return None;
+    }
+    let be32 = |o: usize| u32::from_be_bytes([tcp[o], tcp[o + 1], tcp[o + 2], tcp[o + 3]]);
+    let doff = usize::from(tcp[12] >> 4) * 4;
+    let opts = tcp.get(20..doff)?;
+    let (mut wscale, mut ts) = (false, None);
+    let mut i = 0;
+    while i < opts.len() {
+        match opts[i] {
+            0 => break,
+            1 => i += 1,
+            kind => {
+                let len = usize::from(*opts.get(i + 1)?);
+                let o = opts.get(i..i + len.max(2))?;
+                match (kind, len) {
+                    (3, 3) => wscale = true,
+                    (8, 10) => {
+                        let v = |k: usize| u32::from_be_bytes([o[k], o[k + 1], o[k + 2], o[k + 3]]);
+                        ts = Some((v(2), v(6)));
+                    }
+                    _ => {}
+                }
+                i += len.max(2);
+            }
+        }
+    }
+    Some(SynAck {
+        local: SocketAddr::new(src, u16::from_be_bytes([tcp[0], tcp[1]])),
+        remote: SocketAddr::new(dst, u16::from_be_bytes([tcp[2], tcp[3]])),
+        isn: be32(4),
+        ack: be32(8),
+        wscale,
+        ts,
+    })
+}
+
+/// The ACK that completes the handshake `s` answered: from the MH, acknowledging our
+/// SYN, with the MH's TSval of its SYN (PAWS passes: it equals the request socket's
+/// `ts_recent`) and our latest TSval echoed. The window is a guess the MH's next
+/// segment corrects: small, so that nothing is sent past what the MH can take (with
+/// scaling on, 128 is 16 KiB at Linux's usual shift of 7).
+pub fn ack_of(s: &SynAck) -> Segment {
+    Segment {
+        src: s.remote,
+        dst: s.local,
+        seq: s.ack,
+        ack: s.isn.wrapping_add(1),
+        window: if s.wscale { 128 } else { 16384 },
+        fin: false,
+        timestamps: s.ts.map(|(ours, theirs)| (theirs, ours)),
+    }
+}
+
+/// The SYN-ACKs sent to MHs lately, by (our end, the MH's end).
+#[derive(Default)]
+pub struct Recent {
+    map: Mutex<HashMap<(SocketAddr, SocketAddr), (SynAck, Instant)>>,
+}
+
+impl Recent {
+    pub fn record(&self, s: SynAck, now: Instant) {
+        let mut m = self.map.lock().unwrap();
+        if m.len() >= CAP {
+            m.retain(|_, (_, at)| now.duration_since(*at) < KEEP);
+            if m.len() >= CAP {
+                let oldest = m.iter().min_by_key(|(_, (_, at))| *at).map(|(k, _)| *k);
+                oldest.map(|k| m.remove(&k));
+            }
+        }
+        m.insert((s.local, s.remote), (s, now));
+    }
+
+    /// The last SYN-ACK of the handshake between `local` and `remote`, if recent.
+    pub fn get(&self, local: SocketAddr, remote: SocketAddr, now: Instant) -> Option<SynAck> {
+        let m = self.map.lock().unwrap();
+        m.get(&(local, remote))
+            .filter(|(_, at)| now.duration_since(*at) < KEEP)
+            .map(|(s, _)| *s)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.lock().unwrap().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Reads the rules' SYN-ACK reports until the daemon ends. The group is retried while
+/// another process holds it (an msrd being upgraded still runs).
+pub async fn run(d: Arc<Daemon>, group: u16) {
+    let fd = crate::netlink::open_reports(
+        || crate::nflog::open(group, COPY),
+        "SYN-ACK reports",
+        "SYN-ACK reports wait for their NFLOG group",
+    )
+    .await;
+    info!(group, "SYN-ACK reports up");
+    let mut buf = vec![0u8; 65536];
+    loop {
+        match read_reports(&fd, &mut buf, "NFLOG").await {
+            Reports::Read(n) => {
+                let now = Instant::now();
+                for p in crate::nflog::payloads(&buf[..n]) {
+                    if let Some(s) = parse(p) {
+                        d.handshakes.record(s, now);
+                    }
+                }
+            }
+            // A burst: handshakes not recorded stay half-open at a handoff, as before.
+            Reports::Overrun => debug!("SYN-ACK reports overran"),
+            Reports::Closed => return,
+        }
+    }
+}
+
+/// Completes the handshakes in `open` (of one MH, half-open here) whose SYN-ACK is
+/// known, by replaying the MH's ACK to each (see the module). Returns how many were
+/// replayed; the others are logged and stay half-open.
+pub fn complete(d: &Daemon, open: &[HalfOpen]) -> usize {
+    let now = Instant::now();
+    let mut done = 0;
+    for h in open {
+        let Some(s) = d.handshakes.get(h.local, h.remote, now) else {
+            warn!(local = %h.local, mh = %h.remote,
+                "TCP handshake of the MH half-open and its SYN-ACK unknown: it stays here");
+            continue;
+        };
+        match replay(&s, d.cfg.interception.fwmark) {
+            Ok(()) => done += 1,
+            Err(e) => warn!(local = %h.local, mh = %h.remote, error = %e,
+                "the MH's ACK could not be replayed: its half-open handshake stays here"),
+        }
+    }
+    done
+}
+
+/// Sends the MH's ACK of `s` to our request socket. The mark routes it to this host
+/// when our end is not a local address (an intercepted connection's is the FH's).
+pub fn replay(s: &SynAck, mark: u32) -> io::Result<()> {
+    let seg = ack_of(s);
+    // Any socket of this namespace: the raw socket that sends must be made in it.
+    let here = socket2::Socket::new(
+        socket2::Domain::for_address(seg.dst),
+        socket2::Type::DGRAM,
+        None,
+    )?;
+    itcp_handoff::repair::send_raw_ip_to(here.as_fd(), &seg.dst, &seg.to_ip_packet(), mark)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A SYN-ACK from 10.0.0.1:5009 to 10.2.0.100:40000 as Linux sends it: MSS, SACK
+    /// permitted, timestamps, NOP, window scale.
+    fn synack4() -> Vec<u8> {
+        let mut p = vec![
+            0x45, 0, 0, 60, 0, 0, 0x40, 0, 64, 6, 0, 0, 10, 0, 0, 1, 10, 2, 0, 100,
+        ];
+        p.extend_from_slice(&5009u16.to_be_bytes());
+        p.extend_from_slice(&40000u16.to_be_bytes());
+        p.extend_from_slice(&0xfffffff0u32.to_be_bytes());
+        p.extend_from_slice(&1001u32.to_be_bytes());
+        p.extend_from_slice(&[0xa0, 0x12, 0xfe, 0x88, 0, 0, 0, 0]);
+        p.extend_from_slice(&[2, 4, 5, 0xb4, 4, 2, 8, 10]);
+        p.extend_from_slice(&7777u32.to_be_bytes());
+        p.extend_from_slice(&5555u32.to_be_bytes());
+        p.extend_from_slice(&[1, 3, 3, 7]);
+        p
+    }
+
+    #[test]
+    fn a_synack_gives_the_handshake_and_its_ack() {
+        let s = parse(&synack4()).unwrap();
+        assert_eq!(s.local, "10.0.0.1:5009".parse().unwrap());
+        assert_eq!(s.remote, "10.2.0.100:40000".parse().unwrap());
+        assert_eq!((s.isn, s.ack), (0xfffffff0, 1001));
+        assert!(s.wscale);
+        assert_eq!(s.ts, Some((7777, 5555)));
+        let a = ack_of(&s);
+        assert_eq!((a.src, a.dst), (s.remote, s.local));
+        assert_eq!((a.seq, a.ack), (1001, 0xfffffff1));
+        assert_eq!(a.timestamps, Some((5555, 7777)));
+        assert!(!a.fin);
+        assert_eq!(a.window, 128);
+    }
+
+    #[test]
+    fn anything_but_a_synack_is_ignored() {
+        let mut p = synack4();
+        p[20 + 13] = 0x10; // a plain ACK
+        assert_eq!(parse(&p), None);
+        let mut p = synack4();
+        p[9] = 17; // UDP
+        assert_eq!(parse(&p), None);
+        assert_eq!(parse(&synack4()[..30]), None);
+        assert_eq!(parse(&[]), None);
+        // Options running past the header are cut, not read.
+        let mut p = synack4();
+        p.truncate(20 + 20 + 10);
+        assert_eq!(parse(&p), None);
+        // No options at all: no scaling, no timestamps.
+        let mut p = synack4();
+        p[20 + 12] = 0x50;
+        let s = parse(&p).unwrap();
+        assert!(!s.wscale && s.ts.is_none());
+        assert_eq!(ack_of(&s).window, 16384);
+    }
+
+    #[test]
+    fn an_ipv6_synack_is_read_too() {
+        let mut p = vec![0x60, 0, 0, 0, 0, 40, 6, 64];
+        let src: Ipv6Addr = "fd00:1::1".parse().unwrap();
+        let dst: Ipv6Addr = "fd00:2::64".parse().unwrap();
+        p.extend_from_slice(&src.octets());
+        p.extend_from_slice(&dst.octets());
+        p.extend_from_slice(&synack4()[20..]);
+        let s = parse(&p).unwrap();
+        assert_eq!(s.local, SocketAddr::new(src.into(), 5009));
+        assert_eq!(s.remote, SocketAddr::new(dst.into(), 40000));
+    }
+
+    #[test]
+    fn recent_keeps_the_last_synack_for_a_while() {
+        let r = Recent::default();
+        let t0 = Instant::now();
+        let s = parse(&synack4()).unwrap();
+        r.record(s, t0);
+        assert_eq!(
+            r.get(s.local, s.remote, t0 + Duration::from_secs(1)),
+            Some(s)
+        );
+        assert_eq!(r.get(s.remote, s.local, t0), None);
+        assert_eq!(r.get(s.local, s.remote, t0 + KEEP), None);
+    }
+}
