@@ -80,21 +80,7 @@ impl Segment {
             t.extend_from_slice(&tsval.to_be_bytes());
             t.extend_from_slice(&tsecr.to_be_bytes());
         }
-        let len = t.len() as u32;
-        let mut acc = match (self.src.ip(), self.dst.ip()) {
-            (IpAddr::V4(s), IpAddr::V4(d)) => {
-                let acc = sum16(0, &s.octets());
-                let acc = sum16(acc, &d.octets());
-                acc + 6 + len
-            }
-            (s, d) => {
-                let acc = sum16(0, &v6_octets(s));
-                let acc = sum16(acc, &v6_octets(d));
-                acc + (len >> 16) + (len & 0xffff) + 6
-            }
-        };
-        acc = sum16(acc, &t);
-        let c = fold(acc);
+        let c = tcp_checksum(self.src.ip(), self.dst.ip(), &t);
         t[16..18].copy_from_slice(&c.to_be_bytes());
         t
     }
@@ -136,6 +122,56 @@ impl Segment {
     }
 }
 
+/// The checksum of TCP segment `tcp` (its checksum field zero) from `src` to `dst`.
+fn tcp_checksum(src: IpAddr, dst: IpAddr, tcp: &[u8]) -> u16 {
+    let len = tcp.len() as u32;
+    let acc = match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => {
+            let acc = sum16(0, &s.octets());
+            let acc = sum16(acc, &d.octets());
+            acc + 6 + len
+        }
+        (s, d) => {
+            let acc = sum16(0, &v6_octets(s));
+            let acc = sum16(acc, &v6_octets(d));
+            acc + (len >> 16) + (len & 0xffff) + 6
+        }
+    };
+    fold(sum16(acc, tcp))
+}
+
+/// Fills in the TCP checksum of `packet`, an IPv4 (header checksum too) or IPv6 packet
+/// carrying TCP with no extension headers. A packet logged on its way out of this
+/// host has a partial one (the device would finish it). False if it is no such packet.
+pub fn fill_checksums(packet: &mut [u8]) -> bool {
+    let (src, dst, at): (IpAddr, IpAddr, usize) = match packet.first().map(|b| b >> 4) {
+        Some(4) if packet.len() >= 20 && packet[9] == 6 => {
+            let ihl = usize::from(packet[0] & 0x0f) * 4;
+            if ihl < 20 || packet.len() < ihl {
+                return false;
+            }
+            packet[10..12].fill(0);
+            let c = checksum(&packet[..ihl]);
+            packet[10..12].copy_from_slice(&c.to_be_bytes());
+            let a = |o: usize| IpAddr::from(<[u8; 4]>::try_from(&packet[o..o + 4]).unwrap());
+            (a(12), a(16), ihl)
+        }
+        Some(6) if packet.len() >= 40 && packet[6] == 6 => {
+            let a = |o: usize| IpAddr::from(<[u8; 16]>::try_from(&packet[o..o + 16]).unwrap());
+            (a(8), a(24), 40)
+        }
+        _ => return false,
+    };
+    let tcp = &mut packet[at..];
+    if tcp.len() < 20 {
+        return false;
+    }
+    tcp[16..18].fill(0);
+    let c = tcp_checksum(src, dst, tcp);
+    tcp[16..18].copy_from_slice(&c.to_be_bytes());
+    true
+}
+
 /// IPv6 octets of an address, IPv4 ones mapped (`::ffff:a.b.c.d`).
 fn v6_octets(a: IpAddr) -> [u8; 16] {
     match a {
@@ -174,6 +210,26 @@ mod tests {
         assert_eq!(p[20 + 13], 0x11, "FIN|ACK");
         assert_eq!(p[20 + 12] >> 4, 8, "data offset with timestamp option");
         assert_eq!(&p[24..28], &0x0102_0304u32.to_be_bytes());
+    }
+
+    #[test]
+    fn spoilt_checksums_are_filled_in_again() {
+        for (a, b) in [
+            ("10.77.0.1:5000", "10.77.0.2:7000"),
+            ("[fd77::1]:5000", "[fd77::2]:7000"),
+        ] {
+            let good = seg(a, b, true).to_ip_packet();
+            let mut p = good.clone();
+            let at = if p[0] >> 4 == 4 { 20 } else { 40 };
+            p[at + 16] ^= 0x5a;
+            if at == 20 {
+                p[10] ^= 0x11;
+            }
+            assert!(fill_checksums(&mut p));
+            assert_eq!(p, good);
+        }
+        assert!(!fill_checksums(&mut [0x45, 0, 0]));
+        assert!(!fill_checksums(&mut []));
     }
 
     #[test]

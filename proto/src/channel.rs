@@ -151,6 +151,11 @@ pub struct ConnImage {
     /// MH's sealed token. A secret: it travels only inside the channel's encryption.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kx: Option<String>,
+    /// For a connection whose handshake the old MSR completed by replaying the MH's
+    /// ACK: the SYN-ACK it had sent (hex, IP header on), which the new MSR sends again
+    /// if the MH retransmits its SYN (that SYN-ACK was lost instead).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub synack: Option<String>,
 }
 
 /// Why a channel's bytes were rejected. Each says who and what, for the log.
@@ -835,6 +840,7 @@ mod tests {
             down_pending: vec![],
             listen: None,
             kx: None,
+            synack: (id == 2).then(|| "4500".into()),
         };
         let m = Message::Images {
             handoff_id: 3,

@@ -12,6 +12,13 @@
 //! completes the handshake with the options the MH's SYN negotiated, as if the MH's
 //! own ACK had come; msrd takes the connection and it moves like any other in setup.
 //! The MH, which took its handshake for complete, never sees a difference.
+//!
+//! Unless our SYN-ACK was lost instead (the MH left before it arrived): the MH then
+//! retransmits its SYN, to the new MSR, where the connection is established already
+//! and would only draw a challenge ACK, which a host in SYN_SENT drops. So the image
+//! of a connection completed this way carries that SYN-ACK, and the new MSR answers
+//! the MH's SYNs on its flow with it, as the request socket would have ([`Recent::expect`],
+//! the `resyn` sets).
 
 use std::collections::HashMap;
 use std::io;
@@ -54,8 +61,8 @@ pub struct SynAck {
     pub ts: Option<(u32, u32)>,
 }
 
-/// Reads an IPv4 or IPv6 packet carrying a TCP SYN-ACK (anything else: `None`).
-pub fn parse(p: &[u8]) -> Option<SynAck> {
+/// The addresses and TCP header of an IPv4 or IPv6 packet carrying TCP.
+fn tcp_of(p: &[u8]) -> Option<(IpAddr, IpAddr, &[u8])> {
     let (src, dst, tcp) = match p.first()? >> 4 {
         4 => {
             let ihl = usize::from(p[0] & 0x0f) * 4;
@@ -65,7 +72,8 @@ pub fn parse(p: &[u8]) -> Option<SynAck> {
             let a = |o: usize| IpAddr::V4(Ipv4Addr::new(p[o], p[o + 1], p[o + 2], p[o + 3]));
             (a(12), a(16), p.get(ihl..)?)
         }
-        // Extension headers are not looked through: the kernel sends none on a SYN-ACK.
+        // Extension headers are not looked through: the kernel sends none on a
+        // handshake, nor does an MH's stack.
         6 if p.len() >= 40 && p[6] == 6 => {
             let a =
                 |o: usize| IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&p[o..o + 16]).unwrap()));
@@ -73,7 +81,16 @@ pub fn parse(p: &[u8]) -> Option<SynAck> {
         }
         _ => return None,
     };
-    if tcp.len() < 20 || tcp[13] & 0x12 != 0x12 {
+    (tcp.len() >= 20).then_some((src, dst, tcp))
+}
+
+const SYN: u8 = 0x02;
+const ACK: u8 = 0x10;
+
+/// Reads an IPv4 or IPv6 packet carrying a TCP SYN-ACK (anything else: `None`).
+pub fn parse(p: &[u8]) -> Option<SynAck> {
+    let (src, dst, tcp) = tcp_of(p)?;
+    if tcp[13] & (SYN | ACK) != SYN | ACK {
         return None;
     }
     let be32 = |o: usize| u32::from_be_bytes([tcp[o], tcp[o + 1], tcp[o + 2], tcp[o + 3]]);
@@ -110,6 +127,17 @@ pub fn parse(p: &[u8]) -> Option<SynAck> {
     })
 }
 
+/// Reads a packet carrying a TCP SYN (no ACK): its source and destination.
+pub fn parse_syn(p: &[u8]) -> Option<(SocketAddr, SocketAddr)> {
+    let (src, dst, tcp) = tcp_of(p)?;
+    (tcp[13] & (SYN | ACK) == SYN).then(|| {
+        (
+            SocketAddr::new(src, u16::from_be_bytes([tcp[0], tcp[1]])),
+            SocketAddr::new(dst, u16::from_be_bytes([tcp[2], tcp[3]])),
+        )
+    })
+}
+
 /// The ACK that completes the handshake `s` answered: from the MH, acknowledging our
 /// SYN, with the MH's TSval of its SYN (PAWS passes: it equals the request socket's
 /// `ts_recent`) and our latest TSval echoed. The window is a guess the MH's next
@@ -127,35 +155,109 @@ pub fn ack_of(s: &SynAck) -> Segment {
     }
 }
 
-/// The SYN-ACKs sent to MHs lately, by (our end, the MH's end).
+type Flow = (SocketAddr, SocketAddr);
+
+struct Sent {
+    s: SynAck,
+    /// The SYN-ACK as sent (IP header on), to be sent again at the new MSR.
+    packet: Vec<u8>,
+    at: Instant,
+    /// Its handshake was completed here with the MH's ACK replayed.
+    replayed: bool,
+}
+
+/// The SYN-ACKs sent to MHs lately, and those of connections completed by a replayed
+/// ACK elsewhere that moved in, each by (our end, the MH's end).
 #[derive(Default)]
 pub struct Recent {
-    map: Mutex<HashMap<(SocketAddr, SocketAddr), (SynAck, Instant)>>,
+    sent: Mutex<HashMap<Flow, Sent>>,
+    /// Moved in: the SYN-ACK to send again when the MH retransmits its SYN.
+    moved_in: Mutex<HashMap<Flow, (Vec<u8>, Instant)>>,
+}
+
+/// Inserts into a map kept under [`CAP`] entries younger than [`KEEP`].
+fn insert_capped<V>(
+    m: &mut HashMap<Flow, V>,
+    k: Flow,
+    v: V,
+    at: impl Fn(&V) -> Instant,
+    now: Instant,
+) {
+    if m.len() >= CAP && !m.contains_key(&k) {
+        m.retain(|_, v| now.duration_since(at(v)) < KEEP);
+        if m.len() >= CAP {
+            let oldest = m.iter().min_by_key(|(_, v)| at(v)).map(|(k, _)| *k);
+            oldest.map(|k| m.remove(&k));
+        }
+    }
+    m.insert(k, v);
 }
 
 impl Recent {
-    pub fn record(&self, s: SynAck, now: Instant) {
-        let mut m = self.map.lock().unwrap();
-        if m.len() >= CAP {
-            m.retain(|_, (_, at)| now.duration_since(*at) < KEEP);
-            if m.len() >= CAP {
-                let oldest = m.iter().min_by_key(|(_, (_, at))| *at).map(|(k, _)| *k);
-                oldest.map(|k| m.remove(&k));
-            }
-        }
-        m.insert((s.local, s.remote), (s, now));
+    /// A SYN-ACK was sent (`packet`, which `s` was read from).
+    pub fn record(&self, s: SynAck, packet: &[u8], now: Instant) {
+        let mut m = self.sent.lock().unwrap();
+        let e = Sent {
+            s,
+            packet: packet.to_vec(),
+            at: now,
+            replayed: false,
+        };
+        insert_capped(&mut m, (s.local, s.remote), e, |e| e.at, now);
     }
 
     /// The last SYN-ACK of the handshake between `local` and `remote`, if recent.
     pub fn get(&self, local: SocketAddr, remote: SocketAddr, now: Instant) -> Option<SynAck> {
-        let m = self.map.lock().unwrap();
+        let m = self.sent.lock().unwrap();
+        m.get(&(local, remote))
+            .filter(|e| now.duration_since(e.at) < KEEP)
+            .map(|e| e.s)
+    }
+
+    fn mark_replayed(&self, local: SocketAddr, remote: SocketAddr) {
+        if let Some(e) = self.sent.lock().unwrap().get_mut(&(local, remote)) {
+            e.replayed = true;
+        }
+    }
+
+    /// The handshakes of `mh` completed here by a replayed ACK: (our end, the MH's
+    /// end, the SYN-ACK sent). Taken: a handoff carries them once.
+    pub fn take_replayed(&self, mh: IpAddr) -> Vec<(SocketAddr, SocketAddr, Vec<u8>)> {
+        let mut m = self.sent.lock().unwrap();
+        let keys: Vec<Flow> = m
+            .iter()
+            .filter(|((_, r), e)| e.replayed && r.ip() == mh)
+            .map(|(k, _)| *k)
+            .collect();
+        keys.into_iter()
+            .filter_map(|k| m.remove(&k).map(|e| (k.0, k.1, e.packet)))
+            .collect()
+    }
+
+    /// A connection completed by a replayed ACK at the old MSR moved in: the MH may
+    /// still retransmit the SYN that `synack` answers. The SYN-ACK was logged on its
+    /// way out of the old MSR, its TCP checksum not computed yet: it is here.
+    pub fn expect(&self, synack: &[u8], now: Instant) -> Option<SynAck> {
+        let s = parse(synack)?;
+        let mut p = synack.to_vec();
+        if !itcp_handoff::packet::fill_checksums(&mut p) {
+            return None;
+        }
+        let mut m = self.moved_in.lock().unwrap();
+        insert_capped(&mut m, (s.local, s.remote), (p, now), |v| v.1, now);
+        Some(s)
+    }
+
+    /// The SYN-ACK to send the MH again for its SYN from `remote` to `local`.
+    pub fn again(&self, local: SocketAddr, remote: SocketAddr, now: Instant) -> Option<Vec<u8>> {
+        let m = self.moved_in.lock().unwrap();
         m.get(&(local, remote))
             .filter(|(_, at)| now.duration_since(*at) < KEEP)
-            .map(|(s, _)| *s)
+            .map(|(p, _)| p.clone())
     }
 
     pub fn len(&self) -> usize {
-        self.map.lock().unwrap().len()
+        self.sent.lock().unwrap().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -180,7 +282,9 @@ pub async fn run(d: Arc<Daemon>, group: u16) {
                 let now = Instant::now();
                 for p in crate::nflog::payloads(&buf[..n]) {
                     if let Some(s) = parse(p) {
-                        d.handshakes.record(s, now);
+                        d.handshakes.record(s, p, now);
+                    } else if let Some((from, to)) = parse_syn(p) {
+                        syn_again(&d, from, to, now);
                     }
                 }
             }
@@ -188,6 +292,58 @@ pub async fn run(d: Arc<Daemon>, group: u16) {
             Reports::Overrun => debug!("SYN-ACK reports overran"),
             Reports::Closed => return,
         }
+    }
+}
+
+/// The MH retransmitted the SYN of a connection that moved in completed (the rules
+/// report only those, and drop them): the SYN-ACK it missed goes to it again.
+fn syn_again(d: &Daemon, from: SocketAddr, to: SocketAddr, now: Instant) {
+    let Some(p) = d.handshakes.again(to, from, now) else {
+        return;
+    };
+    let sent = socket2::Socket::new(
+        socket2::Domain::for_address(from),
+        socket2::Type::DGRAM,
+        None,
+    )
+    .and_then(|here| itcp_handoff::repair::send_raw_ip_to(here.as_fd(), &from, &p, 0));
+    match sent {
+        Ok(()) => {
+            debug!(mh = %from, local = %to, "SYN-ACK sent again for a handshake completed before it moved")
+        }
+        Err(e) => warn!(mh = %from, local = %to, error = %e, "SYN-ACK not sent again"),
+    }
+}
+
+/// Old MSR: the images of `mh`'s connections completed here by a replayed ACK carry
+/// the SYN-ACK sent (rare: the images are decoded only then).
+pub fn attach(d: &Daemon, mh: IpAddr, images: &mut [itcp_proto::channel::ConnImage]) {
+    for (local, remote, packet) in d.handshakes.take_replayed(mh) {
+        let found = images.iter_mut().find(|c| {
+            itcp_handoff::SocketImage::from_bytes(&c.wireless)
+                .is_ok_and(|w| w.local == local && w.remote == remote)
+        });
+        if let Some(c) = found {
+            c.synack = Some(itcp_proto::hex::hex(&packet));
+        }
+    }
+}
+
+/// New MSR: the MH's SYNs on the flows of `images` that carry a SYN-ACK are answered
+/// with it (reported by the `resyn` sets' rule, and dropped).
+pub fn expect(d: &Daemon, images: &[itcp_proto::channel::ConnImage]) {
+    let now = Instant::now();
+    let flows: Vec<_> = images
+        .iter()
+        .filter_map(|c| itcp_proto::hex::unhex(c.synack.as_deref()?))
+        .filter_map(|p| d.handshakes.expect(&p, now))
+        .map(|s| (s.remote, s.local, KEEP))
+        .collect();
+    if flows.is_empty() {
+        return;
+    }
+    if let Err(e) = d.rules.answer_syns(&flows) {
+        warn!(error = %e, "the MH's SYNs on connections completed before they moved are not answered");
     }
 }
 
@@ -204,7 +360,10 @@ pub fn complete(d: &Daemon, open: &[HalfOpen]) -> usize {
             continue;
         };
         match replay(&s, d.cfg.interception.fwmark) {
-            Ok(()) => done += 1,
+            Ok(()) => {
+                d.handshakes.mark_replayed(h.local, h.remote);
+                done += 1;
+            }
             Err(e) => warn!(local = %h.local, mh = %h.remote, error = %e,
                 "the MH's ACK could not be replayed: its half-open handshake stays here"),
         }
@@ -302,13 +461,45 @@ mod tests {
     fn recent_keeps_the_last_synack_for_a_while() {
         let r = Recent::default();
         let t0 = Instant::now();
-        let s = parse(&synack4()).unwrap();
-        r.record(s, t0);
-        assert_eq!(
-            r.get(s.local, s.remote, t0 + Duration::from_secs(1)),
-            Some(s)
-        );
+        let p = synack4();
+        let s = parse(&p).unwrap();
+        r.record(s, &p, t0);
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(r.get(s.local, s.remote, later), Some(s));
         assert_eq!(r.get(s.remote, s.local, t0), None);
         assert_eq!(r.get(s.local, s.remote, t0 + KEEP), None);
+        // Only a replayed one travels, once.
+        assert!(r.take_replayed(s.remote.ip()).is_empty());
+        r.mark_replayed(s.local, s.remote);
+        let taken = r.take_replayed(s.remote.ip());
+        assert_eq!(taken, vec![(s.local, s.remote, p.clone())]);
+        assert!(r.take_replayed(s.remote.ip()).is_empty());
+    }
+
+    #[test]
+    fn a_moved_in_synack_answers_the_mhs_syn() {
+        let r = Recent::default();
+        let t0 = Instant::now();
+        let p = synack4();
+        let s = r.expect(&p, t0).unwrap();
+        let mut sent = p.clone();
+        assert!(itcp_handoff::packet::fill_checksums(&mut sent));
+        assert_eq!(r.again(s.local, s.remote, t0), Some(sent));
+        assert_eq!(r.again(s.remote, s.local, t0), None);
+        assert_eq!(r.again(s.local, s.remote, t0 + KEEP), None);
+        assert!(r.expect(b"not a packet", t0).is_none());
+    }
+
+    #[test]
+    fn a_syn_is_told_from_a_synack() {
+        let mut p = synack4();
+        assert_eq!(parse_syn(&p), None);
+        p[20 + 13] = 0x02;
+        let ends = (
+            "10.0.0.1:5009".parse().unwrap(),
+            "10.2.0.100:40000".parse().unwrap(),
+        );
+        assert_eq!(parse_syn(&p), Some(ends));
+        assert_eq!(parse(&p), None);
     }
 }

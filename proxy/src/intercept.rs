@@ -166,6 +166,14 @@ impl Rules {
                 "  set {set} {{\n    type {ty} . inet_service . {ty} . inet_service;\n    flags timeout;\n    size 262144;\n  }}\n"
             );
         }
+        // Flows of connections that moved in after the old MSR completed their handshake
+        // with the MH's ACK replayed (`crate::handshakes`): the MH's SYN on one means our
+        // SYN-ACK was lost, and is reported so that msrd sends it again.
+        for (set, ty) in [("resyn4", "ipv4_addr"), ("resyn6", "ipv6_addr")] {
+            s += &format!(
+                "  set {set} {{\n    type {ty} . inet_service . {ty} . inet_service;\n    flags timeout;\n    size 65536;\n  }}\n"
+            );
+        }
         for (set, ty) in [("strays4", "ipv4_addr"), ("strays6", "ipv6_addr")] {
             s += &format!(
                 "  set {set} {{\n    type {ty} . inet_service . {ty} . inet_service;\n    flags dynamic, timeout;\n    size 262144;\n  }}\n"
@@ -207,6 +215,13 @@ impl Rules {
             } else {
                 "drop"
             };
+            if let (Some(g), "hold_in") = (self.handshake_group, chain) {
+                for (ip, v) in [("ip", "4"), ("ip6", "6")] {
+                    s += &format!(
+                        "    tcp flags & (syn | ack) == syn {ip} saddr . tcp sport . {ip} daddr . tcp dport @resyn{v} log group {g} drop\n"
+                    );
+                }
+            }
             for (ip, v) in [("ip", "4"), ("ip6", "6")] {
                 for dir in ["saddr", "daddr"] {
                     s += &format!("    meta l4proto tcp {ip} {dir} @held{v} {verdict}\n");
@@ -288,6 +303,14 @@ impl Rules {
     /// long) silently (see the `strays` sets).
     pub fn drop_strays(&self, flows: &[(SocketAddr, SocketAddr, Duration)]) -> io::Result<()> {
         by_family(flows, "strays", |set, f| {
+            crate::netlink::nft_flow_elements(&self.table, set, f)
+        })
+    }
+
+    /// Reports the MH's SYNs on `flows` (each the MH's end, ours, and for how long) and
+    /// drops them (see the `resyn` sets and `crate::handshakes`).
+    pub fn answer_syns(&self, flows: &[(SocketAddr, SocketAddr, Duration)]) -> io::Result<()> {
+        by_family(flows, "resyn", |set, f| {
             crate::netlink::nft_flow_elements(&self.table, set, f)
         })
     }

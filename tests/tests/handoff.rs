@@ -1396,7 +1396,36 @@ fn a_fixed_side_connect_in_flight_at_a_handoff_finishes_and_moves() {
 /// 1–2 resets in 1300 connections).
 #[test]
 fn a_handshake_half_open_when_the_mh_leaves_its_cell_moves_with_it() {
-    let mut lab = fast_lab_with(91, &[], "[transparent]\nenabled = true\nports = [5009]\n");
+    half_open_at_a_gap(91, "ack");
+}
+
+/// The same with our SYN-ACK lost instead: the MH retransmits its SYN to the new MSR,
+/// where the connection (completed at the old MSR) already runs and would only answer
+/// with a challenge ACK, which the MH drops until its connect times out. The new MSR
+/// sends the SYN-ACK that was lost again.
+#[test]
+fn a_handshake_whose_synack_was_lost_at_a_gap_completes_at_the_new_msr() {
+    half_open_at_a_gap(93, "synack");
+}
+
+/// ITCP_PCAP=1 (with ITCP_LAB_KEEP=1) records the MH's and the FH's TCP headers in the
+/// lab directory, to see where a reset came from.
+fn pcap(lab: &mut Lab) {
+    if std::env::var_os("ITCP_PCAP").is_some() {
+        for (h, f) in [(Host::Mh, "mh.pcap"), (Host::Fh, "fh.pcap")] {
+            let f = lab.dir.join(f).display().to_string();
+            let args = ["-i", "any", "-nn", "-s", "128", "-w", &f, "tcp"];
+            lab.spawn(h, "tcpdump", &args).unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// A handshake of the MH's to the FH is half-open when the MH leaves its cell for
+/// 200 ms: `lost` ("ack" or "synack") is what the air lost of it.
+fn half_open_at_a_gap(seed: u64, lost: &str) {
+    let mut lab = fast_lab_with(seed, &[], "[transparent]\nenabled = true\nports = [5009]\n");
+    pcap(&mut lab);
     let (fh, other) = (lab::fh_addr(5009), lab::fh_addr(5006));
     for (a, port) in [(&fh, 5009), (&other, 5006)] {
         lab.spawn(Host::Fh, bin_path("ttcp"), &["echo", "--listen", a])
@@ -1414,11 +1443,20 @@ fn a_handshake_half_open_when_the_mh_leaves_its_cell_moves_with_it() {
     // An I-TCP connection gives MSR1 the MH's session token.
     let explicit = ttcp(&mut lab, &other, "100", true);
     std::thread::sleep(Duration::from_millis(300));
-    // What the MH sends on the next connection after its SYN is lost in the air.
+    // The air loses what the MH sends on the next connection after its SYN, or what
+    // it is sent first.
     let fh_ip = fh.split(':').next().unwrap().to_string();
+    let rule = match lost {
+        "ack" => format!(
+            "type filter hook output priority 0; ip daddr {fh_ip} tcp dport 5009 tcp flags & syn == 0 drop;"
+        ),
+        _ => format!(
+            "type filter hook input priority 0; ip saddr {fh_ip} tcp sport 5009 tcp flags & (syn | ack) == syn | ack drop;"
+        ),
+    };
     lab.nft(
         Host::Mh,
-        &format!("table inet air {{\n  chain o {{ type filter hook output priority 0; ip daddr {fh_ip} tcp dport 5009 tcp flags & syn == 0 drop; }}\n}}\n"),
+        &format!("table inet air {{\n  chain c {{ {rule} }}\n}}\n"),
     )
     .unwrap();
     let rr = ttcp(&mut lab, &fh, "5", false);
@@ -1491,16 +1529,7 @@ fn short_connections_through_twenty_handoffs(gaps: bool) {
         }
         lab.spawn(Host::Mh, &ttcp, &args).unwrap()
     };
-    // ITCP_PCAP=1 (with ITCP_LAB_KEEP=1) records the MH's and the FH's TCP headers in
-    // the lab directory, to see where a reset came from.
-    if std::env::var_os("ITCP_PCAP").is_some() {
-        for (h, f) in [(Host::Mh, "mh.pcap"), (Host::Fh, "fh.pcap")] {
-            let f = lab.dir.join(f).display().to_string();
-            let args = ["-i", "any", "-nn", "-s", "128", "-w", &f, "tcp"];
-            lab.spawn(h, "tcpdump", &args).unwrap();
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
+    pcap(&mut lab);
     let c1 = churn(&mut lab, &explicit, true, "1");
     let c2 = churn(&mut lab, &transparent, false, "2");
     std::thread::sleep(Duration::from_millis(700));

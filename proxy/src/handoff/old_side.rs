@@ -264,9 +264,10 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                     });
                 }
                 Action::Send(mut msg) => {
-                    if let Message::Images { closed, .. } = &mut msg {
+                    if let Message::Images { closed, images, .. } = &mut msg {
                         let w = Duration::from_secs(h.cfg.closed_window_s);
                         *closed = d.strays.take(mh, w);
+                        crate::handshakes::attach(&d, mh, images);
                     }
                     if let Err(e) = ch.send(&msg).await {
                         warn!(peer = %from, error = %e, "handoff message not sent");

@@ -231,6 +231,7 @@ pub fn capture_one(f: &Frozen, mark: u32) -> Captured {
             down_pending: pending.down,
             listen: f.listen.map(|a| a.to_string()),
             kx: pending.kx.map(|k| itcp_proto::hex::hex(&k)),
+            synack: None,
         },
         entry,
     )))
