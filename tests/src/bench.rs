@@ -532,6 +532,7 @@ pub fn echo_server(listen: std::net::SocketAddr) -> io::Result<()> {
 /// Results of `bench churn`.
 #[derive(Debug, Serialize)]
 pub struct ChurnBench {
+    pub handoff: bool,
     pub total: usize,
     pub concurrency: usize,
     pub intact: usize,
@@ -545,12 +546,22 @@ pub struct ChurnBench {
 }
 
 /// `total` short I-TCP connections (each echoes 1 KiB and closes), `concurrency` at a
-/// time; afterwards msrd must hold as many fds as before and no session.
-pub fn churn(total: usize, concurrency: usize, progress: impl Fn(&str)) -> io::Result<ChurnBench> {
+/// time; afterwards msrd must hold as many fds as before and no session. With
+/// `handoff`, msrd has handoff on (one MSR, no peer): what that costs a new connection
+/// (its SYN-ACK is reported to msrd, `itcp_proxy::handshakes`).
+pub fn churn(
+    total: usize,
+    concurrency: usize,
+    handoff: bool,
+    progress: impl Fn(&str),
+) -> io::Result<ChurnBench> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (mut lab, cfg) = veth_lab_msrd_config(
+    let (mut lab, mut cfg) = veth_lab_msrd_config(
         "accept_rate = 1000000\naccept_burst = 1000000\nmax_handshakes_per_mh = 1024",
     )?;
+    if handoff {
+        cfg += &format!("\n{}", lab.handoff_config(1));
+    }
     // The MH closes first, so its ports sit in TIME_WAIT for 60 s: without reuse and a
     // wide port range, one client host runs out of ports at ~470 connections/s. msrd's
     // fixed side reuses the MH's port towards the same FH, so it needs reuse too.
@@ -605,11 +616,15 @@ pub fn churn(total: usize, concurrency: usize, progress: impl Fn(&str)) -> io::R
         })
     })?;
     let seconds = t0.elapsed().as_secs_f64();
-    progress(&format!("{intact}/{total} intact in {seconds:.1} s"));
+    let on = if handoff { "on" } else { "off" };
+    progress(&format!(
+        "handoff {on}: {intact}/{total} intact in {seconds:.1} s"
+    ));
     // Let msrd finish closing the last ones.
     std::thread::sleep(Duration::from_millis(500));
     let stats = lab.msrd_stats(1)?;
     Ok(ChurnBench {
+        handoff,
         total,
         concurrency,
         intact,

@@ -755,18 +755,38 @@ fn bench_conns(count: usize, bytes: usize) -> Result<(), String> {
     Ok(())
 }
 
+/// Three rounds, each msrd without handoff then with it (alternating on this noisy
+/// machine); the medians and their ratio.
 fn bench_churn(total: usize, conc: usize) -> Result<(), String> {
-    let b = itcp_testbed::bench::churn(total, conc.max(1), |l| eprintln!("{l}"))
-        .map_err(|e| e.to_string())?;
-    println!("{}", serde_json::to_string_pretty(&b).unwrap());
-    println!(
-        "{}/{} intact, {:.0} conn/s; msrd fds {} before, {} after; RSS {} KiB before, {} KiB after; {} sessions left",
-        b.intact, b.total, b.per_s, b.msrd_fds_before, b.msrd_fds_after, b.msrd_rss_kib_before, b.msrd_rss_kib_after, b.sessions_after
-    );
-    // msrd keeps up to 256 empty pipes pooled for reuse (512 fds); more would be a leak.
-    if b.intact != b.total || b.msrd_fds_after > b.msrd_fds_before + 512 || b.sessions_after != 0 {
-        return Err("connections failed or msrd leaked fds/sessions".into());
+    let mut rates = [Vec::new(), Vec::new()];
+    for _round in 0..3 {
+        for handoff in [false, true] {
+            let b = itcp_testbed::bench::churn(total, conc.max(1), handoff, |l| eprintln!("{l}"))
+                .map_err(|e| e.to_string())?;
+            println!("{}", serde_json::to_string(&b).unwrap());
+            println!(
+                "handoff {}: {}/{} intact, {:.0} conn/s; msrd fds {} before, {} after; RSS {} KiB before, {} KiB after; {} sessions left",
+                if handoff { "on" } else { "off" },
+                b.intact, b.total, b.per_s, b.msrd_fds_before, b.msrd_fds_after, b.msrd_rss_kib_before, b.msrd_rss_kib_after, b.sessions_after
+            );
+            // msrd keeps up to 256 empty pipes pooled for reuse (512 fds); more would be a leak.
+            if b.intact != b.total
+                || b.msrd_fds_after > b.msrd_fds_before + 512
+                || b.sessions_after != 0
+            {
+                return Err("connections failed or msrd leaked fds/sessions".into());
+            }
+            rates[usize::from(handoff)].push(b.per_s);
+        }
     }
+    let [off, on] = rates.map(|mut v| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    });
+    println!(
+        "median of 3: {off:.0} conn/s with handoff off, {on:.0} conn/s on (SYN-ACKs reported): {:.2}x",
+        on / off
+    );
     Ok(())
 }
 
