@@ -162,6 +162,10 @@ fn assert_clean(lab: &Lab, send: &SendReport, recv: &RecvReport, bytes: u64) {
     assert!(send.ok, "sender: {:?}\n{}", send.error, diag(lab));
     assert!(recv.verified);
     assert_eq!(recv.bytes, bytes);
+    assert_no_rsts(lab);
+}
+
+fn assert_no_rsts(lab: &Lab) {
     let (fh_in, fh_out) = lab.rsts(Host::Fh).unwrap();
     let (mh_in, mh_out) = lab.rsts(Host::Mh).unwrap();
     assert_eq!(
@@ -170,6 +174,19 @@ fn assert_clean(lab: &Lab, send: &SendReport, recv: &RecvReport, bytes: u64) {
         "RSTs (FH in, FH out, MH in, MH out)\n{}",
         diag(lab)
     );
+}
+
+/// Waits for the `ttcp rr` spawned as `idx` and checks it made all `n` exchanges.
+fn rr_done(lab: &mut Lab, idx: usize, what: &str, n: u64) {
+    let (_, out, err) = lab.wait(idx, Duration::from_secs(20)).unwrap_or_else(|e| {
+        panic!(
+            "the MH's {what} request-response never finished: {e}\n{}",
+            diag(lab)
+        )
+    });
+    let r: itcp_testbed::ttcp::RrReport = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("{what} rr: {e}: {err}\n{}", diag(lab)));
+    assert!(r.ok && r.count == n, "{what}: {r:?}\n{}", diag(lab));
 }
 
 /// One transfer with a move 1 → 2 mid-way, then back 2 → 1.
@@ -1362,15 +1379,7 @@ fn a_fixed_side_connect_in_flight_at_a_handoff_finishes_and_moves() {
     lab.nft(Host::Fh, "delete table inet slowfh\n").unwrap();
     wait_moves(&lab, 1, Duration::from_secs(10));
     for (i, what, n) in [(rr, "transparent", 20), (explicit, "explicit", 60)] {
-        let (_, out, err) = lab.wait(i, Duration::from_secs(15)).unwrap_or_else(|e| {
-            panic!(
-                "the MH's {what} request-response never finished: {e}\n{}",
-                diag(&lab)
-            )
-        });
-        let r: itcp_testbed::ttcp::RrReport = serde_json::from_str(out.trim())
-            .unwrap_or_else(|e| panic!("{what} rr: {e}: {err}\n{}", diag(&lab)));
-        assert!(r.ok && r.count == n, "{what}: {r:?}\n{}", diag(&lab));
+        rr_done(&mut lab, i, what, n);
     }
     let moved: usize = lab
         .handoff_records(1)
@@ -1378,14 +1387,7 @@ fn a_fixed_side_connect_in_flight_at_a_handoff_finishes_and_moves() {
         .map(|rec| rec.connections.len())
         .sum();
     assert!(moved >= 1, "the connection did not move\n{}", diag(&lab));
-    let (fh_in, fh_out) = lab.rsts(Host::Fh).unwrap();
-    let (mh_in, mh_out) = lab.rsts(Host::Mh).unwrap();
-    assert_eq!(
-        (fh_in, fh_out, mh_in, mh_out),
-        (0, 0, 0, 0),
-        "RSTs\n{}",
-        diag(&lab)
-    );
+    assert_no_rsts(&lab);
 }
 
 /// A TCP handshake still half-open at the old MSR when its MH moves on through a gap
@@ -1465,15 +1467,7 @@ fn half_open_at_a_gap(seed: u64, lost: &str) {
     wait_moves(&lab, 1, Duration::from_secs(10));
     lab.nft(Host::Mh, "delete table inet air\n").unwrap();
     for (i, what, n) in [(rr, "transparent", 5), (explicit, "explicit", 100)] {
-        let (_, out, err) = lab.wait(i, Duration::from_secs(20)).unwrap_or_else(|e| {
-            panic!(
-                "the MH's {what} request-response never finished: {e}\n{}",
-                diag(&lab)
-            )
-        });
-        let r: itcp_testbed::ttcp::RrReport = serde_json::from_str(out.trim())
-            .unwrap_or_else(|e| panic!("{what} rr: {e}: {err}\n{}", diag(&lab)));
-        assert!(r.ok && r.count == n, "{what}: {r:?}\n{}", diag(&lab));
+        rr_done(&mut lab, i, what, n);
     }
     let kinds: Vec<String> = lab
         .handoff_records(1)
@@ -1485,14 +1479,7 @@ fn half_open_at_a_gap(seed: u64, lost: &str) {
         "the half-open connection did not move: {kinds:?}\n{}",
         diag(&lab)
     );
-    let (fh_in, fh_out) = lab.rsts(Host::Fh).unwrap();
-    let (mh_in, mh_out) = lab.rsts(Host::Mh).unwrap();
-    assert_eq!(
-        (fh_in, fh_out, mh_in, mh_out),
-        (0, 0, 0, 0),
-        "RSTs\n{}",
-        diag(&lab)
-    );
+    assert_no_rsts(&lab);
 }
 
 /// Short connections opened and closed continuously (25 a second each) through 20
@@ -1561,14 +1548,7 @@ fn short_connections_through_twenty_handoffs(gaps: bool) {
         assert!(r.attempted >= 600, "{what}: {r:?}");
         assert!(r.ok, "{what}: {r:?}\n{}", diag(&lab));
     }
-    let (fh_in, fh_out) = lab.rsts(Host::Fh).unwrap();
-    let (mh_in, mh_out) = lab.rsts(Host::Mh).unwrap();
-    assert_eq!(
-        (fh_in, fh_out, mh_in, mh_out),
-        (0, 0, 0, 0),
-        "RSTs (FH in, FH out, MH in, MH out)\n{}",
-        diag(&lab)
-    );
+    assert_no_rsts(&lab);
 }
 
 /// An MSR that crashes while it serves connections that moved in can be started again
