@@ -185,11 +185,16 @@ fn explicit_at(lab: &Lab, k: usize) -> (usize, usize) {
 /// Two MSRs with handoff, a dual-stack MH with its agent (fast beacons), RSTs counted
 /// at the FH and the MH.
 fn dual_stack_mobile_lab(seed: u64) -> Lab {
+    dual_stack_mobile_lab_with(seed, "")
+}
+
+/// [`dual_stack_mobile_lab`] with `extra` in msrd's configuration.
+fn dual_stack_mobile_lab_with(seed: u64, extra: &str) -> Lab {
     let mut cfg = LabConfig::clean(2, seed);
     cfg.ipv6 = true;
     let mut lab = Lab::new(cfg).unwrap();
     lab.start_itcp_mobility(
-        "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n",
+        &format!("[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n{extra}"),
         &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"],
     )
     .unwrap();
@@ -500,4 +505,80 @@ fn passive_open_over_ipv6_moves_with_the_mh() {
         "no move of the MH's IPv6 address into MSR2\n{}",
         diag(&lab)
     );
+}
+
+/// A TCP handshake over IPv6 still half-open at the old MSR when the MH leaves its cell
+/// (our SYN-ACK reached it, its ACK was lost in the air) is completed there with the
+/// MH's ACK replayed, and moves (handoff.rs has the IPv4 tests, of both losses).
+#[test]
+fn an_ipv6_handshake_half_open_when_the_mh_leaves_its_cell_moves_with_it() {
+    let mut lab = dual_stack_mobile_lab_with(71, "[transparent]\nenabled = true\nports = [5009]\n");
+    let ttcp = bin_path("ttcp");
+    let (fh, other) = (fh6(5009), fh6(5006));
+    for (a, port) in [(&fh, 5009), (&other, 5006)] {
+        lab.spawn(Host::Fh, &ttcp, &["echo", "--listen", a])
+            .unwrap();
+        lab.wait_listening(Host::Fh, port).unwrap();
+    }
+    let g6 = gw6();
+    let rr = |lab: &mut Lab, to: &str, n: &str, itcp: bool| {
+        let mut a = vec!["rr", "--connect", to, "--count", n, "--size", "100"];
+        a.extend(["--interval-ms", "50"]);
+        if itcp {
+            a.push("--itcp");
+        }
+        lab.spawn_env(Host::Mh, &ttcp, &a, &[("ITCP_GATEWAY", &g6)])
+            .unwrap()
+    };
+    // An I-TCP connection over IPv6 gives MSR1 the session token of the MH's IPv6
+    // address.
+    let explicit = rr(&mut lab, &other, "100", true);
+    std::thread::sleep(Duration::from_millis(300));
+    let rule = format!(
+        "table inet air {{\n  chain c {{ type filter hook output priority 0; ip6 daddr {} tcp dport 5009 tcp flags & syn == 0 drop; }}\n}}\n",
+        addr6::FH
+    );
+    lab.nft(Host::Mh, &rule).unwrap();
+    let transparent = rr(&mut lab, &fh, "5", false);
+    std::thread::sleep(Duration::from_millis(150));
+    lab.assoc(&[]).unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    lab.assoc(&[2]).unwrap();
+    let log = |lab: &Lab| {
+        ["msrd1.log", "msrd2.log", "agent.events"]
+            .iter()
+            .map(|f| {
+                let t = std::fs::read_to_string(lab.dir.join(f)).unwrap_or_default();
+                let tail: Vec<&str> = t.lines().rev().take(25).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                format!("--- {f}\n{}\n", tail.join("\n"))
+            })
+            .collect::<String>()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let moved6 = |lab: &Lab| {
+        lab.handoff_records(2)
+            .iter()
+            .any(|r| r.mh == IpAddr::V6(addr6::MH) && !r.connections.is_empty())
+    };
+    while !moved6(&lab) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the MH's IPv6 connection did not move\n{}",
+            log(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    lab.nft(Host::Mh, "delete table inet air\n").unwrap();
+    for (idx, what, n) in [
+        (transparent, "IPv6 transparent", 5),
+        (explicit, "IPv6 explicit", 100),
+    ] {
+        let (_, out, err) = lab.wait(idx, Duration::from_secs(20)).unwrap();
+        let r: itcp_testbed::ttcp::RrReport = serde_json::from_str(out.trim())
+            .unwrap_or_else(|e| panic!("{what} rr: {e}: {err}\n{}", log(&lab)));
+        assert!(r.ok && r.count == n, "{what}: {r:?}\n{}", log(&lab));
+    }
+    let rsts = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
+    assert_eq!(rsts, ((0, 0), (0, 0)), "RSTs at FH and MH\n{}", log(&lab));
 }
