@@ -41,7 +41,7 @@ pub const COPY: u32 = 40 + 60;
 /// five SYN-ACK retransmissions (each one reported again) is about a minute.
 const KEEP: Duration = Duration::from_secs(64);
 
-/// At most this many are remembered (about 5 MiB); over it, the oldest go first.
+/// At most this many are remembered (a few MiB); over it, the older half goes at once.
 const CAP: usize = 65536;
 
 /// What a SYN-ACK sent to an MH tells of its handshake.
@@ -157,81 +157,96 @@ pub fn ack_of(s: &SynAck) -> Segment {
 
 type Flow = (SocketAddr, SocketAddr);
 
-struct Sent {
-    s: SynAck,
-    /// The SYN-ACK as sent (IP header on), to be sent again at the new MSR.
-    packet: Vec<u8>,
-    at: Instant,
-    /// Its handshake was completed here with the MH's ACK replayed.
-    replayed: bool,
+/// A map of at most [`CAP`] entries that forgets the older half at once when full: two
+/// generations, the current one replacing the previous when it holds half of `CAP`
+/// (O(1) per insert however fast SYN-ACKs come).
+struct Generations<V> {
+    cur: HashMap<Flow, V>,
+    old: HashMap<Flow, V>,
 }
 
-/// The SYN-ACKs sent to MHs lately, and those of connections completed by a replayed
-/// ACK elsewhere that moved in, each by (our end, the MH's end).
-#[derive(Default)]
-pub struct Recent {
-    sent: Mutex<HashMap<Flow, Sent>>,
-    /// Moved in: the SYN-ACK to send again when the MH retransmits its SYN.
-    moved_in: Mutex<HashMap<Flow, (Vec<u8>, Instant)>>,
-}
-
-/// Inserts into a map kept under [`CAP`] entries younger than [`KEEP`].
-fn insert_capped<V>(
-    m: &mut HashMap<Flow, V>,
-    k: Flow,
-    v: V,
-    at: impl Fn(&V) -> Instant,
-    now: Instant,
-) {
-    if m.len() >= CAP && !m.contains_key(&k) {
-        m.retain(|_, v| now.duration_since(at(v)) < KEEP);
-        if m.len() >= CAP {
-            let oldest = m.iter().min_by_key(|(_, v)| at(v)).map(|(k, _)| *k);
-            oldest.map(|k| m.remove(&k));
+impl<V> Default for Generations<V> {
+    fn default() -> Self {
+        Generations {
+            cur: HashMap::new(),
+            old: HashMap::new(),
         }
     }
-    m.insert(k, v);
+}
+
+impl<V> Generations<V> {
+    fn insert(&mut self, k: Flow, v: V) {
+        if self.cur.len() >= CAP / 2 {
+            self.old = std::mem::take(&mut self.cur);
+        }
+        self.cur.insert(k, v);
+    }
+
+    fn get(&self, k: &Flow) -> Option<&V> {
+        self.cur.get(k).or_else(|| self.old.get(k))
+    }
+
+    fn len(&self) -> usize {
+        self.cur.len() + self.old.len()
+    }
+}
+
+/// Per MH: (our end, the MH's end, the SYN-ACK sent) of each handshake completed here
+/// by a replayed ACK.
+type Replayed = HashMap<IpAddr, Vec<(SocketAddr, SocketAddr, Vec<u8>)>>;
+
+/// The SYN-ACKs sent to MHs lately (with when), those of handshakes completed here by
+/// a replayed ACK, and those of connections completed that way elsewhere that moved
+/// in, each by (our end, the MH's end).
+#[derive(Default)]
+pub struct Recent {
+    sent: Mutex<Generations<(SynAck, Vec<u8>, Instant)>>,
+    /// Completed here by a replayed ACK, by MH: carried by the MH's next images.
+    replayed: Mutex<Replayed>,
+    /// Moved in: the SYN-ACK to send again when the MH retransmits its SYN.
+    moved_in: Mutex<Generations<(Vec<u8>, Instant)>>,
 }
 
 impl Recent {
     /// A SYN-ACK was sent (`packet`, which `s` was read from).
     pub fn record(&self, s: SynAck, packet: &[u8], now: Instant) {
-        let mut m = self.sent.lock().unwrap();
-        let e = Sent {
-            s,
-            packet: packet.to_vec(),
-            at: now,
-            replayed: false,
-        };
-        insert_capped(&mut m, (s.local, s.remote), e, |e| e.at, now);
+        let e = (s, packet.to_vec(), now);
+        self.sent.lock().unwrap().insert((s.local, s.remote), e);
     }
 
     /// The last SYN-ACK of the handshake between `local` and `remote`, if recent.
     pub fn get(&self, local: SocketAddr, remote: SocketAddr, now: Instant) -> Option<SynAck> {
         let m = self.sent.lock().unwrap();
         m.get(&(local, remote))
-            .filter(|e| now.duration_since(e.at) < KEEP)
-            .map(|e| e.s)
+            .filter(|e| now.duration_since(e.2) < KEEP)
+            .map(|e| e.0)
     }
 
     fn mark_replayed(&self, local: SocketAddr, remote: SocketAddr) {
-        if let Some(e) = self.sent.lock().unwrap().get_mut(&(local, remote)) {
-            e.replayed = true;
+        let Some(packet) = self
+            .sent
+            .lock()
+            .unwrap()
+            .get(&(local, remote))
+            .map(|e| e.1.clone())
+        else {
+            return;
+        };
+        let mut r = self.replayed.lock().unwrap();
+        let v = r.entry(remote.ip()).or_default();
+        if !v.iter().any(|(l, m, _)| (*l, *m) == (local, remote)) {
+            v.push((local, remote, packet));
         }
     }
 
     /// The handshakes of `mh` completed here by a replayed ACK: (our end, the MH's
     /// end, the SYN-ACK sent). Taken: a handoff carries them once.
     pub fn take_replayed(&self, mh: IpAddr) -> Vec<(SocketAddr, SocketAddr, Vec<u8>)> {
-        let mut m = self.sent.lock().unwrap();
-        let keys: Vec<Flow> = m
-            .iter()
-            .filter(|((_, r), e)| e.replayed && r.ip() == mh)
-            .map(|(k, _)| *k)
-            .collect();
-        keys.into_iter()
-            .filter_map(|k| m.remove(&k).map(|e| (k.0, k.1, e.packet)))
-            .collect()
+        self.replayed
+            .lock()
+            .unwrap()
+            .remove(&mh)
+            .unwrap_or_default()
     }
 
     /// A connection completed by a replayed ACK at the old MSR moved in: the MH may
@@ -243,8 +258,10 @@ impl Recent {
         if !itcp_handoff::packet::fill_checksums(&mut p) {
             return None;
         }
-        let mut m = self.moved_in.lock().unwrap();
-        insert_capped(&mut m, (s.local, s.remote), (p, now), |v| v.1, now);
+        self.moved_in
+            .lock()
+            .unwrap()
+            .insert((s.local, s.remote), (p, now));
         Some(s)
     }
 
@@ -474,6 +491,27 @@ mod tests {
         let taken = r.take_replayed(s.remote.ip());
         assert_eq!(taken, vec![(s.local, s.remote, p.clone())]);
         assert!(r.take_replayed(s.remote.ip()).is_empty());
+    }
+
+    #[test]
+    fn the_table_forgets_the_older_half_when_full() {
+        let mut g = Generations::default();
+        let flow = |i: usize| {
+            let a = SocketAddr::from(([10, 0, 0, 1], 80));
+            let port = 40000 + (i >> 16) as u16;
+            let mh = SocketAddr::from(([10, 2, (i >> 8) as u8, i as u8], port));
+            (a, mh)
+        };
+        for i in 0..CAP {
+            g.insert(flow(i), i);
+        }
+        assert_eq!(g.len(), CAP);
+        assert_eq!(g.get(&flow(0)), Some(&0));
+        g.insert(flow(CAP), CAP);
+        assert_eq!(g.len(), CAP / 2 + 1, "the older half went");
+        assert_eq!(g.get(&flow(0)), None);
+        assert_eq!(g.get(&flow(CAP / 2)), Some(&(CAP / 2)));
+        assert_eq!(g.get(&flow(CAP)), Some(&CAP));
     }
 
     #[test]
