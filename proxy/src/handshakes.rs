@@ -12,6 +12,8 @@
 //! completes the handshake with the options the MH's SYN negotiated, as if the MH's
 //! own ACK had come; msrd takes the connection and it moves like any other in setup.
 //! The MH, which took its handshake for complete, never sees a difference.
+//! (Pure here: packets and the table. The daemon's side is
+//! `crate::handoff::handshakes`.)
 //!
 //! Unless our SYN-ACK was lost instead (the MH left before it arrived): the MH then
 //! retransmits its SYN, to the new MSR, where the connection is established already
@@ -24,22 +26,17 @@ use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::os::fd::AsFd;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use itcp_handoff::packet::Segment;
-use tracing::{debug, info, warn};
-
-use crate::daemon::Daemon;
-use crate::netlink::{read_reports, Reports};
-use crate::sockdiag::HalfOpen;
 
 /// Bytes of each SYN-ACK copied: an IPv6 header and a TCP header with every option.
 pub const COPY: u32 = 40 + 60;
 
 /// How long a SYN-ACK is remembered: a request socket's lifetime with Linux's default
 /// five SYN-ACK retransmissions (each one reported again) is about a minute.
-const KEEP: Duration = Duration::from_secs(64);
+pub const KEEP: Duration = Duration::from_secs(64);
 
 /// At most this many are remembered (a few MiB); over it, the older half goes at once.
 const CAP: usize = 65536;
@@ -222,7 +219,8 @@ impl Recent {
             .map(|e| e.0)
     }
 
-    fn mark_replayed(&self, local: SocketAddr, remote: SocketAddr) {
+    /// The handshake between `local` and `remote` was completed here by a replayed ACK.
+    pub fn mark_replayed(&self, local: SocketAddr, remote: SocketAddr) {
         let Some(packet) = self
             .sent
             .lock()
@@ -280,112 +278,6 @@ impl Recent {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-/// Reads the rules' SYN-ACK reports until the daemon ends. The group is retried while
-/// another process holds it (an msrd being upgraded still runs).
-pub async fn run(d: Arc<Daemon>, group: u16) {
-    let fd = crate::netlink::open_reports(
-        || crate::nflog::open(group, COPY),
-        "SYN-ACK reports",
-        "SYN-ACK reports wait for their NFLOG group",
-    )
-    .await;
-    info!(group, "SYN-ACK reports up");
-    let mut buf = vec![0u8; 65536];
-    loop {
-        match read_reports(&fd, &mut buf, "NFLOG").await {
-            Reports::Read(n) => {
-                let now = Instant::now();
-                for p in crate::nflog::payloads(&buf[..n]) {
-                    if let Some(s) = parse(p) {
-                        d.handshakes.record(s, p, now);
-                    } else if let Some((from, to)) = parse_syn(p) {
-                        syn_again(&d, from, to, now);
-                    }
-                }
-            }
-            // A burst: handshakes not recorded stay half-open at a handoff, as before.
-            Reports::Overrun => debug!("SYN-ACK reports overran"),
-            Reports::Closed => return,
-        }
-    }
-}
-
-/// The MH retransmitted the SYN of a connection that moved in completed (the rules
-/// report only those, and drop them): the SYN-ACK it missed goes to it again.
-fn syn_again(d: &Daemon, from: SocketAddr, to: SocketAddr, now: Instant) {
-    let Some(p) = d.handshakes.again(to, from, now) else {
-        return;
-    };
-    let sent = socket2::Socket::new(
-        socket2::Domain::for_address(from),
-        socket2::Type::DGRAM,
-        None,
-    )
-    .and_then(|here| itcp_handoff::repair::send_raw_ip_to(here.as_fd(), &from, &p, 0));
-    match sent {
-        Ok(()) => {
-            debug!(mh = %from, local = %to, "SYN-ACK sent again for a handshake completed before it moved")
-        }
-        Err(e) => warn!(mh = %from, local = %to, error = %e, "SYN-ACK not sent again"),
-    }
-}
-
-/// Old MSR: the images of `mh`'s connections completed here by a replayed ACK carry
-/// the SYN-ACK sent (rare: the images are decoded only then).
-pub fn attach(d: &Daemon, mh: IpAddr, images: &mut [itcp_proto::channel::ConnImage]) {
-    for (local, remote, packet) in d.handshakes.take_replayed(mh) {
-        let found = images.iter_mut().find(|c| {
-            itcp_handoff::SocketImage::from_bytes(&c.wireless)
-                .is_ok_and(|w| w.local == local && w.remote == remote)
-        });
-        if let Some(c) = found {
-            c.synack = Some(itcp_proto::hex::hex(&packet));
-        }
-    }
-}
-
-/// New MSR: the MH's SYNs on the flows of `images` that carry a SYN-ACK are answered
-/// with it (reported by the `resyn` sets' rule, and dropped).
-pub fn expect(d: &Daemon, images: &[itcp_proto::channel::ConnImage]) {
-    let now = Instant::now();
-    let flows: Vec<_> = images
-        .iter()
-        .filter_map(|c| itcp_proto::hex::unhex(c.synack.as_deref()?))
-        .filter_map(|p| d.handshakes.expect(&p, now))
-        .map(|s| (s.remote, s.local, KEEP))
-        .collect();
-    if flows.is_empty() {
-        return;
-    }
-    if let Err(e) = d.rules.answer_syns(&flows) {
-        warn!(error = %e, "the MH's SYNs on connections completed before they moved are not answered");
-    }
-}
-
-/// Completes the handshakes in `open` (of one MH, half-open here) whose SYN-ACK is
-/// known, by replaying the MH's ACK to each (see the module). Returns how many were
-/// replayed; the others are logged and stay half-open.
-pub fn complete(d: &Daemon, open: &[HalfOpen]) -> usize {
-    let now = Instant::now();
-    let mut done = 0;
-    for h in open {
-        let Some(s) = d.handshakes.get(h.local, h.remote, now) else {
-            warn!(local = %h.local, mh = %h.remote,
-                "TCP handshake of the MH half-open and its SYN-ACK unknown: it stays here");
-            continue;
-        };
-        match replay(&s, d.cfg.interception.fwmark) {
-            Ok(()) => {
-                d.handshakes.mark_replayed(h.local, h.remote);
-                done += 1;
-            }
-            Err(e) => warn!(local = %h.local, mh = %h.remote, error = %e,
-                "the MH's ACK could not be replayed: its half-open handshake stays here"),
-        }
-    }
-    done
 }
 
 /// Sends the MH's ACK of `s` to our request socket. The mark routes it to this host

@@ -273,7 +273,7 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
     let handshakes = d
         .rules
         .handshake_group
-        .map(|g| tokio::spawn(crate::handshakes::run(d.clone(), g)));
+        .map(|g| tokio::spawn(crate::handoff::handshakes::run(d.clone(), g)));
     // Packets held during handoffs are kept, not dropped.
     let holding = d
         .handoff

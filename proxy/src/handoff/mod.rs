@@ -15,6 +15,7 @@
 pub mod channel;
 pub mod gate;
 pub mod greeting;
+pub mod handshakes;
 pub mod new_side;
 pub mod old_side;
 pub mod sockets;

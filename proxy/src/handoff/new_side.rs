@@ -251,7 +251,7 @@ async fn run(
                         h.greeting_used(mh, g.ts_ms);
                     }
                     h.adopt_token(mh, m.token());
-                    crate::handshakes::expect(&d, &images);
+                    super::handshakes::expect(&d, &images);
                     let policy = unacked(h.cfg.unacked);
                     let fwmark = d.cfg.interception.fwmark;
                     let dev = d.cell_interface(mh);

@@ -267,7 +267,7 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                     if let Message::Images { closed, images, .. } = &mut msg {
                         let w = Duration::from_secs(h.cfg.closed_window_s);
                         *closed = d.strays.take(mh, w);
-                        crate::handshakes::attach(&d, mh, images);
+                        super::handshakes::attach(&d, mh, images);
                     }
                     if let Err(e) = ch.send(&msg).await {
                         warn!(peer = %from, error = %e, "handoff message not sent");
@@ -392,7 +392,7 @@ async fn await_handshakes(d: &Daemon, mh: std::net::IpAddr) {
                 return warn!(%mh, half_open = open.len(),
                     "TCP handshakes of the MH still half-open: they stay here");
             }
-            if crate::handshakes::complete(d, &open) == 0 {
+            if super::handshakes::complete(d, &open) == 0 {
                 return;
             }
             replayed = true;
