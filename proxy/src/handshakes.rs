@@ -183,6 +183,7 @@ impl<V> Generations<V> {
         self.cur.get(k).or_else(|| self.old.get(k))
     }
 
+    #[cfg(test)]
     fn len(&self) -> usize {
         self.cur.len() + self.old.len()
     }
@@ -197,7 +198,8 @@ type Replayed = HashMap<IpAddr, Vec<(SocketAddr, SocketAddr, Vec<u8>)>>;
 /// in, each by (our end, the MH's end).
 #[derive(Default)]
 pub struct Recent {
-    sent: Mutex<Generations<(SynAck, Vec<u8>, Instant)>>,
+    /// Each as sent (IP header on; read again when needed, which is rare).
+    sent: Mutex<Generations<(Vec<u8>, Instant)>>,
     /// Completed here by a replayed ACK, by MH: carried by the MH's next images.
     replayed: Mutex<Replayed>,
     /// Moved in: the SYN-ACK to send again when the MH retransmits its SYN.
@@ -207,7 +209,7 @@ pub struct Recent {
 impl Recent {
     /// A SYN-ACK was sent (`packet`, which `s` was read from).
     pub fn record(&self, s: SynAck, packet: &[u8], now: Instant) {
-        let e = (s, packet.to_vec(), now);
+        let e = (packet.to_vec(), now);
         self.sent.lock().unwrap().insert((s.local, s.remote), e);
     }
 
@@ -215,8 +217,8 @@ impl Recent {
     pub fn get(&self, local: SocketAddr, remote: SocketAddr, now: Instant) -> Option<SynAck> {
         let m = self.sent.lock().unwrap();
         m.get(&(local, remote))
-            .filter(|e| now.duration_since(e.2) < KEEP)
-            .map(|e| e.0)
+            .filter(|e| now.duration_since(e.1) < KEEP)
+            .and_then(|e| parse(&e.0))
     }
 
     /// The handshake between `local` and `remote` was completed here by a replayed ACK.
@@ -226,7 +228,7 @@ impl Recent {
             .lock()
             .unwrap()
             .get(&(local, remote))
-            .map(|e| e.1.clone())
+            .map(|e| e.0.clone())
         else {
             return;
         };
@@ -269,14 +271,6 @@ impl Recent {
         m.get(&(local, remote))
             .filter(|(_, at)| now.duration_since(*at) < KEEP)
             .map(|(p, _)| p.clone())
-    }
-
-    pub fn len(&self) -> usize {
-        self.sent.lock().unwrap().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

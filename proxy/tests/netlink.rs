@@ -502,11 +502,10 @@ fn running_marks_are_deleted_even_next_to_ones_already_gone() {
     );
 }
 
-/// Mean cost per call; run with --nocapture to see it.
-#[test]
-fn half_open_handshakes_are_listed_by_peer() {
-    // The listener's final ACK is dropped: the client is connected, the server's
-    // request socket stays in SYN_RECV until the ACK comes.
+/// A namespace whose port 7 on loopback never gets the client's final ACK (nor its data)
+/// unless marked `spare_mark` (non-zero): the client is connected, the server's request socket
+/// stays in SYN_RECV.
+fn losing_final_acks(spare_mark: u32) -> Netns {
     let ns = Netns::new();
     ns.sh(&["ip", "link", "set", "lo", "up"]);
     ns.sh(&[
@@ -514,9 +513,16 @@ fn half_open_handshakes_are_listed_by_peer() {
         &format!(
             "add table inet {TABLE}; \
              add chain inet {TABLE} in {{ type filter hook input priority 0; }}; \
-             add rule inet {TABLE} in tcp dport 7 tcp flags & (syn | ack) == ack drop"
+             add rule inet {TABLE} in tcp dport 7 meta mark != {spare_mark} tcp flags & (syn | ack) == ack drop"
         ),
     ]);
+    ns
+}
+
+/// A half-open handshake is listed with both its ends.
+#[test]
+fn half_open_handshakes_are_listed_by_peer() {
+    let ns = losing_final_acks(0x4957);
     ns.run(|| {
         use itcp_proxy::sockdiag::syn_recv;
         let l = std::net::TcpListener::bind("127.0.0.1:7").unwrap();
@@ -539,15 +545,11 @@ fn a_half_open_handshake_completes_with_the_replayed_ack() {
     use itcp_proxy::handshakes;
     use std::io::{Read, Write};
     const MARK: u32 = 0x4957;
-    let ns = Netns::new();
-    ns.sh(&["ip", "link", "set", "lo", "up"]);
+    let ns = losing_final_acks(MARK);
     ns.sh(&[
         "nft",
         &format!(
-            "add table inet {TABLE}; \
-             add chain inet {TABLE} in {{ type filter hook input priority 0; }}; \
-             add rule inet {TABLE} in tcp dport 7 meta mark != {MARK} tcp flags & (syn | ack) == ack drop; \
-             add chain inet {TABLE} out {{ type filter hook output priority 0; }}; \
+            "add chain inet {TABLE} out {{ type filter hook output priority 0; }}; \
              add rule inet {TABLE} out tcp flags & (syn | ack) == syn | ack log group 4957"
         ),
     ]);
@@ -610,6 +612,7 @@ fn a_half_open_handshake_completes_with_the_replayed_ack() {
     assert_eq!(&got, b"reply");
 }
 
+/// Mean cost per call; run with --nocapture to see it.
 #[test]
 fn timing() {
     let ns = Netns::new().with_sets();

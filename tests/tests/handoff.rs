@@ -176,6 +176,31 @@ fn assert_no_rsts(lab: &Lab) {
     );
 }
 
+/// A fast lab whose MSRs intercept port 5009, with echo servers at the FH on 5009
+/// (reached transparently) and 5006 (reached through I-TCP); returns both addresses.
+fn echo_lab(seed: u64) -> (Lab, String, String) {
+    let mut lab = fast_lab_with(seed, &[], "[transparent]\nenabled = true\nports = [5009]\n");
+    let (fh, other) = (lab::fh_addr(5009), lab::fh_addr(5006));
+    for (a, port) in [(&fh, 5009), (&other, 5006)] {
+        lab.spawn(Host::Fh, bin_path("ttcp"), &["echo", "--listen", a])
+            .unwrap();
+        lab.wait_listening(Host::Fh, port).unwrap();
+    }
+    (lab, fh, other)
+}
+
+/// Starts `ttcp rr` at the MH: `n` exchanges of 100 bytes, 50 ms apart, to `to`, through
+/// I-TCP if `itcp`.
+fn spawn_rr(lab: &mut Lab, to: &str, n: u64, itcp: bool) -> usize {
+    let n = n.to_string();
+    let mut a = vec!["rr", "--connect", to, "--count", &n, "--size", "100"];
+    a.extend(["--interval-ms", "50"]);
+    if itcp {
+        a.push("--itcp");
+    }
+    lab.spawn(Host::Mh, bin_path("ttcp"), &a).unwrap()
+}
+
 /// Waits for the `ttcp rr` spawned as `idx` and checks it made all `n` exchanges.
 fn rr_done(lab: &mut Lab, idx: usize, what: &str, n: u64) {
     let (_, out, err) = lab.wait(idx, Duration::from_secs(20)).unwrap_or_else(|e| {
@@ -1344,30 +1369,10 @@ fn short_connections_through_twenty_handoffs_see_no_reset() {
 /// short-connections test: a reset every few runs).
 #[test]
 fn a_fixed_side_connect_in_flight_at_a_handoff_finishes_and_moves() {
-    let mut lab = fast_lab_with(89, &[], "[transparent]\nenabled = true\nports = [5009]\n");
-    let (fh, other) = (lab::fh_addr(5009), lab::fh_addr(5006));
-    for (a, port) in [(&fh, 5009), (&other, 5006)] {
-        lab.spawn(Host::Fh, bin_path("ttcp"), &["echo", "--listen", a])
-            .unwrap();
-        lab.wait_listening(Host::Fh, port).unwrap();
-    }
+    let (mut lab, fh, other) = echo_lab(89);
     // An I-TCP connection of the MH's (through mh-lib) gives MSR1 its session token,
     // so that its greetings can move the other one.
-    let rr_args = |to: &str, itcp: bool| {
-        let n = if itcp { "60" } else { "20" };
-        let mut v: Vec<String> = ["rr", "--connect", to, "--count", n, "--size", "100"]
-            .iter()
-            .map(|s| s.to_string())
-            .collect();
-        v.extend(["--interval-ms".into(), "50".into()]);
-        if itcp {
-            v.push("--itcp".into());
-        }
-        v
-    };
-    let a = rr_args(&other, true);
-    let a: Vec<&str> = a.iter().map(String::as_str).collect();
-    let explicit = lab.spawn(Host::Mh, bin_path("ttcp"), &a).unwrap();
+    let explicit = spawn_rr(&mut lab, &other, 60, true);
     std::thread::sleep(Duration::from_millis(300));
     // The FH ignores SYNs for a while: MSR1's connect to it waits for its first SYN
     // retransmission (1 s after the first SYN).
@@ -1376,9 +1381,7 @@ fn a_fixed_side_connect_in_flight_at_a_handoff_finishes_and_moves() {
         "table inet slowfh {\n  chain i { type filter hook input priority -200; tcp dport 5009 tcp flags & (syn | ack) == syn drop; }\n}\n",
     )
     .unwrap();
-    let a = rr_args(&fh, false);
-    let a: Vec<&str> = a.iter().map(String::as_str).collect();
-    let rr = lab.spawn(Host::Mh, bin_path("ttcp"), &a).unwrap();
+    let rr = spawn_rr(&mut lab, &fh, 20, false);
     std::thread::sleep(Duration::from_millis(300));
     crossing(&lab, 1, 2, Duration::from_millis(300), Duration::ZERO);
     // The SYN retransmission, ~1 s after the first, is answered.
@@ -1433,24 +1436,10 @@ fn pcap(lab: &mut Lab) {
 /// A handshake of the MH's to the FH is half-open when the MH leaves its cell for
 /// 200 ms: `lost` ("ack" or "synack") is what the air lost of it.
 fn half_open_at_a_gap(seed: u64, lost: &str) {
-    let mut lab = fast_lab_with(seed, &[], "[transparent]\nenabled = true\nports = [5009]\n");
+    let (mut lab, fh, other) = echo_lab(seed);
     pcap(&mut lab);
-    let (fh, other) = (lab::fh_addr(5009), lab::fh_addr(5006));
-    for (a, port) in [(&fh, 5009), (&other, 5006)] {
-        lab.spawn(Host::Fh, bin_path("ttcp"), &["echo", "--listen", a])
-            .unwrap();
-        lab.wait_listening(Host::Fh, port).unwrap();
-    }
-    let ttcp = |lab: &mut Lab, to: &str, n: &str, itcp: bool| {
-        let mut a = vec!["rr", "--connect", to, "--count", n, "--size", "100"];
-        a.extend(["--interval-ms", "50"]);
-        if itcp {
-            a.push("--itcp");
-        }
-        lab.spawn(Host::Mh, bin_path("ttcp"), &a).unwrap()
-    };
     // An I-TCP connection gives MSR1 the MH's session token.
-    let explicit = ttcp(&mut lab, &other, "100", true);
+    let explicit = spawn_rr(&mut lab, &other, 100, true);
     std::thread::sleep(Duration::from_millis(300));
     // The air loses what the MH sends on the next connection after its SYN, or what
     // it is sent first.
@@ -1468,7 +1457,7 @@ fn half_open_at_a_gap(seed: u64, lost: &str) {
         &format!("table inet air {{\n  chain c {{ {rule} }}\n}}\n"),
     )
     .unwrap();
-    let rr = ttcp(&mut lab, &fh, "5", false);
+    let rr = spawn_rr(&mut lab, &fh, 5, false);
     std::thread::sleep(Duration::from_millis(150));
     crossing(&lab, 1, 2, Duration::ZERO, Duration::from_millis(200));
     wait_moves(&lab, 1, Duration::from_secs(10));

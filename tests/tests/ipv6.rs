@@ -80,6 +80,19 @@ fn transfer(
     (s, r)
 }
 
+/// The last 25 lines of each of the lab's `files`, for a failure message.
+fn tails(lab: &Lab, files: &[&str]) -> String {
+    files
+        .iter()
+        .map(|f| {
+            let t = std::fs::read_to_string(lab.dir.join(f)).unwrap_or_default();
+            let tail: Vec<&str> = t.lines().rev().take(25).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            format!("--- {f}\n{}\n", tail.join("\n"))
+        })
+        .collect()
+}
+
 fn ip_of(a: &str) -> IpAddr {
     a.parse::<SocketAddr>().unwrap().ip()
 }
@@ -246,17 +259,10 @@ fn a_dual_stack_agent_moves_its_ipv4_and_ipv6_connections_together() {
         )
         .unwrap();
     let log = |lab: &Lab| {
-        ["msrd1.log", "msrd2.log", "agent.events", "agent.log"]
-            .iter()
-            .map(|f| {
-                let t = std::fs::read_to_string(lab.dir.join(f)).unwrap_or_default();
-                let tail: Vec<&str> = t.lines().rev().take(25).collect();
-                format!(
-                    "--- {f}\n{}\n",
-                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-                )
-            })
-            .collect::<String>()
+        tails(
+            lab,
+            &["msrd1.log", "msrd2.log", "agent.events", "agent.log"],
+        )
     };
     let wait_for = |lab: &Lab, k: usize, what: &str| {
         let deadline = std::time::Instant::now() + Duration::from_secs(6);
@@ -380,15 +386,7 @@ fn passive_open_over_ipv6_moves_with_the_mh() {
     let bound = rx.recv_timeout(Duration::from_secs(10)).unwrap();
     assert_eq!(bound, SocketAddr::new(addr6::MH.into(), 6001));
     let diag = |lab: &Lab| {
-        ["msrd1.log", "msrd2.log", "agent.events"]
-            .iter()
-            .map(|f| {
-                let t = std::fs::read_to_string(lab.dir.join(f)).unwrap_or_default();
-                let tail: Vec<&str> = t.lines().rev().take(25).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                format!("--- {f}\n{}\n", tail.join("\n"))
-            })
-            .collect::<String>()
+        tails(lab, &["msrd1.log", "msrd2.log", "agent.events"])
             + &[
                 (Host::Gw, "ip", vec!["-6", "neigh"]),
                 (Host::Gw, "ip", vec!["-6", "route"]),
@@ -544,17 +542,7 @@ fn an_ipv6_handshake_half_open_when_the_mh_leaves_its_cell_moves_with_it() {
     lab.assoc(&[]).unwrap();
     std::thread::sleep(Duration::from_millis(200));
     lab.assoc(&[2]).unwrap();
-    let log = |lab: &Lab| {
-        ["msrd1.log", "msrd2.log", "agent.events"]
-            .iter()
-            .map(|f| {
-                let t = std::fs::read_to_string(lab.dir.join(f)).unwrap_or_default();
-                let tail: Vec<&str> = t.lines().rev().take(25).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                format!("--- {f}\n{}\n", tail.join("\n"))
-            })
-            .collect::<String>()
-    };
+    let log = |lab: &Lab| tails(lab, &["msrd1.log", "msrd2.log", "agent.events"]);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let moved6 = |lab: &Lab| {
         lab.handoff_records(2)
