@@ -84,6 +84,9 @@ pub enum Action {
     Forget(IpAddr),
     /// Send to the other MSR.
     Send(Message),
+    /// The MH's connections are at this peer now: drop the channel to the old MSR and
+    /// send what follows to it (its address is the daemon's business).
+    AskInstead(String),
     /// One handoff log record.
     Log(Record),
 }
@@ -157,7 +160,14 @@ pub struct NewSide {
     token: Option<String>,
     deadline: u64,
     restore_failed: Vec<(u64, String)>,
+    /// The peers asked so far after `MovedOn` answers (never one twice, at most
+    /// [`MAX_REDIRECTS`]).
+    asked: Vec<String>,
 }
+
+/// How many `MovedOn` answers one pull follows: one per pull that completed after the
+/// MH had moved on, so more than two means peers that disagree.
+pub const MAX_REDIRECTS: usize = 2;
 
 impl NewSide {
     /// An MH greeted us naming its previous MSR: ask that MSR (which holds the MH's
@@ -231,6 +241,7 @@ impl NewSide {
             token: None,
             deadline: now_us + t.images_us,
             restore_failed: Vec::new(),
+            asked: Vec::new(),
         };
         (s, vec![Action::Send(request)])
     }
@@ -312,6 +323,27 @@ impl NewSide {
         acts
     }
 
+    fn ask_instead(&mut self, to: String) -> Vec<Action> {
+        let Some(g) = self.greeting().cloned() else {
+            // Detection asks every peer at once: the one with the MH answers itself.
+            return vec![];
+        };
+        let seen = to == self.me || to == self.old_msr || self.asked.contains(&to);
+        if seen || self.asked.len() >= MAX_REDIRECTS {
+            let why = format!("{} says the MH's connections are at {to}", self.old_msr);
+            return self.give_up(Outcome::Rejected, why);
+        }
+        self.asked
+            .push(std::mem::replace(&mut self.old_msr, to.clone()));
+        vec![
+            Action::AskInstead(to),
+            Action::Send(Message::HandoffRequest {
+                handoff_id: self.handoff_id,
+                greeting: g,
+            }),
+        ]
+    }
+
     /// The deadline passed (the daemon calls this once `now_us >= poll_timeout()`).
     pub fn handle_timeout(&mut self, now_us: u64) -> Vec<Action> {
         match self.poll_timeout() {
@@ -385,6 +417,13 @@ impl NewSide {
             {
                 self.state = NewState::Done;
                 vec![Action::Attached]
+            }
+            // The old MSR's copy moved on to another peer after the MH left (a pull
+            // held up by the channel): ask that peer with the same greeting.
+            (NewState::WaitingAccept, NewEvent::Message(Message::MovedOn { handoff_id, to }))
+                if handoff_id == id =>
+            {
+                self.ask_instead(to)
             }
             // Network detection: no peer serves the MH. It is ours now, with nothing
             // to move; it needs its address here on the fixed LAN all the same.
@@ -516,6 +555,11 @@ pub struct MhKnown<'a> {
     pub mac: Option<[u8; 6]>,
     /// The MH's connections here.
     pub local: usize,
+    /// The peer the MH's connections last left here for (with `local` 0: where they
+    /// are, if nothing came back since).
+    pub moved_to: Option<&'a str>,
+    /// The peer the MH's connections here came from by the last pull.
+    pub came_from: Option<&'a str>,
 }
 
 /// What a peer asks of the old MSR.
@@ -547,7 +591,10 @@ pub struct OldSide {
 fn refusal(me: &str, from: &str, req: Request<'_>, known: MhKnown<'_>) -> Option<String> {
     match req {
         Request::Greeting(g) => {
-            if g.new_msr != from || g.prev_msr != me {
+            // The MH names the MSR it last heard from: this one, or the one its
+            // connections were pulled here from without it knowing (`MovedOn`).
+            let prev_ok = g.prev_msr == me || known.came_from == Some(g.prev_msr.as_str());
+            if g.new_msr != from || !prev_ok {
                 Some("greeting names other MSRs than the ones exchanging it".into())
             } else if let Some(t) = known.token {
                 if !g.verify(t) {
@@ -611,6 +658,15 @@ impl OldSide {
             timeouts,
             deadline: None,
         };
+        // A greeting for an MH whose connections left for another peer: the MH never
+        // heard of that move (it still names us). The peer is sent there.
+        if let (Request::Greeting(_), 0, Some(to)) = (req, known.local, known.moved_to) {
+            if to != from {
+                s.state = OldState::Done;
+                let to = to.to_string();
+                return (s, vec![Action::Send(Message::MovedOn { handoff_id, to })]);
+            }
+        }
         // A greeting for an MH that has nothing here (no connection, and so no token
         // to check a proof with): nothing to move, nothing changes here.
         if let Request::Greeting(_) = req {
@@ -811,6 +867,7 @@ mod tests {
             mac: None,
             token: Some(TOKEN),
             last_greeting_ts: 0,
+            ..MhKnown::default()
         }
     }
 
@@ -932,6 +989,7 @@ mod tests {
             last_greeting_ts: 0,
             mac: Some(MAC),
             local,
+            ..MhKnown::default()
         }
     }
 
@@ -1074,6 +1132,69 @@ mod tests {
     }
 
     #[test]
+    fn a_greeting_for_connections_that_moved_on_is_followed_to_where_they_are() {
+        // msr2's pull, held up by the channel, took the MH's connections from msr1
+        // after the MH had moved on to msr3, still naming msr1.
+        let mh: IpAddr = "10.2.0.100".parse().unwrap();
+        let g = Greeting::new(TOKEN, mh, "msr1", "msr3", 20, [2; 16]);
+        let gone = MhKnown {
+            local: 0,
+            moved_to: Some("msr2"),
+            ..known()
+        };
+        // msr1 sends msr3 on and changes nothing (no freeze, no greeting used).
+        let (old, acts) = OldSide::start("msr1", "msr3", 7, Request::Greeting(&g), gone, 0, T);
+        let on = |to: &str| Message::MovedOn {
+            handoff_id: 7,
+            to: to.into(),
+        };
+        assert_eq!(acts, vec![Action::Send(on("msr2"))]);
+        assert!(old.done());
+        // msr3 asks msr2 with the same greeting.
+        let (mut new, _) = NewSide::start(7, "msr3", g.clone(), 0, T);
+        let acts = new.handle(NewEvent::Message(on("msr2")), 1);
+        let request = Message::HandoffRequest {
+            handoff_id: 7,
+            greeting: g.clone(),
+        };
+        assert_eq!(
+            acts,
+            vec![
+                Action::AskInstead("msr2".into()),
+                Action::Send(request.clone())
+            ]
+        );
+        // msr2 takes a greeting naming msr1, where its connections came from...
+        let there = MhKnown {
+            came_from: Some("msr1"),
+            last_greeting_ts: 10,
+            ..known()
+        };
+        let (_, acts) = OldSide::start("msr2", "msr3", 7, Request::Greeting(&g), there, 2, T);
+        assert!(acts.contains(&Action::FreezeAndCapture(mh)), "{acts:?}");
+        // ...but not one naming an MSR it took nothing from.
+        let unrelated = MhKnown {
+            came_from: Some("msr4"),
+            ..there
+        };
+        let (_, acts) = OldSide::start("msr2", "msr3", 7, Request::Greeting(&g), unrelated, 2, T);
+        assert!(matches!(sent(&acts), Message::Abort { .. }), "{acts:?}");
+        // Peers that send the pull round in circles: it gives up, holding nothing.
+        let acts = new.handle(NewEvent::Message(on("msr1")), 3);
+        assert_eq!(log(&acts).outcome, Outcome::Rejected);
+        assert!(new.done());
+        let (mut new, _) = NewSide::start(8, "msr3", g.clone(), 0, T);
+        let to_me = Message::MovedOn {
+            handoff_id: 8,
+            to: "msr3".into(),
+        };
+        assert_eq!(
+            log(&new.handle(NewEvent::Message(to_me), 1)).outcome,
+            Outcome::Rejected
+        );
+    }
+
+    #[test]
     fn an_mh_with_nothing_at_the_old_msr_attaches_at_the_new_one() {
         // The old MSR holds no connection and no token of the MH: it says so, and
         // nothing changes there (no freeze, no replay state, no record).
@@ -1108,6 +1229,7 @@ mod tests {
             mac: None,
             token: Some(b"some other token"),
             last_greeting_ts: 0,
+            ..MhKnown::default()
         };
         only_refusal(
             &OldSide::start(

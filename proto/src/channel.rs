@@ -76,6 +76,11 @@ pub enum Message {
     /// Peer → new MSR: no connection of that MH here (an idle MH's presence here,
     /// if any, ends: it is in the other cell now).
     NotHere { handoff_id: u64 },
+    /// Old MSR → new MSR, answering a greeting: nothing of the MH is here any more,
+    /// its connections left for peer `to` after this greeting's MH had moved on (a
+    /// pull a channel outage held up). Nothing changes here; the new MSR asks `to`
+    /// with the same greeting, which `to` accepts although it names this MSR.
+    MovedOn { handoff_id: u64, to: String },
     /// Old MSR → new MSR: the greeting's proof verified; the old MSR freezes now, so
     /// the new MSR may hold the MH's flows and let it send (nothing is held for an
     /// unproven greeting). `token` is the MH's session token (hex), so the new MSR can
@@ -865,6 +870,10 @@ mod tests {
                 mac: "02:00:00:00:00:64".into(),
             },
             Message::NotHere { handoff_id: 4 },
+            Message::MovedOn {
+                handoff_id: 4,
+                to: "msr3".into(),
+            },
         ] {
             assert_eq!(s.open(&c.seal(&m)).unwrap().unwrap().0, m);
         }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use itcp_handoff::log::Outcome;
+use itcp_handoff::log::{Outcome, Role};
 use itcp_proto::channel::{tls_hello, Message, Session};
 use itcp_proto::greeting::Greeting;
 use itcp_testbed::lab::{self, bin_path, Host, Lab, LabConfig};
@@ -1939,4 +1939,65 @@ fn captures_of_first_contact_and_a_handoff_hold_no_token_in_clear() {
             "the session token crossed the fixed LAN in clear (tls {tls})"
         );
     }
+}
+
+/// A pull held up by a channel outage can complete after the MH has moved on: the MH,
+/// never told it moved there, greets its next MSR naming the MSR it left first, which
+/// holds nothing of it any more. That MSR sends the request on to the MSR its
+/// connections went to, which hands them over (found by the chaos soak: the MH attached
+/// to its next MSR with nothing moved, and its connections were reset).
+#[test]
+fn a_pull_that_completes_after_the_mh_moved_on_is_followed_there() {
+    let mut lab = mobile_lab(3, 89);
+    let fh = lab::fh_addr(5006);
+    lab.spawn(Host::Fh, bin_path("ttcp"), &["echo", "--listen", &fh])
+        .unwrap();
+    lab.wait_listening(Host::Fh, 5006).unwrap();
+    let rr = spawn_rr(&mut lab, &fh, 200, true);
+    let up = start_transfer(&mut lab, Dir::Up, 16 << 20, 5001);
+    std::thread::sleep(Duration::from_millis(700));
+    // MSR2 and MSR3 cannot reach MSR1's channel port until told.
+    let cut = format!(
+        "table inet cut {{\n  chain i {{ type filter hook input priority -500; ip saddr {o} tcp sport 4347 drop; }}\n  chain o {{ type filter hook output priority -500; ip daddr {o} tcp dport 4347 drop; }}\n}}\n",
+        o = lab::addr::msr_lan(1)
+    );
+    for k in [2, 3] {
+        lab.nft(Host::Msr(k), &cut).unwrap();
+    }
+    let moved_in = |lab: &Lab, k: usize| {
+        lab.msrd_sessions(k)
+            .map_or(0, |s| s.iter().filter(|s| s.moved_in).count())
+    };
+    let wait_moved_in = |lab: &Lab, k: usize| {
+        let t0 = Instant::now();
+        while moved_in(lab, k) == 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "nothing moved in at MSR{k}\n{}",
+                diag(lab)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // The MH greets MSR2 (whose pull waits), then MSR3, naming MSR1 both times.
+    crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
+    std::thread::sleep(Duration::from_millis(500));
+    crossing(&lab, 2, 3, Duration::ZERO, Duration::ZERO);
+    std::thread::sleep(Duration::from_millis(500));
+    // MSR2's pull gets through first: the connections go to MSR2, where the MH is not.
+    lab.nft(Host::Msr(2), "delete table inet cut\n").unwrap();
+    wait_moved_in(&lab, 2);
+    // Then MSR3's (or the one of the MH's next greeting): it must end at MSR2.
+    lab.nft(Host::Msr(3), "delete table inet cut\n").unwrap();
+    wait_moved_in(&lab, 3);
+    rr_done(&mut lab, rr, "explicit", 200);
+    let (send, recv) = finish(&mut lab, up);
+    assert_clean(&lab, &send, &recv, 16 << 20);
+    let records = lab.handoff_records(3);
+    assert!(
+        records
+            .iter()
+            .any(|r| r.role == Role::New && r.old_msr == "msr2" && r.outcome == Outcome::Moved),
+        "{records:?}"
+    );
 }

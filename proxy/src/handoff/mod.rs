@@ -71,6 +71,11 @@ pub(crate) struct MhState {
     /// A delayed release of the hold made by hold generation `.0`, due at `.1` (µs
     /// since the epoch): an upgrade carries it on.
     pub release_at: Option<(u64, u64)>,
+    /// The peer the MH's connections last left here for, and the one they last came
+    /// from: a greeting that names the MSR the MH knew, after a pull it never heard of
+    /// (held up by the channel), is sent on or accepted by them (`MovedOn`).
+    pub moved_to: Option<String>,
+    pub came_from: Option<String>,
 }
 
 /// Handoff state shared by the daemon's tasks.
@@ -250,6 +255,21 @@ impl Handoffs {
 
     pub(crate) fn set_pulling(&self, mh: IpAddr, on: bool) {
         self.mhs.lock().unwrap().entry(mh).or_default().pulling = on;
+    }
+
+    /// The MH's connections left for `peer`.
+    pub(crate) fn moved_away(&self, mh: IpAddr, peer: &str) {
+        let mut m = self.mhs.lock().unwrap();
+        let st = m.entry(mh).or_default();
+        st.moved_to = Some(peer.into());
+    }
+
+    /// The MH's connections came here from `peer`.
+    pub(crate) fn moved_in(&self, mh: IpAddr, peer: &str) {
+        let mut m = self.mhs.lock().unwrap();
+        let st = m.entry(mh).or_default();
+        st.came_from = Some(peer.into());
+        st.moved_to = None;
     }
 
     pub(crate) fn greeting_used(&self, mh: IpAddr, ts_ms: u64) {

@@ -141,7 +141,7 @@ async fn run(
     mut m: NewSide,
     mut acts: Vec<Action>,
     greeter: Option<Greeter>,
-    old: Option<(String, SocketAddr)>,
+    mut old: Option<(String, SocketAddr)>,
 ) {
     let h = d.handoff.as_ref().unwrap();
     let mh = crate::admission::canonical(m.mh());
@@ -161,8 +161,23 @@ async fn run(
         let mut lost: Option<String> = None;
         let mut down: Option<String> = None;
         let mut timed_out = false;
+        // Sent on to a peer we do not know: nothing more goes out.
+        let mut astray = false;
         for a in acts.drain(..) {
             match a {
+                Action::AskInstead(to) => {
+                    let Some(p) = h.cfg.peers.iter().find(|p| p.id == to) else {
+                        astray = true;
+                        lost = Some(format!("{prev} sent us on to {to}, not a peer of ours"));
+                        continue;
+                    };
+                    tracing::Span::current().record("peer", field::display(&to));
+                    info!(%mh, from = %prev, to = %to, "the MH's connections moved on: asking there");
+                    old = Some((to.clone(), p.address));
+                    prev = to;
+                    ch = None;
+                }
+                Action::Send(_) if astray => {}
                 Action::Hold(mh) => {
                     // The old MSR accepted, with the MH's token: our answers are
                     // tagged under it from now on.
@@ -334,6 +349,9 @@ async fn run(
                 }
                 Action::Log(r) => {
                     let ok = matches!(r.outcome, hlog::Outcome::Moved | hlog::Outcome::Partial);
+                    if ok && !prev.is_empty() {
+                        h.moved_in(mh, &prev);
+                    }
                     if ok && !strays.is_empty() {
                         // After the restart: not on the handoff's path.
                         let w = Duration::from_secs(h.cfg.closed_window_s);

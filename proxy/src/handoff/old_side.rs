@@ -172,10 +172,13 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
         Request::Greeting(g) => g.mh,
         Request::Detected { mh, .. } => mh,
     });
-    let (token, last_ts, mac) = {
+    let (token, last_ts, mac, moved_to, came_from) = {
         let m = h.mhs.lock().unwrap();
         m.get(&mh)
-            .map(|s| (s.token.clone(), s.last_greeting_ts, s.mac))
+            .map(|s| {
+                let (to, from) = (s.moved_to.clone(), s.came_from.clone());
+                (s.token.clone(), s.last_greeting_ts, s.mac, to, from)
+            })
             .unwrap_or_default()
     };
     let known = MhKnown {
@@ -183,6 +186,8 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
         last_greeting_ts: last_ts,
         mac,
         local: d.sessions.of_mh(mh).len(),
+        moved_to: moved_to.as_deref(),
+        came_from: came_from.as_deref(),
     };
     let (mut m, mut acts) =
         OldSide::start(&h.me, &from, handoff_id, req, known, now_us(), h.timeouts());
@@ -295,6 +300,7 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                     let w = Duration::from_millis(h.cfg.hold_after_ms);
                     d.holding.forward(mh, peer.ip(), &moved, w);
                     delete(&d, gone);
+                    h.moved_away(mh, &from);
                     // The new MSR took the MH's address over on the fixed LAN.
                     d.give_up_route(mh);
                     d.sessions

@@ -681,6 +681,8 @@ fn handover(d: &Daemon, services: &Services, q: &Quiesced) -> Handover<RawFd> {
                     .release_at
                     .filter(|(gen, _)| *gen == st.hold_gen)
                     .map(|(_, at)| at.saturating_sub(now) / 1000),
+                moved_to: st.moved_to.clone(),
+                came_from: st.came_from.clone(),
             })
             .collect()
     });
@@ -864,6 +866,8 @@ fn stage(d: &Arc<Daemon>, h: Handover<OwnedFd>) -> Result<Staged, String> {
                     claimed: r.claimed,
                     mac: r.mac.as_deref().and_then(itcp_proto::hex::parse_mac),
                     release_at: None,
+                    moved_to: r.moved_to.clone(),
+                    came_from: r.came_from.clone(),
                 },
             );
             if let Some(ms) = r.release_hold_in_ms {

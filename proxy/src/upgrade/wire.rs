@@ -92,6 +92,11 @@ pub struct MhRecord {
     pub mac: Option<String>,
     /// A hold after a handoff out, due for release in this many ms.
     pub release_hold_in_ms: Option<u64>,
+    /// The peers the MH's connections last left for and came from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub moved_to: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub came_from: Option<String>,
 }
 
 /// One relayed connection (or a listener's control connection, or a waiting ACCEPT).
@@ -575,6 +580,8 @@ mod tests {
                 claimed: true,
                 mac: Some("02:00:00:00:00:64".into()),
                 release_hold_in_ms: Some(1500),
+                moved_to: Some("msr2".into()),
+                came_from: None,
             }],
             sockets: vec![
                 (Role::Socks, "10.2.0.1:1080".into(), 3),
