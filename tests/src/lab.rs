@@ -496,6 +496,61 @@ fn run_ip(ns: Option<&str>, batch: &str) -> io::Result<()> {
     Ok(())
 }
 
+/// Keeps each flow's packets in order across the veth links `devs` of `ns`, as a real
+/// link does. A veth hands what it receives to the backlog of the CPU that sent it, so
+/// two segments of one socket sent from different CPUs (one ACK from the softirq, the
+/// next from the process releasing the socket) can be delivered in the opposite order:
+/// seen as an MSR's ACK of the FH's data arriving after its ACK of the FH's FIN, which
+/// the FH, closed by then, answers with an RST. Receive packet steering hashes each
+/// flow to one CPU's backlog, so one flow's packets stay in order.
+fn steer_in_order(ns: &str, devs: &[String]) -> io::Result<()> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        return Ok(());
+    }
+    // /sys/class/net shows the devices of the namespace that mounted it: `ip netns
+    // exec` mounts the namespace's own.
+    let script: String = devs
+        .iter()
+        .map(|d| {
+            format!(
+                "echo {} > /sys/class/net/{d}/queues/rx-0/rps_cpus\n",
+                cpu_mask(cpus)
+            )
+        })
+        .collect();
+    let out = Command::new("ip")
+        .args(["netns", "exec", ns, "sh", "-ec", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot run ip (iproute2): {e}")))?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "packet steering in {ns}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// The first `cpus` CPUs as a kernel CPU bitmap: hex, 32 bits per comma-separated group.
+fn cpu_mask(cpus: usize) -> String {
+    let mut groups: Vec<String> = (0..cpus.div_ceil(32))
+        .map(|g| {
+            let bits = (cpus - g * 32).min(32);
+            let m = if bits == 32 {
+                u32::MAX
+            } else {
+                (1u32 << bits) - 1
+            };
+            format!("{m:08x}")
+        })
+        .collect();
+    groups.reverse();
+    groups.join(",")
+}
+
 fn sysctl(ns: &str, settings: &[(&str, &str)]) -> io::Result<()> {
     sys::in_netns(ns, || {
         for (k, v) in settings {
@@ -650,6 +705,11 @@ impl Lab {
                 ),
             )?;
         }
+        let lan_ends: Vec<String> = (1..=n).map(|k| format!("m{k}")).collect();
+        steer_in_order(&gw, &lan_ends)?;
+        for k in 1..=n {
+            steer_in_order(&self.ns(Host::Msr(k)), &["lan0".to_string()])?;
+        }
         if self.config.veth {
             run_ip(
                 None,
@@ -664,6 +724,14 @@ impl Lab {
                     mm = addr::MH_MAC,
                 ),
             )?;
+            for (h, dev) in [
+                (Host::Fh, "wan0"),
+                (Host::Gw, "wan0"),
+                (Host::Msr(1), "cell0"),
+                (Host::Mh, "air0"),
+            ] {
+                steer_in_order(&self.ns(h), &[dev.to_string()])?;
+            }
         } else {
             self.start_airlink()?;
         }
@@ -1550,4 +1618,16 @@ pub fn mh_addr(port: u16) -> String {
 /// Same for the FH.
 pub fn fh_addr(port: u16) -> String {
     format!("{}:{port}", addr::FH)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_mask;
+
+    #[test]
+    fn cpu_masks_are_kernel_bitmaps() {
+        assert_eq!(cpu_mask(2), "00000003");
+        assert_eq!(cpu_mask(32), "ffffffff");
+        assert_eq!(cpu_mask(33), "00000001,ffffffff");
+    }
 }
