@@ -84,6 +84,10 @@ pub enum Action {
     Forget(IpAddr),
     /// Send to the other MSR.
     Send(Message),
+    /// Old MSR: the new MSR holds the MH's flows. Send it a copy of each packet held
+    /// here of the frozen connections, and of each that arrives until the handoff
+    /// ends (the originals stay held: dropped at `Delete`, delivered at `Unfreeze`).
+    SendAhead(IpAddr),
     /// The MH's connections are at this peer now: drop the channel to the old MSR and
     /// send what follows to it (its address is the daemon's business).
     AskInstead(String),
@@ -408,7 +412,10 @@ impl NewSide {
                 self.state = NewState::WaitingImages;
                 // The MH's token, so the replies to it are tagged from the hold on.
                 self.token = token;
-                vec![Action::Hold(self.mh)]
+                vec![
+                    Action::Hold(self.mh),
+                    Action::Send(Message::Holding { handoff_id: id }),
+                ]
             }
             // A greeting: the previous MSR holds nothing of the MH (no connection, no
             // token), so there is nothing to move or prove. It attaches here.
@@ -585,6 +592,8 @@ pub struct OldSide {
     mac: Option<[u8; 6]>,
     timeouts: Timeouts,
     deadline: Option<u64>,
+    /// The new MSR said it holds the MH's flows (`Holding`).
+    peer_holding: bool,
 }
 
 /// Why a request is refused, or None.
@@ -657,6 +666,7 @@ impl OldSide {
             mac: known.mac,
             timeouts,
             deadline: None,
+            peer_holding: false,
         };
         // A greeting for an MH whose connections left for another peer: the MH never
         // heard of that move (it still names us). The peer is sent there.
@@ -774,14 +784,28 @@ impl OldSide {
                 self.phases.images_sent = Some(now_us);
                 self.state = OldState::WaitingAck;
                 self.deadline = Some(now_us + self.timeouts.ack_us);
-                vec![Action::Send(Message::Images {
+                let mut acts = vec![Action::Send(Message::Images {
                     handoff_id: self.handoff_id,
                     images,
                     token: self.token.clone(),
                     // The driver adds the MH's recently closed flows (socket state).
                     closed: Vec::new(),
                     mac: self.mac.as_ref().map(itcp_proto::hex::mac),
-                })]
+                })];
+                if self.peer_holding {
+                    acts.push(Action::SendAhead(self.mh));
+                }
+                acts
+            }
+            // Copies of held packets go once the images are out and the new MSR holds.
+            (state, OldEvent::Message(Message::Holding { handoff_id }))
+                if handoff_id == self.handoff_id && !self.peer_holding =>
+            {
+                self.peer_holding = true;
+                match state {
+                    OldState::WaitingAck => vec![Action::SendAhead(self.mh)],
+                    _ => vec![],
+                }
             }
             (
                 OldState::WaitingAck,
@@ -936,12 +960,20 @@ mod tests {
                 Action::FreezeAndCapture(mh)
             ]
         );
+        let holding = new.handle(NewEvent::Message(sent(&acts)), 102);
         assert_eq!(
-            new.handle(NewEvent::Message(sent(&acts)), 102),
-            vec![Action::Hold(mh)]
+            holding,
+            vec![
+                Action::Hold(mh),
+                Action::Send(Message::Holding { handoff_id: 9 })
+            ]
         );
         let acts = old.handle(OldEvent::Captured(vec![img(1), img(2)]), 103);
         assert_eq!(old.poll_timeout(), Some(103 + 5000));
+        // The new MSR holds, the images are out: the held packets' copies go, once.
+        let ahead = old.handle(OldEvent::Message(sent(&holding)), 103);
+        assert_eq!(ahead, vec![Action::SendAhead(mh)]);
+        assert_eq!(old.handle(OldEvent::Message(sent(&holding)), 103), vec![]);
         let acts = new.handle(NewEvent::Message(sent(&acts)), 104);
         assert_eq!(acts, vec![Action::Restore(vec![img(1), img(2)])]);
         let acts = new.handle(
@@ -1021,8 +1053,8 @@ mod tests {
         );
         new.set_old_msr("msr1");
         assert_eq!(
-            new.handle(NewEvent::Message(sent(&acts)), 102),
-            vec![Action::Hold(mh)]
+            new.handle(NewEvent::Message(sent(&acts)), 102)[0],
+            Action::Hold(mh)
         );
         let acts = old.handle(OldEvent::Captured(vec![img(1)]), 103);
         let Message::Images { mac, .. } = sent(&acts) else {
@@ -1129,6 +1161,39 @@ mod tests {
             g.handle(NewEvent::Message(Message::NotHere { handoff_id: 5 }), 1),
             vec![Action::Attached]
         );
+    }
+
+    #[test]
+    fn held_packets_are_sent_ahead_only_once_the_images_are_out_and_the_new_msr_holds() {
+        let mh: IpAddr = "10.2.0.100".parse().unwrap();
+        let (mut old, _) = OldSide::start(
+            "msr1",
+            "msr2",
+            3,
+            Request::Greeting(&greeting()),
+            known(),
+            0,
+            T,
+        );
+        // `holding` can overtake the capture: it waits for the images.
+        let holding = OldEvent::Message(Message::Holding { handoff_id: 3 });
+        assert_eq!(old.handle(holding, 1), vec![]);
+        let acts = old.handle(OldEvent::Captured(vec![img(1)]), 2);
+        assert!(matches!(acts[0], Action::Send(Message::Images { .. })));
+        assert_eq!(acts[1..], [Action::SendAhead(mh)]);
+        // Another handoff's `holding` changes nothing.
+        let other = OldEvent::Message(Message::Holding { handoff_id: 4 });
+        let (mut old, _) = OldSide::start(
+            "msr1",
+            "msr2",
+            3,
+            Request::Greeting(&greeting()),
+            known(),
+            0,
+            T,
+        );
+        old.handle(OldEvent::Captured(vec![img(1)]), 2);
+        assert_eq!(old.handle(other, 3), vec![]);
     }
 
     #[test]

@@ -90,6 +90,11 @@ pub enum Message {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         token: Option<String>,
     },
+    /// New MSR → old MSR, after `Accepted`: the MH's flows are held here now, so the
+    /// old MSR may send on the packets it holds of the frozen connections at once:
+    /// they wait here and reach the sockets when they restart, before anything the
+    /// FH sends here after the takeover.
+    Holding { handoff_id: u64 },
     /// Old MSR → new MSR (step 8): the frozen connections.
     Images {
         handoff_id: u64,
@@ -874,6 +879,7 @@ mod tests {
                 handoff_id: 4,
                 to: "msr3".into(),
             },
+            Message::Holding { handoff_id: 4 },
         ] {
             assert_eq!(s.open(&c.seal(&m)).unwrap().unwrap().0, m);
         }

@@ -7,7 +7,12 @@
 //! * sent on to the MSR the connection moved to (`forward`, at the old MSR): the FH's
 //!   segments that reached the old MSR during the freeze, and those that still do until
 //!   the fixed LAN has learnt the move (the MH's own from its old cell too), reach the
-//!   restored sockets;
+//!   restored sockets. A copy of each goes as soon as the images are sent
+//!   (`send_ahead`), so it is held at the new MSR and reaches the restored socket
+//!   before what the FH sends once the new MSR took the MH's address over: sent only
+//!   after the acknowledgement, it came after those, the restored socket saw a hole,
+//!   the FH retransmitted, and the late copy met a closed connection's TIME_WAIT,
+//!   whose ACK the FH answered with an RST;
 //! * or dropped, as every held packet was before: one of no connection that runs here,
 //!   or one that waited [`MAX_HELD`].
 //!
@@ -194,6 +199,8 @@ struct Forward {
     /// The flows that moved, as (MH's end, other end).
     flows: HashSet<(SocketAddr, SocketAddr)>,
     until: Instant,
+    /// The handoff is not acknowledged yet: copies go, the packets stay held here.
+    ahead: bool,
 }
 
 struct Held {
@@ -201,6 +208,8 @@ struct Held {
     at: Instant,
     ends: Option<Ends>,
     packet: Vec<u8>,
+    /// A copy went to the new MSR already (`send_ahead`).
+    copied: bool,
 }
 
 /// Whether a held packet belongs to one of `flows` (MH's end, other end), either way:
@@ -316,8 +325,56 @@ impl Holding {
         self.verdicts(drop, Verdict::Drop);
     }
 
+    /// The MH's `flows` (MH's end, other end) are being restored at the MSR at `via`,
+    /// which holds them until they restart: a copy of each of their held packets goes
+    /// there now, and of each that arrives until the handoff ends. The packets stay
+    /// held here: [`Holding::forward`] drops them once the move is acknowledged,
+    /// [`Holding::settle`] delivers them here after a rollback.
+    pub fn send_ahead(&self, mh: IpAddr, via: IpAddr, flows: &[(SocketAddr, SocketAddr)]) {
+        let f = Forward {
+            via,
+            mac: None,
+            flows: flows.iter().copied().collect(),
+            until: Instant::now() + MAX_HELD,
+            ahead: true,
+        };
+        let out: Vec<(u32, Vec<u8>)> = {
+            let mut st = self.st.lock().unwrap();
+            let out = st
+                .held
+                .iter()
+                .filter(|h| !h.copied && h.ends.is_some_and(|e| of_flows(&f.flows, &e)))
+                .map(|h| (h.id, h.packet.clone()))
+                .collect();
+            st.forward.insert(mh, f);
+            out
+        };
+        let sent: HashSet<u32> = out
+            .iter()
+            .filter(|(_, p)| self.count_copy(self.send_on(mh, p)))
+            .map(|(id, _)| *id)
+            .collect();
+        if !out.is_empty() {
+            debug!(%mh, %via, packets = out.len(), copied = sent.len(), "held packets copied to the new MSR");
+        }
+        let mut st = self.st.lock().unwrap();
+        for h in st.held.iter_mut().filter(|h| sent.contains(&h.id)) {
+            h.copied = true;
+        }
+    }
+
+    /// Counts a copy sent ahead (a failed one is retried by `forward`).
+    fn count_copy(&self, sent: bool) -> bool {
+        if sent {
+            let st = &self.stats.stats;
+            st.held_forwarded.fetch_add(1, Ordering::Relaxed);
+        }
+        sent
+    }
+
     /// The MH's `flows` (MH's end, other end) moved to the MSR at `via`: their held
-    /// packets, and those that arrive for `window`, go there. Others stay held.
+    /// packets, and those that arrive for `window`, go there (those copied there
+    /// already are not sent again). Others stay held.
     pub fn forward(
         &self,
         mh: IpAddr,
@@ -330,6 +387,7 @@ impl Holding {
             mac: None,
             flows: flows.iter().copied().collect(),
             until: Instant::now() + window,
+            ahead: false,
         };
         let out: Vec<Held> = {
             let mut st = self.st.lock().unwrap();
@@ -337,7 +395,13 @@ impl Holding {
                 .into_iter()
                 .partition(|h| h.ends.is_some_and(|e| of_flows(&f.flows, &e)));
             st.held = keep;
-            st.forward.insert(mh, f);
+            // The link-layer address found for the copies holds for the rest.
+            let mac = st
+                .forward
+                .get(&mh)
+                .filter(|a| a.via == via)
+                .and_then(|a| a.mac);
+            st.forward.insert(mh, Forward { mac, ..f });
             out
         };
         if !out.is_empty() {
@@ -346,9 +410,10 @@ impl Holding {
         self.dispose(mh, &out);
     }
 
-    /// Sends packets of `mh`'s moved flows on to the new MSR.
+    /// Sends packets of `mh`'s moved flows on to the new MSR (but not again those
+    /// copied there already).
     fn dispose(&self, mh: IpAddr, held: &[Held]) {
-        for h in held {
+        for h in held.iter().filter(|h| !h.copied) {
             self.count_sent(self.send_on(mh, &h.packet));
         }
         // Sent on or not (then lost, as without the hold), they do not go on here.
@@ -415,19 +480,25 @@ impl Holding {
                 st.forward
                     .get(&ip)
                     .filter(|f| f.until > now && of_flows(&f.flows, &e))
-                    .map(|_| ip)
+                    .map(|f| (ip, f.ahead))
             })
         });
-        let h = Held {
+        let mut h = Held {
             id: q.id,
             at: now,
             ends: e,
             packet: q.packet,
+            copied: false,
         };
         match moved {
-            Some(mh) => {
+            Some((mh, false)) => {
                 drop(st);
                 self.dispose(mh, std::slice::from_ref(&h));
+            }
+            Some((mh, true)) => {
+                drop(st);
+                h.copied = self.count_copy(self.send_on(mh, &h.packet));
+                self.st.lock().unwrap().held.push(h);
             }
             None => st.held.push(h),
         }
@@ -689,6 +760,7 @@ mod tests {
             mac: None,
             flows: [(mh, fh)].into_iter().collect(),
             until: Instant::now() + Duration::from_secs(1),
+            ahead: false,
         };
         assert!(of_flows(&f.flows, &Ends { src: fh, dst: mh }));
         assert!(of_flows(&f.flows, &Ends { src: mh, dst: fh }));

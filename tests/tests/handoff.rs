@@ -739,17 +739,30 @@ fn connections_that_fail_to_restart_while_others_resume_draw_no_reset() {
 /// cost the FH a recovery (and, when its loss probe is lost too, its RTO).
 #[test]
 fn the_fixed_host_loses_nothing_in_a_slow_handoff() {
+    fixed_host_loses_nothing(47, "slow_restore");
+}
+
+/// As above, and the new MSR also acknowledges 150 ms after the restart (as after
+/// restarting many connections): the old MSR lets its held segments go only then. They used to come after what the FH sent to the new MSR
+/// meanwhile: the restored socket saw a hole, the FH retransmitted, and the late
+/// originals were duplicates (for a connection closed by then, its TIME_WAIT answered
+/// them with ACKs the FH reset: the short-connections tests' RSTs). A copy of each
+/// now goes to the new MSR with the images, held there until the restart.
+#[test]
+fn the_fixed_host_loses_nothing_when_the_old_msr_lets_go_late() {
+    fixed_host_loses_nothing(49, "slow_restore,slow_ack");
+}
+
+fn fixed_host_loses_nothing(seed: u64, fault: &str) {
     let wan = lab::link(20_000_000, 1.0, 0.0);
     let cell = lab::link(100_000_000, 1.0, 0.0);
-    let mut lab = Lab::new(LabConfig::links(2, 47, wan, cell)).unwrap();
-    let env = [
-        (2, "MSRD_FAULT", "slow_restore"),
-        (2, "MSRD_FAULT_DELAY_MS", "150"),
-    ];
+    let mut lab = Lab::new(LabConfig::links(2, seed, wan, cell)).unwrap();
+    let env = [(2, "MSRD_FAULT", fault), (2, "MSRD_FAULT_DELAY_MS", "150")];
     lab.start_itcp_mobility_env(FAST_BEACONS, FAST_AGENT, &env)
         .unwrap();
     lab.watch_rsts(Host::Fh).unwrap();
     lab.watch_rsts(Host::Mh).unwrap();
+    pcap(&mut lab);
     let bytes = 12 << 20;
     let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
     std::thread::sleep(Duration::from_millis(1500));
@@ -770,6 +783,14 @@ fn the_fixed_host_loses_nothing_in_a_slow_handoff() {
         took >= 150_000,
         "the handoff took {took} µs: the hook did not slow it"
     );
+    if fault.contains("slow_ack") {
+        let p = &lab.handoff_records(1)[0].phases;
+        let late = p.acknowledged.unwrap() - p.images_sent.unwrap();
+        assert!(
+            late >= 300_000,
+            "acknowledged {late} µs after the images: the hook did not delay it"
+        );
+    }
     assert!(
         recv.duration_s > 3.0,
         "the transfer ended after {:.1} s: not streaming through the move",
@@ -1424,7 +1445,13 @@ fn a_handshake_whose_synack_was_lost_at_a_gap_completes_at_the_new_msr() {
 /// lab directory, to see where a reset came from.
 fn pcap(lab: &mut Lab) {
     if std::env::var_os("ITCP_PCAP").is_some() {
-        for (h, f) in [(Host::Mh, "mh.pcap"), (Host::Fh, "fh.pcap")] {
+        let hosts = [
+            (Host::Mh, "mh.pcap"),
+            (Host::Fh, "fh.pcap"),
+            (Host::Msr(1), "msr1.pcap"),
+            (Host::Msr(2), "msr2.pcap"),
+        ];
+        for (h, f) in hosts {
             let f = lab.dir.join(f).display().to_string();
             let args = ["-i", "any", "-nn", "-s", "128", "-w", &f, "tcp"];
             lab.spawn(h, "tcpdump", &args).unwrap();

@@ -241,6 +241,15 @@ async fn run(
                         continue;
                     }
                     let Some(c) = ch.as_mut() else { continue };
+                    // Test hook: a late acknowledgement (`MSRD_FAULT_DELAY_MS`, default
+                    // 100 ms after the restart), as after restarting many connections,
+                    // to show the old MSR's held segments do not come after the FH's
+                    // newer ones.
+                    if matches!(msg, Message::Ack { .. }) && super::sockets::fault("slow_ack") {
+                        let ms =
+                            super::sockets::fault_delay().unwrap_or(Duration::from_millis(100));
+                        tokio::time::sleep(ms).await;
+                    }
                     if let Err(e) = c.send(&msg).await {
                         warn!(peer = %prev, error = %e, "handoff message not sent");
                     }
@@ -255,7 +264,7 @@ async fn run(
                     // Test hook: a slow handoff (`MSRD_FAULT_DELAY_MS`, default 100 ms
                     // between the images and their restore), as with many connections,
                     // to show what the hosts see while their connections are frozen.
-                    if std::env::var("MSRD_FAULT").as_deref() == Ok("slow_restore") {
+                    if super::sockets::fault("slow_restore") {
                         let ms =
                             super::sockets::fault_delay().unwrap_or(Duration::from_millis(100));
                         tokio::time::sleep(ms).await;

@@ -278,6 +278,12 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                         warn!(peer = %from, error = %e, "handoff message not sent");
                     }
                 }
+                Action::SendAhead(mh) => {
+                    // Held there until the sockets restart, the segments that met the
+                    // freeze here reach them before any the FH sends there.
+                    let flows: Vec<_> = frozen.iter().flat_map(Frozen::flows).collect();
+                    d.holding.send_ahead(mh, peer.ip(), &flows);
+                }
                 Action::Delete(ids) => {
                     let (gone, stay): (Vec<Frozen>, Vec<Frozen>) = std::mem::take(&mut frozen)
                         .into_iter()

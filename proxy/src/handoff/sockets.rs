@@ -549,6 +549,12 @@ fn fault_restart() -> Option<Option<u16>> {
     })
 }
 
+/// Whether the test hook `name` is among the comma-separated `MSRD_FAULT` ones
+/// (`slow_restore`, `slow_ack`: delays that combine).
+pub(super) fn fault(name: &str) -> bool {
+    std::env::var("MSRD_FAULT").is_ok_and(|v| v.split(',').any(|f| f == name))
+}
+
 /// How long an injected restart failure or a slow restore takes
 /// (`MSRD_FAULT_DELAY_MS`), read once.
 pub(super) fn fault_delay() -> Option<std::time::Duration> {
