@@ -127,6 +127,7 @@ impl Daemon {
         let holding = Arc::new(crate::holding::Holding::new(
             cfg.interception.hold_queue,
             cfg.handoff.lan_interface.clone(),
+            crate::intercept::pass_mark(cfg.interception.fwmark),
             sessions.clone(),
         ));
         Ok(Arc::new(Daemon {

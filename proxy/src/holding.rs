@@ -32,13 +32,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::sys::socket::{send, MsgFlags};
+use nix::sys::socket::{recv, send, MsgFlags};
 use tokio::io::unix::AsyncFd;
 use tracing::{debug, info};
 
 use crate::netlink::{
     attrs, begin_msg, end_msg, kernel_error, messages, next_seq, nl_exchange, nl_socket, put_attr,
-    put_nfgenmsg, read_reports, Reports, NFGENMSG_LEN,
+    put_nfgenmsg, NFGENMSG_LEN,
 };
 
 // From linux/netfilter/nfnetlink_queue.h.
@@ -49,6 +49,7 @@ const NFQNL_MSG_CONFIG: u16 = 2;
 const NFQNL_MSG_VERDICT_BATCH: u16 = 3;
 const NFQA_PACKET_HDR: u16 = 1;
 const NFQA_VERDICT_HDR: u16 = 2;
+const NFQA_MARK: u16 = 3;
 const NFQA_PAYLOAD: u16 = 10;
 const NFQA_CFG_CMD: u16 = 1;
 const NFQA_CFG_PARAMS: u16 = 2;
@@ -143,6 +144,11 @@ fn config_msgs(queue: u16, seq: u32) -> [Vec<u8>; 2] {
 
 /// A verdict on packet `id` (`batch`: on every packet up to `id`).
 fn verdict_msg(queue: u16, id: u32, v: Verdict, batch: bool) -> Vec<u8> {
+    verdict_msg_marked(queue, id, v, batch, None)
+}
+
+/// [`verdict_msg`], setting the packet's mark.
+fn verdict_msg_marked(queue: u16, id: u32, v: Verdict, batch: bool, mark: Option<u32>) -> Vec<u8> {
     let ty = if batch {
         NFQNL_MSG_VERDICT_BATCH
     } else {
@@ -160,6 +166,9 @@ fn verdict_msg(queue: u16, id: u32, v: Verdict, batch: bool) -> Vec<u8> {
     let mut h = (v as u32).to_be_bytes().to_vec();
     h.extend_from_slice(&id.to_be_bytes());
     put_attr(&mut b, NFQA_VERDICT_HDR, &h);
+    if let Some(mark) = mark {
+        put_attr(&mut b, NFQA_MARK, &mark.to_be_bytes());
+    }
     end_msg(&mut b, m);
     b
 }
@@ -235,18 +244,38 @@ pub struct Holding {
     stats: Arc<crate::sessions::Sessions>,
     /// The fixed LAN's interface (forwarding goes out on it).
     lan: Option<String>,
+    /// The mark that gets a held packet past the gate ([`crate::intercept::pass_mark`]).
+    pass_mark: u32,
     fd: Mutex<Option<Arc<AsyncFd<OwnedFd>>>>,
     st: Mutex<State>,
+    /// Held while reports are read and taken in (its buffer): a restart that reads
+    /// the queue's pending reports first waits for one being taken in.
+    reading: Mutex<Vec<u8>>,
+}
+
+/// What reading the queue's pending reports came to.
+enum Drained {
+    /// Nothing more to read now.
+    Empty,
+    /// The queue's socket is gone.
+    Closed,
 }
 
 impl Holding {
-    pub fn new(queue: u16, lan: Option<String>, stats: Arc<crate::sessions::Sessions>) -> Holding {
+    pub fn new(
+        queue: u16,
+        lan: Option<String>,
+        pass_mark: u32,
+        stats: Arc<crate::sessions::Sessions>,
+    ) -> Holding {
         Holding {
             queue,
             stats,
             lan,
+            pass_mark,
             fd: Mutex::new(None),
             st: Mutex::new(State::default()),
+            reading: Mutex::new(Vec::new()),
         }
     }
 
@@ -323,6 +352,40 @@ impl Holding {
             .fetch_add(drop.len() as u64, Ordering::Relaxed);
         self.verdicts(go, Verdict::Repeat);
         self.verdicts(drop, Verdict::Drop);
+    }
+
+    /// `flows` (MH's end, other end) belong to connections that just restarted here,
+    /// their gate still closed: their held packets go to the sockets now, marked to
+    /// get past the gate, before any newer packet of theirs can (what arrives until
+    /// they are marked running is dropped by the gate; delivered by the final
+    /// [`Holding::settle`] instead, the held ones would come after the newer ones: a
+    /// late ACK meeting a closed socket was routed on to the FH, which reset it).
+    pub fn deliver_restarted(&self, flows: &[(SocketAddr, SocketAddr)]) {
+        // The hold is lifted: nothing more is queued for them, but what was may not
+        // have been read yet.
+        self.drain();
+        let flows: HashSet<(SocketAddr, SocketAddr)> = flows.iter().copied().collect();
+        let go: Vec<u32> = {
+            let mut st = self.st.lock().unwrap();
+            let (go, keep): (Vec<Held>, Vec<Held>) = std::mem::take(&mut st.held)
+                .into_iter()
+                .partition(|h| h.ends.is_some_and(|e| of_flows(&flows, &e)));
+            st.held = keep;
+            go.into_iter().map(|h| h.id).collect()
+        };
+        if go.is_empty() {
+            return;
+        }
+        let st = &self.stats.stats;
+        st.held_delivered
+            .fetch_add(go.len() as u64, Ordering::Relaxed);
+        let msgs: Vec<Vec<u8>> = go
+            .into_iter()
+            .map(|id| {
+                verdict_msg_marked(self.queue, id, Verdict::Repeat, false, Some(self.pass_mark))
+            })
+            .collect();
+        self.send_verdicts(&msgs);
     }
 
     /// The MH's `flows` (MH's end, other end) are being restored at the MSR at `via`,
@@ -465,6 +528,37 @@ impl Holding {
             Err(e) => {
                 debug!(%via, error = %e, "held packet not forwarded");
                 false
+            }
+        }
+    }
+
+    /// Reads and takes in every report pending on the queue's socket.
+    fn drain(&self) -> Drained {
+        let Some((fd, _keep)) = self.raw_fd() else {
+            return Drained::Closed;
+        };
+        let mut buf = self.reading.lock().unwrap();
+        if buf.is_empty() {
+            buf.resize(256 << 10, 0);
+        }
+        loop {
+            // The socket does not block (`open`).
+            match recv(fd, &mut buf, MsgFlags::empty()) {
+                Ok(n) => {
+                    for q in parse(&buf[..n]) {
+                        self.on_packet(q);
+                    }
+                }
+                Err(Errno::EAGAIN) => return Drained::Empty,
+                Err(Errno::EINTR) => {}
+                Err(Errno::ENOBUFS) => {
+                    self.st.lock().unwrap().lost = true;
+                    debug!("hold queue reports overran");
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "hold queue read failed");
+                    return Drained::Empty;
+                }
             }
         }
     }
@@ -649,27 +743,17 @@ pub async fn run(h: Arc<Holding>) {
     let fd = Arc::new(fd);
     *h.fd.lock().unwrap() = Some(fd.clone());
     info!(queue = h.queue, "hold queue up");
-    let mut buf = vec![0u8; 256 << 10];
     let mut tick = tokio::time::interval(Duration::from_millis(250));
     loop {
-        let got = tokio::select! {
-            r = read_reports(&fd, &mut buf, "hold queue") => r,
-            _ = tick.tick() => {
-                h.sweep();
-                continue;
-            }
-        };
-        match got {
-            Reports::Read(n) => {
-                for q in parse(&buf[..n]) {
-                    h.on_packet(q);
+        tokio::select! {
+            r = fd.readable() => {
+                let Ok(mut ready) = r else { return };
+                match h.drain() {
+                    Drained::Empty => ready.clear_ready(),
+                    Drained::Closed => return,
                 }
             }
-            Reports::Overrun => {
-                h.st.lock().unwrap().lost = true;
-                debug!("hold queue reports overran");
-            }
-            Reports::Closed => return,
+            _ = tick.tick() => h.sweep(),
         }
     }
 }
@@ -748,6 +832,12 @@ mod tests {
         assert_eq!(&m[28..32], &263u32.to_be_bytes());
         let b = verdict_msg(4954, 9, Verdict::Drop, true);
         assert_eq!(u16_at(&b, 4), (3 << 8) | 3);
+        // A mark set with the verdict: one more attribute, len 8, type 3, be32.
+        let m = verdict_msg_marked(4954, 263, Verdict::Repeat, false, Some(0x80004954));
+        assert_eq!(u16_at(&m, 32), 8);
+        assert_eq!(u16_at(&m, 34), NFQA_MARK);
+        assert_eq!(&m[36..40], &0x80004954u32.to_be_bytes());
+        assert_eq!(u32_at(&m, 0) as usize, m.len());
     }
 
     #[test]
@@ -776,7 +866,7 @@ mod tests {
     #[test]
     fn a_settled_or_forwarded_mh_leaves_the_others_held() {
         // No queue open: verdicts go nowhere, the bookkeeping is what is tested.
-        let h = Holding::new(4954, None, Arc::default());
+        let h = Holding::new(4954, None, 0x80004954, Arc::default());
         let pkt = |id, p: Vec<u8>| Queued { id, packet: p };
         // MH .100: a live flow (both ways) and a dead one; MH .101: one flow.
         h.on_packet(pkt(1, tcp4([10, 1, 0, 1], 5001, [10, 2, 0, 100], 40000)));

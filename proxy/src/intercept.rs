@@ -228,6 +228,7 @@ impl Rules {
                 }
             }
             if chain == "hold_in" {
+                s += &format!("    meta mark {:#x} accept\n", pass_mark(self.fwmark));
                 s += "    tcp flags & (syn | ack) == syn ip saddr @nosyn4 drop\n    tcp flags & (syn | ack) == syn ip6 saddr @nosyn6 drop\n";
                 for (ip, v) in [("ip", "4"), ("ip6", "6")] {
                     s += &format!(
@@ -478,6 +479,13 @@ impl Detection {
     }
 }
 
+/// The mark a held packet is delivered with once its connection restarted here: it
+/// gets past the gate, which still drops what arrives on that flow meanwhile, so the
+/// held packets reach the socket before any newer one (`crate::holding`).
+pub fn pass_mark(fwmark: u32) -> u32 {
+    fwmark ^ 0x8000_0000
+}
+
 /// True if a rule for this mark is in place.
 fn check_rule(mark: u32, v6: bool) -> bool {
     let mut c = Command::new("ip");
@@ -680,6 +688,12 @@ mod tests {
             assert!(hout.contains(&format!("    {rule} drop\n")), "{hout}");
         }
         assert!(s.contains("  chain held {\n    drop\n  }\n"), "{s}");
+        // A held packet delivered after its restart gets past the gate, and only then.
+        let pass = hin
+            .find("    meta mark 0x80004954 accept\n")
+            .expect("pass rule");
+        assert!(pass > hin.find("@held4 jump held").unwrap(), "{hin}");
+        assert!(pass < hin.find("@gated4").unwrap(), "{hin}");
     }
 
     #[test]

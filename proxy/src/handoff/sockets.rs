@@ -18,7 +18,6 @@ use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 use crate::daemon::Daemon;
-use crate::intercept::Rules;
 use crate::relay::Pending;
 use crate::sessions::Frozen;
 use crate::sessions::Kind;
@@ -568,11 +567,8 @@ pub(super) fn fault_delay() -> Option<std::time::Duration> {
 /// Restarts a few restored connections, then lets the segments of those that run
 /// through their MH's gate (`super::gate`) in one nftables message: a few dozen at a
 /// time keep a running socket gated well under a millisecond.
-fn restart_group(
-    rs: &[Restored],
-    gates: &super::gate::Gates,
-    rules: &Rules,
-) -> Vec<io::Result<()>> {
+fn restart_group(d: &Daemon, rs: &[Restored]) -> Vec<io::Result<()>> {
+    let gates = &d.handoff.as_ref().expect("handoffs are on").gates;
     let results: Vec<_> = rs.iter().map(restart_one).collect();
     let flows: Vec<_> = rs
         .iter()
@@ -580,7 +576,9 @@ fn restart_group(
         .filter(|(_, ok)| ok.is_ok())
         .flat_map(|(r, _)| r.flows())
         .collect();
-    gates.mark(rules, &flows);
+    // What was held for them first, then what comes through the opened gate.
+    d.holding.deliver_restarted(&flows);
+    gates.mark(&d.rules, &flows);
     results
 }
 
@@ -675,10 +673,9 @@ pub fn restart_or_keep(
     mut restored: Vec<Restored>,
 ) -> (Vec<u64>, Vec<(u64, String)>, Vec<Restored>) {
     restored.sort_by_key(|r| r.kind != Kind::Listen);
-    let gates = &d.handoff.as_ref().expect("handoffs are on").gates;
     // Two flows a connection: 32 make one nftables message of 64 elements.
     let groups: Vec<&[Restored]> = restored.chunks(32).collect();
-    let restarts: Vec<_> = on_all_cores(&groups, 2, |g| restart_group(g, gates, &d.rules))
+    let restarts: Vec<_> = on_all_cores(&groups, 2, |g| restart_group(d, g))
         .into_iter()
         .flatten()
         .collect();
