@@ -1375,7 +1375,7 @@ fn unauthenticated_peer_costs_no_memory((lab, msrds): (Lab, Vec<usize>)) {
 /// TIME_WAIT; no data lost). Likely (inferred from pcaps) the RTT estimate came from a
 /// held segment delivered right after the restart, acknowledging bytes just re-sent.
 #[test]
-#[ignore = "flaky: in about 1 run in 3 (gaps) the MH receives one RST for a connection it \
+#[ignore = "flaky: in some runs (3 of 17 with gaps) the MH receives an RST for a connection it \
             has closed (see above); run with --ignored"]
 fn short_connections_through_twenty_overlapped_handoffs_see_no_reset() {
     // Handshakes half-open at the old MSR are completed there before it freezes.
