@@ -7,9 +7,10 @@
 //! * sent on to the MSR the connection moved to (`forward`, at the old MSR): the FH's
 //!   segments that reached the old MSR during the freeze, and those that still do until
 //!   the fixed LAN has learnt the move (the MH's own from its old cell too), reach the
-//!   restored sockets. A copy of each goes as soon as the images are sent
-//!   (`send_ahead`), so it is held at the new MSR and reaches the restored socket
-//!   before what the FH sends once the new MSR took the MH's address over: sent only
+//!   restored sockets. A copy of each goes as soon as the images are out and the new
+//!   MSR says it holds the MH's flows (`send_ahead`), so it waits there and reaches the
+//!   restored socket before what the FH sends once the new MSR took the MH's address
+//!   over (`deliver_restarted`, per restart group): sent only
 //!   after the acknowledgement, it came after those, the restored socket saw a hole,
 //!   the FH retransmitted, and the late copy met a closed connection's TIME_WAIT,
 //!   whose ACK the FH answered with an RST;
@@ -259,6 +260,8 @@ enum Drained {
     Empty,
     /// The queue's socket is gone.
     Closed,
+    /// Reading failed (logged): the reader waits a little before it tries again.
+    Failed,
 }
 
 impl Holding {
@@ -557,7 +560,7 @@ impl Holding {
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "hold queue read failed");
-                    return Drained::Empty;
+                    return Drained::Failed;
                 }
             }
         }
@@ -751,6 +754,8 @@ pub async fn run(h: Arc<Holding>) {
                 match h.drain() {
                     Drained::Empty => ready.clear_ready(),
                     Drained::Closed => return,
+                    // As `netlink::read_reports` does: no busy loop on a lasting error.
+                    Drained::Failed => tokio::time::sleep(Duration::from_millis(50)).await,
                 }
             }
             _ = tick.tick() => h.sweep(),
