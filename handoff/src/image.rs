@@ -314,6 +314,29 @@ pub struct RestoreOptions {
     /// one of its own (a transparent socket). They arrive on `lo`; a hold that matches
     /// only packets from outside (`iifname != "lo"`) needs no mark.
     pub inject_mark: u32,
+    /// How long the connection may have been frozen since its capture (an upper
+    /// bound). The socket's TCP timestamp clock is moved on by it: it stood still in
+    /// the image, and a peer's segment that echoes a timestamp from before the freeze
+    /// (one held during the move) would give an RTT sample short by the freeze, down
+    /// to near zero: a minimum RTT kept for minutes and loss probes that fire before
+    /// any answer can come. Too much is harmless (peers only check that timestamps
+    /// do not go back), too little is what happened before.
+    pub frozen_for: Duration,
+}
+
+/// A TCP_TIMESTAMP value moved on by `d`, in the connection's unit: microseconds if
+/// `usec` (Linux ≥ 6.7 can negotiate them per route; the value's low bit then says
+/// so), else milliseconds, rounded up. The low bit is kept either way.
+pub fn advance_timestamp(ts: u32, d: Duration, usec: bool) -> u32 {
+    let ticks = if usec {
+        d.as_micros()
+    } else {
+        d.as_micros().div_ceil(1000)
+    };
+    // Even, so the unit bit stays; at most 2^30 ticks (12 days in ms), far below the
+    // 2^31 after which a peer would take the value for an old one.
+    let step = (ticks.min(1 << 30) as u32 + 1) & !1;
+    ts.wrapping_add(step)
 }
 
 /// Format errors of [`SocketImage::from_bytes`] and image validation.
@@ -394,6 +417,31 @@ impl SocketImage {
     /// Bytes queued in both directions (for logs).
     pub fn queued_bytes(&self) -> usize {
         self.send.unacked.len() + self.send.unsent.len() + self.recv.data.len()
+    }
+
+    /// Takes in an ACK from the peer that the original socket never saw (it arrived
+    /// during the freeze and was held): the bytes it acknowledges leave `unacked` and
+    /// `una` moves on, as if it had come before the capture; the right edge of the
+    /// peer's window stays. Returns how many bytes went. An ACK at or behind `una`, or
+    /// beyond the bytes in flight, changes nothing; nor does one of our FIN (the
+    /// restored socket takes that one itself: no byte is re-sent for it).
+    ///
+    /// Why: bytes in flight are re-sent as new data at [`restart`] (`AsNew`), and a held
+    /// ACK of their first copy, delivered after, would be taken for an ACK of the new
+    /// one: an RTT sample of a fraction of a millisecond (Karn's rule cannot apply, the
+    /// kernel does not know they are retransmissions), which sets the restored
+    /// socket's RTT estimate and its minimum RTT for minutes, and its loss probe then
+    /// fires before any answer can come. Taken in here, those bytes are not re-sent.
+    pub fn take_peer_ack(&mut self, ack: u32) -> usize {
+        let n = ack.wrapping_sub(self.send.una) as usize;
+        // Serial arithmetic: an old ACK is "behind" (a huge forward distance).
+        if n == 0 || n > self.send.unacked.len() {
+            return 0;
+        }
+        self.send.unacked.drain(..n);
+        self.send.una = ack;
+        self.window.snd_wnd = self.window.snd_wnd.saturating_sub(n as u32);
+        n
     }
 
     /// The send sequence number the restored queue starts at: `una`, or the
@@ -1529,6 +1577,12 @@ pub fn restore(img: &SocketImage, opts: &RestoreOptions) -> io::Result<OwnedFd> 
         },
     )?;
     repair::set_timestamp(fd, img.timestamp)?;
+    if !opts.frozen_for.is_zero() && img.options.timestamps {
+        // Set once as captured so that the kernel says which unit the value is in.
+        let usec = repair::tcp_info(fd)?.options & repair::TCPI_OPT_USEC_TS != 0;
+        let ts = advance_timestamp(img.timestamp, opts.frozen_for, usec);
+        repair::set_timestamp(fd, ts)?;
+    }
     if !img.recv.data.is_empty() {
         repair::select_queue(fd, Queue::Recv)?;
         repair_write(fd, &img.recv.data, "restore receive queue")?;
@@ -1599,7 +1653,9 @@ pub fn restore(img: &SocketImage, opts: &RestoreOptions) -> io::Result<OwnedFd> 
 /// unacknowledged bytes too unless [`restore`] put them back as sent — then shuts down
 /// writing if the original had sent FIN, and finally sets TCP_NOTSENT_LOWAT (after the
 /// queue, which it would otherwise hold back). `opts` are the options the socket was
-/// restored with (restart uses `inject_mark`).
+/// restored with (restart uses `inject_mark`). Returns whether bytes in flight (or
+/// our FIN) were re-sent as new data: then an ACK of their first copy that reaches
+/// the socket looks like one of the new copy (see [`crate::packet::forget_acks`]).
 ///
 /// **The ACK.** The peer may still hold as unacknowledged bytes the original socket
 /// had received and acknowledged: the ACKs were lost (a downlink queue full of other
@@ -1626,7 +1682,7 @@ pub fn restore(img: &SocketImage, opts: &RestoreOptions) -> io::Result<OwnedFd> 
 /// network namespace the socket belongs to (checked); needs CAP_NET_RAW for the
 /// replayed ACK. On an error before repair mode is left, the socket is still in repair
 /// mode: closing it sends nothing.
-pub fn restart(fd: BorrowedFd<'_>, img: &SocketImage, opts: &RestoreOptions) -> io::Result<()> {
+pub fn restart(fd: BorrowedFd<'_>, img: &SocketImage, opts: &RestoreOptions) -> io::Result<bool> {
     if !repair::in_repair(fd)? {
         return Err(invalid(
             "restart: the socket is not in repair mode (restarted already?)".into(),
@@ -1703,7 +1759,7 @@ pub fn restart(fd: BorrowedFd<'_>, img: &SocketImage, opts: &RestoreOptions) -> 
         img.sockopts.sndbuf / 2,
         "SO_SNDBUF",
     )?;
-    Ok(())
+    Ok(as_new && (!img.send.unacked.is_empty() || img.send.fin == SendFin::Sent))
 }
 
 fn write_all(fd: BorrowedFd<'_>, mut data: &[u8]) -> io::Result<()> {
@@ -1733,6 +1789,63 @@ fn write_all(fd: BorrowedFd<'_>, mut data: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_held_ack_takes_acknowledged_bytes_out_of_flight() {
+        let mut img = sample();
+        img.state = TcpState::Established;
+        img.send.fin = SendFin::None;
+        img.recv.fin = false;
+        let una = img.send.una;
+        let (wnd, len) = (img.window.snd_wnd, img.send.unacked.len());
+        // Old and duplicate ACKs, and one beyond what was sent, change nothing.
+        for ack in [una, una.wrapping_sub(1), una.wrapping_add(len as u32 + 1)] {
+            assert_eq!(img.take_peer_ack(ack), 0, "{ack}");
+        }
+        // Across the sequence space's wrap (una is 0xffff_fff0).
+        assert_eq!(img.take_peer_ack(una.wrapping_add(100)), 100);
+        assert_eq!(img.send.una, una.wrapping_add(100));
+        assert_eq!(img.send.unacked[0], 100);
+        assert_eq!(
+            img.window.snd_wnd,
+            wnd - 100,
+            "the window's right edge stays"
+        );
+        assert_eq!(
+            img.take_peer_ack(una.wrapping_add(50)),
+            0,
+            "behind the new una"
+        );
+        assert_eq!(img.take_peer_ack(una.wrapping_add(len as u32)), len - 100);
+        assert!(img.send.unacked.is_empty());
+        img.validate().unwrap();
+    }
+
+    #[test]
+    fn a_held_ack_of_our_fin_is_left_to_the_restored_socket() {
+        let mut img = sample();
+        assert_eq!(img.send.fin, SendFin::Sent);
+        let len = img.send.unacked.len();
+        let fin = img.send.una.wrapping_add(len as u32 + 1);
+        assert_eq!(img.take_peer_ack(fin), 0);
+        assert_eq!(
+            (img.state, img.send.unacked.len()),
+            (TcpState::LastAck, len)
+        );
+    }
+
+    #[test]
+    fn a_timestamp_moves_on_in_its_unit_and_keeps_its_unit_bit() {
+        let ms = Duration::from_micros(150_200);
+        // Milliseconds, rounded up to even: 151 → 152.
+        assert_eq!(advance_timestamp(1000, ms, false), 1152);
+        assert_eq!(advance_timestamp(1001, ms, true), 1001 + 150_200);
+        assert_eq!(advance_timestamp(u32::MAX - 1, ms, false), 150);
+        assert_eq!(advance_timestamp(7, Duration::ZERO, true), 7);
+        // A frozen clock of days does not wrap into the past.
+        let far = advance_timestamp(0, Duration::from_secs(100 * 86_400), false);
+        assert!(far < 1 << 31, "{far}");
+    }
 
     fn sample() -> SocketImage {
         SocketImage {

@@ -172,6 +172,54 @@ pub fn fill_checksums(packet: &mut [u8]) -> bool {
     true
 }
 
+/// Makes a held segment from the peer tell a restored socket nothing about our bytes
+/// in flight: its ACK goes back to `una` if beyond, and its SACK blocks become NOPs;
+/// checksums are filled in again. For a socket that re-sent those bytes as new data
+/// at its restart (`AsNew`): an ACK or SACK of their first copy would be taken for one
+/// of the new copy, an RTT sample of a fraction of a millisecond. The peer tells again
+/// soon enough (the new copy draws its ACKs). Data, window and timestamps stay. False
+/// (unchanged) for anything but an IPv4 or IPv6 TCP segment with ACK set, or one that
+/// needs no change.
+pub fn forget_acks(packet: &mut [u8], una: u32) -> bool {
+    let at = match packet.first().map(|b| b >> 4) {
+        Some(4) if packet.len() >= 20 && packet[9] == 6 => usize::from(packet[0] & 0x0f) * 4,
+        Some(6) if packet.len() >= 40 && packet[6] == 6 => 40,
+        _ => return false,
+    };
+    let Some(tcp) = packet.get_mut(at..) else {
+        return false;
+    };
+    if tcp.len() < 20 || tcp[13] & TCP_ACK == 0 {
+        return false;
+    }
+    let mut changed = false;
+    let ack = u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]);
+    if (ack.wrapping_sub(una) as i32) > 0 {
+        tcp[8..12].copy_from_slice(&una.to_be_bytes());
+        changed = true;
+    }
+    let end = (usize::from(tcp[12] >> 4) * 4).min(tcp.len());
+    let mut i = 20;
+    while i < end {
+        match tcp[i] {
+            0 => break,
+            1 => i += 1,
+            kind => {
+                let len = usize::from(*tcp.get(i + 1).unwrap_or(&0));
+                if len < 2 || i + len > end {
+                    break;
+                }
+                if kind == 5 {
+                    tcp[i..i + len].fill(1);
+                    changed = true;
+                }
+                i += len;
+            }
+        }
+    }
+    changed && fill_checksums(packet)
+}
+
 /// IPv6 octets of an address, IPv4 ones mapped (`::ffff:a.b.c.d`).
 fn v6_octets(a: IpAddr) -> [u8; 16] {
     match a {
@@ -183,6 +231,50 @@ fn v6_octets(a: IpAddr) -> [u8; 16] {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An IPv4 ACK from 10.0.0.1:5001 to 10.2.0.100:40000 with timestamps and two
+    /// SACK blocks.
+    fn sacking_ack(ack: u32) -> Vec<u8> {
+        let mut p = seg("10.0.0.1:5001", "10.2.0.100:40000", true).to_ip_packet();
+        p[28..32].copy_from_slice(&ack.to_be_bytes());
+        // NOP NOP SACK(2 blocks): 2 + 18 bytes, data offset from 8 to 13 words.
+        let mut sack = vec![1, 1, 5, 18];
+        for v in [100u32, 200, 300, 400] {
+            sack.extend_from_slice(&v.to_be_bytes());
+        }
+        p.extend_from_slice(&sack);
+        p[32] = 13 << 4;
+        let len = p.len() as u16;
+        p[2..4].copy_from_slice(&len.to_be_bytes());
+        assert!(fill_checksums(&mut p));
+        p
+    }
+
+    #[test]
+    fn a_held_ack_forgets_what_it_said_of_bytes_in_flight() {
+        let mut p = sacking_ack(5000);
+        let ts = p[40..52].to_vec();
+        assert!(forget_acks(&mut p, 1000));
+        assert_eq!(u32::from_be_bytes(p[28..32].try_into().unwrap()), 1000);
+        assert!(p[52..72].iter().all(|b| *b == 1), "SACK blocks are NOPs");
+        assert_eq!(p[40..52], ts[..], "timestamps stay");
+        // Checksums are right again: computing them anew changes nothing.
+        let mut q = p.clone();
+        fill_checksums(&mut q);
+        assert_eq!(p, q);
+        assert!(!forget_acks(&mut p, 1000), "nothing left to forget");
+        // An ACK behind `una` (across the wrap) stays.
+        let mut p = sacking_ack(10);
+        forget_acks(&mut p, 0xffff_fff0u32.wrapping_add(100));
+        assert_eq!(u32::from_be_bytes(p[28..32].try_into().unwrap()), 10);
+        // Not TCP with ACK: untouched.
+        let mut p = sacking_ack(5000);
+        p[33] &= !TCP_ACK;
+        let q = p.clone();
+        assert!(!forget_acks(&mut p, 1000));
+        assert_eq!(p, q);
+        assert!(!forget_acks(&mut [0x45, 0, 0], 1));
+    }
 
     fn seg(src: &str, dst: &str, ts: bool) -> Segment {
         Segment {

@@ -52,6 +52,8 @@ const SIOCGSKNS: libc::Ioctl = 0x894C;
 pub const TCPI_OPT_TIMESTAMPS: u8 = 1;
 pub const TCPI_OPT_SACK: u8 = 2;
 pub const TCPI_OPT_WSCALE: u8 = 4;
+/// The connection's timestamps count microseconds (Linux ≥ 6.7; never set before).
+pub const TCPI_OPT_USEC_TS: u8 = 64;
 
 /// Linux TCP states (`include/net/tcp_states.h`).
 pub mod state {

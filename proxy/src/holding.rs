@@ -37,6 +37,8 @@ use nix::sys::socket::{recv, send, MsgFlags};
 use tokio::io::unix::AsyncFd;
 use tracing::{debug, info};
 
+use itcp_handoff::packet::forget_acks;
+
 use crate::netlink::{
     attrs, begin_msg, end_msg, kernel_error, messages, next_seq, nl_exchange, nl_socket, put_attr,
     put_nfgenmsg, NFGENMSG_LEN,
@@ -117,6 +119,20 @@ pub fn ends(p: &[u8]) -> Option<Ends> {
     })
 }
 
+/// The acknowledgement number of a TCP segment with ACK set (not SYN, not RST), IPv4
+/// or IPv6 (TCP right after the fixed header).
+pub fn tcp_ack(p: &[u8]) -> Option<u32> {
+    let l4 = match p.first()? >> 4 {
+        4 if p.len() >= 20 && p[9] == libc::IPPROTO_TCP as u8 => usize::from(p[0] & 0x0f) * 4,
+        6 if p.len() >= 40 && p[6] == libc::IPPROTO_TCP as u8 => 40,
+        _ => return None,
+    };
+    let tcp = p.get(l4..l4 + 14)?;
+    let flags = tcp[13];
+    // ACK, and neither SYN nor RST.
+    (flags & 0x16 == 0x10).then(|| u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]))
+}
+
 /// Binds queue `queue`, full packets copied, at most [`QUEUE_MAXLEN`] kept.
 fn config_msgs(queue: u16, seq: u32) -> [Vec<u8>; 2] {
     let ty = (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_CONFIG;
@@ -150,6 +166,19 @@ fn verdict_msg(queue: u16, id: u32, v: Verdict, batch: bool) -> Vec<u8> {
 
 /// [`verdict_msg`], setting the packet's mark.
 fn verdict_msg_marked(queue: u16, id: u32, v: Verdict, batch: bool, mark: Option<u32>) -> Vec<u8> {
+    verdict_msg_with(queue, id, v, batch, mark, None)
+}
+
+/// A verdict that may also set the packet's mark and replace its bytes (`payload`,
+/// checksums filled in: the kernel checks them again).
+fn verdict_msg_with(
+    queue: u16,
+    id: u32,
+    v: Verdict,
+    batch: bool,
+    mark: Option<u32>,
+    payload: Option<&[u8]>,
+) -> Vec<u8> {
     let ty = if batch {
         NFQNL_MSG_VERDICT_BATCH
     } else {
@@ -169,6 +198,9 @@ fn verdict_msg_marked(queue: u16, id: u32, v: Verdict, batch: bool, mark: Option
     put_attr(&mut b, NFQA_VERDICT_HDR, &h);
     if let Some(mark) = mark {
         put_attr(&mut b, NFQA_MARK, &mark.to_be_bytes());
+    }
+    if let Some(p) = payload {
+        put_attr(&mut b, NFQA_PAYLOAD, p);
     }
     end_msg(&mut b, m);
     b
@@ -357,24 +389,51 @@ impl Holding {
         self.verdicts(drop, Verdict::Drop);
     }
 
+    /// The acknowledgement numbers in the held TCP segments to or from `mh`, by
+    /// (sender, receiver): what the peers of connections being restored here have
+    /// acknowledged during the freeze (the queue's pending reports are read first).
+    pub fn acks(&self, mh: IpAddr) -> HashMap<(SocketAddr, SocketAddr), Vec<u32>> {
+        self.drain();
+        let st = self.st.lock().unwrap();
+        let mut acks: HashMap<(SocketAddr, SocketAddr), Vec<u32>> = HashMap::new();
+        for h in &st.held {
+            let Some(e) = h.ends.filter(|e| e.src.ip() == mh || e.dst.ip() == mh) else {
+                continue;
+            };
+            if let Some(a) = tcp_ack(&h.packet) {
+                acks.entry((e.src, e.dst)).or_default().push(a);
+            }
+        }
+        acks
+    }
+
     /// `flows` (MH's end, other end) belong to connections that just restarted here,
     /// their gate still closed: their held packets go to the sockets now, marked to
     /// get past the gate, before any newer packet of theirs can (what arrives until
     /// they are marked running is dropped by the gate; delivered by the final
     /// [`Holding::settle`] instead, the held ones would come after the newer ones: a
     /// late ACK meeting a closed socket was routed on to the FH, which reset it).
-    pub fn deliver_restarted(&self, flows: &[(SocketAddr, SocketAddr)]) {
+    ///
+    /// `resent`: the sockets, by (peer, socket's end), that re-sent their bytes in
+    /// flight as new data at their restart, with their `snd_una`; the held segments
+    /// their peers sent them are rewritten so as to acknowledge nothing of those bytes
+    /// ([`itcp_handoff::packet::forget_acks`]).
+    pub fn deliver_restarted(
+        &self,
+        flows: &[(SocketAddr, SocketAddr)],
+        resent: &HashMap<(SocketAddr, SocketAddr), u32>,
+    ) {
         // The hold is lifted: nothing more is queued for them, but what was may not
         // have been read yet.
         self.drain();
         let flows: HashSet<(SocketAddr, SocketAddr)> = flows.iter().copied().collect();
-        let go: Vec<u32> = {
+        let go: Vec<Held> = {
             let mut st = self.st.lock().unwrap();
             let (go, keep): (Vec<Held>, Vec<Held>) = std::mem::take(&mut st.held)
                 .into_iter()
                 .partition(|h| h.ends.is_some_and(|e| of_flows(&flows, &e)));
             st.held = keep;
-            go.into_iter().map(|h| h.id).collect()
+            go
         };
         if go.is_empty() {
             return;
@@ -384,8 +443,12 @@ impl Holding {
             .fetch_add(go.len() as u64, Ordering::Relaxed);
         let msgs: Vec<Vec<u8>> = go
             .into_iter()
-            .map(|id| {
-                verdict_msg_marked(self.queue, id, Verdict::Repeat, false, Some(self.pass_mark))
+            .map(|mut h| {
+                let una = h.ends.and_then(|e| resent.get(&(e.src, e.dst)));
+                let rewritten = una.is_some_and(|u| forget_acks(&mut h.packet, *u));
+                let payload = rewritten.then_some(&h.packet[..]);
+                let mark = Some(self.pass_mark);
+                verdict_msg_with(self.queue, h.id, Verdict::Repeat, false, mark, payload)
             })
             .collect();
         self.send_verdicts(&msgs);
@@ -799,6 +862,34 @@ mod tests {
     }
 
     #[test]
+    fn acks_of_segments_with_ack_set_only() {
+        let mut p = tcp4([10, 1, 0, 1], 5001, [10, 2, 0, 100], 40000);
+        p[28..32].copy_from_slice(&0xfeed_f00du32.to_be_bytes());
+        p[32] = 0x50;
+        for (flags, want) in [
+            (0x10, Some(0xfeed_f00d)),
+            (0x18, Some(0xfeed_f00d)),
+            (0x11, Some(0xfeed_f00d)),
+            (0x12, None), // SYN-ACK
+            (0x14, None), // RST-ACK
+            (0x02, None), // SYN
+        ] {
+            p[33] = flags;
+            assert_eq!(tcp_ack(&p), want, "flags {flags:#x}");
+        }
+        let mut u = p.clone();
+        u[9] = 17;
+        assert_eq!(tcp_ack(&u), None, "UDP");
+        assert_eq!(tcp_ack(&p[..30]), None, "truncated");
+        let mut v6 = vec![0u8; 60];
+        v6[0] = 0x60;
+        v6[6] = 6;
+        v6[48..52].copy_from_slice(&7u32.to_be_bytes());
+        v6[53] = 0x10;
+        assert_eq!(tcp_ack(&v6), Some(7));
+    }
+
+    #[test]
     fn packet_reports_parse_and_junk_is_skipped() {
         let payload = tcp4([10, 1, 0, 1], 5001, [10, 2, 0, 100], 40000);
         let mut b = Vec::new();
@@ -843,6 +934,13 @@ mod tests {
         assert_eq!(u16_at(&m, 34), NFQA_MARK);
         assert_eq!(&m[36..40], &0x80004954u32.to_be_bytes());
         assert_eq!(u32_at(&m, 0) as usize, m.len());
+        // New bytes for the packet: NFQA_PAYLOAD after the mark, padded to 4.
+        let m = verdict_msg_with(4954, 263, Verdict::Repeat, false, Some(1), Some(&[9; 5]));
+        assert_eq!(u16_at(&m, 40), 9);
+        assert_eq!(u16_at(&m, 42), NFQA_PAYLOAD);
+        assert_eq!(&m[44..49], &[9; 5]);
+        assert_eq!(u32_at(&m, 0) as usize, m.len());
+        assert_eq!(m.len(), 52);
     }
 
     #[test]

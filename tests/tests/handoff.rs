@@ -835,6 +835,83 @@ fn fixed_host_loses_nothing(seed: u64, fault: &str) {
     );
 }
 
+/// The round-trip estimates of the restored sockets are the path's. The peers'
+/// segments held during the freeze echo timestamps of segments sent before it; the
+/// restored socket's timestamp clock must not stand still over the freeze, or its
+/// first samples come out shorter than the path by the freeze's length (a near-zero
+/// minimum, kept for minutes, and loss probes that fire before an answer can come:
+/// the short-connections tests' last RSTs).
+#[test]
+fn restored_sockets_keep_the_paths_round_trip_estimate() {
+    // 10 ms each way on the cell and the WAN: each half's round trip is ≥ 20 ms.
+    let wan = lab::link(50_000_000, 10.0, 0.0);
+    let cell = lab::link(50_000_000, 10.0, 0.0);
+    let mut lab = Lab::new(LabConfig::links(2, 53, wan, cell)).unwrap();
+    let env = [
+        (2, "MSRD_FAULT", "slow_restore"),
+        (2, "MSRD_FAULT_DELAY_MS", "150"),
+    ];
+    lab.start_itcp_mobility_env(FAST_BEACONS, FAST_AGENT, &env)
+        .unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    lab.watch_rsts(Host::Mh).unwrap();
+    // Down: the wireless half sends (the MH's ACKs are held). Up: the fixed half
+    // sends (the FH's ACKs are held). Both still run when `ss` looks.
+    pcap(&mut lab);
+    let bytes = 64 << 20;
+    let down = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    let up = start_transfer(&mut lab, Dir::Up, bytes, 5002);
+    std::thread::sleep(Duration::from_millis(1500));
+    crossing(&lab, 1, 2, Duration::from_millis(300), Duration::ZERO);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    // `ss -ti` prints each socket on one line and its TCP_INFO on the next; a socket
+    // has a minimum RTT once it took a sample (both have, soon after the move).
+    let minrtt = |ss: &str, peer: &str| -> Vec<f64> {
+        let lines: Vec<&str> = ss.lines().collect();
+        lines
+            .windows(2)
+            .filter(|w| {
+                w[0].split_whitespace()
+                    .nth(3)
+                    .is_some_and(|p| p.starts_with(peer))
+            })
+            .filter_map(|w| {
+                w[1].split_whitespace()
+                    .find_map(|f| f.strip_prefix("minrtt:"))
+            })
+            .map(|v| v.parse().unwrap())
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let (ss, wireless, fixed) = loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let ss = sh(&lab, Host::Msr(2), &["ss", "-tinH", "state", "established"]);
+        let wireless = minrtt(&ss, &format!("{}:", lab::addr::MH));
+        let fixed: Vec<f64> = [5001, 5002]
+            .iter()
+            .flat_map(|p| minrtt(&ss, &lab::fh_addr(*p)))
+            .collect();
+        if (!wireless.is_empty() && !fixed.is_empty()) || Instant::now() > deadline {
+            break (ss, wireless, fixed);
+        }
+    };
+    let (send, recv) = finish(&mut lab, down);
+    assert_clean(&lab, &send, &recv, bytes);
+    let (send, recv) = finish(&mut lab, up);
+    assert_clean(&lab, &send, &recv, bytes);
+    eprintln!("restored sockets' minimum RTT (ms): wireless {wireless:?}, fixed {fixed:?}");
+    assert!(
+        !wireless.is_empty() && !fixed.is_empty(),
+        "no restored socket with a round-trip estimate at the new MSR:\n{ss}"
+    );
+    for (half, v) in [("wireless", &wireless), ("fixed", &fixed)] {
+        assert!(
+            v.iter().all(|ms| *ms >= 18.0),
+            "a restored {half} socket's minimum RTT is below the path's 20 ms: {v:?}\n{ss}"
+        );
+    }
+}
+
 /// As above, with the failing restart taking 300 ms (as a slow real failure could),
 /// so that the MH's segments reach the restored socket before it fails.
 #[test]

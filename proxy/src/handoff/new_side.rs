@@ -21,7 +21,8 @@ use tracing::{debug, field, info, info_span, warn, Instrument};
 use super::channel::{Channel, ChannelError};
 use super::reply;
 use super::sockets::{
-    discard_all, restart_or_keep, restore_all, socket_work, unacked, FlightRoute, Restored, FEW,
+    discard_all, restart_or_keep, restore_all, socket_work, unacked, FlightRoute, RestoreContext,
+    Restored, FEW,
 };
 use super::spares;
 use crate::clock::now_us;
@@ -143,6 +144,9 @@ async fn run(
     greeter: Option<Greeter>,
     mut old: Option<(String, SocketAddr)>,
 ) {
+    // The old MSR captures the connections after this: how long they are frozen at
+    // most when restored here.
+    let began = std::time::Instant::now();
     let h = d.handoff.as_ref().unwrap();
     let mh = crate::admission::canonical(m.mh());
     let id = m.handoff_id;
@@ -276,13 +280,17 @@ async fn run(
                     }
                     h.adopt_token(mh, m.token());
                     super::handshakes::expect(&d, &images);
-                    let policy = unacked(h.cfg.unacked);
-                    let fwmark = d.cfg.interception.fwmark;
+                    let cx = RestoreContext {
+                        policy: unacked(h.cfg.unacked),
+                        fwmark: d.cfg.interception.fwmark,
+                        began: Some(began),
+                        acks: d.holding.acks(mh),
+                    };
                     let dev = d.cell_interface(mh);
                     let few = images.len() <= FEW;
                     let (ok, failed, es, route) = socket_work(few, move || {
                         let route = FlightRoute::install(mh, dev, &images);
-                        let (ok, failed, es) = restore_all(&images, policy, fwmark);
+                        let (ok, failed, es) = restore_all(&images, &cx);
                         (ok, failed, es, route)
                     })
                     .await;

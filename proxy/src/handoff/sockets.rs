@@ -2,12 +2,13 @@
 //! sockets (old MSR), restore and restart them (new MSR), delete moved copies without
 //! a packet, resume what stays.
 
+use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use itcp_config::UnackedPolicy;
 use itcp_handoff::log::ConnEntry;
@@ -359,7 +360,34 @@ fn decode(b: &[u8]) -> io::Result<SocketImage> {
         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e.to_string()))
 }
 
-pub fn restore_one(c: &ConnImage, policy: UnackedRestore, fwmark: u32) -> io::Result<Restored> {
+/// What a restore needs besides the images.
+#[derive(Clone, Debug, Default)]
+pub struct RestoreContext {
+    pub policy: UnackedRestore,
+    pub fwmark: u32,
+    /// When this MSR asked for the connections (they were captured after that).
+    pub began: Option<Instant>,
+    /// The ACK numbers in segments held during the freeze, by (sender, receiver)
+    /// ([`crate::holding::Holding::acks`]).
+    pub acks: HashMap<(SocketAddr, SocketAddr), Vec<u32>>,
+}
+
+impl RestoreContext {
+    /// Takes in the held ACKs the peer of `img` sent it.
+    fn take_held_acks(&self, img: &mut SocketImage) {
+        let key = (canonical(img.remote), canonical(img.local));
+        for &a in self.acks.get(&key).into_iter().flatten() {
+            img.take_peer_ack(a);
+        }
+    }
+}
+
+fn canonical(a: SocketAddr) -> SocketAddr {
+    SocketAddr::new(crate::admission::canonical(a.ip()), a.port())
+}
+
+pub fn restore_one(c: &ConnImage, cx: &RestoreContext) -> io::Result<Restored> {
+    let (policy, fwmark) = (cx.policy, cx.fwmark);
     // A closing connection's bytes in flight have most likely arrived (only their
     // ACK was held): re-sent all at once, each would draw an ACK, and those after the
     // one that completes the close would meet no socket and draw RSTs. As sent, one
@@ -397,7 +425,8 @@ pub fn restore_one(c: &ConnImage, policy: UnackedRestore, fwmark: u32) -> io::Re
             ),
         ));
     }
-    let w = decode(&c.wireless)?;
+    let mut w = decode(&c.wireless)?;
+    cx.take_held_acks(&mut w);
     let kx = match &c.kx {
         None => None,
         Some(h) => Some(
@@ -421,6 +450,7 @@ pub fn restore_one(c: &ConnImage, policy: UnackedRestore, fwmark: u32) -> io::Re
         // fixed-side socket that is the MH's address, which without msrd's mark would
         // be routed out to the cell (and dropped by the hold) instead of to us.
         inject_mark: fwmark,
+        frozen_for: cx.began.map_or(Duration::ZERO, |b| b.elapsed()),
     };
     let wfd = itcp_handoff::restore(&w, &opts)?;
     let xopts = RestoreOptions {
@@ -429,7 +459,8 @@ pub fn restore_one(c: &ConnImage, policy: UnackedRestore, fwmark: u32) -> io::Re
     };
     // On failure `wfd` is dropped in repair mode: nothing is sent.
     let fixed = if !c.fixed.is_empty() {
-        let x = decode(&c.fixed)?;
+        let mut x = decode(&c.fixed)?;
+        cx.take_held_acks(&mut x);
         let xfd = itcp_handoff::restore(&x, &xopts)?;
         Some((xfd, x))
     } else {
@@ -494,11 +525,10 @@ impl Drop for FlightRoute {
 /// connections, the failures with reasons, and their log entries.
 pub fn restore_all(
     images: &[ConnImage],
-    policy: UnackedRestore,
-    fwmark: u32,
+    cx: &RestoreContext,
 ) -> (Vec<Restored>, Vec<(u64, String)>, Vec<ConnEntry>) {
     let (mut ok, mut failed, mut entries) = (Vec::new(), Vec::new(), Vec::new());
-    let results = on_all_cores(images, 64, |c| restore_one(c, policy, fwmark));
+    let results = on_all_cores(images, 64, |c| restore_one(c, cx));
     for (c, result) in images.iter().zip(results) {
         match result {
             Ok(r) => {
@@ -569,7 +599,11 @@ pub(super) fn fault_delay() -> Option<std::time::Duration> {
 /// time keep a running socket gated well under a millisecond.
 fn restart_group(d: &Daemon, rs: &[Restored]) -> Vec<io::Result<()>> {
     let gates = &d.handoff.as_ref().expect("handoffs are on").gates;
-    let results: Vec<_> = rs.iter().map(restart_one).collect();
+    let mut resent = HashMap::new();
+    let results: Vec<_> = rs
+        .iter()
+        .map(|r| restart_one(r).map(|v| resent.extend(v)))
+        .collect();
     let flows: Vec<_> = rs
         .iter()
         .zip(&results)
@@ -577,12 +611,14 @@ fn restart_group(d: &Daemon, rs: &[Restored]) -> Vec<io::Result<()>> {
         .flat_map(|(r, _)| r.flows())
         .collect();
     // What was held for them first, then what comes through the opened gate.
-    d.holding.deliver_restarted(&flows);
+    d.holding.deliver_restarted(&flows, &resent);
     gates.mark(&d.rules, &flows);
     results
 }
 
-fn restart_one(r: &Restored) -> io::Result<()> {
+/// Restarts one connection. Returns its sockets that re-sent their bytes in flight as
+/// new data, as ((peer, socket's end), snd_una) (see `Holding::deliver_restarted`).
+fn restart_one(r: &Restored) -> io::Result<Vec<((SocketAddr, SocketAddr), u32)>> {
     // Test hook (README, testing): a restart that fails, to show the connection is
     // kept at the old MSR and on record, never lost silently.
     if let Some(port) = fault_restart() {
@@ -601,11 +637,15 @@ fn restart_one(r: &Restored) -> io::Result<()> {
             ));
         }
     }
-    itcp_handoff::restart(r.wireless.0.as_fd(), &r.wireless.1, &r.opts)?;
-    if let Some((fd, img)) = &r.fixed {
-        itcp_handoff::restart(fd.as_fd(), img, &r.opts)?;
+    let mut resent = Vec::new();
+    let sockets = std::iter::once((&r.wireless.0, &r.wireless.1))
+        .chain(r.fixed.as_ref().map(|(fd, img)| (fd, img)));
+    for (fd, img) in sockets {
+        if itcp_handoff::restart(fd.as_fd(), img, &r.opts)? {
+            resent.push(((img.remote, img.local), img.send.una));
+        }
     }
-    Ok(())
+    Ok(resent)
 }
 
 impl Restored {
