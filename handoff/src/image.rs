@@ -1578,8 +1578,10 @@ pub fn restore(img: &SocketImage, opts: &RestoreOptions) -> io::Result<OwnedFd> 
     )?;
     repair::set_timestamp(fd, img.timestamp)?;
     if !opts.frozen_for.is_zero() && img.options.timestamps {
-        // Set once as captured so that the kernel says which unit the value is in.
-        let usec = repair::tcp_info(fd)?.options & repair::TCPI_OPT_USEC_TS != 0;
+        // Linux ≥ 6.7 clears the low bit of a millisecond clock's value; set with it,
+        // the kernel says whether the value is in microseconds (older kernels: never).
+        let usec =
+            img.timestamp & 1 == 1 && repair::tcp_info(fd)?.options & repair::TCPI_OPT_USEC_TS != 0;
         let ts = advance_timestamp(img.timestamp, opts.frozen_for, usec);
         repair::set_timestamp(fd, ts)?;
     }

@@ -1441,26 +1441,21 @@ fn unauthenticated_peer_costs_no_memory((lab, msrds): (Lab, Vec<usize>)) {
     assert!(st.stats.handoff_messages_rejected >= 2, "{st:?}");
 }
 
-/// Issue 9's first must-show. Three causes of a stray RST were found with it, each
+/// Issue 9's first must-show. Four causes of a stray RST were found with it, each
 /// with a test of its own or a lab fix: packets of one flow reordered by the lab's veth
 /// (`lab::steer_in_order`), the old MSR's held segments reaching the restored socket
-/// after the FH's newer ones, and the new MSR delivering its held segments after newer
-/// ones (`the_fixed_host_loses_nothing_when_the_old_msr_lets_go_late`). One is left,
-/// seen mostly with gaps: the restored socket's loss probe re-sends its FIN before the
-/// MH's ACK can come (4.6 ms on a 4.7 ms path), the socket closes on the MH's first ACK,
-/// and the MH's answer to the probe meets no socket: the MSR resets it (the MH is in
-/// TIME_WAIT; no data lost). Likely (inferred from pcaps) the RTT estimate came from a
-/// held segment delivered right after the restart, acknowledging bytes just re-sent.
+/// after the FH's newer ones, the new MSR delivering its held segments after newer
+/// ones (`the_fixed_host_loses_nothing_when_the_old_msr_lets_go_late`), and restored
+/// sockets whose RTT estimate came out near zero, so that a loss probe re-sent the FIN
+/// before the MH could answer and the answer met a closed socket
+/// (`restored_sockets_keep_the_paths_round_trip_estimate`).
 #[test]
-#[ignore = "flaky: in some runs (3 of 17 with gaps) the MH receives an RST for a connection it \
-            has closed (see above); run with --ignored"]
 fn short_connections_through_twenty_overlapped_handoffs_see_no_reset() {
     // Handshakes half-open at the old MSR are completed there before it freezes.
     short_connections_through_twenty_handoffs(false);
 }
 
 #[test]
-#[ignore = "flaky as the overlapped test above; run with --ignored"]
 fn short_connections_through_twenty_handoffs_see_no_reset() {
     short_connections_through_twenty_handoffs(true);
 }
