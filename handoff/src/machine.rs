@@ -167,6 +167,8 @@ pub struct NewSide {
     /// The peers asked so far after `MovedOn` answers (never one twice, at most
     /// [`MAX_REDIRECTS`]).
     asked: Vec<String>,
+    /// Where the old MSR says the MH's other connections went (`Accepted.also_at`).
+    also_at: Option<String>,
 }
 
 /// How many `MovedOn` answers one pull follows: one per pull that completed after the
@@ -246,6 +248,7 @@ impl NewSide {
             deadline: now_us + t.images_us,
             restore_failed: Vec::new(),
             asked: Vec::new(),
+            also_at: None,
         };
         (s, vec![Action::Send(request)])
     }
@@ -270,6 +273,15 @@ impl NewSide {
     /// The MH's session token as the old MSR sent it (hex), once it accepted.
     pub fn token(&self) -> Option<&str> {
         self.token.as_deref()
+    }
+
+    /// The peer the old MSR says holds the MH's other connections, to pull from next
+    /// with the same greeting once this handoff moved something (never this MSR, the
+    /// old one, or one asked already).
+    pub fn also_at(&self) -> Option<&str> {
+        let a = self.also_at.as_deref()?;
+        let seen = a == self.me || a == self.old_msr || self.asked.iter().any(|p| p == a);
+        (!seen && self.greeting().is_some()).then_some(a)
     }
 
     /// The greeting this handoff started with (None: network detection).
@@ -407,11 +419,16 @@ impl NewSide {
         match (self.state, ev) {
             (
                 NewState::WaitingAccept,
-                NewEvent::Message(Message::Accepted { handoff_id, token }),
+                NewEvent::Message(Message::Accepted {
+                    handoff_id,
+                    token,
+                    also_at,
+                }),
             ) if handoff_id == id => {
                 self.state = NewState::WaitingImages;
                 // The MH's token, so the replies to it are tagged from the hold on.
                 self.token = token;
+                self.also_at = also_at;
                 vec![
                     Action::Hold(self.mh),
                     Action::Send(Message::Holding { handoff_id: id }),
@@ -715,9 +732,17 @@ impl OldSide {
                     // A detected MH sends through the new MSR already: nothing to wait.
                     acts.push(Action::AwaitHandshakes(mh));
                 }
+                // Some of the MH's connections left for another peer after it had
+                // moved on, others are here (opened since, or kept by a partial
+                // handoff): the new MSR fetches those from there too.
+                let also_at = match (req, known.moved_to) {
+                    (Request::Greeting(_), Some(to)) if to != from => Some(to.to_string()),
+                    _ => None,
+                };
                 acts.push(Action::Send(Message::Accepted {
                     handoff_id,
                     token: s.token.clone(),
+                    also_at,
                 }));
                 acts.push(Action::FreezeAndCapture(mh));
                 acts
@@ -956,6 +981,7 @@ mod tests {
                 Action::Send(Message::Accepted {
                     handoff_id: 9,
                     token: Some(itcp_proto::hex::hex(TOKEN)),
+                    also_at: None,
                 }),
                 Action::FreezeAndCapture(mh)
             ]
@@ -1046,7 +1072,8 @@ mod tests {
             vec![
                 Action::Send(Message::Accepted {
                     handoff_id: 4,
-                    token: None
+                    token: None,
+                    also_at: None,
                 }),
                 Action::FreezeAndCapture(mh)
             ]
@@ -1194,6 +1221,48 @@ mod tests {
         );
         old.handle(OldEvent::Captured(vec![img(1)]), 2);
         assert_eq!(old.handle(other, 3), vec![]);
+    }
+
+    #[test]
+    fn connections_split_by_a_late_pull_are_all_fetched() {
+        // msr2's pull took the MH's connections from msr1 after the MH had moved on to
+        // msr3 naming msr1; msr1 has one more of the MH's since (a partial handoff).
+        let mh: IpAddr = "10.2.0.100".parse().unwrap();
+        let g = Greeting::new(TOKEN, mh, "msr1", "msr3", 20, [2; 16]);
+        let split = MhKnown {
+            local: 1,
+            moved_to: Some("msr2"),
+            ..known()
+        };
+        let (_, acts) = OldSide::start("msr1", "msr3", 7, Request::Greeting(&g), split, 0, T);
+        let accepted = Message::Accepted {
+            handoff_id: 7,
+            token: Some(itcp_proto::hex::hex(TOKEN)),
+            also_at: Some("msr2".into()),
+        };
+        assert!(acts.contains(&Action::Send(accepted.clone())), "{acts:?}");
+        let (mut new, _) = NewSide::start(7, "msr3", g.clone(), 0, T);
+        assert_eq!(new.also_at(), None);
+        new.handle(NewEvent::Message(accepted), 1);
+        assert_eq!(new.also_at(), Some("msr2"), "msr3 pulls from msr2 next");
+        // Never from itself or from the MSR it pulls from now.
+        for at in ["msr3", "msr1"] {
+            let (mut new, _) = NewSide::start(8, "msr3", g.clone(), 0, T);
+            let m = Message::Accepted {
+                handoff_id: 8,
+                token: None,
+                also_at: Some(at.into()),
+            };
+            new.handle(NewEvent::Message(m), 1);
+            assert_eq!(new.also_at(), None, "{at}");
+        }
+        // The MH's connections here came back from msr2 since: nothing else to fetch.
+        let (_, acts) = OldSide::start("msr1", "msr3", 9, Request::Greeting(&g), known(), 0, T);
+        assert!(
+            acts.iter()
+                .any(|a| matches!(a, Action::Send(Message::Accepted { also_at: None, .. }))),
+            "{acts:?}"
+        );
     }
 
     #[test]
@@ -1383,6 +1452,7 @@ mod tests {
         let accepted = Message::Accepted {
             handoff_id: 8,
             token: Some("aa".into()),
+            also_at: None,
         };
         new.handle(NewEvent::Message(accepted), 1);
         assert_eq!(
@@ -1417,6 +1487,7 @@ mod tests {
             NewEvent::Message(Message::Accepted {
                 handoff_id: 7,
                 token: None,
+                also_at: None,
             }),
             1,
         );
@@ -1448,6 +1519,7 @@ mod tests {
             NewEvent::Message(Message::Accepted {
                 handoff_id: 5,
                 token: None,
+                also_at: None,
             }),
             600,
         );
@@ -1515,6 +1587,7 @@ mod tests {
             NewEvent::Message(Message::Accepted {
                 handoff_id: 3,
                 token: None,
+                also_at: None,
             }),
             1,
         );
@@ -1570,6 +1643,7 @@ mod tests {
             NewEvent::Message(Message::Accepted {
                 handoff_id: 3,
                 token: None,
+                also_at: None,
             }),
             1,
         );

@@ -84,11 +84,16 @@ pub enum Message {
     /// Old MSR → new MSR: the greeting's proof verified; the old MSR freezes now, so
     /// the new MSR may hold the MH's flows and let it send (nothing is held for an
     /// unproven greeting). `token` is the MH's session token (hex), so the new MSR can
-    /// tag its replies to the MH from the start.
+    /// tag its replies to the MH from the start. `also_at`: the MH's other
+    /// connections left here for that peer after the MH had moved on (a pull the
+    /// channel held up): the new MSR pulls them from there next, with the same
+    /// greeting.
     Accepted {
         handoff_id: u64,
         #[serde(default, skip_serializing_if = "Option::is_none")]
         token: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        also_at: Option<String>,
     },
     /// New MSR → old MSR, after `Accepted`: the MH's flows are held here now, so the
     /// old MSR may send on the packets it holds of the frozen connections at once:

@@ -2106,3 +2106,55 @@ fn a_pull_that_completes_after_the_mh_moved_on_is_followed_there() {
         "{records:?}"
     );
 }
+
+/// A pull that is slow to complete (here the new MSR restores late) while the MH
+/// moves on to a third MSR, naming the first one still (the slow MSR had not answered
+/// it yet): the first MSR serves the third one's request only once its handoff to
+/// the slow one is over, and sends it there (found by the chaos soak: served at once,
+/// the request found one connection opened meanwhile and none of the others, the MH
+/// stayed at the third MSR with that one, and the others, moved to the slow MSR where
+/// the MH was not, were reset).
+#[test]
+fn a_request_that_comes_while_the_mh_is_being_handed_over_follows_the_handoff() {
+    let mut lab = clean_lab(3, 97);
+    let env = [
+        (2, "MSRD_FAULT", "slow_restore"),
+        (2, "MSRD_FAULT_DELAY_MS", "500"),
+    ];
+    lab.start_itcp_mobility_env("", &["--hysteresis-ms", "0"], &env)
+        .unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    lab.watch_rsts(Host::Mh).unwrap();
+    let fh = lab::fh_addr(5006);
+    lab.spawn(Host::Fh, bin_path("ttcp"), &["echo", "--listen", &fh])
+        .unwrap();
+    lab.wait_listening(Host::Fh, 5006).unwrap();
+    let rr = spawn_rr(&mut lab, &fh, 200, true);
+    let up = start_transfer(&mut lab, Dir::Up, 16 << 20, 5001);
+    std::thread::sleep(Duration::from_millis(700));
+    // MSR2's pull holds MSR1 frozen for 500 ms; the MH is in cell 3 after 200.
+    crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
+    std::thread::sleep(Duration::from_millis(200));
+    crossing(&lab, 2, 3, Duration::ZERO, Duration::ZERO);
+    let t0 = Instant::now();
+    let at_msr3 = |lab: &Lab| lab.msrd_sessions(3).map_or(0, |s| s.len());
+    while at_msr3(&lab) < 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the MH's connections did not reach MSR3 (sessions there: {})\n{}",
+            at_msr3(&lab),
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    rr_done(&mut lab, rr, "explicit", 200);
+    let (send, recv) = finish(&mut lab, up);
+    assert_clean(&lab, &send, &recv, 16 << 20);
+    let records = lab.handoff_records(3);
+    assert!(
+        records
+            .iter()
+            .any(|r| r.role == Role::New && r.old_msr == "msr2" && r.outcome == Outcome::Moved),
+        "{records:?}"
+    );
+}

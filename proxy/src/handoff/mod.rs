@@ -87,6 +87,8 @@ pub struct Handoffs {
     pub(crate) tls: Option<tls::ChannelTlsConfig>,
     next_id: AtomicU64,
     pub(crate) mhs: Mutex<HashMap<IpAddr, MhState>>,
+    /// One request at a time per MH on the old side (see [`Handoffs::old_side_turn`]).
+    old_turns: Mutex<HashMap<IpAddr, Arc<tokio::sync::Mutex<()>>>>,
     /// Pulls per MH (spoofed greetings cannot make us ask peers without bound).
     pulls: Mutex<PerAddr>,
     /// The gates on restored connections while they restart.
@@ -138,6 +140,7 @@ impl Handoffs {
             // Unique across restarts: handoff ids start at the clock.
             next_id: AtomicU64::new(now_us()),
             mhs: Mutex::new(HashMap::new()),
+            old_turns: Mutex::new(HashMap::new()),
             // A genuine MH moves at most a few times a second; 5 at once, 2/s after.
             pulls: Mutex::new(PerAddr::new(5, 2.0, 4096)),
             gates: gate::Gates::default(),
@@ -270,6 +273,22 @@ impl Handoffs {
         let st = m.entry(mh).or_default();
         st.came_from = Some(peer.into());
         st.moved_to = None;
+    }
+
+    /// Waits until no other peer's request for `mh` is being served here. A request
+    /// that came while the MH's connections were being handed to another peer would
+    /// see them as not here and answer as if the MH had none (a pull the channel held
+    /// up completing while the MH greets its next MSR): served after, it sees where
+    /// they went (`moved_on`, `also_at`).
+    pub(crate) async fn old_side_turn(&self, mh: IpAddr) -> tokio::sync::OwnedMutexGuard<()> {
+        let turn = {
+            let mut t = self.old_turns.lock().unwrap();
+            // Forget the MHs no request waits for (the table stays as small as the
+            // handoffs under way).
+            t.retain(|_, m| Arc::strong_count(m) > 1);
+            t.entry(mh).or_default().clone()
+        };
+        turn.lock_owned().await
     }
 
     pub(crate) fn greeting_used(&self, mh: IpAddr, ts_ms: u64) {

@@ -70,9 +70,31 @@ pub async fn pull(d: Arc<Daemon>, greeter: Greeter, prev: String, peer_addr: Soc
     let id = h.next_handoff_id();
     let (m, acts) = NewSide::start(id, &h.me, greeter.g.clone(), now_us(), h.timeouts());
     let span = info_span!("handoff", handoff = id, mh = %m.mh(), role = "new", peer = %prev);
-    run(d, m, acts, Some(greeter), Some((prev, peer_addr)))
+    let g = greeter.g.clone();
+    let more = run(d.clone(), m, acts, Some(greeter), Some((prev, peer_addr)))
         .instrument(span)
-        .await
+        .await;
+    if let Some(at) = more {
+        pull_more(d, g, at).await;
+    }
+}
+
+/// Pulls the MH's connections that a late pull took to peer `at` (the old MSR said so,
+/// `also_at`), with the greeting that just moved the others here. The MH was told of
+/// the first pull already; these join them.
+async fn pull_more(d: Arc<Daemon>, g: Greeting, at: String) {
+    let h = d.handoff.as_ref().unwrap();
+    let Some(addr) = h.cfg.peers.iter().find(|p| p.id == at).map(|p| p.address) else {
+        return warn!(mh = %g.mh, peer = %at, "the MH's other connections are at a peer we do not know");
+    };
+    let id = h.next_handoff_id();
+    let (mut m, acts) = NewSide::start(id, &h.me, g, now_us(), h.timeouts());
+    m.set_old_msr(&at);
+    let span = info_span!("handoff", handoff = id, mh = %m.mh(), role = "new", peer = %at);
+    info!(parent: &span, "the MH's other connections are at {at}: pulling them too");
+    run(d, m, acts, None, Some((at, addr)))
+        .instrument(span)
+        .await;
 }
 
 /// Runs one pull for an MH detected on a cell (its first packet came from `mac`).
@@ -82,7 +104,7 @@ pub async fn pull_detected(d: Arc<Daemon>, mh: IpAddr, mac: [u8; 6]) {
     let (m, acts) = NewSide::detected(id, &h.me, mh, mac, now_us(), h.timeouts());
     // The peer is known once one answers for the MH.
     let span = info_span!("handoff", handoff = id, %mh, role = "new", peer = field::Empty);
-    run(d, m, acts, None, None).instrument(span).await
+    run(d, m, acts, None, None).instrument(span).await;
 }
 
 /// What asking every peer came to.
@@ -137,13 +159,15 @@ async fn locate(d: &Arc<Daemon>, msg: &Message, handoff_id: u64, wait: Duration)
     }
 }
 
+/// Returns the peer to pull the MH's other connections from next, if the old MSR
+/// named one (`also_at`) and this handoff moved something.
 async fn run(
     d: Arc<Daemon>,
     mut m: NewSide,
     mut acts: Vec<Action>,
     greeter: Option<Greeter>,
     mut old: Option<(String, SocketAddr)>,
-) {
+) -> Option<String> {
     // The old MSR captures the connections after this: how long they are frozen at
     // most when restored here.
     let began = std::time::Instant::now();
@@ -158,6 +182,7 @@ async fn run(
     let mut flight_route: Option<FlightRoute> = None;
     let mut entries: Vec<ConnEntry> = Vec::new();
     let mut moved = 0usize;
+    let mut moved_any = false;
     // The hold was lifted and its packets still wait (for the restart).
     let mut lifted = false;
     loop {
@@ -366,6 +391,7 @@ async fn run(
                 }
                 Action::Log(r) => {
                     let ok = matches!(r.outcome, hlog::Outcome::Moved | hlog::Outcome::Partial);
+                    moved_any = ok;
                     if ok && !prev.is_empty() {
                         h.moved_in(mh, &prev);
                     }
@@ -423,7 +449,7 @@ async fn run(
             if lifted {
                 d.holding.settle(mh, &[]);
             }
-            return;
+            return m.also_at().filter(|_| moved_any).map(str::to_string);
         }
         let Some(c) = ch.as_mut() else {
             acts = m.handle_channel_lost("no channel");

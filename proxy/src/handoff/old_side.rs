@@ -172,6 +172,7 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
         Request::Greeting(g) => g.mh,
         Request::Detected { mh, .. } => mh,
     });
+    let _turn = h.old_side_turn(mh).await;
     let (token, last_ts, mac, moved_to, came_from) = {
         let m = h.mhs.lock().unwrap();
         m.get(&mh)
