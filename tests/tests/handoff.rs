@@ -2116,11 +2116,25 @@ fn a_pull_that_completes_after_the_mh_moved_on_is_followed_there() {
 /// the MH was not, were reset).
 #[test]
 fn a_request_that_comes_while_the_mh_is_being_handed_over_follows_the_handoff() {
+    request_during_a_handoff(false);
+}
+
+/// As above, with the slow handoff partial (the upload's connection fails to restart
+/// at MSR2 and stays at MSR1): MSR1 hands MSR3 that one and names MSR2 for the other
+/// (`also_at`), which MSR3 then pulls from there.
+#[test]
+fn a_request_that_comes_while_the_mh_is_being_handed_over_partially_gets_every_connection() {
+    request_during_a_handoff(true);
+}
+
+fn request_during_a_handoff(partial: bool) {
     let mut lab = clean_lab(3, 97);
-    let env = [
-        (2, "MSRD_FAULT", "slow_restore"),
-        (2, "MSRD_FAULT_DELAY_MS", "500"),
-    ];
+    let fault = if partial {
+        "slow_restore,fail_restart:5001"
+    } else {
+        "slow_restore"
+    };
+    let env = [(2, "MSRD_FAULT", fault), (2, "MSRD_FAULT_DELAY_MS", "500")];
     lab.start_itcp_mobility_env("", &["--hysteresis-ms", "0"], &env)
         .unwrap();
     lab.watch_rsts(Host::Fh).unwrap();
@@ -2151,10 +2165,11 @@ fn a_request_that_comes_while_the_mh_is_being_handed_over_follows_the_handoff() 
     let (send, recv) = finish(&mut lab, up);
     assert_clean(&lab, &send, &recv, 16 << 20);
     let records = lab.handoff_records(3);
-    assert!(
+    let from = |old: &str| {
         records
             .iter()
-            .any(|r| r.role == Role::New && r.old_msr == "msr2" && r.outcome == Outcome::Moved),
-        "{records:?}"
-    );
+            .any(|r| r.role == Role::New && r.old_msr == old && r.outcome == Outcome::Moved)
+    };
+    assert!(from("msr2"), "{records:?}");
+    assert_eq!(from("msr1"), partial, "{records:?}");
 }

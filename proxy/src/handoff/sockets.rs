@@ -571,10 +571,11 @@ fn fault_restart() -> Option<Option<u16>> {
     static FAULT: std::sync::OnceLock<Option<Option<u16>>> = std::sync::OnceLock::new();
     *FAULT.get_or_init(|| {
         let v = std::env::var("MSRD_FAULT").ok()?;
-        match v.strip_prefix("fail_restart")? {
-            "" => Some(None),
-            p => p.strip_prefix(':')?.parse().ok().map(Some),
-        }
+        v.split(',')
+            .find_map(|f| match f.strip_prefix("fail_restart")? {
+                "" => Some(None),
+                p => p.strip_prefix(':')?.parse().ok().map(Some),
+            })
     })
 }
 
