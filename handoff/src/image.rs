@@ -423,8 +423,8 @@ impl SocketImage {
     /// during the freeze and was held): the bytes it acknowledges leave `unacked` and
     /// `una` moves on, as if it had come before the capture; the right edge of the
     /// peer's window stays. Returns how many bytes went. An ACK at or behind `una`, or
-    /// beyond the bytes in flight, changes nothing; nor does one of our FIN (the
-    /// restored socket takes that one itself: no byte is re-sent for it).
+    /// beyond what was sent, changes nothing. Our FIN stays in flight even if the ACK
+    /// covers it (the bytes before it go): the restored socket takes that ACK itself.
     ///
     /// Why: bytes in flight are re-sent as new data at [`restart`] (`AsNew`), and a held
     /// ACK of their first copy, delivered after, would be taken for an ACK of the new
@@ -434,12 +434,17 @@ impl SocketImage {
     /// fires before any answer can come. Taken in here, those bytes are not re-sent.
     pub fn take_peer_ack(&mut self, ack: u32) -> usize {
         let n = ack.wrapping_sub(self.send.una) as usize;
+        let fin = usize::from(self.send.fin == SendFin::Sent);
         // Serial arithmetic: an old ACK is "behind" (a huge forward distance).
-        if n == 0 || n > self.send.unacked.len() {
+        if n > self.send.unacked.len() + fin {
+            return 0;
+        }
+        let n = n.min(self.send.unacked.len());
+        if n == 0 {
             return 0;
         }
         self.send.unacked.drain(..n);
-        self.send.una = ack;
+        self.send.una = self.send.una.wrapping_add(n as u32);
         self.window.snd_wnd = self.window.snd_wnd.saturating_sub(n as u32);
         n
     }
@@ -1824,16 +1829,21 @@ mod tests {
     }
 
     #[test]
-    fn a_held_ack_of_our_fin_is_left_to_the_restored_socket() {
+    fn a_held_ack_of_our_fin_takes_the_bytes_before_it_only() {
         let mut img = sample();
         assert_eq!(img.send.fin, SendFin::Sent);
         let len = img.send.unacked.len();
-        let fin = img.send.una.wrapping_add(len as u32 + 1);
-        assert_eq!(img.take_peer_ack(fin), 0);
+        let una = img.send.una;
+        let fin = una.wrapping_add(len as u32 + 1);
+        assert_eq!(img.take_peer_ack(fin.wrapping_add(1)), 0, "beyond our FIN");
+        assert_eq!(img.take_peer_ack(fin), len, "the bytes before it go");
+        assert_eq!(img.send.una, una.wrapping_add(len as u32));
         assert_eq!(
-            (img.state, img.send.unacked.len()),
-            (TcpState::LastAck, len)
+            (img.state, img.send.fin),
+            (TcpState::LastAck, SendFin::Sent)
         );
+        assert_eq!(img.take_peer_ack(fin), 0);
+        img.validate().unwrap();
     }
 
     #[test]
