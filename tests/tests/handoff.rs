@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use itcp_handoff::log::{Outcome, Role};
 use itcp_proto::channel::{tls_hello, Message, Session};
 use itcp_proto::greeting::Greeting;
+use itcp_testbed::emu::LinkParams;
 use itcp_testbed::lab::{self, bin_path, Host, Lab, LabConfig};
 use itcp_testbed::ttcp::{RecvReport, SendReport};
 use rustls::pki_types::pem::PemObject;
@@ -753,15 +754,22 @@ fn the_fixed_host_loses_nothing_when_the_old_msr_lets_go_late() {
     fixed_host_loses_nothing(49, "slow_restore,slow_ack");
 }
 
-fn fixed_host_loses_nothing(seed: u64, fault: &str) {
-    let wan = lab::link(20_000_000, 1.0, 0.0);
-    let cell = lab::link(100_000_000, 1.0, 0.0);
+/// Two MSRs on `wan` and `cell` links, fast beacons, MSR2 with test hook `fault`
+/// delayed 150 ms; RSTs counted.
+fn slow_handoff_lab(seed: u64, wan: LinkParams, cell: LinkParams, fault: &str) -> Lab {
     let mut lab = Lab::new(LabConfig::links(2, seed, wan, cell)).unwrap();
     let env = [(2, "MSRD_FAULT", fault), (2, "MSRD_FAULT_DELAY_MS", "150")];
     lab.start_itcp_mobility_env(FAST_BEACONS, FAST_AGENT, &env)
         .unwrap();
     lab.watch_rsts(Host::Fh).unwrap();
     lab.watch_rsts(Host::Mh).unwrap();
+    lab
+}
+
+fn fixed_host_loses_nothing(seed: u64, fault: &str) {
+    let wan = lab::link(20_000_000, 1.0, 0.0);
+    let cell = lab::link(100_000_000, 1.0, 0.0);
+    let mut lab = slow_handoff_lab(seed, wan, cell, fault);
     pcap(&mut lab);
     let bytes = 12 << 20;
     let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
@@ -846,15 +854,7 @@ fn restored_sockets_keep_the_paths_round_trip_estimate() {
     // 10 ms each way on the cell and the WAN: each half's round trip is ≥ 20 ms.
     let wan = lab::link(50_000_000, 10.0, 0.0);
     let cell = lab::link(50_000_000, 10.0, 0.0);
-    let mut lab = Lab::new(LabConfig::links(2, 53, wan, cell)).unwrap();
-    let env = [
-        (2, "MSRD_FAULT", "slow_restore"),
-        (2, "MSRD_FAULT_DELAY_MS", "150"),
-    ];
-    lab.start_itcp_mobility_env(FAST_BEACONS, FAST_AGENT, &env)
-        .unwrap();
-    lab.watch_rsts(Host::Fh).unwrap();
-    lab.watch_rsts(Host::Mh).unwrap();
+    let mut lab = slow_handoff_lab(53, wan, cell, "slow_restore");
     // Down: the wireless half sends (the MH's ACKs are held). Up: the fixed half
     // sends (the FH's ACKs are held). Both still run when `ss` looks.
     pcap(&mut lab);

@@ -643,7 +643,7 @@ fn restart_one(r: &Restored) -> io::Result<Vec<((SocketAddr, SocketAddr), u32)>>
         .chain(r.fixed.as_ref().map(|(fd, img)| (fd, img)));
     for (fd, img) in sockets {
         if itcp_handoff::restart(fd.as_fd(), img, &r.opts)? {
-            resent.push(((img.remote, img.local), img.send.una));
+            resent.push(((canonical(img.remote), canonical(img.local)), img.send.una));
         }
     }
     Ok(resent)
