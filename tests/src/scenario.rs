@@ -13,10 +13,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::baseline::{MobileIp, MobileIpOpts, Registration};
+use crate::dna::Announcer;
 use crate::emu::{
     AssocEvent, Crossing, Dir, LinkCounters, LinkParams, ReplyBody, Request, Schedule,
 };
-use crate::lab::{self, bin_path, Host, Lab, LabConfig};
+use crate::lab::{self, addr, bin_path, Host, Lab, LabConfig};
 use crate::ttcp::{RecvReport, SendReport};
 
 /// Link parameters of a network.
@@ -136,15 +137,23 @@ pub enum Detection {
     /// Link-up solicitation: when the MH's carrier comes up it asks for a beacon, and
     /// the MSRs answer at once.
     Solicit,
+    /// Network detection, I-TCP only: the MH runs nothing of ours (a plain `ttcp`
+    /// through transparent mode, no agent, no mh-lib) and the new MSR pulls its
+    /// connection on the MH's first frame in the cell (`detect = "network"`; the MH's
+    /// OS probes its gateway on link-up, [`crate::dna`]). Regular TCP, which has no MSR
+    /// to detect for it, gets link-up solicitation. The MH opens the connection in
+    /// both modes (transparent mode splits the MH's connections).
+    Network,
 }
 
 impl Detection {
-    pub const ALL: [Detection; 2] = [Detection::Beacon, Detection::Solicit];
+    pub const ALL: [Detection; 3] = [Detection::Beacon, Detection::Solicit, Detection::Network];
 
     pub fn name(self) -> &'static str {
         match self {
             Detection::Beacon => "beacon",
             Detection::Solicit => "solicit",
+            Detection::Network => "network",
         }
     }
 
@@ -156,7 +165,7 @@ impl Detection {
     pub fn agent_args(self) -> &'static [&'static str] {
         match self {
             Detection::Beacon => &["--no-solicit"],
-            Detection::Solicit => &[],
+            Detection::Solicit | Detection::Network => &[],
         }
     }
 
@@ -164,7 +173,7 @@ impl Detection {
     pub fn mobile_ip(self, policy: itcp_mh::mobility::Policy) -> MobileIpOpts {
         MobileIpOpts {
             policy,
-            solicit: self == Detection::Solicit,
+            solicit: self != Detection::Beacon,
             ..MobileIpOpts::default()
         }
     }
@@ -179,13 +188,22 @@ impl Detection {
     ) -> [Mode; 2] {
         let mut args: Vec<String> = self.agent_args().iter().map(|a| a.to_string()).collect();
         args.extend(agent.iter().map(|a| a.to_string()));
-        [
-            Mode::RegularTcp(self.mobile_ip(policy)),
-            Mode::Itcp {
+        let itcp = match self {
+            Detection::Network => Mode::ItcpNetwork {
+                msrd_extra: msrd_extra.into(),
+            },
+            _ => Mode::Itcp {
                 msrd_extra: msrd_extra.into(),
                 agent: args,
             },
-        ]
+        };
+        [Mode::RegularTcp(self.mobile_ip(policy)), itcp]
+    }
+
+    /// Whether the MH opens the connection (the FH listens): with network detection,
+    /// where transparent mode splits the MH's connections.
+    pub fn mh_opens(self) -> bool {
+        self == Detection::Network
     }
 }
 
@@ -203,14 +221,23 @@ pub enum Mode {
         #[serde(default)]
         agent: Vec<String>,
     },
+    /// I-TCP for an MH that runs nothing of ours: msrd with `[handoff]`, a shared
+    /// gateway MAC and network detection on every cell, transparent mode for the
+    /// transfer's port; the MH runs a plain `ttcp` and opens the connection
+    /// ([`Traffic::mh_opens`]).
+    ItcpNetwork { msrd_extra: String },
 }
 
 impl Mode {
     pub fn label(&self) -> &'static str {
         match self {
             Mode::RegularTcp(_) => "regular TCP",
-            Mode::Itcp { .. } => "I-TCP",
+            Mode::Itcp { .. } | Mode::ItcpNetwork { .. } => "I-TCP",
         }
+    }
+
+    pub fn is_itcp(&self) -> bool {
+        !matches!(self, Mode::RegularTcp(_))
     }
 }
 
@@ -222,6 +249,10 @@ pub struct Traffic {
     pub buf: Option<usize>,
     /// Congestion control at the FH (and MH); None = the kernel's default.
     pub cc: Option<String>,
+    /// The MH opens the connection and the FH listens (else the reverse). The bytes
+    /// flow from the FH to the MH either way.
+    #[serde(default)]
+    pub mh_opens: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -294,6 +325,7 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
         })?;
     }
     let mut agent = None;
+    let mut announcer = None;
     let mut itcp = false;
     match &r.mode {
         Mode::RegularTcp(mip) => agent = Some(MobileIp::start(&lab, mip.clone())?),
@@ -306,6 +338,21 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
             lab.start_itcp_mobility(msrd_extra, &args)?;
             lab.watch_rsts(Host::Fh)?;
             lab.watch_rsts(Host::Mh)?;
+            itcp = true;
+        }
+        Mode::ItcpNetwork { msrd_extra } => {
+            lab.msrd_log_level = "info".into();
+            let port = 5001;
+            lab.start_itcp_network(&format!(
+                "[transparent]\nenabled = true\nports = [{port}]\n{msrd_extra}"
+            ))?;
+            lab.watch_rsts(Host::Fh)?;
+            lab.watch_rsts(Host::Mh)?;
+            announcer = Some(Announcer::start(
+                &lab.ns(Host::Mh),
+                "air0",
+                &addr::CELL_GW.to_string(),
+            )?);
             itcp = true;
         }
     }
@@ -328,13 +375,31 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
         a.extend(common.iter().cloned());
         a
     };
-    let mut recv_args = args("recv", "--listen", lab::mh_addr(port));
-    if itcp {
-        recv_args.push("--itcp".into());
-    }
-    let send_args = args("send", "--connect", lab::mh_addr(port));
-    let recv = lab.spawn(Host::Mh, &ttcp, &strs(&recv_args))?;
-    if itcp {
+    // With mh-lib (`--itcp`) the MH listens through its MSR; a plain MH opens the
+    // connection itself when `mh_opens`.
+    let explicit = matches!(r.mode, Mode::Itcp { .. });
+    let (recv_args, send_args) = if r.traffic.mh_opens {
+        (
+            args("recv", "--connect", lab::fh_addr(port)),
+            args("send", "--listen", lab::fh_addr(port)),
+        )
+    } else {
+        let mut recv_args = args("recv", "--listen", lab::mh_addr(port));
+        if explicit {
+            recv_args.push("--itcp".into());
+        }
+        (recv_args, args("send", "--connect", lab::mh_addr(port)))
+    };
+    // The listening side first: the FH when the MH opens, else the MH.
+    let (first_host, first_args, second_host, second_args) = if r.traffic.mh_opens {
+        (Host::Fh, &send_args, Host::Mh, &recv_args)
+    } else {
+        (Host::Mh, &recv_args, Host::Fh, &send_args)
+    };
+    let first = lab.spawn(first_host, &ttcp, &strs(first_args))?;
+    if r.traffic.mh_opens {
+        lab.wait_listening(Host::Fh, port)?;
+    } else if explicit {
         // The FH must not connect before the MH's listener exists at its MSR: the SYN
         // would be routed on to the MH, whose kernel answers RST (counted as one).
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -369,7 +434,12 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
         }
         None => crate::sys::mono_ns(),
     };
-    let send = lab.spawn(Host::Fh, &ttcp, &strs(&send_args))?;
+    let second = lab.spawn(second_host, &ttcp, &strs(second_args))?;
+    let (recv, send) = if r.traffic.mh_opens {
+        (second, first)
+    } else {
+        (first, second)
+    };
     let (_, rout, rerr) = lab.wait(recv, r.timeout)?;
     let (_, sout, _) = lab.wait(send, Duration::from_secs(10))?;
     let status = lab.emu_status()?;
@@ -379,6 +449,7 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
         .map(MobileIp::registrations)
         .unwrap_or_default();
     drop(agent);
+    drop(announcer);
     let (mut handoffs, mut rsts) = (Vec::new(), None);
     if itcp {
         for k in 1..=r.msrs {
@@ -453,21 +524,34 @@ mod tests {
         use itcp_mh::mobility::Policy;
         for d in Detection::ALL {
             assert_eq!(Detection::parse(d.name()), Some(d));
-            let [Mode::RegularTcp(mip), Mode::Itcp { msrd_extra, agent }] =
-                d.modes(Policy::Lazy, "x", &["--policy", "lazy"])
+            let [Mode::RegularTcp(mip), itcp] = d.modes(Policy::Lazy, "x", &["--policy", "lazy"])
             else {
-                panic!("regular TCP, then I-TCP");
+                panic!("regular TCP first");
             };
-            assert_eq!((mip.policy, msrd_extra.as_str()), (Policy::Lazy, "x"));
-            // The I-TCP agent solicits unless told not to; the baseline only if told to.
-            assert_eq!(mip.solicit, d == Detection::Solicit);
-            assert_eq!(
-                agent.contains(&"--no-solicit".to_string()),
-                d == Detection::Beacon
-            );
-            assert!(agent.ends_with(&["--policy".into(), "lazy".into()]));
+            assert_eq!(mip.policy, Policy::Lazy);
+            // The baseline solicits unless it waits for beacons.
+            assert_eq!(mip.solicit, d != Detection::Beacon);
+            // Only network detection opens from the MH, where transparent mode splits.
+            assert_eq!(d.mh_opens(), d == Detection::Network);
+            match itcp {
+                Mode::Itcp { msrd_extra, agent } => {
+                    assert_ne!(d, Detection::Network);
+                    assert_eq!(msrd_extra, "x");
+                    // The I-TCP agent solicits unless told not to.
+                    assert_eq!(
+                        agent.contains(&"--no-solicit".to_string()),
+                        d == Detection::Beacon
+                    );
+                    assert!(agent.ends_with(&["--policy".into(), "lazy".into()]));
+                }
+                Mode::ItcpNetwork { msrd_extra } => {
+                    assert_eq!(d, Detection::Network);
+                    assert_eq!(msrd_extra, "x");
+                }
+                Mode::RegularTcp(_) => panic!("I-TCP second"),
+            }
         }
-        assert_eq!(Detection::parse("network"), None);
+        assert_eq!(Detection::parse("nope"), None);
         assert_eq!(Detection::default(), Detection::Beacon);
     }
 

@@ -33,7 +33,8 @@ testbed lab (itcp-lab(1) starts it), and carries frames between them through emu
 links and cells: bandwidth, delay, loss models, bandwidth traces (mahimahi format, with
 \"trace_file\": PATH), and cell association of the mobile host. An MH's TAP device has
 carrier while the MH is in at least one cell and none while it is in no cell, as a
-wireless NIC reports association.
+wireless NIC reports association; a move straight from one cell into another drops
+the carrier and raises it again at once (a new association).
 
 It prints 'ready' on stdout once every device exists and the control socket listens,
 then answers JSON-line requests on the control socket (itcp-lab ctl). It dies with its

@@ -46,6 +46,14 @@ const DETECTION: Flag = Flag::value(
      every 1 s as in the paper (default); solicit, link-up solicitation (the MH asks for a \
      beacon when its carrier comes up in a cell, the MSRs answer at once).",
 );
+const PAPER_DETECTION: Flag = Flag::value(
+    "detection",
+    "beacon|solicit|network",
+    "How the MH notices a move: beacon, the MSRs' periodic beacons every 1 s as in the paper \
+     (default); solicit, link-up solicitation in both modes; network, I-TCP for an MH that \
+     runs nothing of ours (plain ttcp through transparent mode, the MSRs detect it from its \
+     first frame in the cell), regular TCP with solicitation, the MH opening the connection.",
+);
 const JSON_OUT: Flag = Flag::value(
     "json",
     "FILE",
@@ -131,7 +139,7 @@ run's lab is removed by 'itcp-lab cleanup'.",
             name: "bench paper",
             synopsis: "[--seeds 5] [--scale 1] [--parallel 2] [--variants era,modern]
 [--nets lan,wan] [--others yes|no] [--sweep yes|no] [--msrd 'TOML']
-[--detection beacon|solicit] [--out docs]",
+[--detection beacon|solicit|network] [--out docs]",
             about: "The paper's Tables 1-2 (regular TCP vs I-TCP with handoffs), seeds 000/003 \
                     scenarios, optional sweep; writes docs/results.md and docs/results/*.svg.",
             flags: &[
@@ -155,7 +163,7 @@ run's lab is removed by 'itcp-lab cleanup'.",
                     "TOML",
                     "Appended to every msrd config of the I-TCP runs ('\\n' for newlines).",
                 ),
-                DETECTION,
+                PAPER_DETECTION,
                 Flag::value("out", "DIR", "Where results.md and results/*.svg go (default docs)."),
             ],
         },
@@ -443,7 +451,10 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
                     Arg::Flag("others") => o.other_seeds = yes_no(&mut a, "others")?,
                     Arg::Flag("sweep") => o.sweep = yes_no(&mut a, "sweep")?,
                     Arg::Flag("msrd") => o.msrd_extra = a.value("msrd")?.replace("\\n", "\n"),
-                    Arg::Flag("detection") => o.detection = detection(&mut a)?,
+                    Arg::Flag("detection") => {
+                        let v = a.choice("detection", &["beacon", "solicit", "network"])?;
+                        o.detection = Detection::parse(v).expect("a listed choice");
+                    }
                     Arg::Flag("out") => o.out = a.value("out")?.into(),
                     other => return Err(a.unexpected(other)),
                 }
@@ -620,6 +631,7 @@ fn demo(seed: u64) -> Result<(), String> {
             bytes: 3 << 20,
             buf: Some(16 * 1024),
             cc: Some("reno".into()),
+            mh_opens: false,
         },
         seed,
         msrs: 2,
@@ -674,6 +686,7 @@ fn bench_baseline(o: Baseline) -> Result<(), String> {
                         bytes,
                         buf,
                         cc: cc.clone(),
+                        mh_opens: false,
                     },
                     seed,
                     msrs: 2,
@@ -918,6 +931,7 @@ fn bench_nomoves(o: NoMoves) -> Result<(), String> {
                         bytes,
                         buf: Some(16 * 1024),
                         cc: Some("reno".into()),
+                        mh_opens: false,
                     },
                     seed,
                     msrs: 2,

@@ -21,7 +21,9 @@
 //! between MHs: each MH sees the cell's rate on its own links.
 //!
 //! Carrier: an MH's port has carrier while the MH is in at least one cell and none
-//! while it is in no cell, as a wireless NIC reports association to its host. The
+//! while it is in no cell, as a wireless NIC reports association to its host. A move
+//! straight from one cell into another (no overlap, no gap) is a disassociation and a
+//! new association: the carrier drops and comes back at once (one more carrier-up). The
 //! emulator only records the changes ([`Emulator::take_carrier_changes`]); the binary
 //! sets them on the MH's TAP device (TUNSETCARRIER), so the MH's kernel announces them
 //! on rtnetlink (IFF_LOWER_UP) like any NIC's.
@@ -504,6 +506,15 @@ impl Emulator {
     /// Puts MH `j` (0-based) in exactly `cells` (1-based); flushes cells it leaves.
     fn set_assoc(&mut self, now: u64, j: usize, cells: &[usize]) -> Result<(), String> {
         self.check_cells(cells)?;
+        let was_in = self.assoc[j].iter().any(|&a| a);
+        // A station that goes from its cells straight into others (a hard switch, no
+        // cell in common) disassociates and associates again: a NIC drops its carrier
+        // and raises it at once, which the MH sees as one more carrier-up.
+        let switched = was_in
+            && !cells.is_empty()
+            && !cells
+                .iter()
+                .any(|&c| self.assoc[j].get(c - 1) == Some(&true));
         for i in 0..self.cells.len() {
             let inside = cells.contains(&(i + 1));
             if self.assoc[j][i] && !inside {
@@ -518,7 +529,10 @@ impl Emulator {
             self.assoc[j][i] = inside;
         }
         let on = self.assoc[j].iter().any(|&a| a);
-        if self.carrier[j] != Some(on) {
+        if switched && self.carrier[j] == Some(true) {
+            self.carrier_changes.push((self.mh_ports[j], false));
+            self.carrier_changes.push((self.mh_ports[j], true));
+        } else if self.carrier[j] != Some(on) {
             self.carrier[j] = Some(on);
             self.carrier_changes.push((self.mh_ports[j], on));
         }
@@ -1007,10 +1021,16 @@ mod tests {
         let assoc = |e: &mut Emulator, t: u64, cells: Vec<usize>| {
             assert!(e.handle(t, Request::Assoc { cells, mh: None }).ok);
         };
-        // Moving between cells, or into an overlap, keeps the carrier: no change.
+        // Moving into an overlap and out of it keeps the carrier: no change.
         assoc(&mut e, 1, vec![1, 2]);
         assoc(&mut e, 2, vec![2]);
+        assoc(&mut e, 2, vec![2]);
         assert!(e.take_carrier_changes().is_empty());
+        assert!(e.carrier(0));
+        // Straight from one cell into another: disassociated and associated again.
+        assoc(&mut e, 2, vec![1]);
+        assert_eq!(e.take_carrier_changes(), vec![(4, false), (4, true)]);
+        assert!(e.carrier(0));
         // Blackout: carrier off; back in a cell: on.
         assoc(&mut e, 3, vec![]);
         assert!(!e.carrier(0));

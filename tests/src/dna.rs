@@ -1,0 +1,79 @@
+//! The MH's own OS noticing a new attachment, for MHs that run nothing of ours.
+//!
+//! On link-up, an OS checks that its gateway is still there before it trusts its
+//! address (detecting network attachment, RFC 4436 for IPv4; dhcpcd and NetworkManager
+//! send an ARP request for the known gateway). Network detection (`detect =
+//! "network"`) needs exactly one frame from the MH in the new cell: an MH that is only
+//! downloading sends nothing until data reaches it, and the data is still sent into
+//! the old cell. The lab stands in for the OS: a thread in the MH's namespace watches
+//! air0's carrier (the emulator raises it at each association) and runs `arping` once
+//! for the gateway at each carrier-up, as `tests/network.rs` does after its moves.
+
+use std::io;
+use std::os::fd::AsRawFd;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use itcp_mh::link::{LinkEvent, LinkWatch};
+
+use crate::sys;
+
+/// The running stand-in. Dropping it stops it.
+pub struct Announcer {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Announcer {
+    /// Watches `ifname` in namespace `netns` and probes `gateway` at each carrier-up.
+    pub fn start(netns: &str, ifname: &str, gateway: &str) -> io::Result<Announcer> {
+        let watch = sys::in_netns(netns, || LinkWatch::open(ifname))?;
+        let (netns, ifname, gateway) = (netns.to_string(), ifname.to_string(), gateway.to_string());
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut watch = watch;
+            while !stop2.load(Ordering::Relaxed) {
+                let fd = watch.as_fd().as_raw_fd();
+                if !sys::poll_readable(&[fd], Some(50_000_000)).is_ok_and(|r| !r.is_empty()) {
+                    continue;
+                }
+                let ups = watch
+                    .read()
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|e| *e == LinkEvent::Up)
+                    .count();
+                if ups > 0 {
+                    // arping must run in the MH's namespace: a child of this thread
+                    // inside it. Not waited for here: it takes up to a second.
+                    let _ = sys::in_netns(&netns, || {
+                        Command::new("arping")
+                            .args(["-q", "-c", "1", "-w", "1", "-I", &ifname, &gateway])
+                            .stdout(Stdio::null())
+                            .stderr(Stdio::null())
+                            .spawn()
+                            .map(|mut c| {
+                                std::thread::spawn(move || c.wait());
+                            })
+                    });
+                }
+            }
+        });
+        Ok(Announcer {
+            stop,
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for Announcer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
