@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use crate::emu::LinkParams;
+use crate::emu::{AssocEvent, LinkParams};
 use crate::lab;
 use crate::report::{median, COLUMNS, PAPER_ITCP, PAPER_REGULAR};
 use crate::scenario::{self, Cells, Detection, Mode, Net, Outcome, Run, Traffic};
@@ -76,6 +76,9 @@ pub struct PaperOpts {
     pub detection: Detection,
     /// Where docs/results.md and docs/results/*.svg go.
     pub out: PathBuf,
+    /// Render the report from an earlier run's `results/runs.json` instead of running
+    /// (the other options must describe that run).
+    pub from_runs: Option<PathBuf>,
 }
 
 /// One run to do.
@@ -247,6 +250,10 @@ fn table(res: &Results, v: Variant, net: &str) -> TableOut {
         ("I-TCP / availability bound".into(), vec![]),
         ("FH RTOs per move: regular TCP (ours)".into(), vec![]),
         ("FH RTOs per move: I-TCP (ours)".into(), vec![]),
+        (
+            "I-TCP short of the ideal, s per run: blackout + detection + handoff + rest".into(),
+            vec![],
+        ),
     ];
     let mut ratios = [f64::NAN; 4];
     let mut of_bounds = [f64::NAN; 4];
@@ -278,6 +285,7 @@ fn table(res: &Results, v: Variant, net: &str) -> TableOut {
         ));
         rows[8].1.push(rtos_per_move(&r, |o| o.registrations.len()));
         rows[9].1.push(rtos_per_move(&i, |o| o.handoffs.len()));
+        rows[10].1.push(shortfall_cell(&i));
         // Targets (issue 5).
         let beat = ratio >= paper_ratio - 0.005;
         checks.push(format!(
@@ -335,6 +343,108 @@ fn table(res: &Results, v: Variant, net: &str) -> TableOut {
         of_bound: of_bounds,
         checks,
     }
+}
+
+/// Where one I-TCP run fell short of the cell's ideal goodput, in seconds of its
+/// transfer (the time its bytes would have taken less at the ideal rate).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Shortfall {
+    total: f64,
+    /// Without a cell: the link's blackout (what the availability bound leaves out).
+    blackout: f64,
+    /// From entering a cell with no other to the new MSR's greeting (agent) or its
+    /// detection of the MH (network): the move not noticed yet, no path for the bytes.
+    detection: f64,
+    /// From the greeting or detection to the moved connection's resumption.
+    handoff: f64,
+}
+
+impl Shortfall {
+    /// The rest: the TCPs resuming after the move, loss repair, the connection's start.
+    fn rest(&self) -> f64 {
+        self.total - self.blackout - self.detection - self.handoff
+    }
+}
+
+/// The instants (CLOCK_MONOTONIC ns) the MH entered a cell it was not in, and whether
+/// it still had another cell then (an overlap: the old path still carries bytes).
+fn arrivals(events: &[AssocEvent]) -> Vec<(u64, bool)> {
+    events
+        .windows(2)
+        .filter(|w| w[1].cells.iter().any(|c| !w[0].cells.contains(c)))
+        .map(|w| {
+            let kept = w[1].cells.iter().any(|c| w[0].cells.contains(c));
+            (w[1].t_ns, kept)
+        })
+        .collect()
+}
+
+/// Seconds of detection and of handoff over the arrivals (wall µs, whether the MH kept
+/// another cell) given the new MSRs' handoffs (greeting, resumed; wall µs): each arrival
+/// is charged with the first handoff greeted after it (1 ms of clock slack) and before
+/// the next; detection only when the MH had no other cell.
+fn charge(arr: &[(i64, bool)], moved: &[(i64, i64)]) -> (f64, f64) {
+    let (mut detection, mut handoff) = (0.0, 0.0);
+    for (n, &(at, kept)) in arr.iter().enumerate() {
+        let until = arr.get(n + 1).map_or(i64::MAX, |&(t, _)| t);
+        let Some(&(g, resumed)) = moved
+            .iter()
+            .filter(|&&(g, _)| g >= at - 1000 && g < until)
+            .min_by_key(|&&(g, _)| g)
+        else {
+            continue;
+        };
+        if !kept {
+            detection += (g - at).max(0) as f64 / 1e6;
+        }
+        handoff += (resumed - g).max(0) as f64 / 1e6;
+    }
+    (detection, handoff)
+}
+
+fn shortfall(o: &Outcome) -> Shortfall {
+    let d = o.recv.duration_s;
+    let total = d - o.recv.bytes as f64 / 1024.0 / CELL_IDEAL_KBPS;
+    let blackout = (1.0 - o.coverage) * d;
+    let off = o
+        .wall_minus_mono_us
+        .unwrap_or_else(scenario::wall_minus_mono_us);
+    let wall_us = |mono_ns: u64| (mono_ns / 1000) as i64 + off;
+    let (t0, t1) = (o.recv.t0_mono_ns, o.recv.t0_mono_ns + (d * 1e9) as u64);
+    let arr: Vec<(i64, bool)> = arrivals(&o.events)
+        .into_iter()
+        .filter(|&(t, _)| t >= t0 && t < t1)
+        .map(|(t, kept)| (wall_us(t), kept))
+        .collect();
+    let moved: Vec<(i64, i64)> = o
+        .handoffs
+        .iter()
+        .filter_map(|h| Some((h.phases.greeting? as i64, h.phases.resumed? as i64)))
+        .collect();
+    let (detection, handoff) = charge(&arr, &moved);
+    Shortfall {
+        total,
+        blackout,
+        detection,
+        handoff,
+    }
+}
+
+/// Mean shortfall over the runs, as "total = blackout + detection + handoff + rest".
+fn shortfall_cell(os: &[&Outcome]) -> String {
+    if os.is_empty() {
+        return "–".into();
+    }
+    let all: Vec<Shortfall> = os.iter().map(|o| shortfall(o)).collect();
+    let mean = |f: &dyn Fn(&Shortfall) -> f64| all.iter().map(f).sum::<f64>() / all.len() as f64;
+    format!(
+        "{:.2} = {:.2} + {:.3} + {:.3} + {:.2}",
+        mean(&|s| s.total),
+        mean(&|s| s.blackout),
+        mean(&|s| s.detection),
+        mean(&|s| s.handoff),
+        mean(&|s| s.rest())
+    )
 }
 
 /// The FH's retransmission timeouts (its sender's `tcpi_total_rto`) over all runs,
@@ -614,6 +724,17 @@ fn s000_row(os: &[&Outcome], mode: &str) -> String {
     )
 }
 
+/// The outcomes an earlier run saved (`results/runs.json`); a run that had failed
+/// comes back as an error.
+fn load_runs(path: &Path) -> io::Result<Results> {
+    let raw: BTreeMap<String, Option<Outcome>> = serde_json::from_slice(&std::fs::read(path)?)
+        .map_err(|e| io::Error::other(format!("{}: {e}", path.display())))?;
+    Ok(raw
+        .into_iter()
+        .map(|(k, o)| (k, o.ok_or_else(|| "failed in the saved run".to_string())))
+        .collect())
+}
+
 /// Runs everything and writes the report; returns its text.
 pub fn run(o: &PaperOpts, progress: &(dyn Fn(&str) + Sync)) -> io::Result<String> {
     let mut jobs = matrix_jobs(o);
@@ -627,17 +748,23 @@ pub fn run(o: &PaperOpts, progress: &(dyn Fn(&str) + Sync)) -> io::Result<String
     // Longest first (WAN regular TCP), so the parallel tail is short.
     jobs.reverse();
     let t0 = std::time::Instant::now();
-    let res = run_all(jobs, o.parallel, progress);
+    let res = match &o.from_runs {
+        Some(path) => load_runs(path)?,
+        None => run_all(jobs, o.parallel, progress),
+    };
     let mut md =
         String::from("# Results: the I-TCP paper's experiments on the emulated network\n\n");
     let _ = writeln!(
         md,
-        "Regenerated by `itcp-lab bench paper` ({} seed(s), scale {}, {} runs at a time; {:.0} min). \
+        "Regenerated by `itcp-lab bench paper` ({} seed(s), scale {}, {} runs at a time; {}). \
          Every number below comes from that run; nothing is typed in by hand except the paper's own numbers.\n",
         o.seeds,
         o.scale,
         o.parallel,
-        t0.elapsed().as_secs_f64() / 60.0
+        match &o.from_runs {
+            Some(p) => format!("rendered from the runs saved in {}", p.display()),
+            None => format!("{:.0} min", t0.elapsed().as_secs_f64() / 60.0),
+        }
     );
     md += "## Setup\n\n\
         * Network (seed 004 §4): FH ─ GW 10 Mbit/s, 1 ms (LAN) or 100 ms (WAN) one-way; wireless cells 2 Mbit/s each way, 2 ms one-way, 1 % random loss per direction; drop-tail queues of 75 000 bytes. Emulated by `airlink` on real kernels in network namespaces.\n\
@@ -664,7 +791,8 @@ pub fn run(o: &PaperOpts, progress: &(dyn Fn(&str) + Sync)) -> io::Result<String
     let mut bound_lines = Vec::new();
     for &v in &o.variants {
         let _ = writeln!(md, "## Tables 1–2: {}\n", v.label());
-        md += "Goodput at the MH in KB/s, median [min–max] over the seeds. † marks I-TCP within 5 % of the availability bound (the cell's goodput ideal × the fraction of time the MH had a cell).\n\n";
+        md += "Goodput at the MH in KB/s, median [min–max] over the seeds. † marks I-TCP within 5 % of the availability bound (the cell's goodput ideal × the fraction of time the MH had a cell). \
+            The last row says where I-TCP's time went short of the ideal, in seconds per run (mean over the seeds): the transfer's time less the time its bytes take at the cell's ideal rate, split into the blackout (no cell), detection (from entering a cell with no other to the new MSR's greeting or network detection), the handoff (greeting to the moved connection's resumption) and the rest (the TCPs resuming after the move, loss repair, the connection's start).\n\n";
         for net in &o.nets {
             let t = table(&res, v, &net.name);
             md += &t.md;
@@ -801,4 +929,43 @@ pub fn run(o: &PaperOpts, progress: &(dyn Fn(&str) + Sync)) -> io::Result<String
         summary += "\n";
     }
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn arrivals_are_new_cells_and_say_whether_another_was_kept() {
+        let ev = |t: u64, c: &[usize]| AssocEvent {
+            t_ns: t,
+            cells: c.to_vec(),
+        };
+        let events = [
+            ev(0, &[1]),
+            ev(10, &[1, 2]), // overlap: 2 is new, 1 kept
+            ev(20, &[2]),    // leaving the overlap: nothing new
+            ev(30, &[1]),    // straight into 1
+            ev(40, &[]),
+            ev(50, &[2]), // after a blackout
+        ];
+        assert_eq!(arrivals(&events), [(10, true), (30, false), (50, false)]);
+    }
+
+    #[test]
+    fn each_arrival_is_charged_with_the_first_handoff_after_it() {
+        // Arrivals at 1 s (overlap), 5 s and 9 s (no other cell), wall µs.
+        let arr = [(1_000_000, true), (5_000_000, false), (9_000_000, false)];
+        let moved = [
+            (1_500_000, 1_520_000), // overlap: handoff only
+            (4_999_500, 5_030_000), // greeted 0.5 ms before the arrival: clock slack
+            (5_200_000, 5_300_000), // a second handoff in the same cell: not charged
+            (9_040_000, 9_050_000),
+        ];
+        let (d, h) = charge(&arr, &moved);
+        assert!((d - 0.040).abs() < 1e-9, "{d}");
+        assert!((h - (0.020 + 0.0305 + 0.010)).abs() < 1e-9, "{h}");
+        // No handoff after an arrival: nothing charged.
+        assert_eq!(charge(&arr[2..], &moved[..2]), (0.0, 0.0));
+    }
 }

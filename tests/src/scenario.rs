@@ -286,6 +286,10 @@ pub struct Outcome {
     pub rsts: Option<(u64, u64, u64, u64)>,
     /// Fraction of the transfer's time in which the MH had a cell.
     pub coverage: f64,
+    /// CLOCK_REALTIME − CLOCK_MONOTONIC in µs at the end of the run: relates the
+    /// handoff records' phases (wall clock) to `events` (None in older runs).
+    #[serde(default)]
+    pub wall_minus_mono_us: Option<i64>,
     /// The emulator's counters by link.
     pub counters: BTreeMap<String, LinkCounters>,
 }
@@ -485,6 +489,7 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
         handoffs,
         rsts,
         coverage,
+        wall_minus_mono_us: Some(wall_minus_mono_us()),
         counters,
     })
 }
@@ -513,6 +518,14 @@ pub fn coverage(events: &[AssocEvent], from: u64, to: u64) -> f64 {
         }
     }
     covered as f64 / (to - from) as f64
+}
+
+/// CLOCK_REALTIME − CLOCK_MONOTONIC now, in µs.
+pub fn wall_minus_mono_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
+        - (crate::sys::mono_ns() / 1000) as i64
 }
 
 #[cfg(test)]

@@ -139,7 +139,7 @@ run's lab is removed by 'itcp-lab cleanup'.",
             name: "bench paper",
             synopsis: "[--seeds 5] [--scale 1] [--parallel 2] [--variants era,modern]
 [--nets lan,wan] [--others yes|no] [--sweep yes|no] [--msrd 'TOML']
-[--detection beacon|solicit|network] [--out docs]",
+[--detection beacon|solicit|network] [--out docs] [--from-runs FILE]",
             about: "The paper's Tables 1-2 (regular TCP vs I-TCP with handoffs), seeds 000/003 \
                     scenarios, optional sweep; writes docs/results.md and docs/results/*.svg.",
             flags: &[
@@ -165,6 +165,12 @@ run's lab is removed by 'itcp-lab cleanup'.",
                 ),
                 PAPER_DETECTION,
                 Flag::value("out", "DIR", "Where results.md and results/*.svg go (default docs)."),
+                Flag::value(
+                    "from-runs",
+                    "FILE",
+                    "Render the report from an earlier run's results/runs.json instead of \
+                     running (give the same --variants, --nets, --seeds, --detection).",
+                ),
             ],
         },
         Command {
@@ -428,6 +434,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
                 msrd_extra: String::new(),
                 detection: Detection::Beacon,
                 out: "docs".into(),
+                from_runs: None,
             };
             while let Some(arg) = a.next()? {
                 match arg {
@@ -456,6 +463,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
                         o.detection = Detection::parse(v).expect("a listed choice");
                     }
                     Arg::Flag("out") => o.out = a.value("out")?.into(),
+                    Arg::Flag("from-runs") => o.from_runs = Some(a.value("from-runs")?.into()),
                     other => return Err(a.unexpected(other)),
                 }
             }
