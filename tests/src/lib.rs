@@ -19,6 +19,7 @@ pub mod baseline;
 pub mod bench;
 pub mod dna;
 pub mod emu;
+pub mod firstbyte;
 pub mod handoff_bench;
 pub mod lab;
 pub mod moves;

@@ -67,10 +67,7 @@ pub fn median_p95(v: &[f64]) -> (f64, f64) {
 /// Prints, per join, where the time to the first byte went: the new MSRs' handoff
 /// records (greeting or detection, restored, resumed), from the join.
 pub fn print_phases(lab: &Lab, joins: &[u64], first: &[f64]) {
-    let wall_minus_mono_us = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
-        - (mono_ns() / 1000) as i64;
+    let wall_minus_mono_us = crate::scenario::wall_minus_mono_us();
     let news: Vec<Record> = (1..=lab.msrs())
         .flat_map(|k| lab.handoff_records(k))
         .filter(|r| r.role == Role::New)

@@ -6,7 +6,9 @@ use std::net::{SocketAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use itcp_mh::mobility::{Beacon, Decision, Detector, Policy};
+use itcp_testbed::firstbyte::{self, FirstBytes};
 use itcp_testbed::lab::{Host, Lab, LabConfig};
+use itcp_testbed::scenario::{Detection, Net};
 use itcp_testbed::sys::{in_netns, mono_ns};
 
 /// One test at a time: one of them measures move times, which another lab running
@@ -130,164 +132,19 @@ fn the_detector_follows_the_mh_across_cells() {
     );
 }
 
-/// msrd's socket buffers for [`moves_to_first_byte`]: 64 KB each way, as in the handoff
-/// benchmark. A handoff ships every byte queued at the old MSR; with autotuned buffers
-/// a bulk download at 10 Mbit/s into a 2 Mbit/s cell piles up ~10 MB there, and
-/// moving that (60-90 ms) would hide the detection this test is about.
-const MSRD_64K: &str = "[wireless]\nsend_buffer = 65536\nrecv_buffer = 65536\n\
-[fixed]\nsend_buffer = 65536\nrecv_buffer = 65536\n";
-
-/// What [`moves_to_first_byte`] measured.
-struct FirstBytes {
-    /// Per move: association with the new cell → first byte read at the MH, ms.
-    ms: Vec<f64>,
-    median_ms: f64,
-    p95_ms: f64,
-}
-
-/// An FH download through I-TCP to a reader in this process (in the MH's namespace,
-/// verifying every byte and timestamping every read) across `moves` non-overlapped
-/// moves between two cells (leave, 0.3–0.5 s without a cell, join the other), on the
-/// paper's LAN profile, with msrd's default beacons (1 s) and the agent run with
-/// `agent_args`. The FH sends with a 16 KB socket buffer (the paper's era), msrd with
-/// [`MSRD_64K`]. Measures, per move, the time from the association with the new cell
-/// (the emulator's history) to the first byte the MH reads after it, and prints where
-/// that time went (the new MSR's handoff record).
-fn moves_to_first_byte(seed: u64, n_moves: usize, agent_args: &[&str]) -> FirstBytes {
-    use itcp_testbed::lab::{self, bin_path};
-    use itcp_testbed::moves;
-    use itcp_testbed::scenario::Net;
-    use itcp_testbed::ttcp::SendReport;
-
-    let net = Net::lan();
-    let mut lab = Lab::new(LabConfig::links(2, seed, net.wan, net.cell)).unwrap();
-    let mut args = vec!["--hysteresis-ms", "0"];
-    args.extend_from_slice(agent_args);
-    lab.start_itcp_mobility(MSRD_64K, &args).unwrap();
-    lab.watch_rsts(Host::Fh).unwrap();
-    lab.watch_rsts(Host::Mh).unwrap();
-    let diag = |lab: &Lab| {
-        let mut s = String::new();
-        for f in [
-            "agent.events",
-            "agent.log",
-            "msrd1.log",
-            "msrd2.log",
-            "airlink.log",
-        ] {
-            let t = std::fs::read_to_string(lab.dir.join(f)).unwrap_or_default();
-            let tail: Vec<&str> = t.lines().rev().take(30).collect();
-            s += &format!(
-                "--- {f}\n{}\n",
-                tail.into_iter().rev().collect::<Vec<_>>().join("\n")
-            );
-        }
-        s
-    };
-
-    // Long enough for every move: 1.2 s in each cell, ≤ 0.5 s gaps, the moves' own time
-    // (up to a beacon interval more without solicitation).
-    let secs = 2 + n_moves as u64 * 3;
-    let fh = lab::fh_addr(5001);
-    let sender = lab
-        .spawn(
-            Host::Fh,
-            bin_path("ttcp"),
-            &[
-                "send",
-                "--listen",
-                &fh,
-                "--duration",
-                &secs.to_string(),
-                "--seed",
-                &seed.to_string(),
-                "--buf",
-                "16384",
-            ],
-        )
-        .unwrap();
-    lab.wait_listening(Host::Fh, 5001).unwrap();
-    let (mh_ns, token) = (lab.ns(Host::Mh), lab.mh_token_file(1));
-    let reader = std::thread::spawn(move || -> Result<(u64, Vec<u64>), String> {
-        let opts = itcp_mh::MhOptions::new()
-            .gateway(SocketAddr::from((lab::addr::CELL_GW, 1080)))
-            .token_file(token);
-        let s = in_netns(&mh_ns, || {
-            itcp_mh::ItcpStream::connect_with(&opts, fh.as_str())
-        })
-        .map_err(|e| format!("connect: {e}"))?;
-        moves::read_timestamped(s, seed)
-    });
-
-    std::thread::sleep(Duration::from_millis(1000));
-    let mut at = 1;
-    for i in 0..n_moves {
-        let to = 3 - at;
-        let gap = Duration::from_millis(300 + 50 * (i as u64 % 5));
-        lab.assoc(&[]).unwrap();
-        std::thread::sleep(gap);
-        lab.assoc(&[to]).unwrap();
-        // The move completes (the agent reports it), then the MH stays a while: long
-        // enough that the other MSR counts as newly heard at the next move.
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while lab
-            .agent_events()
-            .iter()
-            .filter(|e| e["event"] == "moved")
-            .count()
-            <= i
-        {
-            assert!(
-                Instant::now() < deadline,
-                "move {} not seen\n{}",
-                i + 1,
-                diag(&lab)
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        std::thread::sleep(Duration::from_millis(1200));
-        at = to;
-    }
-    let (total, reads) = reader
-        .join()
-        .unwrap()
-        .unwrap_or_else(|e| panic!("reader: {e}\n{}", diag(&lab)));
-    let (_, out, err) = lab.wait(sender, Duration::from_secs(30)).unwrap();
-    let send: SendReport =
-        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("sender: {e}: {err}"));
-    assert!(send.ok, "sender: {:?}\n{}", send.error, diag(&lab));
-    // The FH's link has no loss: its retransmission timeouts come from the handoffs
-    // (its segments are dropped while the connection is frozen).
-    if let Some(ti) = &send.tcp_info {
-        eprintln!(
-            "FH: {} retransmission timeouts in {n_moves} moves, {} ms in them ({} bytes retransmitted)",
-            ti.total_rto, ti.total_rto_time_ms, ti.bytes_retrans
-        );
-    }
-    assert_eq!(total, send.bytes, "every byte sent was read, verified");
-    let rsts = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
-    assert_eq!(rsts, ((0, 0), (0, 0)), "RSTs at FH and MH\n{}", diag(&lab));
-
-    // Joins: an association with a cell right after a blackout.
-    let joins = moves::joins(&lab.emu_status().unwrap().events);
-    assert_eq!(joins.len(), n_moves, "one join per move");
-    let ms: Vec<f64> = moves::to_first_byte(&joins, &reads)
-        .into_iter()
-        .map(|m| m.expect("bytes after every move"))
-        .collect();
-    moves::print_phases(&lab, &joins, &ms);
-    let (median_ms, p95_ms) = moves::median_p95(&ms);
-    FirstBytes {
-        ms,
-        median_ms,
-        p95_ms,
-    }
+/// The agent's moves to the first byte on the LAN profile: 10 non-overlapped moves
+/// (0.3–0.5 s gaps) during an FH download, seed 21 ([`firstbyte::run`]: every byte
+/// verified; here also zero RSTs at the FH and the MH).
+fn moves_to_first_byte(d: Detection) -> FirstBytes {
+    let r = firstbyte::run(&Net::lan(), d, 10, 21, true).unwrap();
+    assert_eq!(r.rsts, ((0, 0), (0, 0)), "RSTs at FH and MH");
+    r
 }
 
 #[test]
 fn solicitation_on_link_up_brings_the_first_byte_within_50_ms_of_association() {
     let _serial = serial();
-    let r = moves_to_first_byte(21, 10, &[]);
+    let r = moves_to_first_byte(Detection::Solicit);
     eprintln!(
         "solicitation, 10 non-overlapped moves on the LAN profile: association → first byte \
          median {:.1} ms, p95 {:.1} ms (each: {:.1?})",
@@ -308,7 +165,7 @@ fn solicitation_on_link_up_brings_the_first_byte_within_50_ms_of_association() {
 #[ignore]
 fn without_solicitation_the_first_byte_waits_for_a_beacon() {
     let _serial = serial();
-    let r = moves_to_first_byte(21, 10, &["--no-solicit"]);
+    let r = moves_to_first_byte(Detection::Beacon);
     eprintln!(
         "beacons only (1 s), 10 non-overlapped moves on the LAN profile: association → first \
          byte median {:.1} ms, p95 {:.1} ms (each: {:.1?})",

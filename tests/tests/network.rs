@@ -492,85 +492,27 @@ fn a_dual_stack_mh_that_runs_nothing_of_ours_moves_its_ipv4_and_ipv6_connections
 /// the MH's namespace, verifying every byte and timestamping every read, across 10
 /// non-overlapped moves (0.3–0.5 s without a cell). Per move: from the association
 /// with the new cell (the emulator's history) to the first byte read after it. The MH
-/// announces itself on association as its OS would (an ARP for its gateway).
+/// announces itself on association as its OS would (an ARP for its gateway at
+/// carrier-up; [`itcp_testbed::dna`]).
 #[test]
 fn network_detection_moves_reach_the_first_byte_quickly() {
     let _serial = serial();
-    use itcp_testbed::moves;
-    use itcp_testbed::scenario::Net;
-    use itcp_testbed::sys::in_netns;
+    use itcp_testbed::scenario::{Detection, Net};
 
-    let net = Net::lan();
-    let seed = 109;
-    let mut lab = Lab::new(LabConfig::links(2, seed, net.wan, net.cell)).unwrap();
-    lab.start_itcp_network(
-        "[transparent]\nenabled = true\nports = [5001]\n\
-         [wireless]\nsend_buffer = 65536\nrecv_buffer = 65536\n\
-         [fixed]\nsend_buffer = 65536\nrecv_buffer = 65536\n",
-    )
-    .unwrap();
-    lab.watch_rsts(Host::Fh).unwrap();
-    lab.watch_rsts(Host::Mh).unwrap();
     let n_moves = 10;
-    let fh = lab::fh_addr(5001);
-    let secs = (3 + n_moves * 2).to_string();
-    let seed_s = seed.to_string();
-    let args = [
-        "send",
-        "--listen",
-        &fh,
-        "--duration",
-        &secs,
-        "--seed",
-        &seed_s,
-        "--buf",
-        "16384",
-    ];
-    let sender = lab.spawn(Host::Fh, bin_path("ttcp"), &args).unwrap();
-    lab.wait_listening(Host::Fh, 5001).unwrap();
-    let mh_ns = lab.ns(Host::Mh);
-    let to: std::net::SocketAddr = fh.parse().unwrap();
-    let reader = std::thread::spawn(move || -> Result<(u64, Vec<u64>), String> {
-        let s = in_netns(&mh_ns, || std::net::TcpStream::connect(to))
-            .map_err(|e| format!("connect: {e}"))?;
-        moves::read_timestamped(s, seed)
-    });
-    std::thread::sleep(Duration::from_millis(1500));
-    let mut at = 1;
-    for i in 0..n_moves {
-        let to = 3 - at;
-        lab.assoc(&[]).unwrap();
-        std::thread::sleep(Duration::from_millis(300 + 50 * (i as u64 % 5)));
-        lab.assoc(&[to]).unwrap();
-        associated(&lab, 1);
-        std::thread::sleep(Duration::from_millis(1200));
-        at = to;
-    }
-    let (total, reads) = reader
-        .join()
-        .unwrap()
-        .unwrap_or_else(|e| panic!("reader: {e}\n{}", diag(&lab)));
-    let (_, out, _) = lab.wait(sender, Duration::from_secs(30)).unwrap();
-    let send: itcp_testbed::ttcp::SendReport = serde_json::from_str(out.trim()).unwrap();
-    assert_eq!(total, send.bytes, "every byte sent was read, verified");
-    let rsts = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
-    assert_eq!(rsts, ((0, 0), (0, 0)), "RSTs at FH and MH\n{}", diag(&lab));
-    let joins = moves::joins(&lab.emu_status().unwrap().events);
-    assert_eq!(joins.len(), n_moves, "one join per move");
-    let each: Vec<f64> = moves::to_first_byte(&joins, &reads)
-        .into_iter()
-        .map(|m| m.expect("bytes after every move"))
-        .collect();
-    moves::print_phases(&lab, &joins, &each);
-    let (median, p95) = moves::median_p95(&each);
+    let r =
+        itcp_testbed::firstbyte::run(&Net::lan(), Detection::Network, n_moves, 109, true).unwrap();
+    assert_eq!(r.rsts, ((0, 0), (0, 0)), "RSTs at FH and MH");
     eprintln!(
         "network detection, {n_moves} non-overlapped moves on the LAN profile: association → \
-         first byte median {median:.1} ms, p95 {p95:.1} ms (each: {each:.1?})"
+         first byte median {:.1} ms, p95 {:.1} ms (each: {:.1?})",
+        r.median_ms, r.p95_ms, r.ms
     );
     // Detection needs no beacon: well under a beacon interval (1 s).
     assert!(
-        median < 100.0,
-        "median {median:.1} ms: {each:.1?}\n{}",
-        diag(&lab)
+        r.median_ms < 100.0,
+        "median {:.1} ms: {:.1?}",
+        r.median_ms,
+        r.ms
     );
 }

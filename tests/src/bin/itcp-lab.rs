@@ -206,6 +206,27 @@ run's lab is removed by 'itcp-lab cleanup'.",
             ],
         },
         Command {
+            name: "bench firstbyte",
+            synopsis: "[--moves 20] [--nets lan,wan] [--detection beacon,solicit,network]
+[--seed S] [--json FILE]",
+            about: "Move → first byte at the MH: an FH download through I-TCP across non-overlapped \
+                    moves (0.3-0.5 s gaps), per network and detection mode; prints the median, \
+                    p95 and range over the moves (every byte verified, RSTs counted).",
+            flags: &[
+                Flag::value("moves", "N", "Moves per network and mode, at least 1 (default 20)."),
+                NETS,
+                Flag::value(
+                    "detection",
+                    "MODES",
+                    "Comma-separated: beacon (the MSRs' 1 s beacons), solicit (the agent's \
+                     link-up solicitation), network (an MH that runs nothing of ours, detected by \
+                     the MSR from its first frame). Default: all three.",
+                ),
+                Flag::value("seed", "S", "Seed of the labs (default 1)."),
+                JSON_OUT,
+            ],
+        },
+        Command {
             name: "bench churn",
             synopsis: "[--total N] [--concurrency C]",
             about: "N short I-TCP connections (default 100000), C at a time (default 500); msrd \
@@ -304,11 +325,20 @@ enum Job {
     Handoff(Vec<usize>, usize, bool, bool),
     Conns(usize, usize),
     Churn(usize, usize),
+    FirstByte(FirstByteOpts),
     Soak(itcp_testbed::soak::SoakOpts, Option<String>),
     Up(Box<LabConfig>),
     Echo(std::net::SocketAddr),
     Ctl(String, String),
     Cleanup(bool),
+}
+
+struct FirstByteOpts {
+    moves: usize,
+    nets: Vec<Net>,
+    detections: Vec<Detection>,
+    seed: u64,
+    json_out: Option<String>,
 }
 
 struct Baseline {
@@ -510,6 +540,38 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
             }
             Job::Conns(count, bytes)
         }
+        "bench firstbyte" => {
+            let mut o = FirstByteOpts {
+                moves: 20,
+                nets: vec![Net::lan(), Net::wan()],
+                detections: Detection::ALL.to_vec(),
+                seed: 1,
+                json_out: None,
+            };
+            while let Some(arg) = a.next()? {
+                match arg {
+                    Arg::Flag("moves") => o.moves = a.int_in("moves", 1, 1000)?,
+                    Arg::Flag("nets") => o.nets = nets(&mut a)?,
+                    Arg::Flag("detection") => {
+                        let v = a.value("detection")?;
+                        o.detections = v
+                            .split(',')
+                            .map(|d| {
+                                Detection::parse(d).ok_or_else(|| {
+                                    a.usage(format!(
+                                        "--detection: {d:?} is not beacon, solicit or network"
+                                    ))
+                                })
+                            })
+                            .collect::<Result<_, _>>()?;
+                    }
+                    Arg::Flag("seed") => o.seed = a.int("seed")?,
+                    Arg::Flag("json") => o.json_out = Some(a.value("json")?),
+                    other => return Err(a.unexpected(other)),
+                }
+            }
+            Job::FirstByte(o)
+        }
         "bench churn" => {
             let (mut total, mut conc) = (100_000usize, 500usize);
             while let Some(arg) = a.next()? {
@@ -605,6 +667,7 @@ fn main() -> ExitCode {
         Job::Handoff(conns, moves, gap, tls) => bench_handoff(conns, moves, gap, tls),
         Job::Conns(count, bytes) => bench_conns(count, bytes),
         Job::Churn(total, conc) => bench_churn(total, conc),
+        Job::FirstByte(o) => bench_firstbyte(o),
         Job::Soak(o, json_out) => bench_soak(o, json_out),
         Job::Up(cfg) => up(*cfg),
         Job::Echo(addr) => itcp_testbed::bench::echo_server(addr).map_err(|e| e.to_string()),
@@ -665,6 +728,45 @@ fn demo(seed: u64) -> Result<(), String> {
     }
     if itcp.rsts.is_some_and(|(a, b, c, d)| a + b + c + d > 0) {
         return Err("RSTs were seen during the I-TCP transfer".into());
+    }
+    Ok(())
+}
+
+fn bench_firstbyte(o: FirstByteOpts) -> Result<(), String> {
+    println!(
+        "Move → first byte at the MH, ms: {} non-overlapped moves (0.3-0.5 s without a cell) per \
+         network and detection mode, seed {}; an FH download (16 KB socket buffer, msrd at 64 KB)",
+        o.moves, o.seed
+    );
+    println!("\n| network | detection | median | p95 | min–max | RSTs FH/MH |");
+    println!("|---|---|---|---|---|---|");
+    let mut all = Vec::new();
+    for net in &o.nets {
+        for &d in &o.detections {
+            let r = itcp_testbed::firstbyte::run(net, d, o.moves, o.seed, false)
+                .map_err(|e| format!("{} {}: {e}", net.name, d.name()))?;
+            let lo = r.ms.iter().cloned().fold(f64::INFINITY, f64::min);
+            let hi = r.ms.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let ((fi, fo), (mi, mo)) = r.rsts;
+            println!(
+                "| {} | {} | {:.1} | {:.1} | {lo:.1}–{hi:.1} | {} / {} |",
+                net.name,
+                d.name(),
+                r.median_ms,
+                r.p95_ms,
+                fi + fo,
+                mi + mo
+            );
+            all.push(serde_json::json!({
+                "net": net.name, "detection": d.name(), "ms": r.ms,
+                "median_ms": r.median_ms, "p95_ms": r.p95_ms, "bytes": r.bytes,
+                "rsts_fh": [fi, fo], "rsts_mh": [mi, mo],
+            }));
+        }
+    }
+    if let Some(path) = o.json_out {
+        std::fs::write(&path, serde_json::to_vec_pretty(&all).unwrap())
+            .map_err(|e| format!("{path}: {e}"))?;
     }
     Ok(())
 }
@@ -1040,6 +1142,12 @@ mod tests {
             p(&["bench", "conns", "--count", "200", "--bytes", "4096"]),
             Ok(Job::Conns(200, 4096))
         ));
+        assert!(matches!(
+            p(&["bench", "firstbyte", "--moves", "3", "--detection", "network,beacon"]),
+            Ok(Job::FirstByte(FirstByteOpts { moves: 3, ref detections, .. }))
+                if detections == &[Detection::Network, Detection::Beacon]
+        ));
+        assert!(p(&["bench", "firstbyte", "--detection", "psychic"]).is_err());
         assert!(matches!(
             p(&["bench", "churn", "--total", "3000", "--concurrency", "200"]),
             Ok(Job::Churn(3000, 200))
