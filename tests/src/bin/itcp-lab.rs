@@ -1183,7 +1183,15 @@ mod tests {
         assert!(
             matches!(p(&["bench", "baseline", "--detection", "solicit"]), Ok(Job::Baseline(ref o)) if o.detection == Detection::Solicit)
         );
-        assert!(p(&["bench", "paper", "--detection", "network"]).is_err());
+        assert!(
+            matches!(p(&["bench", "paper", "--detection", "network"]), Ok(Job::Paper(ref o)) if o.detection == Detection::Network)
+        );
+        // The baseline alone has no MSR to detect for it.
+        assert!(p(&["bench", "baseline", "--detection", "network"]).is_err());
+        assert!(p(&["bench", "paper", "--detection", "psychic"]).is_err());
+        assert!(
+            matches!(p(&["bench", "paper", "--from-runs", "/r.json"]), Ok(Job::Paper(ref o)) if o.from_runs.as_deref() == Some(std::path::Path::new("/r.json")))
+        );
         // Errors.
         assert!(p(&["bench", "baseline", "--scale", "0"]).is_err());
         assert!(p(&["bench", "baseline", "--seeds", "0"]).is_err());
