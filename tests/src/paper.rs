@@ -21,20 +21,63 @@ use itcp_mh::mobility::Policy;
 /// packets), KB/s of 1024 bytes, as measured by the foundation's emulator test.
 pub const CELL_IDEAL_KBPS: f64 = 1.93e6 / 8.0 / 1024.0;
 
-/// The two table variants.
+/// The table variants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Variant {
     /// 16 KB buffers at FH and MH, reno at the FH: the paper's setting.
     Era,
+    /// As `Era`, and msrd's sockets at 16 KB too: no endpoint of either half may keep
+    /// more than the paper's window, so the ratio shows what the split alone gives.
+    Strict,
     /// The kernel's default congestion control and autotuned buffers.
     Modern,
+    /// Autotuned buffers, cubic at the FH and MH (loss-based, where the default here
+    /// is bbr).
+    Cubic,
 }
 
+/// msrd's sockets at 16 KB each way, for [`Variant::Strict`].
+const MSRD_16K: &str = "[wireless]\nsend_buffer = 16384\nrecv_buffer = 16384\n\
+[fixed]\nsend_buffer = 16384\nrecv_buffer = 16384\n";
+
 impl Variant {
+    /// As `--variants` names them.
+    pub fn name(self) -> &'static str {
+        match self {
+            Variant::Era => "era",
+            Variant::Strict => "strict",
+            Variant::Modern => "modern",
+            Variant::Cubic => "cubic",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Variant> {
+        [
+            Variant::Era,
+            Variant::Strict,
+            Variant::Modern,
+            Variant::Cubic,
+        ]
+        .into_iter()
+        .find(|v| v.name() == s)
+    }
+
     fn label(self) -> &'static str {
         match self {
             Variant::Era => "16 KB window, reno at the FH (era-faithful)",
+            Variant::Strict => {
+                "16 KB window at every endpoint, msrd's sockets included; reno at the FH (strict era)"
+            }
             Variant::Modern => "kernel defaults: autotuned buffers, default congestion control",
+            Variant::Cubic => "autotuned buffers, cubic at the FH and MH",
+        }
+    }
+
+    /// What the variant adds to msrd's configuration in the I-TCP runs.
+    fn msrd_extra(self) -> &'static str {
+        match self {
+            Variant::Strict => MSRD_16K,
+            _ => "",
         }
     }
 
@@ -42,7 +85,7 @@ impl Variant {
     fn traffic(self, bytes: u64, d: Detection) -> Traffic {
         let mh_opens = d.mh_opens();
         match self {
-            Variant::Era => Traffic {
+            Variant::Era | Variant::Strict => Traffic {
                 bytes,
                 buf: Some(16 * 1024),
                 cc: Some("reno".into()),
@@ -52,6 +95,12 @@ impl Variant {
                 bytes,
                 buf: None,
                 cc: None,
+                mh_opens,
+            },
+            Variant::Cubic => Traffic {
+                bytes,
+                buf: None,
+                cc: Some("cubic".into()),
                 mh_opens,
             },
         }
@@ -161,7 +210,8 @@ fn matrix_jobs(o: &PaperOpts) -> Vec<Job> {
             let mb = if net.name == "LAN" { 4.0 } else { 2.0 };
             let bytes = (mb * 1_048_576.0 * o.scale) as u64;
             for (col, cells) in Cells::paper_columns().into_iter().enumerate() {
-                for mode in modes(o, Policy::Eager, &[]) {
+                let msrd = format!("{}{}", o.msrd_extra, v.msrd_extra());
+                for mode in o.detection.modes(Policy::Eager, &msrd, &[]) {
                     for seed in 1..=o.seeds {
                         jobs.push(Job {
                             key: key(v, &net.name, col, mode_name(&mode), seed),

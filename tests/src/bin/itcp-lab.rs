@@ -137,7 +137,7 @@ run's lab is removed by 'itcp-lab cleanup'.",
         },
         Command {
             name: "bench paper",
-            synopsis: "[--seeds 5] [--scale 1] [--parallel 2] [--variants era,modern]
+            synopsis: "[--seeds 5] [--scale 1] [--parallel 2] [--variants era,strict,modern,cubic]
 [--nets lan,wan] [--others yes|no] [--sweep yes|no] [--msrd 'TOML']
 [--detection beacon|solicit|network] [--out docs] [--from-runs FILE]",
             about: "The paper's Tables 1-2 (regular TCP vs I-TCP with handoffs), seeds 000/003 \
@@ -148,8 +148,11 @@ run's lab is removed by 'itcp-lab cleanup'.",
                 Flag::value("parallel", "N", "Runs at a time, each on its own lab (default 2)."),
                 Flag::value(
                     "variants",
-                    "era,modern",
-                    "era: the paper's 1995 TCP parameters; modern: today's defaults (default both).",
+                    "era,strict,modern,cubic",
+                    "era: the paper's 1995 TCP parameters (16 KB sockets at FH and MH, reno); \
+                     strict: the same with msrd's sockets at 16 KB too; modern: today's defaults \
+                     (autotuned, the kernel's congestion control); cubic: autotuned with cubic at \
+                     the FH and MH (default: era,modern).",
                 ),
                 NETS,
                 Flag::value(
@@ -476,12 +479,12 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
                         let v = a.value("variants")?;
                         o.variants = v
                             .split(',')
-                            .map(|x| match x {
-                                "era" => Ok(Variant::Era),
-                                "modern" => Ok(Variant::Modern),
-                                _ => Err(a.usage(format!(
-                                    "--variants: {x:?} is not a variant (era, modern)"
-                                ))),
+                            .map(|x| {
+                                Variant::parse(x).ok_or_else(|| {
+                                    a.usage(format!(
+                                        "--variants: {x:?} is not a variant (era, strict, modern, cubic)"
+                                    ))
+                                })
                             })
                             .collect::<Result<_, _>>()?
                     }
