@@ -10,7 +10,9 @@
 //!   greeting.
 //! * **Proven here** (the MH's connections are here and the proof verifies under their
 //!   token, with a timestamp newer than any accepted before): the MH is back with us —
-//!   take its address over on the fixed LAN, release any hold.
+//!   take its address over on the fixed LAN, release any hold. Unless the MH's
+//!   connections left here for a peer since (a pull it never heard answered): then ask
+//!   that peer for them with this greeting ([`Decision::Follow`]).
 //! * **Naming a previous MSR** (a peer; also when some of the MH's connections are
 //!   here after a partial handoff, once the proof verifies here): ask that MSR, which holds the token and checks the
 //!   proof ([`crate::machine`]); nothing is held until it has. At most one pull per MH
@@ -36,6 +38,8 @@ pub struct MhView<'a> {
     pub last_greeting_ts: u64,
     /// The nonce of the last greeting answered (a retransmission gets the same answer).
     pub last_nonce: Option<&'a str>,
+    /// The peer this MH's connections last left here for (none came back since).
+    pub moved_to: Option<&'a str>,
 }
 
 /// The greeting's context beyond the MH: who sent it and what we are.
@@ -72,6 +76,10 @@ pub enum Decision {
     Refuse(String),
     /// Ask `prev_msr` for the MH's connections.
     Pull,
+    /// The MH names us as its last MSR, but its connections left here for this peer
+    /// without its knowing (that peer's pull completed after the MH had come back):
+    /// ask that peer for them, with this greeting.
+    Follow(String),
 }
 
 /// Decides what to do with greeting `g`; see the module docs.
@@ -89,6 +97,18 @@ pub fn decide(g: &Greeting, cx: Context<'_>, mh: MhView<'_>) -> Decision {
         return Decision::Defer;
     }
     let elsewhere = !g.prev_msr.is_empty() && g.prev_msr != cx.me;
+    if let (false, Some(peer), Some(t)) = (elsewhere, mh.moved_to, mh.token) {
+        // Back with us as far as the MH knows; its connections are at `peer`. The
+        // proof is checked here first (and again there): an unproven greeting moves
+        // nothing.
+        if peer != cx.me && g.verify(t) && g.ts_ms > mh.last_greeting_ts {
+            return if cx.pull_allowed {
+                Decision::Follow(peer.into())
+            } else {
+                Decision::Defer
+            };
+        }
+    }
     // With connections here and a peer named as the last MSR, the MH's connections
     // are split (some stayed here when a handoff was partial): pull the rest, once the
     // proof verifies here too.
@@ -213,6 +233,48 @@ mod tests {
     fn an_unproven_first_greeting_attaches_without_effect() {
         let d = decide(&g("", b"anything at all.", 5), cx(), MhView::default());
         assert_eq!(d, Decision::Attach { proven: false });
+    }
+
+    #[test]
+    fn a_greeting_naming_us_follows_connections_that_left_without_the_mh_knowing() {
+        // msr2's connections of the MH left for msr3 (a pull that completed after the
+        // MH had come back); the MH greets msr2 naming msr2.
+        let mh = MhView {
+            token: Some(TOKEN),
+            last_greeting_ts: 4,
+            moved_to: Some("msr3"),
+            ..MhView::default()
+        };
+        let follow = Decision::Follow("msr3".into());
+        assert_eq!(decide(&g("msr2", TOKEN, 5), cx(), mh), follow);
+        // Also with connections opened here since: they stay, the rest come.
+        let some = MhView { local: 1, ..mh };
+        assert_eq!(decide(&g("msr2", TOKEN, 5), cx(), some), follow);
+        // With pulls rate-limited: later.
+        let limited = Context {
+            pull_allowed: false,
+            ..cx()
+        };
+        assert_eq!(decide(&g("msr2", TOKEN, 5), limited, mh), Decision::Defer);
+        // Unproven, or not newer than the last greeting: nothing moves.
+        assert!(matches!(
+            decide(&g("msr2", b"a forged token..", 5), cx(), mh),
+            Decision::Refuse(_)
+        ));
+        assert!(matches!(
+            decide(&g("msr2", TOKEN, 4), cx(), some),
+            Decision::Refuse(_)
+        ));
+        // Nothing left anywhere else: attach as before.
+        let home = MhView {
+            moved_to: None,
+            local: 1,
+            ..mh
+        };
+        assert_eq!(
+            decide(&g("msr2", TOKEN, 5), cx(), home),
+            Decision::Attach { proven: true }
+        );
     }
 
     #[test]

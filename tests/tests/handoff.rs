@@ -2107,6 +2107,78 @@ fn a_pull_that_completes_after_the_mh_moved_on_is_followed_there() {
     );
 }
 
+/// A pull that completes after the MH came back: the MH greeted MSR2 (naming MSR1),
+/// went back to cell 1 before MSR2 could answer, and greets MSR1 naming MSR1. MSR2's
+/// pull then takes the connections to MSR2, where the MH is not; when the MH's
+/// greeting reaches MSR1, MSR1 must fetch them back from MSR2 (found by the chaos
+/// soak: MSR1 took the MH back with nothing, and the MH's segments of the moved
+/// connections drew RSTs there).
+#[test]
+fn a_greeting_after_a_pull_the_mh_never_heard_of_fetches_the_connections_back() {
+    let mut lab = mobile_lab(2, 91);
+    let fh = lab::fh_addr(5006);
+    lab.spawn(Host::Fh, bin_path("ttcp"), &["echo", "--listen", &fh])
+        .unwrap();
+    lab.wait_listening(Host::Fh, 5006).unwrap();
+    let rr = spawn_rr(&mut lab, &fh, 200, true);
+    let up = start_transfer(&mut lab, Dir::Up, 16 << 20, 5001);
+    std::thread::sleep(Duration::from_millis(700));
+    // A round trip first, so that the channel between the MSRs is up and kept: a cut
+    // then delays the request (TCP retransmits it) instead of failing its connect.
+    crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    crossing(&lab, 2, 1, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 2, Duration::from_secs(10));
+    // More than a second: the kernel announces the MH's next association change at
+    // once only then (its link-watch rate limit).
+    std::thread::sleep(Duration::from_millis(1500));
+    // MSR2 cannot reach MSR1's channel port, and MSR1 hears no greeting, until told.
+    let cut = format!(
+        "table inet cut {{\n  chain i {{ type filter hook input priority -500; ip saddr {o} tcp sport 4347 drop; }}\n  chain o {{ type filter hook output priority -500; ip daddr {o} tcp dport 4347 drop; }}\n}}\n",
+        o = lab::addr::msr_lan(1)
+    );
+    lab.nft(Host::Msr(2), &cut).unwrap();
+    let deaf = "table inet deaf {\n  chain i { type filter hook input priority -500; udp dport 4346 drop; }\n}\n";
+    lab.nft(Host::Msr(1), deaf).unwrap();
+    let moved_in = |lab: &Lab, k: usize| {
+        lab.msrd_sessions(k)
+            .map_or(0, |s| s.iter().filter(|s| s.moved_in).count())
+    };
+    let wait_moved_in = |lab: &Lab, k: usize| {
+        let t0 = Instant::now();
+        while moved_in(lab, k) == 0 {
+            assert!(
+                t0.elapsed() < Duration::from_secs(15),
+                "nothing moved in at MSR{k}\n{}",
+                diag(lab)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    // The MH greets MSR2 (whose pull waits), comes back to cell 1 and greets MSR1,
+    // naming MSR1: it never heard an answer from MSR2.
+    crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
+    std::thread::sleep(Duration::from_millis(300));
+    crossing(&lab, 2, 1, Duration::ZERO, Duration::ZERO);
+    std::thread::sleep(Duration::from_millis(600));
+    // MSR2's pull gets through: the connections go to MSR2, where the MH is not.
+    lab.nft(Host::Msr(2), "delete table inet cut\n").unwrap();
+    wait_moved_in(&lab, 2);
+    // The MH's greeting reaches MSR1: the connections must come back from MSR2.
+    lab.nft(Host::Msr(1), "delete table inet deaf\n").unwrap();
+    wait_moved_in(&lab, 1);
+    rr_done(&mut lab, rr, "explicit", 200);
+    let (send, recv) = finish(&mut lab, up);
+    assert_clean(&lab, &send, &recv, 16 << 20);
+    let records = lab.handoff_records(1);
+    assert!(
+        records
+            .iter()
+            .any(|r| r.role == Role::New && r.old_msr == "msr2" && r.outcome == Outcome::Moved),
+        "{records:?}"
+    );
+}
+
 /// A pull that is slow to complete (here the new MSR restores late) while the MH
 /// moves on to a third MSR, naming the first one still (the slow MSR had not answered
 /// it yet): the first MSR serves the third one's request only once its handoff to

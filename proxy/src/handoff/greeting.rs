@@ -144,6 +144,7 @@ fn view(st: Option<&super::MhState>, local: usize, frozen: bool) -> MhView<'_> {
         pulling: st.is_some_and(|s| s.pulling),
         last_greeting_ts: st.map_or(0, |s| s.last_greeting_ts),
         last_nonce: st.and_then(|s| s.last_nonce.as_deref()),
+        moved_to: st.and_then(|s| s.moved_to.as_deref()),
     }
 }
 
@@ -171,10 +172,11 @@ async fn on_greeting(
     let (decision, last_reply) = {
         let m = h.mhs.lock().unwrap();
         let mut dec = greet::decide(&g, cx, view(m.get(&mh), sessions.len(), frozen));
-        if dec == Decision::Pull && !h.pull_allowed(mh) {
+        let pulls = matches!(dec, Decision::Pull | Decision::Follow(_));
+        if pulls && !h.pull_allowed(mh) {
             dec = Decision::Defer;
         }
-        if dec == Decision::Pull {
+        if matches!(dec, Decision::Pull | Decision::Follow(_)) {
             busy = h.try_busy();
             if busy.is_none() {
                 // An upgrade is under way: the MH greets again.
@@ -227,8 +229,15 @@ async fn on_greeting(
             let r = h.answer(mh, &g, GreetStatus::Attached, None, n, mac.clone());
             reply(sock, from, &r).await;
         }
-        Decision::Pull => {
-            let Some(peer) = h.cfg.peer(&g.prev_msr).cloned() else {
+        Decision::Pull | Decision::Follow(_) => {
+            let from_peer = match &decision {
+                Decision::Follow(at) => {
+                    info!(%mh, peer = %at, "the MH names us, its connections left for a peer: fetching them there");
+                    at.as_str()
+                }
+                _ => g.prev_msr.as_str(),
+            };
+            let Some(peer) = h.cfg.peer(from_peer).cloned() else {
                 return;
             };
             h.set_pulling(mh, true);

@@ -68,7 +68,11 @@ fn note_strays(msg: &Message, strays: &mut Vec<itcp_proto::channel::ClosedFlow>)
 pub async fn pull(d: Arc<Daemon>, greeter: Greeter, prev: String, peer_addr: SocketAddr) {
     let h = d.handoff.as_ref().unwrap();
     let id = h.next_handoff_id();
-    let (m, acts) = NewSide::start(id, &h.me, greeter.g.clone(), now_us(), h.timeouts());
+    let (mut m, acts) = NewSide::start(id, &h.me, greeter.g.clone(), now_us(), h.timeouts());
+    if prev != greeter.g.prev_msr {
+        // Followed: the connections left the MSR the MH names for this one.
+        m.set_old_msr(&prev);
+    }
     let span = info_span!("handoff", handoff = id, mh = %m.mh(), role = "new", peer = %prev);
     let g = greeter.g.clone();
     let more = run(d.clone(), m, acts, Some(greeter), Some((prev, peer_addr)))
