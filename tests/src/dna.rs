@@ -6,8 +6,8 @@
 //! "network"`) needs exactly one frame from the MH in the new cell: an MH that is only
 //! downloading sends nothing until data reaches it, and the data is still sent into
 //! the old cell. The lab stands in for the OS: a thread in the MH's namespace watches
-//! air0's carrier (the emulator raises it at each association) and runs `arping` once
-//! for the gateway at each carrier-up, as `tests/network.rs` does after its moves.
+//! air0's carrier (the emulator raises it at each association) and probes the gateway
+//! with `arping` at each carrier-up (three requests, 150 ms apart).
 
 use std::io;
 use std::os::fd::AsRawFd;
@@ -47,17 +47,29 @@ impl Announcer {
                     .filter(|e| *e == LinkEvent::Up)
                     .count();
                 if ups > 0 {
-                    // arping must run in the MH's namespace: a child of this thread
-                    // inside it. Not waited for here: it takes up to a second.
-                    let _ = sys::in_netns(&netns, || {
-                        Command::new("arping")
-                            .args(["-q", "-c", "1", "-w", "1", "-I", &ifname, &gateway])
-                            .stdout(Stdio::null())
-                            .stderr(Stdio::null())
-                            .spawn()
-                            .map(|mut c| {
-                                std::thread::spawn(move || c.wait());
-                            })
+                    // One request each from three arpings 150 ms apart, not waited
+                    // for: the cell loses frames (1 % on the paper's profiles), and
+                    // an MH that only downloads sends nothing else until detected,
+                    // so a lost probe would leave it unnoticed (RFC 4436 hosts
+                    // retransmit too). arping runs in the MH's namespace: a child
+                    // of a thread inside it.
+                    let (netns, ifname, gateway) = (netns.clone(), ifname.clone(), gateway.clone());
+                    std::thread::spawn(move || {
+                        for k in 0..3 {
+                            if k > 0 {
+                                std::thread::sleep(std::time::Duration::from_millis(150));
+                            }
+                            let _ = sys::in_netns(&netns, || {
+                                Command::new("arping")
+                                    .args(["-q", "-c", "1", "-w", "1", "-I", &ifname, &gateway])
+                                    .stdout(Stdio::null())
+                                    .stderr(Stdio::null())
+                                    .spawn()
+                                    .map(|mut c| {
+                                        std::thread::spawn(move || c.wait());
+                                    })
+                            });
+                        }
                     });
                 }
             }
