@@ -55,20 +55,21 @@ impl Announcer {
                     // of a thread inside it.
                     let (netns, ifname, gateway) = (netns.clone(), ifname.clone(), gateway.clone());
                     std::thread::spawn(move || {
+                        let mut children = Vec::new();
                         for k in 0..3 {
                             if k > 0 {
                                 std::thread::sleep(std::time::Duration::from_millis(150));
                             }
-                            let _ = sys::in_netns(&netns, || {
+                            children.extend(sys::in_netns(&netns, || {
                                 Command::new("arping")
                                     .args(["-q", "-c", "1", "-w", "1", "-I", &ifname, &gateway])
                                     .stdout(Stdio::null())
                                     .stderr(Stdio::null())
                                     .spawn()
-                                    .map(|mut c| {
-                                        std::thread::spawn(move || c.wait());
-                                    })
-                            });
+                            }));
+                        }
+                        for mut c in children {
+                            let _ = c.wait();
                         }
                     });
                 }

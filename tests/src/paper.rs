@@ -141,10 +141,6 @@ struct Job {
 
 type Results = BTreeMap<String, Result<Outcome, String>>;
 
-fn is_itcp(m: &Mode) -> bool {
-    m.is_itcp()
-}
-
 /// Regular TCP and I-TCP as `o` says (detection, msrd settings), with `policy` and
 /// extra agent arguments.
 fn modes(o: &PaperOpts, policy: Policy, agent: &[&str]) -> [Mode; 2] {
@@ -196,7 +192,7 @@ fn key(v: Variant, net: &str, col: usize, mode: &str, seed: u64) -> String {
 }
 
 fn mode_name(m: &Mode) -> &'static str {
-    if is_itcp(m) {
+    if m.is_itcp() {
         "itcp"
     } else {
         "regular"

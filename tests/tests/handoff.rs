@@ -2046,6 +2046,31 @@ fn captures_of_first_contact_and_a_handoff_hold_no_token_in_clear() {
     }
 }
 
+/// An nftables table (`inet cut`) for another MSR's namespace: it cannot reach MSR
+/// `k`'s channel port until the table is deleted.
+fn cut_channel_to(k: usize) -> String {
+    format!(
+        "table inet cut {{\n  chain i {{ type filter hook input priority -500; ip saddr {o} tcp sport 4347 drop; }}\n  chain o {{ type filter hook output priority -500; ip daddr {o} tcp dport 4347 drop; }}\n}}\n",
+        o = lab::addr::msr_lan(k)
+    )
+}
+
+/// Waits (up to 15 s) until MSR `k` serves a connection that moved in.
+fn wait_moved_in(lab: &Lab, k: usize) {
+    let t0 = Instant::now();
+    while lab
+        .msrd_sessions(k)
+        .map_or(0, |s| s.iter().filter(|s| s.moved_in).count())
+        == 0
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "nothing moved in at MSR{k}\n{}",
+            diag(lab)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
 /// A pull held up by a channel outage can complete after the MH has moved on: the MH,
 /// never told it moved there, greets its next MSR naming the MSR it left first, which
 /// holds nothing of it any more. That MSR sends the request on to the MSR its
@@ -2062,28 +2087,10 @@ fn a_pull_that_completes_after_the_mh_moved_on_is_followed_there() {
     let up = start_transfer(&mut lab, Dir::Up, 16 << 20, 5001);
     std::thread::sleep(Duration::from_millis(700));
     // MSR2 and MSR3 cannot reach MSR1's channel port until told.
-    let cut = format!(
-        "table inet cut {{\n  chain i {{ type filter hook input priority -500; ip saddr {o} tcp sport 4347 drop; }}\n  chain o {{ type filter hook output priority -500; ip daddr {o} tcp dport 4347 drop; }}\n}}\n",
-        o = lab::addr::msr_lan(1)
-    );
+    let cut = cut_channel_to(1);
     for k in [2, 3] {
         lab.nft(Host::Msr(k), &cut).unwrap();
     }
-    let moved_in = |lab: &Lab, k: usize| {
-        lab.msrd_sessions(k)
-            .map_or(0, |s| s.iter().filter(|s| s.moved_in).count())
-    };
-    let wait_moved_in = |lab: &Lab, k: usize| {
-        let t0 = Instant::now();
-        while moved_in(lab, k) == 0 {
-            assert!(
-                t0.elapsed() < Duration::from_secs(15),
-                "nothing moved in at MSR{k}\n{}",
-                diag(lab)
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
     // The MH greets MSR2 (whose pull waits), then MSR3, naming MSR1 both times.
     crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
     std::thread::sleep(Duration::from_millis(500));
@@ -2133,28 +2140,10 @@ fn a_greeting_after_a_pull_the_mh_never_heard_of_fetches_the_connections_back() 
     // once only then (its link-watch rate limit).
     std::thread::sleep(Duration::from_millis(1500));
     // MSR2 cannot reach MSR1's channel port, and MSR1 hears no greeting, until told.
-    let cut = format!(
-        "table inet cut {{\n  chain i {{ type filter hook input priority -500; ip saddr {o} tcp sport 4347 drop; }}\n  chain o {{ type filter hook output priority -500; ip daddr {o} tcp dport 4347 drop; }}\n}}\n",
-        o = lab::addr::msr_lan(1)
-    );
+    let cut = cut_channel_to(1);
     lab.nft(Host::Msr(2), &cut).unwrap();
     let deaf = "table inet deaf {\n  chain i { type filter hook input priority -500; udp dport 4346 drop; }\n}\n";
     lab.nft(Host::Msr(1), deaf).unwrap();
-    let moved_in = |lab: &Lab, k: usize| {
-        lab.msrd_sessions(k)
-            .map_or(0, |s| s.iter().filter(|s| s.moved_in).count())
-    };
-    let wait_moved_in = |lab: &Lab, k: usize| {
-        let t0 = Instant::now();
-        while moved_in(lab, k) == 0 {
-            assert!(
-                t0.elapsed() < Duration::from_secs(15),
-                "nothing moved in at MSR{k}\n{}",
-                diag(lab)
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    };
     // The MH greets MSR2 (whose pull waits), comes back to cell 1 and greets MSR1,
     // naming MSR1: it never heard an answer from MSR2.
     crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);

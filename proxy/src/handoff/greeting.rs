@@ -172,14 +172,10 @@ async fn on_greeting(
     let (decision, last_reply) = {
         let m = h.mhs.lock().unwrap();
         let mut dec = greet::decide(&g, cx, view(m.get(&mh), sessions.len(), frozen));
-        let pulls = matches!(dec, Decision::Pull | Decision::Follow(_));
-        if pulls && !h.pull_allowed(mh) {
-            dec = Decision::Defer;
-        }
         if matches!(dec, Decision::Pull | Decision::Follow(_)) {
-            busy = h.try_busy();
+            busy = h.pull_allowed(mh).then(|| h.try_busy()).flatten();
             if busy.is_none() {
-                // An upgrade is under way: the MH greets again.
+                // Rate-limited, or an upgrade is under way: the MH greets again.
                 dec = Decision::Defer;
             }
         }
