@@ -121,6 +121,10 @@ pub enum Event {
     },
     /// The MSR refused the greeting.
     Refused { msr: String, reason: String },
+    /// The MSR refused a retransmitted greeting, or its handoff failed: the agent
+    /// greets it afresh once (a greeting whose handoff rolled back is a replay to the
+    /// old MSR).
+    GreetedAfresh { msr: String, reason: String },
     /// An answer "from" `msr` was dropped: forged, or untagged where a tag is due
     /// (reported once per greeting).
     AnswerDropped { msr: String, reason: String },
@@ -138,6 +142,12 @@ struct Pending {
     mac: String,
     msg: Vec<u8>,
     nonce: String,
+    /// The nonce of the greeting this one replaced (see [`answers::greet_afresh`]): an
+    /// answer to it other than a refusal still counts.
+    old_nonce: Option<String>,
+    /// Times `msg` went out, and whether it replaced a refused greeting.
+    sends: u32,
+    refreshed: bool,
     t0: Instant,
     last_sent: Option<Instant>,
     holding_ms: Option<f64>,
@@ -394,6 +404,9 @@ impl Agent {
                     mac,
                     msg,
                     nonce,
+                    old_nonce: None,
+                    sends: 0,
+                    refreshed: false,
                     t0: Instant::now(),
                     last_sent: None,
                     holding_ms: None,
@@ -481,6 +494,7 @@ impl Agent {
             // A lost send is retried at the next interval.
             let _ = self.greet.send_to(&p.msg, dst);
             p.last_sent = Some(Instant::now());
+            p.sends += 1;
         }
         Ok(())
     }
@@ -500,8 +514,26 @@ impl Agent {
         let Some(p) = &mut self.pending else {
             return Ok(());
         };
-        if r.nonce != p.nonce || r.msr != p.to {
+        let current = r.nonce == p.nonce;
+        let replaced = p.old_nonce.as_deref() == Some(r.nonce.as_str());
+        if !(current || replaced) || r.msr != p.to {
             return Ok(());
+        }
+        if replaced && matches!(r.status, GreetStatus::Refused | GreetStatus::Failed) {
+            return Ok(());
+        }
+        if current && answers::greet_afresh(&r, p.sends, p.refreshed) {
+            let from = (!p.from.is_empty()).then(|| p.from.clone());
+            let (to, reason) = (p.to.clone(), r.reason.unwrap_or_default());
+            let (msg, nonce) = self.greeting(from.as_deref(), &to)?;
+            let p = self.pending.as_mut().expect("pending");
+            p.old_nonce = Some(std::mem::replace(&mut p.nonce, nonce));
+            p.msg = msg;
+            p.sends = 0;
+            p.refreshed = true;
+            p.last_sent = None;
+            on_event(Event::GreetedAfresh { msr: to, reason });
+            return self.retransmit(on_event);
         }
         match answers::judge(&r, &self.cfg.token.0, self.attached.is_some()) {
             Verdict::Act => self.act(r, on_event),
@@ -601,6 +633,7 @@ impl Agent {
                     p.from.clear();
                     p.msg = msg;
                     p.nonce = nonce;
+                    p.sends = 0;
                     p.last_sent = None;
                 } else {
                     self.pending = None;

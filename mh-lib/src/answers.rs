@@ -17,6 +17,9 @@
 //!
 //! Before the first attachment nothing is tagged (no MSR knows the token yet): the
 //! first contact trusts the cell, as any host trusts its first gateway.
+//!
+//! A refusal or failure of a greeting that went out more than once is not judged at
+//! first: the agent greets afresh ([`greet_afresh`]).
 
 use itcp_proto::greeting::{GreetReply, GreetStatus};
 
@@ -49,6 +52,20 @@ pub fn judge(r: &GreetReply, token: &[u8], attached: bool) -> Verdict {
         }
         GreetStatus::Attached | GreetStatus::Failed | GreetStatus::Refused => Verdict::Fallback,
     }
+}
+
+/// Whether to greet afresh (a new timestamp and nonce, the same MSRs) instead of
+/// judging answer `r` (a refusal or a failure) to a greeting sent `sends` times,
+/// `refreshed` before or not.
+///
+/// The old MSR takes each greeting once. When the handoff it started rolled back (the
+/// new MSR died mid-way and started again, say), a retransmission of that greeting is
+/// a replay to it and is refused (the new MSR answers "failed"), though the MH never
+/// moved: a fresh greeting asks the same with a new proof. Once per greeting: the next
+/// such answer is judged as usual. A forged one gains its sender one more greeting
+/// from the MH.
+pub fn greet_afresh(r: &GreetReply, sends: u32, refreshed: bool) -> bool {
+    matches!(r.status, GreetStatus::Refused | GreetStatus::Failed) && sends > 1 && !refreshed
 }
 
 /// The MAC to point the gateway at for answer `r`: the one it names if it is tagged
@@ -108,6 +125,25 @@ mod tests {
             judge(&reply(GreetStatus::Attached), TOKEN, true),
             Verdict::Fallback
         );
+    }
+
+    #[test]
+    fn a_refused_retransmission_is_greeted_afresh_once() {
+        for s in [GreetStatus::Refused, GreetStatus::Failed] {
+            let r = reply(s);
+            assert!(greet_afresh(&r, 2, false), "{s:?}");
+            // The first transmission's answer is the MSR's answer to this very greeting.
+            assert!(!greet_afresh(&r, 1, false), "{s:?}");
+            // The same again after greeting afresh: believed.
+            assert!(!greet_afresh(&r, 3, true), "{s:?}");
+        }
+        for s in [
+            GreetStatus::Holding,
+            GreetStatus::Moved,
+            GreetStatus::Attached,
+        ] {
+            assert!(!greet_afresh(&reply(s), 5, false), "{s:?}");
+        }
     }
 
     #[test]

@@ -1097,6 +1097,12 @@ impl Lab {
         r.map(|()| self.children.len() - 1)
     }
 
+    /// Drops the extra environment of MSR `k` (e.g. a fault hook): the next
+    /// [`Lab::restart_msrd`] starts it plain.
+    pub fn clear_msrd_env(&mut self, k: usize) {
+        self.msrd_env.retain(|(j, ..)| *j != k);
+    }
+
     /// Starts msrd on MSR `k` again with the config [`Lab::start_msrd`] wrote (after a
     /// crash, say), its output appended to the same log, and waits until its control
     /// socket answers. The caller owns the process: kill and wait for it (it also dies

@@ -662,6 +662,69 @@ fn killing_the_new_msr_mid_handoff_loses_nothing() {
     );
 }
 
+/// The new MSR dies mid-handoff and starts again while the MH, in its cell only, still
+/// retransmits the greeting. The old MSR rolled back, but it took that greeting once:
+/// to it, the retransmission is a replay, and the restarted MSR (which lost the token
+/// with its memory) can only answer an untagged refusal. The agent then greets afresh
+/// (new timestamp and nonce), and the connections move at once instead of after the
+/// agent's 10 s greeting timeout (found by the chaos soak, seed 29, MH 5 at 265 s: the
+/// MH stayed pending, opened connections through the new MSR meanwhile, and those were
+/// left behind at its next move).
+#[test]
+fn a_new_msr_restarted_mid_handoff_gets_the_connections_at_once() {
+    let mut lab = fast_lab(47, &[(2, "MSRD_FAULT", "exit_before_restore")]);
+    let bytes = 24 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    std::thread::sleep(Duration::from_millis(1000));
+    lab.assoc(&[2]).unwrap();
+    // MSR2 exits holding the images; MSR1 rolls back.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !lab
+        .handoff_records(1)
+        .iter()
+        .any(|r| r.outcome == Outcome::RolledBack)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no rollback at MSR1\n{}",
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    lab.clear_msrd_env(2);
+    let mut again = lab
+        .restart_msrd(2)
+        .unwrap_or_else(|e| panic!("msrd did not start again: {e}"));
+    let up = Instant::now();
+    let moved = loop {
+        let ev = lab.agent_events();
+        if ev
+            .iter()
+            .any(|e| e["event"] == "moved" && e["to"] == "msr2")
+        {
+            break up.elapsed();
+        }
+        assert!(
+            up.elapsed() < Duration::from_secs(20),
+            "the MH never moved to MSR2: {ev:?}\n{}",
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    eprintln!(
+        "moved {:.0} ms after MSR2 was up again",
+        moved.as_secs_f64() * 1e3
+    );
+    let (send, recv) = finish(&mut lab, t);
+    assert_clean(&lab, &send, &recv, bytes);
+    assert!(
+        moved < Duration::from_secs(2),
+        "the connections moved {moved:?} after MSR2 was up again"
+    );
+    let _ = again.kill();
+    let _ = again.wait();
+}
+
 #[test]
 fn a_connection_that_fails_to_restart_stays_at_the_old_msr_and_on_record() {
     let mut lab = clean_lab(2, 43);

@@ -438,7 +438,7 @@ impl EventMapper {
                 out.push(e);
             }
             // For the agent's log: nothing changed for the app.
-            Event::AnswerDropped { .. } => {}
+            Event::AnswerDropped { .. } | Event::GreetedAfresh { .. } => {}
             Event::Lost { from } => {
                 self.disconnected = true;
                 let mut e = OwnedEvent::new(ITCP_EVENT_DISCONNECTED);
