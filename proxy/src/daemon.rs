@@ -424,14 +424,14 @@ impl Daemon {
                     }
                     return Box::pin(self.drain(c, wireless, fixed, adm)).await;
                 }
-                self.note_closed(Some(&wireless), Some(&fixed));
+                self.note_closed(&s, Some(&wireless), Some(&fixed));
                 sockopt::close_gracefully(&wireless);
                 sockopt::close_gracefully(&fixed);
             }
         }
         if end != End::Closed {
             self.sessions.stats.aborted.fetch_add(1, Ordering::Relaxed);
-            self.note_closed(Some(&wireless), Some(&fixed));
+            self.note_closed(&s, Some(&wireless), Some(&fixed));
         }
         drop((wireless, fixed, adm));
         self.sessions.close(&s);
@@ -440,19 +440,27 @@ impl Daemon {
 
     /// Records a relay's flows as closed (see [`crate::strays`]).
     /// Call it as a socket closes, not before: a closing connection still moves.
-    pub(crate) fn note_closed(&self, wireless: Option<&TcpStream>, fixed: Option<&TcpStream>) {
+    /// A socket whose connection is over (TIME_WAIT) has no peer address any more:
+    /// session `s` says what it was.
+    pub(crate) fn note_closed(
+        &self,
+        s: &Session,
+        wireless: Option<&TcpStream>,
+        fixed: Option<&TcpStream>,
+    ) {
         if !self.cfg.handoff.enabled() {
             return;
         }
         let window = Duration::from_secs(self.cfg.handoff.closed_window_s);
         let mut flows = Vec::with_capacity(2);
-        let w = wireless.map(|w| (w.peer_addr(), w.local_addr()));
-        let x = fixed.map(|x| (x.local_addr(), x.peer_addr()));
-        for (mh, peer) in w.into_iter().chain(x) {
-            if let (Ok(a), Ok(z)) = (mh, peer) {
-                if !flows.contains(&(a, z)) {
-                    flows.push((a, z));
-                }
+        let w = wireless.map(|w| {
+            let mh = w.peer_addr().unwrap_or(s.mh);
+            (mh, w.local_addr().unwrap_or(s.wireless_local))
+        });
+        let x = fixed.and_then(|x| Some((x.local_addr().ok()?, x.peer_addr().unwrap_or(s.fh))));
+        for flow in w.into_iter().chain(x) {
+            if !flows.contains(&flow) {
+                flows.push(flow);
             }
         }
         if let Some((a, _)) = flows.first() {
@@ -480,7 +488,7 @@ impl Daemon {
         loop {
             if fixed.as_ref().is_some_and(delivered) {
                 let x = fixed.take().unwrap();
-                self.note_closed(None, Some(&x));
+                self.note_closed(&c, None, Some(&x));
                 sockopt::close_gracefully(x);
             }
             if (delivered(&wireless) && fixed.is_none()) || start.elapsed() > MOST {
@@ -508,7 +516,7 @@ impl Daemon {
             (wireless, fixed, adm) = (f.wireless, f.fixed, f.admitted);
             pause = c.pause.subscribe();
         }
-        self.note_closed(Some(&wireless), fixed.as_ref());
+        self.note_closed(&c, Some(&wireless), fixed.as_ref());
         sockopt::close_gracefully(&wireless);
         if let Some(x) = &fixed {
             sockopt::close_gracefully(x);

@@ -725,6 +725,56 @@ fn a_new_msr_restarted_mid_handoff_gets_the_connections_at_once() {
     let _ = again.wait();
 }
 
+/// Downloads the FH ends first, each finishing as the MH moves: the MH has read it all
+/// and closed, so msrd's FIN to the FH is on its way (a fixed-side round trip) when the
+/// old MSR freezes the relay, which ends there. The FH's ACK of that FIN reaches the
+/// new MSR, which has the MH's address by then: it must drop it like any stray segment
+/// of a flow that closed lately. Handed on to the MH, it drew an RST that ended the
+/// FH's TIME_WAIT, and the old MSR's retransmitted FIN then drew RSTs from the FH
+/// (found by the chaos soak, seed 29: MH 7 at 315 s and 596 s).
+#[test]
+fn downloads_that_end_as_the_mh_moves_draw_no_reset() {
+    // A long fixed-side round trip (200 ms): the FH's ACK comes after the handoff.
+    let wan = lab::link(100_000_000, 100.0, 0.0);
+    let cell = lab::link(10_000_000, 2.0, 0.0);
+    let mut lab = Lab::new(LabConfig::links(2, 59, wan, cell)).unwrap();
+    lab.start_itcp_mobility(FAST_BEACONS, FAST_AGENT).unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    lab.watch_rsts(Host::Mh).unwrap();
+    pcap(&mut lab);
+    let settled = |lab: &Lab| {
+        lab.agent_events()
+            .iter()
+            .filter(|e| e["event"] == "moved" || e["event"] == "attached")
+            .count()
+    };
+    let mut at = 1;
+    for i in 1..=6u16 {
+        let (s, r) = start_transfer(&mut lab, Dir::Down, 300_000, 5000 + i);
+        let (_, rout, rerr) = lab.wait(r, Duration::from_secs(30)).unwrap();
+        // The MH closed: move at once (a straight switch, announced by its carrier).
+        let to = 3 - at;
+        lab.assoc(&[to]).unwrap();
+        let recv: RecvReport = serde_json::from_str(rout.trim())
+            .unwrap_or_else(|e| panic!("receiver: {e}: {rerr}\n{}", diag(&lab)));
+        assert!(recv.ok && recv.verified, "{recv:?}");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while settled(&lab) < 1 + i as usize {
+            assert!(
+                Instant::now() < deadline,
+                "move {i} not done\n{}",
+                diag(&lab)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = lab.wait(s, Duration::from_secs(10));
+        // Let the other MSR's beacons lapse before the next move.
+        std::thread::sleep(Duration::from_millis(700));
+        at = to;
+    }
+    assert_no_rsts(&lab);
+}
+
 #[test]
 fn a_connection_that_fails_to_restart_stays_at_the_old_msr_and_on_record() {
     let mut lab = clean_lab(2, 43);
@@ -1594,7 +1644,7 @@ fn pcap(lab: &mut Lab) {
         ];
         for (h, f) in hosts {
             let f = lab.dir.join(f).display().to_string();
-            let args = ["-i", "any", "-nn", "-s", "128", "-w", &f, "tcp"];
+            let args = ["-i", "any", "-U", "-nn", "-s", "128", "-w", &f, "tcp"];
             lab.spawn(h, "tcpdump", &args).unwrap();
         }
         std::thread::sleep(Duration::from_millis(500));

@@ -217,6 +217,11 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                     settle(&d, mh, Some(Duration::from_millis(50))).await;
                     frozen = freeze(&d, mh).await;
                     let t_freeze = t0.elapsed();
+                    if super::sockets::fault("slow_capture") {
+                        // Test hook: a wide window for closing connections to finish.
+                        let pause = super::sockets::fault_delay().unwrap_or_default();
+                        tokio::time::sleep(pause).await;
+                    }
                     let mut images = Vec::new();
                     let mut failure = None;
                     let mut over = Vec::new();
@@ -273,6 +278,7 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                     if let Message::Images { closed, images, .. } = &mut msg {
                         let w = Duration::from_secs(h.cfg.closed_window_s);
                         *closed = d.strays.take(mh, w);
+                        closed.extend(staying_fixed_flows(&frozen, images));
                         super::handshakes::attach(&d, mh, images);
                     }
                     if let Err(e) = ch.send(&msg).await {
@@ -426,9 +432,44 @@ const HANDSHAKE_WAIT: Duration = Duration::from_millis(250);
 /// How long a replayed ACK may take to complete its handshake (it goes over loopback).
 const REPLAYED_WAIT: Duration = Duration::from_millis(50);
 
-/// Closes connections that finished closing while frozen (nothing left to send).
+/// The fixed flows of connections that move as `closing`: their fixed sockets stay
+/// here to finish their close (see `sockets::capture_one`), and what the FH sends
+/// them last (its ACK of our FIN) strays to the new MSR, which must drop it. Not when
+/// the fixed flow is the wireless one (transparent mode): the moved socket has it.
+fn staying_fixed_flows(
+    frozen: &[Frozen],
+    images: &[itcp_proto::channel::ConnImage],
+) -> Vec<itcp_proto::channel::ClosedFlow> {
+    let closing: std::collections::HashSet<u64> = images
+        .iter()
+        .filter(|i| i.kind == crate::sessions::Kind::Closing.as_str())
+        .map(|i| i.id)
+        .collect();
+    frozen
+        .iter()
+        .filter(|f| closing.contains(&f.session.id))
+        .filter_map(|f| {
+            let x = f.fixed.as_ref()?;
+            let flow = (x.local_addr().ok()?, x.peer_addr().ok()?);
+            let wireless = (f.wireless.peer_addr().ok()?, f.wireless.local_addr().ok()?);
+            (flow != wireless).then_some(flow)
+        })
+        .map(|(mh, peer)| itcp_proto::channel::ClosedFlow {
+            mh,
+            peer,
+            age_ms: 0,
+        })
+        .collect()
+}
+
+/// Closes connections that finished closing while frozen (nothing left to send). Their
+/// flows go with the images as closed ones, like any that closed here lately: the
+/// last segments of their close (the FH's ACK of our FIN) reach the new MSR, which
+/// must drop them, not hand them to the MH (which resets them, and the FH's end with
+/// them: soak, seed 29).
 fn finish_closed(d: &Daemon, over: Vec<Frozen>) {
     for f in over {
+        d.note_closed(&f.session, Some(&f.wireless), f.fixed.as_ref());
         for s in std::iter::once(&f.wireless).chain(f.fixed.as_ref()) {
             crate::sockopt::close_gracefully(s);
         }

@@ -318,7 +318,7 @@ pub fn delete(d: &Daemon, frozen: Vec<Frozen>) {
         if f.session.kind == Kind::Closing {
             // Not captured (see capture_one): the kernel finishes its close here.
             if let Some(x) = fixed.take() {
-                d.note_closed(None, Some(&x));
+                d.note_closed(&f.session, None, Some(&x));
                 crate::sockopt::close_gracefully(&x);
             }
         }
