@@ -449,6 +449,21 @@ impl SocketImage {
         n
     }
 
+    /// Whether ACK `ack` from the peer completes this connection's close: the peer's
+    /// FIN arrived, all it sent was read, and `ack` acknowledges everything this
+    /// socket sent, its FIN included (LAST_ACK, or CLOSING, ended by that ACK).
+    pub fn closed_by(&self, ack: u32) -> bool {
+        self.recv.fin
+            && self.recv.data.is_empty()
+            && self.send.fin == SendFin::Sent
+            && self.send.unsent.is_empty()
+            && ack
+                == self
+                    .send
+                    .una
+                    .wrapping_add(self.send.unacked.len() as u32 + 1)
+    }
+
     /// The send sequence number the restored queue starts at: `una`, or the
     /// acknowledged FIN's own number when it is re-queued.
     fn send_base(&self) -> u32 {
@@ -1844,6 +1859,26 @@ mod tests {
         );
         assert_eq!(img.take_peer_ack(fin), 0);
         img.validate().unwrap();
+    }
+
+    #[test]
+    fn an_ack_closes_a_last_ack_image_only_when_it_acknowledges_our_fin() {
+        let mut img = sample();
+        img.recv.data.clear();
+        assert!(img.recv.fin);
+        let fin = img.send.una.wrapping_add(img.send.unacked.len() as u32 + 1);
+        assert!(img.closed_by(fin));
+        assert!(!img.closed_by(fin.wrapping_sub(1)), "the bytes only");
+        assert!(!img.closed_by(fin.wrapping_add(1)), "beyond our FIN");
+        let mut open = img.clone();
+        open.recv.fin = false;
+        assert!(!open.closed_by(fin), "the peer has not closed");
+        let mut unread = img.clone();
+        unread.recv.data = vec![1];
+        assert!(!unread.closed_by(fin), "bytes still to relay");
+        let mut queued = img.clone();
+        queued.send.fin = SendFin::Queued;
+        assert!(!queued.closed_by(fin), "our FIN not sent");
     }
 
     #[test]

@@ -353,6 +353,9 @@ pub struct Restored {
     pending: Pending,
     /// What restore used: restart replays a segment to each socket too.
     opts: RestoreOptions,
+    /// A closing connection whose close an ACK held during the freeze completes:
+    /// nothing is left to do, so it is not restarted (see [`RestoreContext::closes`]).
+    finished: bool,
 }
 
 fn decode(b: &[u8]) -> io::Result<SocketImage> {
@@ -373,6 +376,17 @@ pub struct RestoreContext {
 }
 
 impl RestoreContext {
+    /// Whether an ACK the peer of `img` sent it during the freeze completes its close.
+    /// Restarted, such a socket would leave repair mode with a window probe, take that
+    /// ACK, close, and meet the peer's next ACKs (its answer to the probe, a second
+    /// held one) with no socket: RSTs.
+    fn closes(&self, img: &SocketImage) -> bool {
+        let key = (canonical(img.remote), canonical(img.local));
+        self.acks
+            .get(&key)
+            .is_some_and(|acks| acks.iter().any(|&a| img.closed_by(a)))
+    }
+
     /// Takes in the held ACKs the peer of `img` sent it.
     fn take_held_acks(&self, img: &mut SocketImage) {
         let key = (canonical(img.remote), canonical(img.local));
@@ -426,6 +440,7 @@ pub fn restore_one(c: &ConnImage, cx: &RestoreContext) -> io::Result<Restored> {
         ));
     }
     let mut w = decode(&c.wireless)?;
+    let finished = kind == Kind::Closing && c.fixed.is_empty() && cx.closes(&w);
     cx.take_held_acks(&mut w);
     let kx = match &c.kx {
         None => None,
@@ -474,6 +489,7 @@ pub fn restore_one(c: &ConnImage, cx: &RestoreContext) -> io::Result<Restored> {
         listen,
         pending,
         opts,
+        finished,
     })
 }
 
@@ -603,12 +619,17 @@ fn restart_group(d: &Daemon, rs: &[Restored]) -> Vec<io::Result<()>> {
     let mut resent = HashMap::new();
     let results: Vec<_> = rs
         .iter()
-        .map(|r| restart_one(r).map(|v| resent.extend(v)))
+        .map(|r| match r.finished {
+            true => Ok(()),
+            false => restart_one(r).map(|v| resent.extend(v)),
+        })
         .collect();
+    // A finished connection's held packets are not delivered (dropped with the hold),
+    // and its gate stays shut.
     let flows: Vec<_> = rs
         .iter()
         .zip(&results)
-        .filter(|(_, ok)| ok.is_ok())
+        .filter(|(r, ok)| ok.is_ok() && !r.finished)
         .flat_map(|(r, _)| r.flows())
         .collect();
     // What was held for them first, then what comes through the opened gate.
@@ -704,6 +725,25 @@ fn on_all_cores<T: Sync, R: Send>(
     })
 }
 
+/// A closing connection that finished during the freeze (see `Restored::finished`):
+/// deleted silently, its flow dropped here as a stray for the closed-flow window (the
+/// MH's TIME_WAIT may still answer something), and recorded as closed here.
+fn finish_moved(d: &Daemon, r: Restored) {
+    let w = &r.wireless.1;
+    let flow = (canonical(w.remote), canonical(w.local));
+    debug!(conn = r.id, mh = %flow.0, "closing connection finished during the handoff: not restarted");
+    if let Err(e) = itcp_handoff::delete(r.wireless.0) {
+        // Closing it could send a FIN or RST: keep the fd (a leak, logged).
+        warn!(conn = r.id, error = %e.error, "finished socket not deleted");
+        std::mem::forget(e.fd);
+    }
+    let window = Duration::from_secs(d.handoff_cfg().closed_window_s);
+    d.strays.closed(flow.0.ip(), &[flow], window);
+    if let Err(e) = d.rules.drop_strays(&[(flow.0, flow.1, window)]) {
+        warn!(conn = r.id, error = %e, "stray segments of a finished connection will draw RSTs here");
+    }
+}
+
 /// Restarts the restored connections (listeners first) and starts their relays,
 /// handing back the sockets that failed to restart (still in repair
 /// mode) so the caller can hold the MH's flows before they go: once deleted, the
@@ -726,6 +766,12 @@ pub fn restart_or_keep(
             warn!(conn = r.id, error = %e, "restored connection did not restart: kept at the old MSR");
             failed.push((r.id, format!("restart: {e}")));
             unstarted.push(r);
+            continue;
+        }
+        if r.finished {
+            // Its close is complete: the old MSR may delete its copy.
+            resumed.push(r.id);
+            finish_moved(d, r);
             continue;
         }
         if let (Kind::Listen, Some(addr)) = (r.kind, r.listen) {
