@@ -1582,7 +1582,7 @@ fn short_connections_through_twenty_handoffs_see_no_reset() {
 /// transparent mode (found with this test: 20 RSTs sent by the FH, 13-17 received by
 /// the MH). A closing connection whose close a held ACK completes is not restarted.
 ///
-/// Ignored: still failing. With the fix, 2 of 4 runs showed no RST; the others had
+/// Ignored: still failing. With the fix, 3 of 6 runs showed no RST; the others had
 /// 2 and 3 received by the MH, and one had RSTs at the FH too (old code: (0, 20,
 /// 13-17, 0)). The rest of the cause is not found yet: run with `--ignored`.
 #[test]
