@@ -217,11 +217,6 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                     settle(&d, mh, Some(Duration::from_millis(50))).await;
                     frozen = freeze(&d, mh).await;
                     let t_freeze = t0.elapsed();
-                    if super::sockets::fault("slow_capture") {
-                        // Test hook: a wide window for closing connections to finish.
-                        let pause = super::sockets::fault_delay().unwrap_or_default();
-                        tokio::time::sleep(pause).await;
-                    }
                     let mut images = Vec::new();
                     let mut failure = None;
                     let mut over = Vec::new();

@@ -381,16 +381,18 @@ impl RestoreContext {
     /// ACK, close, and meet the peer's next ACKs (its answer to the probe, a second
     /// held one) with no socket: RSTs.
     fn closes(&self, img: &SocketImage) -> bool {
+        self.held_acks(img).iter().any(|&a| img.closed_by(a))
+    }
+
+    /// The ACK numbers the peer of `img` sent it during the freeze.
+    fn held_acks(&self, img: &SocketImage) -> &[u32] {
         let key = (canonical(img.remote), canonical(img.local));
-        self.acks
-            .get(&key)
-            .is_some_and(|acks| acks.iter().any(|&a| img.closed_by(a)))
+        self.acks.get(&key).map_or(&[], Vec::as_slice)
     }
 
     /// Takes in the held ACKs the peer of `img` sent it.
     fn take_held_acks(&self, img: &mut SocketImage) {
-        let key = (canonical(img.remote), canonical(img.local));
-        for &a in self.acks.get(&key).into_iter().flatten() {
+        for &a in self.held_acks(img) {
             img.take_peer_ack(a);
         }
     }
@@ -619,9 +621,11 @@ fn restart_group(d: &Daemon, rs: &[Restored]) -> Vec<io::Result<()>> {
     let mut resent = HashMap::new();
     let results: Vec<_> = rs
         .iter()
-        .map(|r| match r.finished {
-            true => Ok(()),
-            false => restart_one(r).map(|v| resent.extend(v)),
+        .map(|r| {
+            if r.finished {
+                return Ok(());
+            }
+            restart_one(r).map(|v| resent.extend(v))
         })
         .collect();
     // A finished connection's held packets are not delivered (dropped with the hold),
@@ -732,11 +736,7 @@ fn finish_moved(d: &Daemon, r: Restored) {
     let w = &r.wireless.1;
     let flow = (canonical(w.remote), canonical(w.local));
     debug!(conn = r.id, mh = %flow.0, "closing connection finished during the handoff: not restarted");
-    if let Err(e) = itcp_handoff::delete(r.wireless.0) {
-        // Closing it could send a FIN or RST: keep the fd (a leak, logged).
-        warn!(conn = r.id, error = %e.error, "finished socket not deleted");
-        std::mem::forget(e.fd);
-    }
+    discard(r.id, r.wireless.0);
     let window = Duration::from_secs(d.handoff_cfg().closed_window_s);
     d.strays.closed(flow.0.ip(), &[flow], window);
     if let Err(e) = d.rules.drop_strays(&[(flow.0, flow.1, window)]) {
