@@ -67,8 +67,10 @@ fn diag(lab: &Lab) -> String {
             );
         }
     }
-    if let Ok(o) = lab.run(Host::Mh, "ss", &["-tinoe"]) {
-        s += &format!("--- MH ss: {}\n", String::from_utf8_lossy(&o.stdout));
+    for h in [Host::Mh, Host::Msr(1), Host::Msr(2), Host::Fh] {
+        if let Ok(o) = lab.run(h, "ss", &["-tinoe"]) {
+            s += &format!("--- {h:?} ss: {}\n", String::from_utf8_lossy(&o.stdout));
+        }
     }
     if let Ok(o) = lab.run(Host::Mh, "nstat", &["-a"]) {
         s += &format!(
