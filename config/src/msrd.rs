@@ -104,6 +104,8 @@ pub struct HandoffSection {
     /// New MSR: for this long after a handoff, segments of the MH's connections that
     /// were closed at the old MSR (their TIME_WAIT and closing states stay there) are
     /// dropped silently here instead of answered with RST, in seconds (60; 0: off).
+    /// The same window keeps stray segments of relays that ended gracefully here from
+    /// drawing RSTs.
     #[serde(default = "default_closed_window")]
     pub closed_window_s: u64,
     /// New MSR, cells with `detect = "network"`: how long an arriving MH's packets are

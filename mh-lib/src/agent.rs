@@ -339,6 +339,12 @@ impl Agent {
                 LinkEvent::Down => {
                     self.solicitor.link_down();
                     self.det.link_lost();
+                    // An untagged answer kept aside came from the cell the MH left: it
+                    // says nothing of where the MH is now. Leaving the cell also
+                    // silences the MSR it is attached to, which would let it act.
+                    if let Some(p) = &mut self.pending {
+                        p.fallback = None;
+                    }
                 }
             }
         }
@@ -461,14 +467,16 @@ impl Agent {
         // (and its token with it), so the new MSR could not tag. Not while a tagged
         // `holding` says a genuine MSR is at work, and not before a tagged answer had
         // its chance (a station could answer first).
+        // And only from an MSR still heard: one out of range cannot be the MH's gateway.
+        let now = self.t_start.elapsed().as_nanos() as u64;
         let silent = self
             .attached
             .as_deref()
-            .is_none_or(|a| !self.det.alive(a, self.t_start.elapsed().as_nanos() as u64));
+            .is_none_or(|a| !self.det.alive(a, now));
         let ripe = p
             .fallback
             .as_ref()
-            .is_some_and(|(_, at)| at.elapsed() >= FALLBACK_GRACE);
+            .is_some_and(|(r, at)| at.elapsed() >= FALLBACK_GRACE && self.det.alive(&r.msr, now));
         if ripe && silent && p.holding_ms.is_none() {
             let (r, _) = p.fallback.take().unwrap();
             return self.act(r, on_event);

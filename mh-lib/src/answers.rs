@@ -11,9 +11,11 @@
 //! * an untagged `attached`, `failed` or `refused` is kept aside. It is what an MSR
 //!   sends that cannot know the token (the previous MSR crashed with it, or never had
 //!   it), and it acts only if no tagged answer came within a second, no tagged
-//!   `holding` came at all, and the previous MSR has gone silent (no beacon within its
-//!   lifetime): a station next to a live MSR cannot use it, nor one racing a genuine
-//!   MSR's answer.
+//!   `holding` came at all, the previous MSR has gone silent (no beacon within its
+//!   lifetime) and the one that answered is still heard; the MH's link going down
+//!   discards it (it came from a cell the MH left, and leaving silences the previous
+//!   MSR): a station next to a live MSR cannot use it, nor one racing a genuine MSR's
+//!   answer, nor one whose cell the MH leaves.
 //!
 //! Before the first attachment nothing is tagged (no MSR knows the token yet): the
 //! first contact trusts the cell, as any host trusts its first gateway.

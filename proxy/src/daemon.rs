@@ -424,6 +424,7 @@ impl Daemon {
                     }
                     return Box::pin(self.drain(c, wireless, fixed, adm)).await;
                 }
+                self.note_ended(&s, &wireless, Some(&fixed));
                 self.note_closed(&s, Some(&wireless), Some(&fixed));
                 sockopt::close_gracefully(&wireless);
                 sockopt::close_gracefully(&fixed);
@@ -469,6 +470,35 @@ impl Daemon {
         }
     }
 
+    /// Tells the kernel that relay `s` ended gracefully, as its FINs go out: once its
+    /// sockets are gone, stray segments of its flows meet silence, not an RST (see
+    /// `Rules::end_flows`). A socket in LAST_ACK that retransmitted its FIN closes on
+    /// the peer's first ACK; the peer's answer to the retransmission follows, and
+    /// would draw an RST (found by the short-connections test over a 100 ms fixed
+    /// path, where a tail-loss probe on the wireless side re-sent the FIN).
+    pub(crate) fn note_ended(&self, s: &Session, wireless: &TcpStream, fixed: Option<&TcpStream>) {
+        let window = Duration::from_secs(self.cfg.handoff.closed_window_s);
+        if window.is_zero() {
+            return;
+        }
+        let w = (
+            wireless.peer_addr().unwrap_or(s.mh),
+            wireless.local_addr().unwrap_or(s.wireless_local),
+        );
+        let mut flows = vec![(w.0, w.1, window)];
+        if let Some(x) =
+            fixed.and_then(|x| Some((x.local_addr().ok()?, x.peer_addr().unwrap_or(s.fh))))
+        {
+            // Transparent mode: the fixed flow is the wireless one (both ways).
+            if x != w && (x.1, x.0) != w {
+                flows.push((x.0, x.1, window));
+            }
+        }
+        if let Err(e) = self.rules.end_flows(&flows) {
+            debug!(conn = s.id, error = %e, "ended flows not recorded: a stray segment may draw an RST");
+        }
+    }
+
     /// A closed relay whose sockets still deliver queued bytes or a FIN: each socket is
     /// closed once the peer has acknowledged everything (the kernel keeps TIME_WAIT
     /// without us). Until then a handoff moves it (kind `closing`).
@@ -482,6 +512,7 @@ impl Daemon {
         // The kernel gives up on a peer that stays silent (TCP_USER_TIMEOUT, the
         // linger); this only bounds a socket that would never report it.
         const MOST: Duration = Duration::from_secs(900);
+        self.note_ended(&c, &wireless, fixed.as_ref());
         let mut pause = c.pause.subscribe();
         let mut delay = Duration::from_millis(1);
         let start = Instant::now();

@@ -99,6 +99,14 @@ fn by_family<T: Flow>(
     Ok(())
 }
 
+/// A flow set's key read from a packet both ways (the set holds each flow once).
+fn flow_keys(ip: &str) -> [String; 2] {
+    [
+        format!("{ip} saddr . tcp sport . {ip} daddr . tcp dport"),
+        format!("{ip} daddr . tcp dport . {ip} saddr . tcp sport"),
+    ]
+}
+
 fn set<T: ToString>(items: &[T]) -> String {
     let v: Vec<String> = items.iter().map(T::to_string).collect();
     format!("{{ {} }}", v.join(", "))
@@ -110,8 +118,28 @@ impl Rules {
     pub fn nft_script(&self) -> String {
         let t = &self.table;
         let mark = format!("{:#x}", self.fwmark);
-        let mut s = format!(
-            "add table inet {t}\ndelete table inet {t}\ntable inet {t} {{\n  chain prerouting {{\n    type filter hook prerouting priority mangle; policy accept;\n    meta l4proto {{ tcp, icmp, ipv6-icmp }} socket transparent 1 meta mark set {mark} accept\n"
+        let mut s = format!("add table inet {t}\ndelete table inet {t}\ntable inet {t} {{\n");
+        // Flows of relays that ended gracefully here (see `Rules::end_flows`). Their
+        // stray segments (the peer's answer to our FIN, retransmitted after the socket
+        // that sent it took the first answer and closed) must meet silence, not an RST:
+        // none is sent on them, and none is forwarded (transparent mode, where the
+        // other host's connection has other sequence numbers). A SYN on the 4-tuple
+        // takes it back.
+        for (set, ty) in [("ended4", "ipv4_addr"), ("ended6", "ipv6_addr")] {
+            s += &format!(
+                "  set {set} {{\n    type {ty} . inet_service . {ty} . inet_service;\n    flags timeout;\n    size 262144;\n  }}\n"
+            );
+        }
+        s += "  chain prerouting {\n    type filter hook prerouting priority mangle; policy accept;\n";
+        for (ip, v) in [("ip", "4"), ("ip6", "6")] {
+            for k in flow_keys(ip) {
+                s += &format!(
+                    "    tcp flags & (syn | ack) == syn {k} @ended{v} delete @ended{v} {{ {k} }}\n"
+                );
+            }
+        }
+        s += &format!(
+            "    meta l4proto {{ tcp, icmp, ipv6-icmp }} socket transparent 1 meta mark set {mark} accept\n"
         );
         if let Some(tp) = &self.transparent {
             let v4: Vec<&IpPrefix> = tp.mh_prefixes.iter().filter(|p| p.is_ipv4()).collect();
@@ -128,6 +156,17 @@ impl Rules {
                 s += &format!(
                     "    ip6 saddr {} tcp dport {ports} tcp flags & (syn | ack) == syn tproxy ip6 to :{lp} meta mark set {mark} accept\n",
                     set(&v6)
+                );
+            }
+        }
+        // Here no socket of ours took the segment (that rule accepted it): one of an
+        // ended flow that would be forwarded goes nowhere. Segments for this router's
+        // own addresses are left to their sockets (explicit mode: the kernel's RST, if
+        // any, is dropped in `hold_out`).
+        for (ip, v) in [("ip", "4"), ("ip6", "6")] {
+            for k in flow_keys(ip) {
+                s += &format!(
+                    "    iifname != \"lo\" tcp flags & syn == 0 {k} @ended{v} fib daddr type != local drop\n"
                 );
             }
         }
@@ -190,6 +229,12 @@ impl Rules {
                 "  chain {chain} {{\n    type filter hook {hook} priority mangle - 10; policy accept;\n    {lo} \"lo\" accept\n"
             );
             if chain == "hold_out" {
+                // No RST on a flow that ended gracefully here (see the `ended` sets).
+                for (ip, v) in [("ip", "4"), ("ip6", "6")] {
+                    for k in flow_keys(ip) {
+                        s += &format!("    tcp flags rst {k} @ended{v} drop\n");
+                    }
+                }
                 // Before the hold: a SYN-ACK dropped by it still has a request socket.
                 // With handoff on, each is reported (`crate::handshakes`).
                 let (v4, v6): (Vec<&IpPrefix>, Vec<&IpPrefix>) =
@@ -321,6 +366,15 @@ impl Rules {
     pub fn synack_recent(&self, mh: IpAddr) -> io::Result<bool> {
         let set = if mh.is_ipv4() { "synack4" } else { "synack6" };
         crate::netlink::nft_set_has(&self.table, set, mh)
+    }
+
+    /// Records `flows` (each one end, the other end, and for how long) as ended
+    /// gracefully here: see the `ended` sets. Harmless while their sockets live: only
+    /// RSTs and segments no socket of ours takes are dropped.
+    pub fn end_flows(&self, flows: &[(SocketAddr, SocketAddr, Duration)]) -> io::Result<()> {
+        by_family(flows, "ended", |set, f| {
+            crate::netlink::nft_flow_elements(&self.table, set, f)
+        })
     }
 
     /// Lets the segments of `flows` through again (see [`Rules::drop_strays`]); a flow
@@ -649,6 +703,42 @@ mod tests {
         assert!(s.starts_with("add table inet itcp_msrd\ndelete table inet itcp_msrd\n"));
         assert!(s.contains("meta l4proto { tcp, icmp, ipv6-icmp } socket transparent 1 meta mark set 0x4954 accept"));
         assert!(!s.contains("tproxy"));
+    }
+
+    #[test]
+    fn ended_flows_draw_no_rst_and_are_not_forwarded() {
+        let s = rules(true).nft_script();
+        let chain = |name: &str| {
+            let c = &s[s.find(&format!("chain {name} {{")).unwrap()..];
+            c[..c.find("\n  }").unwrap()].to_string()
+        };
+        // Declared before the chains that use them.
+        assert!(s.find("set ended4 {").unwrap() < s.find("chain prerouting").unwrap());
+        let (pre, out) = (chain("prerouting"), chain("hold_out"));
+        let k = "ip saddr . tcp sport . ip daddr . tcp dport";
+        let r = "ip6 daddr . tcp dport . ip6 saddr . tcp sport";
+        // A SYN takes the tuple back before anything else sees it...
+        let back = pre
+            .find(&format!(
+                "tcp flags & (syn | ack) == syn {k} @ended4 delete @ended4 {{ {k} }}"
+            ))
+            .expect("take back");
+        assert!(back < pre.find("socket transparent 1").unwrap(), "{pre}");
+        // ...and a segment no socket of ours took is not forwarded, after the tproxy.
+        let drop = pre
+            .find(&format!(
+                "iifname != \"lo\" tcp flags & syn == 0 {r} @ended6 fib daddr type != local drop"
+            ))
+            .expect("no forwarding");
+        assert!(drop > pre.find("tproxy ip6").unwrap(), "{pre}");
+        assert!(
+            out.contains(&format!("    tcp flags rst {k} @ended4 drop\n")),
+            "{out}"
+        );
+        assert!(
+            out.contains(&format!("    tcp flags rst {r} @ended6 drop\n")),
+            "{out}"
+        );
     }
 
     #[test]

@@ -1009,3 +1009,88 @@ fn an_unresolvable_name_answers_host_unreachable_within_the_resolve_timeout() {
         "the failure is logged:\n{log}"
     );
 }
+
+/// Stray segments of a relay that ended gracefully meet silence. A wireless socket in
+/// LAST_ACK whose FIN went out again (a tail-loss probe on a cell whose queue delays
+/// the answer) closes on the MH's first ACK; the MH's TIME_WAIT answers the second
+/// FIN too, and that ACK found no socket: the MSR answered it with an RST (explicit
+/// mode), or forwarded it to the FH, which did (transparent mode). Found by the
+/// short-connections test over a 100 ms fixed path (1 run in 10). Here the MH's late
+/// ACK is sent by hand, once each relay has ended.
+#[test]
+fn stray_segments_of_an_ended_relay_draw_no_reset() {
+    use itcp_handoff::packet::Segment;
+    let lab = lab_with_msrd("[transparent]\nenabled = true\nports = [7010]\n");
+    lab.watch_rsts(Host::Mh).unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    let l = fh_listen(&lab, 7010);
+    let server = on(&lab, Host::Fh, move || {
+        for _ in 0..2 {
+            let (mut s, _) = l.accept().unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).unwrap();
+            s.write_all(&got).unwrap();
+        }
+    });
+    // The MH closes first (the MSR's wireless socket ends in LAST_ACK), reads the
+    // echo to its end, and keeps the flow's two ends.
+    let flows = on(&lab, Host::Mh, || {
+        let mut flows = Vec::new();
+        for explicit in [true, false] {
+            let mut s = if explicit {
+                ItcpStream::connect_with(&mh_opts(), fh(7010))
+                    .unwrap()
+                    .into_inner()
+            } else {
+                TcpStream::connect(fh(7010)).unwrap()
+            };
+            flows.push((s.local_addr().unwrap(), s.peer_addr().unwrap()));
+            s.write_all(&[7u8; 3000]).unwrap();
+            s.shutdown(Shutdown::Write).unwrap();
+            let mut back = Vec::new();
+            s.read_to_end(&mut back).unwrap();
+            assert_eq!(back.len(), 3000);
+        }
+        flows
+    })
+    .join()
+    .unwrap();
+    server.join().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !lab.msrd_sessions(1).unwrap().is_empty() {
+        assert!(std::time::Instant::now() < deadline, "relays still open");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(lab.rsts(Host::Mh).unwrap(), (0, 0), "before the strays");
+    on(&lab, Host::Mh, move || {
+        let here = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+        for (mh, peer) in flows {
+            let seg = Segment {
+                src: mh,
+                dst: peer,
+                seq: 1_000_000,
+                ack: 2_000_000,
+                window: 500,
+                fin: false,
+                timestamps: None,
+            };
+            itcp_handoff::repair::send_raw_ip_to(
+                std::os::fd::AsFd::as_fd(&here),
+                &peer,
+                &seg.to_ip_packet(),
+                0,
+            )
+            .unwrap();
+        }
+    })
+    .join()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let (mh, fh) = (lab.rsts(Host::Mh).unwrap(), lab.rsts(Host::Fh).unwrap());
+    assert_eq!(
+        (mh, fh),
+        ((0, 0), (0, 0)),
+        "RSTs (in, out) at the MH, at the FH"
+    );
+}
