@@ -2304,9 +2304,27 @@ fn a_greeting_after_a_pull_the_mh_never_heard_of_fetches_the_connections_back() 
     let deaf = "table inet deaf {\n  chain i { type filter hook input priority -500; udp dport 4346 drop; }\n}\n";
     lab.nft(Host::Msr(1), deaf).unwrap();
     // The MH greets MSR2 (whose pull waits), comes back to cell 1 and greets MSR1,
-    // naming MSR1: it never heard an answer from MSR2.
+    // naming MSR1: it never heard an answer from MSR2. It goes back once MSR2 has heard
+    // its solicitation (the greeting follows the advertisement at once): a fixed stay
+    // could end before a busy machine announced the association to the MH.
+    let log2 = lab.dir.join("msrd2.log");
+    let solicited = || {
+        std::fs::read_to_string(&log2)
+            .unwrap_or_default()
+            .matches("solicitation from=10.2.0.100")
+            .count()
+    };
+    let before = solicited();
     crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
-    std::thread::sleep(Duration::from_millis(300));
+    let t0 = Instant::now();
+    while solicited() == before {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "MSR2 heard no solicitation"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200));
     crossing(&lab, 2, 1, Duration::ZERO, Duration::ZERO);
     std::thread::sleep(Duration::from_millis(600));
     // MSR2's pull gets through: the connections go to MSR2, where the MH is not.
