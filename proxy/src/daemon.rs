@@ -453,17 +453,7 @@ impl Daemon {
             return;
         }
         let window = Duration::from_secs(self.cfg.handoff.closed_window_s);
-        let mut flows = Vec::with_capacity(2);
-        let w = wireless.map(|w| {
-            let mh = w.peer_addr().unwrap_or(s.mh);
-            (mh, w.local_addr().unwrap_or(s.wireless_local))
-        });
-        let x = fixed.and_then(|x| Some((x.local_addr().ok()?, x.peer_addr().unwrap_or(s.fh))));
-        for flow in w.into_iter().chain(x) {
-            if !flows.contains(&flow) {
-                flows.push(flow);
-            }
-        }
+        let flows = relay_flows(s, wireless, fixed);
         if let Some((a, _)) = flows.first() {
             let mh = crate::admission::canonical(a.ip());
             self.strays.closed(mh, &flows, window);
@@ -481,19 +471,10 @@ impl Daemon {
         if window.is_zero() {
             return;
         }
-        let w = (
-            wireless.peer_addr().unwrap_or(s.mh),
-            wireless.local_addr().unwrap_or(s.wireless_local),
-        );
-        let mut flows = vec![(w.0, w.1, window)];
-        if let Some(x) =
-            fixed.and_then(|x| Some((x.local_addr().ok()?, x.peer_addr().unwrap_or(s.fh))))
-        {
-            // Transparent mode: the fixed flow is the wireless one (both ways).
-            if x != w && (x.1, x.0) != w {
-                flows.push((x.0, x.1, window));
-            }
-        }
+        let flows: Vec<_> = relay_flows(s, Some(wireless), fixed)
+            .into_iter()
+            .map(|(a, z)| (a, z, window))
+            .collect();
         if let Err(e) = self.rules.end_flows(&flows) {
             debug!(conn = s.id, error = %e, "ended flows not recorded: a stray segment may draw an RST");
         }
@@ -555,6 +536,29 @@ impl Daemon {
         drop((wireless, fixed, adm));
         self.sessions.close(&c);
     }
+}
+
+/// The flows of relay `s` (each this end, the other end; the wireless one the MH's
+/// end first), once each: in transparent mode the fixed flow is the wireless one. A
+/// socket whose connection is over (TIME_WAIT) has no peer address any more: the
+/// session says what it was.
+fn relay_flows(
+    s: &Session,
+    wireless: Option<&TcpStream>,
+    fixed: Option<&TcpStream>,
+) -> Vec<(SocketAddr, SocketAddr)> {
+    let w = wireless.map(|w| {
+        let mh = w.peer_addr().unwrap_or(s.mh);
+        (mh, w.local_addr().unwrap_or(s.wireless_local))
+    });
+    let x = fixed.and_then(|x| Some((x.local_addr().ok()?, x.peer_addr().unwrap_or(s.fh))));
+    let mut flows = Vec::with_capacity(2);
+    for flow in w.into_iter().chain(x) {
+        if !flows.contains(&flow) {
+            flows.push(flow);
+        }
+    }
+    flows
 }
 
 /// True when the peer has acknowledged everything sent on `s`, FIN included (or the

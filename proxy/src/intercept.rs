@@ -283,15 +283,14 @@ impl Rules {
                 }
             }
             for (ip, set) in [("ip", "strays4"), ("ip6", "strays6")] {
-                let fwd = format!("{ip} saddr . tcp sport . {ip} daddr . tcp dport");
-                let rev = format!("{ip} daddr . tcp dport . {ip} saddr . tcp sport");
-                for k in [&fwd, &rev] {
+                let keys = flow_keys(ip);
+                for k in &keys {
                     s += &format!(
                         "    tcp flags & (syn | ack) == syn {k} @{set} delete @{set} {{ {k} }}\n"
                     );
                 }
                 if chain == "hold_in" {
-                    for k in [&fwd, &rev] {
+                    for k in &keys {
                         s += &format!("    meta l4proto tcp {k} @{set} drop\n");
                     }
                 }

@@ -589,7 +589,11 @@ fn fast_lab(seed: u64, env: &[(usize, &str, &str)]) -> Lab {
 }
 
 fn fast_lab_with(seed: u64, env: &[(usize, &str, &str)], extra: &str) -> Lab {
-    let mut lab = clean_lab(2, seed);
+    fast_lab_on(clean_lab(2, seed), env, extra)
+}
+
+/// [`fast_lab_with`] on `lab`'s links.
+fn fast_lab_on(mut lab: Lab, env: &[(usize, &str, &str)], extra: &str) -> Lab {
     lab.start_itcp_mobility_env(&format!("{FAST_BEACONS}{extra}"), FAST_AGENT, env)
         .unwrap();
     lab.watch_rsts(Host::Fh).unwrap();
@@ -1744,12 +1748,8 @@ fn short_connections_through_handoffs(gaps: bool, moves: usize, wan: Option<Link
         None => fast_lab_with(83, &[], transparent),
         Some(wan) => {
             let cell = lab::link(10_000_000, 2.0, 0.0);
-            let mut lab = Lab::new(LabConfig::links(2, 83, wan, cell)).unwrap();
-            let extra = format!("{FAST_BEACONS}{transparent}");
-            lab.start_itcp_mobility(&extra, FAST_AGENT).unwrap();
-            lab.watch_rsts(Host::Fh).unwrap();
-            lab.watch_rsts(Host::Mh).unwrap();
-            lab
+            let lab = Lab::new(LabConfig::links(2, 83, wan, cell)).unwrap();
+            fast_lab_on(lab, &[], transparent)
         }
     };
     let ttcp = bin_path("ttcp");
