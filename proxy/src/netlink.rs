@@ -163,6 +163,45 @@ pub fn proxy_neigh(ifname: &str, ip: IpAddr, add: bool) -> io::Result<()> {
     }
 }
 
+/// Enters `ip` at `mac` on `ifname` in the neighbour table as the kernel does for an
+/// address it learns in passing (NUD_STALE: used at once, confirmed by the traffic).
+/// NLM_F_CREATE without NLM_F_REPLACE: a valid entry is never overridden (the kernel
+/// drops the override flag), an absent, incomplete or failed one takes `mac`.
+pub fn neigh_learn(ifname: &str, ip: IpAddr, mac: [u8; 6]) -> io::Result<()> {
+    let what = format!(
+        "ip neigh: learn {ip} at {} dev {ifname}",
+        itcp_proto::hex::mac(&mac)
+    );
+    let ifindex = ifindex(ifname, &what)?;
+    let seq = next_seq(1);
+    let req = learn_msg(seq, ifindex, ip, mac);
+    let ack = nl_request(libc::NETLINK_ROUTE, &req, seq, 1, seq).map_err(|e| context(&what, e))?;
+    match ack.errno {
+        0 => Ok(()),
+        e => Err(kernel_error(&what, e, None, &ack)),
+    }
+}
+
+fn learn_msg(seq: u32, ifindex: u32, ip: IpAddr, mac: [u8; 6]) -> Vec<u8> {
+    let family = match ip {
+        IpAddr::V4(_) => libc::AF_INET,
+        IpAddr::V6(_) => libc::AF_INET6,
+    };
+    let mut b = Vec::with_capacity(56);
+    let flags = libc::NLM_F_REQUEST | libc::NLM_F_ACK | libc::NLM_F_CREATE;
+    let m = begin_msg(&mut b, libc::RTM_NEWNEIGH, flags as u16, seq);
+    // struct ndmsg: family, 3 pad bytes, ifindex, state, flags, type.
+    b.push(family as u8);
+    b.extend_from_slice(&[0; 3]);
+    b.extend_from_slice(&(ifindex as i32).to_ne_bytes());
+    b.extend_from_slice(&libc::NUD_STALE.to_ne_bytes());
+    b.extend_from_slice(&[0, 0]);
+    put_attr(&mut b, libc::NDA_DST, &ip_bytes(ip));
+    put_attr(&mut b, libc::NDA_LLADDR, &mac);
+    end_msg(&mut b, m);
+    b
+}
+
 thread_local! {
     /// AF_PACKET sockets bound to an interface (by index), kept open for the next
     /// announcement: closing one waits for an RCU grace period (`synchronize_net` in
@@ -1382,6 +1421,28 @@ mod tests {
             &[&ne16(20)[..], &ne16(1)].concat()
         );
         assert_eq!(&p[p.len() - 16..], &ip_bytes(ip)[..]);
+    }
+
+    #[test]
+    fn learn_msg_creates_a_stale_entry_and_never_replaces() {
+        let mac = [2, 0, 0, 0, 0, 0x64];
+        let b = learn_msg(9, 3, "10.2.0.100".parse().unwrap(), mac);
+        let (ty, flags, seq, p) = split(&b)[0];
+        assert_eq!((ty, seq), (28, 9));
+        // REQUEST | ACK | CREATE, and no REPLACE (0x100): a valid entry stays.
+        assert_eq!(flags, 1 | 4 | 0x400);
+        let mut want = vec![2, 0, 0, 0];
+        want.extend_from_slice(&3i32.to_ne_bytes());
+        want.extend_from_slice(&ne16(0x04)); // NUD_STALE
+        want.extend_from_slice(&[0, 0]);
+        want.extend_from_slice(&ne16(8));
+        want.extend_from_slice(&ne16(1)); // NDA_DST
+        want.extend_from_slice(&[10, 2, 0, 100]);
+        want.extend_from_slice(&ne16(10));
+        want.extend_from_slice(&ne16(2)); // NDA_LLADDR
+        want.extend_from_slice(&mac);
+        want.extend_from_slice(&[0, 0]);
+        assert_eq!(p, &want[..]);
     }
 
     #[test]

@@ -52,6 +52,9 @@ pub struct LatencyResult {
     pub capture_ms: f64,
     /// At the MH: greeting sent → "moved" received, ms (median).
     pub mh_ms: f64,
+    /// The same for the first move alone: the MH's first visit to the new MSR (which
+    /// has never heard from it), ms.
+    pub mh_first_visit_ms: f64,
     /// Bytes queued per handoff (all connections, both sockets and directions), median.
     pub queued_bytes: u64,
     /// The FH's retransmission timeouts over all the moves (`TcpExt TCPTimeouts` of its
@@ -284,6 +287,7 @@ pub fn latency(
         .iter()
         .filter(|e| e["event"] == "moved")
         .count();
+    let moved_before = seen;
     for _ in 0..moves {
         seen = move_once(&lab, at, seen)?;
         at = 3 - at;
@@ -332,6 +336,7 @@ pub fn latency(
         .filter(|e| e["event"] == "moved")
         .filter_map(|e| e["moved_ms"].as_f64())
         .collect();
+    let mh_first_visit_ms = mh_ms.get(moved_before).copied().unwrap_or(f64::NAN);
     let min = new_ms.iter().cloned().fold(f64::INFINITY, f64::min);
     let max = new_ms.iter().cloned().fold(0.0, f64::max);
     Ok(LatencyResult {
@@ -341,6 +346,7 @@ pub fn latency(
         new_msr_ms: (median(&mut new_ms), min, max),
         capture_ms: median(&mut cap_ms),
         mh_ms: median(&mut mh_ms),
+        mh_first_visit_ms,
         queued_bytes: median(&mut queued) as u64,
         fh_rtos,
         fh_loss_probes,

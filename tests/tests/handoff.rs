@@ -580,6 +580,63 @@ fn an_mh_with_no_connection_attaches_to_the_next_msr() {
     assert!(lab.handoff_records(1).is_empty() && lab.handoff_records(2).is_empty());
 }
 
+/// Counts the ARP requests MSR `k` sends for the MH's address (an nftables table of
+/// its own in the MSR's namespace); read with [`arp_requests_for_mh`].
+fn watch_arp_for_mh(lab: &Lab, k: usize) {
+    let script = format!(
+        "table arp arpwatch {{\n  counter who {{ }}\n  chain o {{ type filter hook output priority 0; arp operation request arp daddr ip {} counter name \"who\"; }}\n}}\n",
+        lab::addr::MH
+    );
+    lab.nft(Host::Msr(k), &script).unwrap();
+}
+
+fn arp_requests_for_mh(lab: &Lab, k: usize) -> u64 {
+    let text = sh(
+        lab,
+        Host::Msr(k),
+        &["nft", "list", "counter", "arp", "arpwatch", "who"],
+    );
+    text.split_whitespace()
+        .skip_while(|w| *w != "packets")
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no ARP counter at MSR {k}: {text:?}"))
+}
+
+/// On an MH's first visit to an MSR, the new MSR knows the MH's link-layer address from
+/// the frame that carried its greeting: its answers and the restored connection's
+/// first segments go out at once, with no ARP round trip on the handoff's path.
+#[test]
+fn the_new_msr_learns_the_mhs_link_layer_address_from_its_greeting() {
+    let mut lab = fast_lab(43, &[]);
+    watch_arp_for_mh(&lab, 2);
+    let bytes = 8 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    std::thread::sleep(Duration::from_millis(300));
+    // First visit to MSR2 (it has never heard from the MH), no overlap.
+    crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(200));
+    let arps = arp_requests_for_mh(&lab, 2);
+    let (send, recv) = finish(&mut lab, t);
+    assert_clean(&lab, &send, &recv, bytes);
+    assert_eq!(
+        arps,
+        0,
+        "MSR2 resolved the MH's address during the handoff\n{}",
+        diag(&lab)
+    );
+    let neigh = sh(
+        &lab,
+        Host::Msr(2),
+        &["ip", "neigh", "show", &lab::addr::MH.to_string()],
+    );
+    assert!(
+        neigh.to_lowercase().contains(lab::addr::MH_MAC),
+        "MSR2's neighbour entry for the MH: {neigh:?}"
+    );
+}
+
 /// Beacons every 200 ms (lifetime 600 ms) so that many moves fit in one test.
 const FAST_BEACONS: &str = "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n";
 const FAST_AGENT: &[&str] = &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"];

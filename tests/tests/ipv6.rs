@@ -289,6 +289,17 @@ fn a_dual_stack_agent_moves_its_ipv4_and_ipv6_connections_together() {
             .unwrap();
         assert_eq!(String::from_utf8_lossy(&o.stdout).trim(), "0", "MSR{k}");
     }
+    // MSR2 has never heard from the MH: it learns the MH's link-layer addresses from
+    // the frames of its greetings, with no ARP request or neighbour solicitation.
+    let resolutions = format!(
+        "table arp arpwatch {{\n  counter who {{ }}\n  chain o {{ type filter hook output priority 0; \
+         arp operation request arp daddr ip {} counter name \"who\"; }}\n}}\n\
+         table ip6 nswatch {{\n  counter who {{ }}\n  chain o {{ type filter hook output priority 0; \
+         ip6 daddr {} icmpv6 type nd-neighbor-solicit counter name \"who\"; }}\n}}\n",
+        itcp_testbed::lab::addr::MH,
+        solicited_node(addr6::MH)
+    );
+    lab.nft(Host::Msr(2), &resolutions).unwrap();
     let mut at = 1;
     for n in 1..=2 {
         let to = 3 - at;
@@ -296,6 +307,25 @@ fn a_dual_stack_agent_moves_its_ipv4_and_ipv6_connections_together() {
         std::thread::sleep(Duration::from_millis(300));
         lab.assoc(&[to]).unwrap();
         wait_for(&lab, to, &format!("move {n}"));
+        if n == 1 {
+            let mut text = String::new();
+            for (family, table) in [("arp", "arpwatch"), ("ip6", "nswatch")] {
+                let o = lab
+                    .run(
+                        Host::Msr(2),
+                        "nft",
+                        &["list", "counter", family, table, "who"],
+                    )
+                    .unwrap();
+                text += &String::from_utf8_lossy(&o.stdout);
+            }
+            assert_eq!(
+                text.matches("packets 0 ").count(),
+                2,
+                "MSR2 resolved the MH's addresses on its first visit: {text}\n{}",
+                log(&lab)
+            );
+        }
         at = to;
         std::thread::sleep(Duration::from_millis(500));
     }
@@ -323,6 +353,21 @@ fn a_dual_stack_agent_moves_its_ipv4_and_ipv6_connections_together() {
             "no move of {ip} into MSR2: {recs:?}"
         );
     }
+}
+
+/// The solicited-node multicast address of `a` (RFC 4291 §2.7.1).
+fn solicited_node(a: std::net::Ipv6Addr) -> std::net::Ipv6Addr {
+    let o = a.octets();
+    std::net::Ipv6Addr::new(
+        0xff02,
+        0,
+        0,
+        0,
+        0,
+        1,
+        0xff00 | u16::from(o[13]),
+        u16::from_be_bytes([o[14], o[15]]),
+    )
 }
 
 /// Sessions of `kind` for the MH's IPv6 address at MSR `k`.

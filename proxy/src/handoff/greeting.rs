@@ -16,6 +16,7 @@ use socket2::{Domain, Socket, Type};
 use tokio::net::UdpSocket;
 use tracing::{debug, info, warn};
 
+use super::frames::{learn_link, GreetFrames};
 use super::{new_side, reply};
 use crate::daemon::Daemon;
 use crate::sockopt;
@@ -106,6 +107,13 @@ pub async fn serve_greetings(d: Arc<Daemon>, sock: UdpSocket) {
         .unwrap_or_default();
     // What the MHs on this cell point their gateway at, in our tagged replies.
     let mac = crate::beacon::cell_mac(&ifname, d.cfg.msr.gateway_mac()).ok();
+    // The frames of the datagrams: who sent each greeting, at the link layer.
+    let mut frames = match sock.local_addr() {
+        Ok(a) => GreetFrames::open(&ifname, a.port(), a.is_ipv6())
+            .map_err(|e| warn!(error = %e, "the MH's link-layer address will be resolved after each greeting (ARP/NDP)"))
+            .ok(),
+        Err(_) => None,
+    };
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
     loop {
         let (n, from) = match sock.recv_from(&mut buf).await {
@@ -117,12 +125,21 @@ pub async fn serve_greetings(d: Arc<Daemon>, sock: UdpSocket) {
             }
         };
         if let Ok(s) = Solicitation::parse(&buf[..n]) {
+            if let Some(f) = frames.as_mut() {
+                f.drain();
+            }
             crate::beacon::on_solicitation(d.beacons.get().map(|a| &**a), &ifname, from, s);
             continue;
         }
         let h = d.handoff.as_ref().unwrap();
         match parse_greet_msg(&buf[..n]) {
-            Ok(msg) => on_greeting(&d, &sock, from, msg.greeting, &mac).await,
+            Ok(msg) => {
+                let link = frames
+                    .as_mut()
+                    .and_then(|f| f.mac_of(from.ip(), &buf[..n]))
+                    .map(|m| (ifname.clone(), m));
+                on_greeting(&d, &sock, from, msg.greeting, &mac, link).await
+            }
             Err(e) => {
                 d.sessions
                     .stats
@@ -154,6 +171,7 @@ async fn on_greeting(
     from: SocketAddr,
     g: itcp_proto::greeting::Greeting,
     mac: &Option<String>,
+    link: Option<(String, [u8; 6])>,
 ) {
     let h = d.handoff.as_ref().unwrap();
     let mh = crate::admission::canonical(g.mh);
@@ -214,6 +232,8 @@ async fn on_greeting(
         }
         Decision::Attach { proven } => {
             if proven {
+                // Our answer goes out without resolving the MH's address first.
+                learn_link(mh, &link);
                 h.greeting_used(mh, g.ts_ms);
                 // Back with us: the MH's traffic comes here, nothing stays held.
                 h.hold_gen_bump(mh);
@@ -245,6 +265,7 @@ async fn on_greeting(
                     addr: from,
                     g,
                     mac,
+                    link,
                 };
                 new_side::pull(d.clone(), greeter, peer.id.clone(), peer.address).await;
                 d.handoff.as_ref().unwrap().set_pulling(mh, false);

@@ -3,6 +3,8 @@
 //!
 //! * [`greeting`] — the greeting server on the cells: what a greeting may do is
 //!   decided by `itcp_handoff::greet::decide`.
+//! * [`frames`] — which link-layer address carried each greeting, so the new MSR
+//!   needs no ARP/NDP round trip to answer the MH and restart its connections.
 //! * [`channel`] — the MSR⇄MSR channel: challenge, hello, authenticated frames.
 //! * [`spares`] — channels to the peers opened ahead of need.
 //! * [`old_side`] — serves the channel: freeze, capture, ship, delete or unfreeze.
@@ -13,6 +15,7 @@
 //!   delete, resume.
 
 pub mod channel;
+pub mod frames;
 pub mod gate;
 pub mod greeting;
 pub mod handshakes;

@@ -19,6 +19,7 @@ use tokio::net::UdpSocket;
 use tracing::{debug, field, info, info_span, warn, Instrument};
 
 use super::channel::{Channel, ChannelError};
+use super::frames::learn_link;
 use super::reply;
 use super::sockets::{
     discard_all, restart_or_keep, restore_all, socket_work, unacked, FlightRoute, RestoreContext,
@@ -29,12 +30,13 @@ use crate::clock::now_us;
 use crate::daemon::Daemon;
 
 /// The MH that greeted us, to answer: from `sock`, to `addr`, with our `mac` on its
-/// cell.
+/// cell; `link`: the cell interface and the MAC whose frame carried the greeting.
 pub struct Greeter {
     pub sock: Arc<UdpSocket>,
     pub addr: SocketAddr,
     pub g: Greeting,
     pub mac: Option<String>,
+    pub link: Option<(String, [u8; 6])>,
 }
 
 impl Greeter {
@@ -75,9 +77,17 @@ pub async fn pull(d: Arc<Daemon>, greeter: Greeter, prev: String, peer_addr: Soc
     }
     let span = info_span!("handoff", handoff = id, mh = %m.mh(), role = "new", peer = %prev);
     let g = greeter.g.clone();
-    let more = run(d.clone(), m, acts, Some(greeter), Some((prev, peer_addr)))
-        .instrument(span)
-        .await;
+    let link = greeter.link.clone();
+    let more = run(
+        d.clone(),
+        m,
+        acts,
+        Some(greeter),
+        Some((prev, peer_addr)),
+        link,
+    )
+    .instrument(span)
+    .await;
     if let Some(at) = more {
         pull_more(d, g, at).await;
     }
@@ -96,7 +106,7 @@ async fn pull_more(d: Arc<Daemon>, g: Greeting, at: String) {
     m.set_old_msr(&at);
     let span = info_span!("handoff", handoff = id, mh = %m.mh(), role = "new", peer = %at);
     info!(parent: &span, "the MH's other connections are at {at}: pulling them too");
-    run(d, m, acts, None, Some((at, addr)))
+    run(d, m, acts, None, Some((at, addr)), None)
         .instrument(span)
         .await;
 }
@@ -108,7 +118,8 @@ pub async fn pull_detected(d: Arc<Daemon>, mh: IpAddr, mac: [u8; 6]) {
     let (m, acts) = NewSide::detected(id, &h.me, mh, mac, now_us(), h.timeouts());
     // The peer is known once one answers for the MH.
     let span = info_span!("handoff", handoff = id, %mh, role = "new", peer = field::Empty);
-    run(d, m, acts, None, None).instrument(span).await;
+    let link = d.cell_interface(mh).map(|i| (i, mac));
+    run(d, m, acts, None, None, link).instrument(span).await;
 }
 
 /// What asking every peer came to.
@@ -171,6 +182,7 @@ async fn run(
     mut acts: Vec<Action>,
     greeter: Option<Greeter>,
     mut old: Option<(String, SocketAddr)>,
+    link: Option<(String, [u8; 6])>,
 ) -> Option<String> {
     // The old MSR captures the connections after this: how long they are frozen at
     // most when restored here.
@@ -216,6 +228,9 @@ async fn run(
                     // tagged under it from now on.
                     h.adopt_token(mh, m.token());
                     d.hold(mh);
+                    // The old MSR verified the MH: our answer and the restarted
+                    // connections go out without resolving its address first.
+                    learn_link(mh, &link);
                     // From here the MH may send through us: its segments are held.
                     Greeter::tell(&greeter, &d, mh, GreetStatus::Holding, None, 0).await;
                 }
