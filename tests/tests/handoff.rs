@@ -637,6 +637,74 @@ fn the_new_msr_learns_the_mhs_link_layer_address_from_its_greeting() {
     );
 }
 
+/// A connection that ended at MSR1 just before the MH left: its flow travels with the
+/// images to MSR2, and on with the next handoff to MSR3 while its window lasts. A late
+/// segment of it from the FH (found by the soak: MSR1's socket in LAST_ACK re-sent its
+/// FIN, whose ACK from the FH's TIME_WAIT went to the MH's current MSR two moves on)
+/// is dropped there, not forwarded to the MH, which would reset it (and the FH after).
+#[test]
+fn stray_segments_of_a_flow_closed_two_moves_ago_draw_no_reset() {
+    use itcp_handoff::packet::Segment;
+    let mut lab = fast_lab_on(clean_lab(3, 47), &[], "");
+    // A transfer across both moves: each handoff carries images and closed flows.
+    let bytes = 24 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    // A short upload that ends at MSR1; the FH's receiver reports the flow's MH end.
+    let up = start_transfer(&mut lab, Dir::Up, 100_000, 5010);
+    let (_, recv) = finish(&mut lab, up);
+    assert!(recv.ok && recv.verified, "{:?}", recv.error);
+    let (mh_end, fh_end): (std::net::SocketAddr, std::net::SocketAddr) =
+        (recv.peer.parse().unwrap(), recv.local.parse().unwrap());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while lab.msrd_sessions(1).unwrap().len() > 1 {
+        assert!(Instant::now() < deadline, "the upload's relay did not end");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(700));
+    crossing(&lab, 2, 3, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 2, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(300));
+    let before = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
+    assert_eq!(
+        before,
+        ((0, 0), (0, 0)),
+        "RSTs before the stray\n{}",
+        diag(&lab)
+    );
+    // The FH's late ACK on the closed flow, to the MH's address (now MSR3's).
+    itcp_testbed::sys::in_netns(&lab.ns(Host::Fh), move || {
+        let here = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        let seg = Segment {
+            src: fh_end,
+            dst: mh_end,
+            seq: 1_000_000,
+            ack: 2_000_000,
+            window: 500,
+            fin: false,
+            timestamps: None,
+        };
+        itcp_handoff::repair::send_raw_ip_to(
+            std::os::fd::AsFd::as_fd(&here),
+            &mh_end,
+            &seg.to_ip_packet(),
+            0,
+        )
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let after = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
+    assert_eq!(
+        after,
+        ((0, 0), (0, 0)),
+        "RSTs (in, out) at FH, MH after the stray\n{}",
+        diag(&lab)
+    );
+    let (send, recv) = finish(&mut lab, t);
+    assert_clean(&lab, &send, &recv, bytes);
+}
+
 /// Beacons every 200 ms (lifetime 600 ms) so that many moves fit in one test.
 const FAST_BEACONS: &str = "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n";
 const FAST_AGENT: &[&str] = &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"];
