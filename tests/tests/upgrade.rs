@@ -686,11 +686,11 @@ async fn echo(s: &mut tokio::net::TcpStream, c: usize, len: usize) -> std::io::R
     Ok(())
 }
 
+/// 1000 relayed connections across an upgrade, each closed by the MH right after.
+/// (Ignored until stop 29: 1-3 RSTs at the MH in some runs under load, as the
+/// connections closed; the pattern of the LAST_ACK race fixed by the `ended` sets.
+/// 8 of 8 runs of the whole file passed since.)
 #[test]
-#[ignore = "known to fail intermittently: under load (the whole upgrade file in parallel, \
-            as in CI) the MH sometimes receives 1-3 RSTs as the 1000 connections close \
-            right after the upgrade; cause not found yet (see the issue 9 note). Run with \
-            --ignored"]
 fn an_upgrade_moves_a_thousand_connections_intact() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     const N: usize = 1000;
