@@ -1215,6 +1215,36 @@ impl Lab {
         self.nft(h, script)
     }
 
+    /// Sends, from host `h`'s namespace, a bare TCP ACK on the flow `src` → `dst`
+    /// (sequence numbers no socket expects): a late stray segment of a flow, to see
+    /// who answers it.
+    pub fn send_stray_ack(
+        &self,
+        h: Host,
+        src: std::net::SocketAddr,
+        dst: std::net::SocketAddr,
+    ) -> io::Result<()> {
+        crate::sys::in_netns(&self.ns(h), move || {
+            let here =
+                std::net::UdpSocket::bind(if dst.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" })?;
+            let seg = itcp_handoff::packet::Segment {
+                src,
+                dst,
+                seq: 1_000_000,
+                ack: 2_000_000,
+                window: 500,
+                fin: false,
+                timestamps: None,
+            };
+            itcp_handoff::repair::send_raw_ip_to(
+                std::os::fd::AsFd::as_fd(&here),
+                &dst,
+                &seg.to_ip_packet(),
+                0,
+            )
+        })
+    }
+
     /// Runs an nftables script in host `h`'s namespace.
     pub fn nft(&self, h: Host, script: &str) -> io::Result<()> {
         let mut child = Command::new("ip")

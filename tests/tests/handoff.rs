@@ -644,7 +644,6 @@ fn the_new_msr_learns_the_mhs_link_layer_address_from_its_greeting() {
 /// is dropped there, not forwarded to the MH, which would reset it (and the FH after).
 #[test]
 fn stray_segments_of_a_flow_closed_two_moves_ago_draw_no_reset() {
-    use itcp_handoff::packet::Segment;
     let mut lab = fast_lab_on(clean_lab(3, 47), &[], "");
     // A transfer across both moves: each handoff carries images and closed flows.
     let bytes = 24 << 20;
@@ -674,25 +673,7 @@ fn stray_segments_of_a_flow_closed_two_moves_ago_draw_no_reset() {
         diag(&lab)
     );
     // The FH's late ACK on the closed flow, to the MH's address (now MSR3's).
-    itcp_testbed::sys::in_netns(&lab.ns(Host::Fh), move || {
-        let here = std::net::UdpSocket::bind("0.0.0.0:0")?;
-        let seg = Segment {
-            src: fh_end,
-            dst: mh_end,
-            seq: 1_000_000,
-            ack: 2_000_000,
-            window: 500,
-            fin: false,
-            timestamps: None,
-        };
-        itcp_handoff::repair::send_raw_ip_to(
-            std::os::fd::AsFd::as_fd(&here),
-            &mh_end,
-            &seg.to_ip_packet(),
-            0,
-        )
-    })
-    .unwrap();
+    lab.send_stray_ack(Host::Fh, fh_end, mh_end).unwrap();
     std::thread::sleep(Duration::from_millis(500));
     let after = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
     assert_eq!(

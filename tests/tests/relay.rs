@@ -1019,7 +1019,6 @@ fn an_unresolvable_name_answers_host_unreachable_within_the_resolve_timeout() {
 /// ACK is sent by hand, once each relay has ended.
 #[test]
 fn stray_segments_of_an_ended_relay_draw_no_reset() {
-    use itcp_handoff::packet::Segment;
     let lab = lab_with_msrd("[transparent]\nenabled = true\nports = [7010]\n");
     lab.watch_rsts(Host::Mh).unwrap();
     lab.watch_rsts(Host::Fh).unwrap();
@@ -1063,29 +1062,9 @@ fn stray_segments_of_an_ended_relay_draw_no_reset() {
     }
     std::thread::sleep(Duration::from_millis(200));
     assert_eq!(lab.rsts(Host::Mh).unwrap(), (0, 0), "before the strays");
-    on(&lab, Host::Mh, move || {
-        let here = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
-        for (mh, peer) in flows {
-            let seg = Segment {
-                src: mh,
-                dst: peer,
-                seq: 1_000_000,
-                ack: 2_000_000,
-                window: 500,
-                fin: false,
-                timestamps: None,
-            };
-            itcp_handoff::repair::send_raw_ip_to(
-                std::os::fd::AsFd::as_fd(&here),
-                &peer,
-                &seg.to_ip_packet(),
-                0,
-            )
-            .unwrap();
-        }
-    })
-    .join()
-    .unwrap();
+    for (mh, peer) in flows {
+        lab.send_stray_ack(Host::Mh, mh, peer).unwrap();
+    }
     std::thread::sleep(Duration::from_millis(500));
     let (mh, fh) = (lab.rsts(Host::Mh).unwrap(), lab.rsts(Host::Fh).unwrap());
     assert_eq!(
