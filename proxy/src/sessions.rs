@@ -260,6 +260,11 @@ impl Sessions {
             .fetch_add(s.counters.down.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 
+    /// Whether session `id` is still in the table (its relay or drain runs).
+    pub fn is_open(&self, id: u64) -> bool {
+        self.map.lock().unwrap().contains_key(&id)
+    }
+
     /// The live sessions of one MH.
     pub fn of_mh(&self, mh: IpAddr) -> Vec<Arc<Session>> {
         let mh = crate::admission::canonical(mh);

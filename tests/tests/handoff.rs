@@ -686,6 +686,106 @@ fn stray_segments_of_a_flow_closed_two_moves_ago_draw_no_reset() {
     assert_clean(&lab, &send, &recv, bytes);
 }
 
+/// A relay that ends between the old MSR's freeze listing the MH's connections and
+/// asking them (found by the soak: a 2 s handoff, then the new MSR reset the
+/// connection): it goes on as a `closing` session the listing did not have, its last
+/// bytes and FIN still on their way to the MH. It must move with the MH all the same.
+/// Hooks force the order: the relay acts on its end 500 ms late (`slow_relay_end`),
+/// and the freeze waits between its listing and its asking until a listed relay has
+/// ended (`freeze_race`).
+#[test]
+fn a_relay_that_ends_as_the_old_msr_freezes_it_still_moves() {
+    use std::sync::mpsc;
+    const FIRST: usize = 200_000;
+    const LAST: usize = 2_000;
+    let pattern = |i: usize| (i % 251) as u8;
+    let lab = fast_lab(
+        53,
+        &[
+            (1, "MSRD_FAULT", "freeze_race,slow_relay_end"),
+            (1, "MSRD_FAULT_DELAY_MS", "500"),
+        ],
+    );
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let fh_ns = lab.ns(Host::Fh);
+    let fh = std::thread::spawn(move || {
+        itcp_testbed::sys::in_netns(&fh_ns, || {
+            let l = std::net::TcpListener::bind("10.0.0.1:5020")?;
+            let (mut s, _) = l.accept()?;
+            let all: Vec<u8> = (0..FIRST + LAST).map(pattern).collect();
+            s.write_all(&all[..FIRST])?;
+            let _ = go_rx.recv();
+            s.write_all(&all[FIRST..])?;
+            // Our close ends the relay: the MH has closed its half already.
+            let mut none = Vec::new();
+            s.read_to_end(&mut none)?;
+            Ok(())
+        })
+    });
+    lab.wait_listening(Host::Fh, 5020).unwrap();
+    let (first_tx, first_rx) = mpsc::channel::<()>();
+    let (mh_ns, token) = (lab.ns(Host::Mh), lab.mh_token_file(1));
+    let mh = std::thread::spawn(move || {
+        itcp_testbed::sys::in_netns(&mh_ns, || {
+            let opts = itcp_mh::MhOptions::new()
+                .gateway(std::net::SocketAddr::from(([10, 2, 0, 1], 1080)))
+                .token_file(token);
+            let fh = std::net::SocketAddr::from(([10, 0, 0, 1], 5020));
+            let mut s = itcp_mh::ItcpStream::connect_with(&opts, fh)?.into_inner();
+            s.set_read_timeout(Some(Duration::from_secs(10)))?;
+            let mut got = vec![0u8; FIRST];
+            s.read_exact(&mut got)?;
+            // The MH has said all it will.
+            s.shutdown(std::net::Shutdown::Write)?;
+            let _ = first_tx.send(());
+            let mut rest = Vec::new();
+            s.read_to_end(&mut rest)?;
+            got.extend_from_slice(&rest);
+            Ok(got)
+        })
+    });
+    first_rx
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("the first bytes did not arrive\n{}", diag(&lab)));
+    std::thread::sleep(Duration::from_millis(100));
+    // Between cells: what the relay sends from now on waits in its wireless socket.
+    lab.assoc(&[]).unwrap();
+    // The FH's last bytes and its FIN end the relay; it acts on it 500 ms late.
+    go_tx.send(()).unwrap();
+    let wait_log = |what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let log = std::fs::read_to_string(lab.dir.join("msrd1.log")).unwrap_or_default();
+            if log.contains(what) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {what} at MSR1\n{}",
+                diag(&lab)
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    wait_log("MSRD_FAULT=slow_relay_end");
+    // The MH greets MSR2 meanwhile: MSR1's freeze lists the relay before it ends.
+    lab.assoc(&[2]).unwrap();
+    wait_log("MSRD_FAULT=freeze_race");
+    let got = mh
+        .join()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the MH's stream: {e}\n{}", diag(&lab)));
+    fh.join().unwrap().unwrap();
+    assert_eq!(got.len(), FIRST + LAST, "{}", diag(&lab));
+    assert!(got.iter().enumerate().all(|(i, &b)| b == pattern(i)));
+    assert_no_rsts(&lab);
+    let recs = lab.handoff_records(1);
+    assert!(
+        recs.iter().all(|r| r.duration_ms().unwrap_or(0.0) < 1500.0),
+        "a handoff waited for a relay that had ended: {recs:?}"
+    );
+}
+
 /// Beacons every 200 ms (lifetime 600 ms) so that many moves fit in one test.
 const FAST_BEACONS: &str = "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n";
 const FAST_AGENT: &[&str] = &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"];

@@ -48,20 +48,53 @@ pub async fn settle(d: &Daemon, mh: IpAddr, bound: Option<Duration>) {
 
 /// Pauses every connection of `mh` and collects its sockets: relays, listeners, and
 /// connections in setup that wait for the MH (after [`settle`]).
+///
+/// A relay that ends as it is asked goes on as a new `closing` session when its bytes
+/// or FIN are still on their way (`Daemon::relay_session`). If it saw our ask, it
+/// answers with that session; if it ended first, the ask is taken back (nobody would
+/// answer it) and the next listing finds the closing session. Listings repeat until
+/// one brings nothing new (found by the soak: the freeze waited 2 s for a relay that
+/// had gone on as a session it never asked, which stayed behind).
 pub async fn freeze(d: &Daemon, mh: IpAddr) -> Vec<Frozen> {
-    let mut waits = Vec::new();
-    for s in d.sessions.of_mh(mh) {
-        let (tx, rx) = oneshot::channel();
-        *s.frozen_to.lock().unwrap() = Some(tx);
-        s.pause.send_replace(true);
-        waits.push(rx);
-    }
-    let mut out = Vec::new();
-    for rx in waits {
-        // A relay that ended meanwhile drops its sender: nothing to move.
-        if let Ok(Ok(f)) = tokio::time::timeout(Duration::from_secs(2), rx).await {
-            out.push(f);
+    /// Listings at most: a relay ends once, so a second one finds what a first missed.
+    const ROUNDS: usize = 4;
+    let mut listed = d.sessions.of_mh(mh);
+    if fault("freeze_race") {
+        // Test hook: a relay ends between this listing and our asking it (at most
+        // 2 s is waited for one of the listed sessions to leave the table).
+        tracing::info!(%mh, "MSRD_FAULT=freeze_race: waiting for a listed relay to end");
+        let until = std::time::Instant::now() + Duration::from_secs(2);
+        while listed.iter().all(|s| d.sessions.is_open(s.id)) && std::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
+    }
+    let mut asked = std::collections::HashSet::new();
+    let mut out: Vec<Frozen> = Vec::new();
+    for _ in 0..ROUNDS {
+        let (mut waits, mut ended) = (Vec::new(), false);
+        for s in listed {
+            if !asked.insert(s.id) || out.iter().any(|f| f.session.id == s.id) {
+                continue;
+            }
+            let (tx, rx) = oneshot::channel();
+            *s.frozen_to.lock().unwrap() = Some(tx);
+            s.pause.send_replace(true);
+            if !d.sessions.is_open(s.id) && s.frozen_to.lock().unwrap().take().is_some() {
+                ended = true; // Ended before our ask: its successor is listed next.
+                continue;
+            }
+            waits.push(rx);
+        }
+        if waits.is_empty() && !ended {
+            break;
+        }
+        for rx in waits {
+            // A relay that ended meanwhile drops its sender: nothing to move.
+            if let Ok(Ok(f)) = tokio::time::timeout(Duration::from_secs(2), rx).await {
+                out.push(f);
+            }
+        }
+        listed = d.sessions.of_mh(mh);
     }
     out
 }
@@ -599,13 +632,13 @@ fn fault_restart() -> Option<Option<u16>> {
 
 /// Whether the test hook `name` is among the comma-separated `MSRD_FAULT` ones
 /// (`slow_restore`, `slow_ack`: delays that combine).
-pub(super) fn fault(name: &str) -> bool {
+pub(crate) fn fault(name: &str) -> bool {
     std::env::var("MSRD_FAULT").is_ok_and(|v| v.split(',').any(|f| f == name))
 }
 
 /// How long an injected restart failure or a slow restore takes
 /// (`MSRD_FAULT_DELAY_MS`), read once.
-pub(super) fn fault_delay() -> Option<std::time::Duration> {
+pub(crate) fn fault_delay() -> Option<std::time::Duration> {
     static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
     *DELAY.get_or_init(|| {
         let ms = std::env::var("MSRD_FAULT_DELAY_MS").ok()?.parse().ok()?;
