@@ -396,11 +396,10 @@ impl Daemon {
                 let _ = sockopt::shutdown_write(&fixed);
             }
             End::Closed => {
-                if crate::handoff::sockets::fault("slow_relay_end") {
+                if crate::faults::fault("slow_relay_end") {
                     // Test hook: a relay slow to act on its end (a busy runtime), so
                     // that a handoff's freeze can list it first (`freeze_race`).
-                    let ms = crate::handoff::sockets::fault_delay()
-                        .unwrap_or(Duration::from_millis(100));
+                    let ms = crate::faults::fault_delay().unwrap_or(Duration::from_millis(100));
                     info!(conn = s.id, "MSRD_FAULT=slow_relay_end: the relay ended");
                     tokio::time::sleep(ms).await;
                 }

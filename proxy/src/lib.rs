@@ -25,6 +25,7 @@
 //!   rules over [`nflog`], pull their connections with no greeting.
 //! * [`upgrade`] — replacing msrd by a new process of its binary, every connection
 //!   handed over; [`notify`] — systemd's readiness protocol.
+//! * [`faults`] — the test hooks the end-to-end tests inject (`MSRD_FAULT`).
 pub mod admission;
 pub mod beacon;
 pub mod cells;
@@ -32,6 +33,7 @@ pub mod clock;
 pub mod control;
 pub mod daemon;
 pub mod detect;
+pub mod faults;
 pub mod fixed;
 pub mod footprint;
 pub mod handoff;

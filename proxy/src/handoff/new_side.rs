@@ -293,9 +293,8 @@ async fn run(
                     // 100 ms after the restart), as after restarting many connections,
                     // to show the old MSR's held segments do not come after the FH's
                     // newer ones.
-                    if matches!(msg, Message::Ack { .. }) && super::sockets::fault("slow_ack") {
-                        let ms =
-                            super::sockets::fault_delay().unwrap_or(Duration::from_millis(100));
+                    if matches!(msg, Message::Ack { .. }) && crate::faults::fault("slow_ack") {
+                        let ms = crate::faults::fault_delay().unwrap_or(Duration::from_millis(100));
                         tokio::time::sleep(ms).await;
                     }
                     if let Err(e) = c.send(&msg).await {
@@ -312,9 +311,8 @@ async fn run(
                     // Test hook: a slow handoff (`MSRD_FAULT_DELAY_MS`, default 100 ms
                     // between the images and their restore), as with many connections,
                     // to show what the hosts see while their connections are frozen.
-                    if super::sockets::fault("slow_restore") {
-                        let ms =
-                            super::sockets::fault_delay().unwrap_or(Duration::from_millis(100));
+                    if crate::faults::fault("slow_restore") {
+                        let ms = crate::faults::fault_delay().unwrap_or(Duration::from_millis(100));
                         tokio::time::sleep(ms).await;
                     }
                     // The old MSR verified this greeting: it is used here too, and the

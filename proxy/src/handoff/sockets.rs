@@ -19,6 +19,7 @@ use tokio::sync::oneshot;
 use tracing::{debug, warn};
 
 use crate::daemon::Daemon;
+use crate::faults::{fault, fault_delay};
 use crate::relay::Pending;
 use crate::sessions::Frozen;
 use crate::sessions::Kind;
@@ -627,22 +628,6 @@ fn fault_restart() -> Option<Option<u16>> {
                 "" => Some(None),
                 p => p.strip_prefix(':')?.parse().ok().map(Some),
             })
-    })
-}
-
-/// Whether the test hook `name` is among the comma-separated `MSRD_FAULT` ones
-/// (`slow_restore`, `slow_ack`: delays that combine).
-pub(crate) fn fault(name: &str) -> bool {
-    std::env::var("MSRD_FAULT").is_ok_and(|v| v.split(',').any(|f| f == name))
-}
-
-/// How long an injected restart failure or a slow restore takes
-/// (`MSRD_FAULT_DELAY_MS`), read once.
-pub(crate) fn fault_delay() -> Option<std::time::Duration> {
-    static DELAY: std::sync::OnceLock<Option<std::time::Duration>> = std::sync::OnceLock::new();
-    *DELAY.get_or_init(|| {
-        let ms = std::env::var("MSRD_FAULT_DELAY_MS").ok()?.parse().ok()?;
-        Some(std::time::Duration::from_millis(ms))
     })
 }
 
