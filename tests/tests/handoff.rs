@@ -643,6 +643,10 @@ fn the_new_msr_learns_the_mhs_link_layer_address_from_its_greeting() {
 /// FIN, whose ACK from the FH's TIME_WAIT went to the MH's current MSR two moves on)
 /// is dropped there, not forwarded to the MH, which would reset it (and the FH after).
 #[test]
+#[ignore = "fails: the fix (29d04a9, closed flows adopted and passed on) was taken back \
+            in this stop: a closed flow passed on dropped the segments of a new connection \
+            that reused its 4-tuple (3 stalled or truncated transfers in each of two soaks); \
+            it needs the live connections' flows filtered out first (issue 9 note)"]
 fn stray_segments_of_a_flow_closed_two_moves_ago_draw_no_reset() {
     let mut lab = fast_lab_on(clean_lab(3, 47), &[], "");
     // A transfer across both moves: each handoff carries images and closed flows.

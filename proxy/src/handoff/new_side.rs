@@ -419,10 +419,6 @@ async fn run(
                         if let Err(e) = d.rules.drop_strays(&flows) {
                             warn!(%mh, error = %e, "stray segments of closed flows will draw RSTs here");
                         }
-                        // The MH may move on within the window: the next MSR needs
-                        // them as much as this one (the old MSR's sockets may still
-                        // re-send a FIN, whose ACK goes wherever the MH is).
-                        d.strays.adopt(mh, &strays, w);
                     }
                     let c = if ok {
                         &d.sessions.stats.handoffs_in
