@@ -3,8 +3,17 @@
 
 /// Whether the test hook `name` is among the comma-separated `MSRD_FAULT` ones
 /// (`slow_restore`, `slow_ack`: delays that combine).
+/// Read once: some are checked on the relay's path (each relay's end).
 pub fn fault(name: &str) -> bool {
-    std::env::var("MSRD_FAULT").is_ok_and(|v| v.split(',').any(|f| f == name))
+    static HOOKS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    HOOKS
+        .get_or_init(|| {
+            std::env::var("MSRD_FAULT")
+                .map(|v| v.split(',').map(str::to_string).collect())
+                .unwrap_or_default()
+        })
+        .iter()
+        .any(|f| f == name)
 }
 
 /// How long an injected restart failure or a slow restore takes

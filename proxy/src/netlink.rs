@@ -213,14 +213,22 @@ thread_local! {
 /// A packet socket bound to `ifindex` (sending only: protocol 0 queues no frame).
 fn arp_socket(ifindex: u32) -> io::Result<OwnedFd> {
     let sock = socket(libc::AF_PACKET, libc::SOCK_RAW, 0)?;
+    bind_packet(sock.as_raw_fd(), ifindex, 0)?;
+    Ok(sock)
+}
+
+/// Binds packet socket `fd` to `ifindex`; from then on it receives the frames of
+/// `protocol` (an ETH_P_* value; 0: none).
+pub(crate) fn bind_packet(fd: RawFd, ifindex: u32, protocol: u16) -> io::Result<()> {
     // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
     let mut sll: libc::sockaddr_ll = unsafe { zeroed() };
     sll.sll_family = libc::AF_PACKET as u16;
+    sll.sll_protocol = protocol.to_be();
     sll.sll_ifindex = ifindex as libc::c_int;
     // SAFETY: sll is a live sockaddr_ll and its size is passed along.
     let r = unsafe {
         libc::bind(
-            sock.as_raw_fd(),
+            fd,
             (&sll as *const libc::sockaddr_ll).cast(),
             size_of::<libc::sockaddr_ll>() as libc::socklen_t,
         )
@@ -228,7 +236,7 @@ fn arp_socket(ifindex: u32) -> io::Result<OwnedFd> {
     if r != 0 {
         return Err(context("bind", io::Error::last_os_error()));
     }
-    Ok(sock)
+    Ok(())
 }
 
 /// Announces that `ip` is reachable at `ifname`'s MAC: sends a gratuitous ARP request

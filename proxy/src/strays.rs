@@ -52,31 +52,6 @@ impl Strays {
         }
     }
 
-    /// Keeps flows of `mh` that closed at another MSR (received with its images), each
-    /// as old as it was there: they go on with the MH's next handoff while their
-    /// window lasts, so the MSR after this one drops their strays too.
-    pub fn adopt(&self, mh: IpAddr, flows: &[ClosedFlow], window: Duration) {
-        let now = Instant::now();
-        let mut m = self.map.lock().unwrap();
-        let q = m.entry(mh).or_default();
-        for f in flows
-            .iter()
-            .filter(|f| f.age_ms < window.as_millis() as u64)
-        {
-            let Some(t) = now.checked_sub(Duration::from_millis(f.age_ms)) else {
-                continue;
-            };
-            if !q.iter().any(|&(_, a, z)| (a, z) == (f.mh, f.peer)) {
-                q.push_back((t, f.mh, f.peer));
-            }
-        }
-        // Oldest first, as `closed` keeps them; the oldest go when the share is full.
-        q.make_contiguous().sort_by_key(|&(t, ..)| t);
-        while q.len() > PER_MH {
-            q.pop_front();
-        }
-    }
-
     /// Takes the flows of `mh` still within `window` (the MH is leaving).
     pub fn take(&self, mh: IpAddr, window: Duration) -> Vec<ClosedFlow> {
         let now = Instant::now();
@@ -137,29 +112,6 @@ mod tests {
             age_ms: 61_000,
         };
         assert!(to_drop(&[old], Duration::from_secs(60)).is_empty());
-    }
-
-    #[test]
-    fn adopted_flows_go_on_with_their_age() {
-        let s = Strays::default();
-        let mh: IpAddr = "10.2.0.100".parse().unwrap();
-        let a: SocketAddr = "10.2.0.100:40000".parse().unwrap();
-        let b: SocketAddr = "10.2.0.100:40001".parse().unwrap();
-        let z: SocketAddr = "10.0.0.1:80".parse().unwrap();
-        let w = Duration::from_secs(60);
-        s.closed(mh, &[(b, z)], w);
-        let came = |p, age_ms| ClosedFlow {
-            mh: p,
-            peer: z,
-            age_ms,
-        };
-        // One closed 10 s ago elsewhere, one past the window, one twice.
-        s.adopt(mh, &[came(a, 10_000), came(a, 10_000), came(b, 61_000)], w);
-        let got = s.take(mh, w);
-        assert_eq!(got.len(), 2, "{got:?}");
-        assert_eq!(got[0].mh, a, "oldest first");
-        assert!((10_000..11_000).contains(&got[0].age_ms), "{got:?}");
-        assert_eq!(got[1].mh, b);
     }
 
     #[test]

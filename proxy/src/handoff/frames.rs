@@ -19,6 +19,8 @@ use std::mem::{size_of, zeroed};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, OwnedFd};
 
+use socket2::{Domain, SockFilter, Socket, Type};
+
 /// Frames remembered: a greeting is looked up right after its frame was queued, so
 /// a few are plenty; a flood of other datagrams to the port only pushes old ones out.
 const KEEP: usize = 32;
@@ -49,60 +51,29 @@ impl GreetFrames {
             )
         };
         let idx = nix::net::if_::if_nametoindex(ifname).map_err(|e| what(e.into()))?;
-        let proto = (libc::ETH_P_ALL as u16).to_be() as libc::c_int;
-        let sock =
-            crate::netlink::socket(libc::AF_PACKET, libc::SOCK_DGRAM, proto).map_err(what)?;
-        let fd = sock.as_raw_fd();
-        // The filter first, so nothing else is ever queued once bound.
-        let prog = filter(port, ipv6);
-        let fprog = libc::sock_fprog {
-            len: prog.len() as u16,
-            filter: prog.as_ptr() as *mut libc::sock_filter,
-        };
-        // SAFETY: fprog points at `prog`, alive for the call; the kernel copies it.
-        let r = unsafe {
-            libc::setsockopt(
-                fd,
-                libc::SOL_SOCKET,
-                libc::SO_ATTACH_FILTER,
-                (&fprog as *const libc::sock_fprog).cast(),
-                size_of::<libc::sock_fprog>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(what(io::Error::last_os_error()));
-        }
+        // Protocol 0 until bound: no frame is queued before the filter is on.
+        let sock = Socket::new(Domain::PACKET, Type::DGRAM, None).map_err(what)?;
+        let prog: Vec<SockFilter> = filter(port, ipv6)
+            .iter()
+            .map(|i| SockFilter::new(i.code, i.jt, i.jf, i.k))
+            .collect();
+        sock.attach_filter(&prog).map_err(what)?;
         // Our own answers and beacons are not greetings (kernels ≥ 4.20; the packet
         // type is checked on each frame too).
         let one: libc::c_int = 1;
         // SAFETY: a c_int option value, its size passed along.
         unsafe {
             libc::setsockopt(
-                fd,
+                sock.as_raw_fd(),
                 libc::SOL_PACKET,
                 libc::PACKET_IGNORE_OUTGOING,
                 (&one as *const libc::c_int).cast(),
                 size_of::<libc::c_int>() as libc::socklen_t,
             )
         };
-        // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
-        let mut sll: libc::sockaddr_ll = unsafe { zeroed() };
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = (libc::ETH_P_ALL as u16).to_be();
-        sll.sll_ifindex = idx as libc::c_int;
-        // SAFETY: sll is a live sockaddr_ll and its size is passed along.
-        let r = unsafe {
-            libc::bind(
-                fd,
-                (&sll as *const libc::sockaddr_ll).cast(),
-                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
-        };
-        if r != 0 {
-            return Err(what(io::Error::last_os_error()));
-        }
+        crate::netlink::bind_packet(sock.as_raw_fd(), idx, libc::ETH_P_ALL as u16).map_err(what)?;
         Ok(GreetFrames {
-            sock,
+            sock: sock.into(),
             seen: VecDeque::with_capacity(KEEP),
         })
     }

@@ -86,14 +86,14 @@ pub async fn freeze(d: &Daemon, mh: IpAddr) -> Vec<Frozen> {
             }
             waits.push(rx);
         }
-        if waits.is_empty() && !ended {
-            break;
-        }
         for rx in waits {
             // A relay that ended meanwhile drops its sender: nothing to move.
             if let Ok(Ok(f)) = tokio::time::timeout(Duration::from_secs(2), rx).await {
                 out.push(f);
             }
+        }
+        if !ended {
+            break; // Every relay asked answered or is gone: nothing new to list.
         }
         listed = d.sessions.of_mh(mh);
     }
