@@ -138,9 +138,11 @@ impl Rules {
                 );
             }
         }
-        s += &format!(
-            "    meta l4proto {{ tcp, icmp, ipv6-icmp }} socket transparent 1 meta mark set {mark} accept\n"
-        );
+        // An MH's SYN to an intercepted port goes to the TPROXY listener before any
+        // socket lookup: a TIME_WAIT socket of ours on its 4-tuple (the MH reused its
+        // port) would take it, find no listener on the FH's address and answer with
+        // an ACK, which the MH resets. TPROXY itself passes a SYN that meets a
+        // TIME_WAIT socket to the listener, and one of a live connection to that.
         if let Some(tp) = &self.transparent {
             let v4: Vec<&IpPrefix> = tp.mh_prefixes.iter().filter(|p| p.is_ipv4()).collect();
             let v6: Vec<&IpPrefix> = tp.mh_prefixes.iter().filter(|p| !p.is_ipv4()).collect();
@@ -159,6 +161,9 @@ impl Rules {
                 );
             }
         }
+        s += &format!(
+            "    meta l4proto {{ tcp, icmp, ipv6-icmp }} socket transparent 1 meta mark set {mark} accept\n"
+        );
         // Here no socket of ours took the segment (that rule accepted it): one of an
         // ended flow that would be forwarded goes nowhere. Segments for this router's
         // own addresses are left to their sockets (explicit mode: the kernel's RST, if
@@ -750,6 +755,10 @@ mod tests {
         assert!(s.contains("tproxy ip to :1081"));
         assert!(s.contains("ip6 saddr { 2001:db8::/64 }"));
         assert!(s.contains("tproxy ip6 to :1081"));
+        // Before any socket lookup, which a TIME_WAIT socket of ours would answer.
+        let sock = s.find("socket transparent 1").unwrap();
+        assert!(s.find("tproxy ip to").unwrap() < sock, "{s}");
+        assert!(s.find("tproxy ip6 to").unwrap() < sock, "{s}");
     }
 
     #[test]

@@ -643,10 +643,6 @@ fn the_new_msr_learns_the_mhs_link_layer_address_from_its_greeting() {
 /// FIN, whose ACK from the FH's TIME_WAIT went to the MH's current MSR two moves on)
 /// is dropped there, not forwarded to the MH, which would reset it (and the FH after).
 #[test]
-#[ignore = "fails: the fix (29d04a9, closed flows adopted and passed on) was taken back \
-            in this stop: a closed flow passed on dropped the segments of a new connection \
-            that reused its 4-tuple (3 stalled or truncated transfers in each of two soaks); \
-            it needs the live connections' flows filtered out first (issue 9 note)"]
 fn stray_segments_of_a_flow_closed_two_moves_ago_draw_no_reset() {
     let mut lab = fast_lab_on(clean_lab(3, 47), &[], "");
     // A transfer across both moves: each handoff carries images and closed flows.
@@ -688,6 +684,169 @@ fn stray_segments_of_a_flow_closed_two_moves_ago_draw_no_reset() {
     );
     let (send, recv) = finish(&mut lab, t);
     assert_clean(&lab, &send, &recv, bytes);
+}
+
+/// A new connection of the MH on the 4-tuple of one that closed lately (its kernel
+/// reuses ports: the soak, seed 29, met it every few minutes). The closed flow went
+/// with the images, and the new MSR dropped the live connection's segments as the
+/// closed one's strays: the connection stalled. Transparent mode (the wireless and
+/// fixed flows are one 4-tuple): three connections in turn from one port of the MH,
+/// the second moved from MSR1 to MSR2 while open, the third from MSR2 to MSR3. The
+/// FH closes each first, so the MH's port is free again at once.
+#[test]
+fn a_connection_on_the_ports_of_one_closed_lately_moves_unharmed() {
+    use std::sync::mpsc;
+    const PORT: u16 = 5031;
+    let mut lab = fast_lab_on(
+        clean_lab(3, 59),
+        &[],
+        &format!("[transparent]\nenabled = true\nports = [{PORT}]\n"),
+    );
+    let fh_ns = lab.ns(Host::Fh);
+    let fh = std::thread::spawn(move || {
+        itcp_testbed::sys::in_netns(&fh_ns, || {
+            let l = std::net::TcpListener::bind(("10.0.0.1", PORT))?;
+            for _ in 0..3 {
+                // Echoes each message; a lone `Q` ends the connection, the FH first.
+                let (mut s, _) = l.accept()?;
+                let mut buf = [0u8; 4096];
+                loop {
+                    let n = s.read(&mut buf)?;
+                    if n == 0 || buf[..n] == *b"Q" {
+                        break;
+                    }
+                    s.write_all(&buf[..n])?;
+                }
+            }
+            Ok(())
+        })
+    });
+    lab.wait_listening(Host::Fh, PORT).unwrap();
+    // An I-TCP connection open throughout: the agent's greetings move the MH's
+    // connections only if it has one (its session token).
+    let echo = lab
+        .spawn(
+            Host::Fh,
+            bin_path("ttcp"),
+            &["echo", "--listen", &lab::fh_addr(5032)],
+        )
+        .unwrap();
+    lab.wait_listening(Host::Fh, 5032).unwrap();
+    let token = lab.mh_token_file(1);
+    // The MH: connection k opens on `go` (one echo), says so, waits for the next `go`,
+    // echoes again, closes and says so; or says what went wrong.
+    let (said_tx, said_rx) = mpsc::channel::<Result<String, String>>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let mh_ns = lab.ns(Host::Mh);
+    let mh = std::thread::spawn(move || {
+        let r = itcp_testbed::sys::in_netns(&mh_ns, || {
+            let opts = itcp_mh::MhOptions::new()
+                .gateway(std::net::SocketAddr::from(([10, 2, 0, 1], 1080)))
+                .token_file(token);
+            let itcp = std::net::SocketAddr::from(([10, 0, 0, 1], 5032));
+            let _keep = itcp_mh::ItcpStream::connect_with(&opts, itcp)?;
+            let me: std::net::SocketAddr = lab::mh_addr(47031).parse().unwrap();
+            let fh: std::net::SocketAddr = lab::fh_addr(PORT).parse().unwrap();
+            let echo = |s: &mut std::net::TcpStream, k: usize, i: usize| -> std::io::Result<()> {
+                let msg: Vec<u8> = (0..1000).map(|j| b'a' + ((j + i + k) % 26) as u8).collect();
+                s.write_all(&msg)?;
+                let mut got = vec![0u8; msg.len()];
+                s.read_exact(&mut got).map_err(|e| {
+                    std::io::Error::new(e.kind(), format!("connection {k}, echo {i}: {e}"))
+                })?;
+                if got != msg {
+                    return Err(std::io::Error::other(format!(
+                        "connection {k}, echo {i}: other bytes"
+                    )));
+                }
+                Ok(())
+            };
+            for k in 0..3 {
+                let _ = go_rx.recv();
+                let sock =
+                    socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+                sock.set_reuse_address(true)?;
+                sock.bind(&me.into())?;
+                sock.connect_timeout(&fh.into(), Duration::from_secs(5))?;
+                let mut s: std::net::TcpStream = sock.into();
+                s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                echo(&mut s, k, 0)?;
+                let _ = said_tx.send(Ok(format!("opened {k}")));
+                let _ = go_rx.recv();
+                for i in 1..5 {
+                    echo(&mut s, k, i)?;
+                }
+                s.write_all(b"Q")?;
+                let mut rest = Vec::new();
+                s.read_to_end(&mut rest)?;
+                if !rest.is_empty() {
+                    return Err(std::io::Error::other(format!(
+                        "connection {k}: {} bytes after the end",
+                        rest.len()
+                    )));
+                }
+                let _ = said_tx.send(Ok(format!("closed {k}")));
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            let _ = said_tx.send(Err(e.to_string()));
+        }
+    });
+    let heard = |lab: &Lab, what: &str| {
+        let got = said_rx.recv_timeout(Duration::from_secs(15));
+        assert_eq!(
+            got,
+            Ok(Ok(what.to_string())),
+            "the MH, expected: {what}\n{}",
+            diag(lab)
+        );
+    };
+    // Waits until MSR `k` relays nothing to PORT: the connection before closed there.
+    let ended = |lab: &Lab, k: usize| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let on_port = |lab: &Lab| {
+            lab.msrd_sessions(k)
+                .unwrap()
+                .iter()
+                .any(|s| s.fh.port() == PORT)
+        };
+        while on_port(lab) {
+            assert!(
+                Instant::now() < deadline,
+                "MSR{k}'s relay did not end\n{}",
+                diag(lab)
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        // Its sockets finish their close.
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    let go = || go_tx.send(()).unwrap();
+    // Connection 0 at MSR1, closed there; 1 on the same ports, moved to MSR2.
+    go();
+    heard(&lab, "opened 0");
+    go();
+    heard(&lab, "closed 0");
+    ended(&lab, 1);
+    go();
+    heard(&lab, "opened 1");
+    crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    go();
+    heard(&lab, "closed 1");
+    ended(&lab, 2);
+    // Connection 2 opens at MSR2, where 1 closed, and moves to MSR3.
+    go();
+    heard(&lab, "opened 2");
+    crossing(&lab, 2, 3, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 2, Duration::from_secs(10));
+    go();
+    heard(&lab, "closed 2");
+    mh.join().unwrap();
+    fh.join().unwrap().unwrap();
+    assert_no_rsts(&lab);
+    lab.terminate(echo);
 }
 
 /// A relay that ends between the old MSR's freeze listing the MH's connections and

@@ -1073,3 +1073,65 @@ fn stray_segments_of_an_ended_relay_draw_no_reset() {
         "RSTs (in, out) at the MH, at the FH"
     );
 }
+
+/// An unmodified MH reusing its port for a new connection to the same FH port (as its
+/// kernel does with ephemeral ports) while msrd's wireless socket of the last one is
+/// still in TIME_WAIT (the FH closed first). Found with the port-reuse handoff test:
+/// the TIME_WAIT socket took the MH's SYN and, finding no listener on the FH's address,
+/// answered with an ACK, which the MH's kernel reset before sending its SYN again
+/// (one RST per reuse). A direct path has no such RST: there the FH's TIME_WAIT
+/// hands the SYN to its listener. Transparent SYNs go to the TPROXY listener first.
+#[test]
+fn a_new_connection_on_a_time_wait_flow_opens_without_reset() {
+    const PORT: u16 = 7011;
+    const CONNS: usize = 5;
+    let lab = lab_with_msrd(&format!(
+        "[transparent]\nenabled = true\nports = [{PORT}]\n"
+    ));
+    lab.watch_rsts(Host::Mh).unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    let l = fh_listen(&lab, PORT);
+    // The FH answers each request and closes first.
+    let server = on(&lab, Host::Fh, move || {
+        for _ in 0..CONNS {
+            let (mut s, _) = l.accept().unwrap();
+            let mut got = [0u8; 100];
+            s.read_exact(&mut got).unwrap();
+            s.write_all(&got).unwrap();
+        }
+    });
+    let mh = on(&lab, Host::Mh, move || {
+        let me = SocketAddr::from((addr::MH, 47011));
+        for k in 0..CONNS {
+            let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+            sock.set_reuse_address(true)?;
+            sock.bind(&me.into())?;
+            sock.connect_timeout(&fh(PORT).into(), Duration::from_secs(5))?;
+            let mut s: TcpStream = sock.into();
+            s.set_read_timeout(Some(Duration::from_secs(5)))?;
+            s.write_all(&[k as u8; 100])?;
+            let mut back = Vec::new();
+            s.read_to_end(&mut back)?;
+            if back != [k as u8; 100] {
+                return Err(std::io::Error::other(format!("connection {k}: {back:?}")));
+            }
+            // The MH's close follows the FH's: msrd's wireless socket is in TIME_WAIT.
+            drop(s);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Ok::<_, std::io::Error>(())
+    });
+    mh.join().unwrap().unwrap();
+    server.join().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let (mh, fh) = (lab.rsts(Host::Mh).unwrap(), lab.rsts(Host::Fh).unwrap());
+    assert_eq!(
+        (mh, fh),
+        ((0, 0), (0, 0)),
+        "RSTs (in, out) at the MH, at the FH over {CONNS} connections from one port"
+    );
+    assert_eq!(
+        lab.msrd_stats(1).unwrap().stats.connections_total,
+        CONNS as u64
+    );
+}

@@ -195,6 +195,8 @@ async fn run(
     let mut restored: Vec<Restored> = Vec::new();
     // The MH's flows that closed at the old MSR lately (from the images).
     let mut strays: Vec<itcp_proto::channel::ClosedFlow> = Vec::new();
+    // The flows of the connections restored here (live: none of the strays).
+    let mut moving: std::collections::HashSet<(SocketAddr, SocketAddr)> = Default::default();
     let mut flight_route: Option<FlightRoute> = None;
     let mut entries: Vec<ConnEntry> = Vec::new();
     let mut moved = 0usize;
@@ -338,6 +340,7 @@ async fn run(
                     .await;
                     flight_route = route;
                     entries = es;
+                    moving = ok.iter().flat_map(Restored::flows).collect();
                     next = Some(NewEvent::Restored {
                         restored: ok.iter().map(|r| r.id).collect(),
                         failed,
@@ -413,12 +416,17 @@ async fn run(
                         h.moved_in(mh, &prev);
                     }
                     if ok && !strays.is_empty() {
-                        // After the restart: not on the handoff's path.
+                        // After the restart: not on the handoff's path. A new
+                        // connection's SYN takes its flow out of the set (the rules),
+                        // so only those opened before now need leaving out.
                         let w = Duration::from_secs(h.cfg.closed_window_s);
-                        let flows = crate::strays::to_drop(&strays, w);
-                        if let Err(e) = d.rules.drop_strays(&flows) {
+                        let mut live = std::mem::take(&mut moving);
+                        live.extend(d.sessions.of_mh(mh).iter().map(|s| (s.mh, s.fh)));
+                        let closed = crate::strays::to_drop(&strays, w, &live);
+                        if let Err(e) = d.rules.drop_strays(&crate::strays::timed(&closed, w)) {
                             warn!(%mh, error = %e, "stray segments of closed flows will draw RSTs here");
                         }
+                        d.strays.adopt(mh, &closed, w);
                     }
                     let c = if ok {
                         &d.sessions.stats.handoffs_in
