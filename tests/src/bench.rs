@@ -4,7 +4,9 @@
 //!
 //! Every peer terminates TCP on MSR1 except "direct", where MSR1 only forwards. msrd
 //! runs in transparent mode for the benchmark ports, so unmodified iperf3 and ttcp
-//! clients go through its relay engine.
+//! clients go through its relay engine; once as a plain relay and once with handoff
+//! on (restarted between the two), which puts a packet tap on the cell (the greeting
+//! frames, `proxy/src/handoff/frames.rs`) and the handoff's nftables sets in the path.
 
 use std::io;
 use std::time::Duration;
@@ -21,17 +23,26 @@ use crate::ttcp::RrReport;
 pub enum Peer {
     Direct,
     Msrd,
+    /// msrd with `[handoff]` on (one MSR, no peer).
+    MsrdHandoff,
     Haproxy,
     Socat,
 }
 
 impl Peer {
-    pub const ALL: [Peer; 4] = [Peer::Direct, Peer::Msrd, Peer::Haproxy, Peer::Socat];
+    pub const ALL: [Peer; 5] = [
+        Peer::Direct,
+        Peer::Msrd,
+        Peer::MsrdHandoff,
+        Peer::Haproxy,
+        Peer::Socat,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Peer::Direct => "direct (kernel forwarding)",
             Peer::Msrd => "msrd",
+            Peer::MsrdHandoff => "msrd, handoff on",
             Peer::Haproxy => "HAProxy (splice)",
             Peer::Socat => "socat",
         }
@@ -43,7 +54,7 @@ impl Peer {
             // Different FH ports: msrd intercepts 5201 and 7.
             (Peer::Direct, 5201) => ("10.0.0.1", 5202),
             (Peer::Direct, _) => ("10.0.0.1", 8),
-            (Peer::Msrd, s) => ("10.0.0.1", s),
+            (Peer::Msrd | Peer::MsrdHandoff, s) => ("10.0.0.1", s),
             (Peer::Haproxy, s) => ("10.2.0.1", 10000 + s),
             (Peer::Socat, s) => ("10.2.0.1", 20000 + s),
         }
@@ -95,8 +106,38 @@ fn need(prog: &str) -> io::Result<()> {
     }
 }
 
+/// The msrd running in the relay bench: its spawn index, and whether handoff is on.
+struct Msrd {
+    idx: usize,
+    handoff: bool,
+}
+
+impl Msrd {
+    fn start(lab: &mut Lab, handoff: bool) -> io::Result<Msrd> {
+        let mut cfg = lab
+            .msrd_config(1, "[transparent]\nenabled = true\nports = [5201, 7]\n")
+            .replace("log_level = \"debug\"", "log_level = \"warn\"");
+        if handoff {
+            cfg += &format!("\n{}", lab.handoff_config(1));
+        }
+        let idx = lab.start_msrd(1, &cfg)?;
+        Ok(Msrd { idx, handoff })
+    }
+
+    /// Makes sure the msrd that `peer` needs runs (a clean stop and a start).
+    fn for_peer(self, lab: &mut Lab, peer: Peer) -> io::Result<Msrd> {
+        let handoff = peer == Peer::MsrdHandoff;
+        if peer != Peer::Msrd && !handoff || handoff == self.handoff {
+            return Ok(self);
+        }
+        lab.terminate(self.idx);
+        lab.wait(self.idx, Duration::from_secs(10))?;
+        Msrd::start(lab, handoff)
+    }
+}
+
 /// Builds the veth lab with every peer running.
-fn setup() -> io::Result<Lab> {
+fn setup() -> io::Result<(Lab, Msrd)> {
     for p in ["iperf3", "haproxy", "socat"] {
         need(p)?;
     }
@@ -106,10 +147,7 @@ fn setup() -> io::Result<Lab> {
         veth: true,
         ..LabConfig::default()
     })?;
-    let cfg = lab
-        .msrd_config(1, "[transparent]\nenabled = true\nports = [5201, 7]\n")
-        .replace("log_level = \"debug\"", "log_level = \"warn\"");
-    lab.start_msrd(1, &cfg)?;
+    let msrd = Msrd::start(&mut lab, false)?;
     let hcfg = lab.dir.join("haproxy.cfg");
     std::fs::write(&hcfg, HAPROXY_CFG)?;
     lab.spawn_logged(
@@ -147,7 +185,7 @@ fn setup() -> io::Result<Lab> {
         )?;
     }
     std::thread::sleep(Duration::from_millis(500));
-    Ok(lab)
+    Ok((lab, msrd))
 }
 
 /// One iperf3 download (FH → MH) through `peer`, in Gbit/s.
@@ -215,7 +253,7 @@ fn rr(lab: &mut Lab, peer: Peer, count: u64) -> io::Result<(f64, f64)> {
 /// Runs the relay benchmark: `rounds` rounds, each measuring every peer once (in a
 /// rotated order, so no peer always runs first or last).
 pub fn relay(seconds: u64, rounds: usize, progress: impl Fn(&str)) -> io::Result<RelayBench> {
-    let mut lab = setup()?;
+    let (mut lab, mut msrd) = setup()?;
     let mut gbps: Vec<(Peer, Vec<f64>)> = Peer::ALL.iter().map(|&p| (p, Vec::new())).collect();
     let mut lat: Vec<(Peer, Vec<(f64, f64)>)> =
         Peer::ALL.iter().map(|&p| (p, Vec::new())).collect();
@@ -223,6 +261,7 @@ pub fn relay(seconds: u64, rounds: usize, progress: impl Fn(&str)) -> io::Result
         for i in 0..Peer::ALL.len() {
             let k = (i + round) % Peer::ALL.len();
             let peer = Peer::ALL[k];
+            msrd = msrd.for_peer(&mut lab, peer)?;
             let g = iperf(&mut lab, peer, seconds)?;
             progress(&format!(
                 "round {} {:<28} {g:6.2} Gbit/s",
