@@ -187,7 +187,8 @@ fn watch_agents(lab: &Lab, shared: &Shared) {
     }
 }
 
-/// A tcpdump capturing the RSTs of one host.
+/// A tcpdump capturing the RSTs and FINs of one host (a FIN tells which MSR ended a
+/// stream the soak finds truncated).
 struct Capture {
     host: Host,
     child: Child,
@@ -214,7 +215,7 @@ fn start_capture(lab: &Lab, h: Host, ifname: &str) -> io::Result<Capture> {
             "--immediate-mode",
             "-s",
             "128",
-            "tcp[tcpflags] & tcp-rst != 0",
+            "tcp[tcpflags] & (tcp-rst | tcp-fin) != 0",
         ])
         .stdout(std::fs::File::create(&out)?)
         .stderr(std::fs::File::create(&err)?)
@@ -248,7 +249,7 @@ fn wait_capturing(c: &mut Capture) -> io::Result<()> {
     }
 }
 
-/// One RST packet seen at a host (tcpdump).
+/// One RST (or FIN) packet seen at a host (tcpdump).
 #[derive(Debug, Clone, Serialize)]
 pub struct Rst {
     pub t: f64,
@@ -296,7 +297,8 @@ pub fn parse_rst_line(line: &str, me: Ipv4Addr, host: &str, clock: &Clock) -> Op
     })
 }
 
-fn stop_capture(mut c: Capture, clock: &Clock) -> (Vec<Rst>, String) {
+/// Stops a capture: its RSTs, its FINs (without RST), and tcpdump's drop note.
+fn stop_capture(mut c: Capture, clock: &Clock) -> (Vec<Rst>, Vec<Rst>, String) {
     // SAFETY: SIGINT to the tcpdump we started: it prints its counters and exits.
     unsafe { libc::kill(c.child.id() as i32, libc::SIGINT) };
     let deadline = Instant::now() + Duration::from_secs(3);
@@ -309,11 +311,13 @@ fn stop_capture(mut c: Capture, clock: &Clock) -> (Vec<Rst>, String) {
         Some(j) => (addr::mh(j), format!("mh{j}")),
         None => (addr::FH, "fh".to_string()),
     };
-    let mut v = Vec::new();
+    let (mut v, mut fins) = (Vec::new(), Vec::new());
     if let Ok(f) = std::fs::File::open(&c.out) {
         for l in io::BufReader::new(f).lines().map_while(Result::ok) {
-            if let Some(r) = parse_rst_line(&l, me, &host, clock) {
-                v.push(r);
+            match parse_rst_line(&l, me, &host, clock) {
+                Some(r) if r.flags.contains('R') => v.push(r),
+                Some(r) if r.flags.contains('F') => fins.push(r),
+                _ => {}
             }
         }
     }
@@ -323,7 +327,7 @@ fn stop_capture(mut c: Capture, clock: &Clock) -> (Vec<Rst>, String) {
         .find(|l| l.contains("dropped by kernel"))
         .unwrap_or("")
         .to_string();
-    (v, dropped)
+    (v, fins, dropped)
 }
 
 /// Runs the soak and returns its report (see [`SoakReport::ok`] for the verdict).
@@ -540,11 +544,12 @@ pub fn run(o: &SoakOpts, progress: &dyn Fn(&str)) -> io::Result<SoakReport> {
         }
         std::thread::sleep(Duration::from_secs(2));
     }
-    let mut rsts = Vec::new();
+    let (mut rsts, mut fins) = (Vec::new(), Vec::new());
     let mut capture_notes = Vec::new();
     for c in captures {
-        let (v, note) = stop_capture(c, &shared.clock);
+        let (v, f, note) = stop_capture(c, &shared.clock);
         rsts.extend(v);
+        fins.extend(f);
         if !note.is_empty() {
             capture_notes.push(note);
         }
@@ -565,6 +570,7 @@ pub fn run(o: &SoakOpts, progress: &dyn Fn(&str)) -> io::Result<SoakReport> {
         faults: std::mem::take(&mut *shared.faults.lock().unwrap()),
         agent: std::mem::take(&mut *shared.agent.lock().unwrap()),
         rsts,
+        fins,
         counted,
         capture_notes,
         records,

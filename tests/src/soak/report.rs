@@ -58,6 +58,8 @@ pub struct Input {
     pub faults: Vec<Fault>,
     pub agent: Vec<AgentEvent>,
     pub rsts: Vec<Rst>,
+    /// FIN segments captured at the hosts (to name who ended a truncated stream).
+    pub fins: Vec<Rst>,
     /// nftables counters per host: (received, sent).
     pub counted: Vec<(Host, (u64, u64))>,
     pub capture_notes: Vec<String>,
@@ -375,6 +377,44 @@ fn msr_of_mac(mac: &str) -> Option<usize> {
         .filter(|&k| k > 0)
 }
 
+/// The FINs of connection `c` captured at its MH (the wireless flow) and at the FH
+/// (the fixed flow): which MSR's cell brought the MH its end of stream, and whether
+/// the FH had closed. Empty when none was captured.
+fn fins_of(fins: &[Rst], c: &MhConn, fh: Option<&FhConn>) -> String {
+    let mh = format!("mh{}", c.mh);
+    let mut v: Vec<String> = fins
+        .iter()
+        .filter(|f| f.t >= c.started - 0.01 && f.t <= c.ended + 1.0)
+        .filter(|f| {
+            (f.host == mh
+                && c.local_port
+                    .is_some_and(|p| (if f.sent { f.src.port() } else { f.dst.port() }) == p))
+                || (f.host == "fh"
+                    && fh.is_some_and(|x| {
+                        SocketAddr::from(if f.sent { f.dst } else { f.src }) == x.peer
+                    }))
+        })
+        .map(|f| {
+            format!(
+                "{:.2} s {} {} {}{}",
+                f.t,
+                f.host,
+                if f.sent { "sent" } else { "got" },
+                f.flags,
+                match msr_of_mac(&f.src_mac) {
+                    Some(k) if !f.sent && f.host != "fh" => format!(" from MSR{k}'s cell"),
+                    _ => String::new(),
+                }
+            )
+        })
+        .collect();
+    if v.is_empty() {
+        return String::new();
+    }
+    v.truncate(8);
+    format!("; FINs: {}", v.join(", "))
+}
+
 /// A short description of what an unexplained RST looks like.
 fn rst_pattern(p: &Rst, conn: Option<&MhConn>) -> &'static str {
     let to_fh = p.dst.ip() == &crate::lab::addr::FH || p.src.ip() == &crate::lab::addr::FH;
@@ -536,7 +576,7 @@ pub fn build(i: Input) -> SoakReport {
                         c.verified,
                         fh.map_or(0, |f| f.verified),
                         ctx.last_move(c.mh, c.ended)
-                    ));
+                    ) + &fins_of(&i.fins, c, fh));
                 }
             }
         }
@@ -1052,5 +1092,100 @@ impl SoakReport {
             }
         }
         s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seg(t: f64, host: &str, src: &str, dst: &str, sent: bool, mac: &str) -> Rst {
+        Rst {
+            t,
+            host: host.into(),
+            src: src.parse().unwrap(),
+            dst: dst.parse().unwrap(),
+            sent,
+            src_mac: mac.into(),
+            flags: "F.".into(),
+        }
+    }
+
+    #[test]
+    fn a_truncated_streams_fins_name_the_cell_that_brought_them() {
+        let c = MhConn {
+            id: 7,
+            mh: 8,
+            kind: Kind::Interactive,
+            local_port: Some(41864),
+            started: 400.0,
+            connected: Some(400.1),
+            ended: 443.3,
+            verified: 0,
+            sent: 0,
+            fail: None,
+        };
+        let fh = FhConn {
+            id: 7,
+            mh: 8,
+            kind: Some(Kind::Interactive),
+            peer: "10.2.0.107:41864".parse().unwrap(),
+            accepted: 400.1,
+            ended: 470.0,
+            verified: 0,
+            sent: 0,
+            fail: None,
+        };
+        let fins = [
+            // Its end of stream, from MSR3's cell.
+            seg(
+                443.2,
+                "mh8",
+                "10.2.0.1:1080",
+                "10.2.0.107:41864",
+                false,
+                "02:00:00:00:03:01",
+            ),
+            // Another connection's, another MH's, and one long before.
+            seg(
+                443.2,
+                "mh8",
+                "10.2.0.1:1080",
+                "10.2.0.107:41000",
+                false,
+                "02:00:00:00:03:01",
+            ),
+            seg(
+                443.2,
+                "mh7",
+                "10.2.0.1:1080",
+                "10.2.0.106:41864",
+                false,
+                "02:00:00:00:03:01",
+            ),
+            seg(
+                300.0,
+                "mh8",
+                "10.2.0.1:1080",
+                "10.2.0.107:41864",
+                false,
+                "02:00:00:00:01:01",
+            ),
+            // The FH's own close of the fixed flow.
+            seg(
+                443.25,
+                "fh",
+                "10.0.0.1:7000",
+                "10.2.0.107:41864",
+                true,
+                "aa:bb:cc:dd:ee:ff",
+            ),
+        ];
+        let s = fins_of(&fins, &c, Some(&fh));
+        assert_eq!(
+            s, "; FINs: 443.20 s mh8 got F. from MSR3's cell, 443.25 s fh sent F.",
+            "{s}"
+        );
+        assert_eq!(fins_of(&fins[1..4], &c, None), "");
     }
 }
