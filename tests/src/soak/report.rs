@@ -338,6 +338,32 @@ impl<'a> Ctx<'a> {
         None
     }
 
+    /// For an RST at `t` on MH `j`'s `port` with no live connection: a late segment of
+    /// a connection that had ended cleanly. Its closed-flow record goes from MSR to MSR
+    /// with the MH for `closed_window_s`, in msrd's memory; a kill of an MSR the MH was
+    /// with meanwhile lost it, and the next MSR forwarded the segment.
+    fn closed_flow_lost(&self, conns: &[MhConn], j: usize, port: u16, t: f64) -> Option<String> {
+        let c = conns
+            .iter()
+            .filter(|c| {
+                c.mh == j
+                    && c.fail.is_none()
+                    && c.local_port == Some(port)
+                    && c.ended <= t
+                    && t - c.ended <= CLOSED_WINDOW_S
+            })
+            .max_by(|a, b| a.ended.total_cmp(&b.ended))?;
+        self.kills.iter().find_map(|k| {
+            (k.start >= c.ended - 0.5 && k.start <= t && self.involved(j, k.msr, k.start).is_some())
+                .then(|| {
+                    format!(
+                        "msrd{} SIGKILLed at {:.1} s with the closed flow of connection {} (ended {:.1} s)",
+                        k.msr, k.start, c.id, c.ended
+                    )
+                })
+        })
+    }
+
     /// MH `j`'s last move that started before `t`, in words.
     fn last_move(&self, j: usize, t: f64) -> String {
         self.crossings
@@ -414,6 +440,9 @@ fn fins_of(fins: &[Rst], c: &MhConn, fh: Option<&FhConn>) -> String {
     v.truncate(8);
     format!("; FINs: {}", v.join(", "))
 }
+
+/// msrd's `[handoff] closed_window_s` in the soak (the default).
+const CLOSED_WINDOW_S: f64 = 60.0;
 
 /// A short description of what an unexplained RST looks like.
 fn rst_pattern(p: &Rst, conn: Option<&MhConn>) -> &'static str {
@@ -679,12 +708,15 @@ pub fn build(i: Input) -> SoakReport {
                         })
                     })
                 })
+                .or_else(|| ctx.closed_flow_lost(&i.mh_conns, j, mh_side.port(), p.t))
                 .map(|w| (w, None)),
         };
         match why {
             Some((w, _)) => {
                 r.explained += 1;
-                let key = if w.contains("no connection of record") {
+                let key = if w.contains("with the closed flow") {
+                    "msrd killed with the MH's closed flows"
+                } else if w.contains("no connection of record") {
                     "msrd killed (connection being set up)"
                 } else if w.contains("held") {
                     "msrd killed while holding the connection"
@@ -1109,6 +1141,66 @@ mod tests {
             src_mac: mac.into(),
             flags: "F.".into(),
         }
+    }
+
+    #[test]
+    fn a_kill_explains_a_late_segment_of_a_closed_flow_it_held() {
+        use super::super::chaos::{FaultKind, Style};
+        let ended = |port, ended| MhConn {
+            id: port as u64,
+            mh: 8,
+            kind: Kind::Short,
+            local_port: Some(port),
+            started: ended - 1.0,
+            connected: Some(ended - 0.9),
+            ended,
+            verified: 10,
+            sent: 10,
+            fail: None,
+        };
+        let conns = [ended(41472, 435.0), ended(41000, 300.0)];
+        // MH 8 entered cell 3 at 443 s; MSR3 was killed at 446 s.
+        let crossings = [Crossing {
+            mh: 8,
+            from: 1,
+            to: 3,
+            style: Style::Switch,
+            start: 443.0,
+            enters: 443.0,
+            end: 443.2,
+        }];
+        let kill = Fault {
+            kind: FaultKind::KillNew,
+            msr: 3,
+            start: 446.0,
+            end: 449.3,
+            mh: Some(4),
+            held: Vec::new(),
+            note: String::new(),
+        };
+        let faults = [kill.clone()];
+        let ctx = Ctx {
+            kills: faults.iter().collect(),
+            faults: &faults,
+            crossings: &crossings,
+            agent: vec![Vec::new(); 9],
+        };
+        let why = ctx.closed_flow_lost(&conns, 8, 41472, 491.1);
+        assert!(
+            why.as_deref()
+                .is_some_and(|w| w.contains("msrd3 SIGKILLed")),
+            "{why:?}"
+        );
+        // Past the window, before the kill, another MH, a connection that failed.
+        assert_eq!(ctx.closed_flow_lost(&conns, 8, 41472, 491.1 + 60.0), None);
+        assert_eq!(ctx.closed_flow_lost(&conns, 8, 41000, 350.0), None);
+        assert_eq!(ctx.closed_flow_lost(&conns, 7, 41472, 491.1), None);
+        let mut failed = conns.clone();
+        failed[0].fail = Some(super::super::traffic::Fail {
+            class: Class::Stalled,
+            what: "x".into(),
+        });
+        assert_eq!(ctx.closed_flow_lost(&failed, 8, 41472, 491.1), None);
     }
 
     #[test]
