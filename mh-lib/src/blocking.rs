@@ -387,8 +387,9 @@ fn open(
     let timeout = nonzero(opts.get_connect_timeout());
     let mut stream = TcpStream::connect_timeout(&gateway, timeout)
         .map_err(|e| (handshake::gateway_connect_error(gateway, e, timeout), false))?;
-    let mh = stream.local_addr().map_err(|e| (e, false))?.ip();
-    let mut hs = Handshake::new(gateway, mh, token, command, addr.clone());
+    let local = stream.local_addr().map_err(|e| (e, false))?;
+    let mut hs =
+        Handshake::new(gateway, local.ip(), token, command, addr.clone()).with_local(local);
     let bound = drive(&mut stream, &mut hs, opts, command).map_err(|e| (e, hs.got_reply()))?;
     let reset = stream
         .set_read_timeout(None)

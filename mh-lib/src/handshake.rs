@@ -57,6 +57,8 @@ pub(crate) struct Handshake {
     command: Command,
     addr: Addr,
     state: State,
+    /// Our end of the connection, named in errors (to find it in msrd's logs).
+    local: Option<SocketAddr>,
 }
 
 impl Handshake {
@@ -75,7 +77,14 @@ impl Handshake {
             command,
             addr,
             state: State::MethodChoice,
+            local: None,
         }
+    }
+
+    /// Names our end of the connection in the errors of [`Handshake::io_error`].
+    pub(crate) fn with_local(mut self, local: SocketAddr) -> Self {
+        self.local = Some(local);
+        self
     }
 
     /// The first step: send the greeting, read the method choice.
@@ -252,28 +261,25 @@ impl Handshake {
                 Command::Bind => "bind request",
             },
         };
+        let gateway = match self.local {
+            Some(l) => format!("{} (from {l})", self.gateway),
+            None => self.gateway.to_string(),
+        };
         match e.kind() {
             io::ErrorKind::UnexpectedEof => io::Error::new(
                 io::ErrorKind::UnexpectedEof,
-                format!(
-                    "I-TCP gateway {} closed the connection during the {phase}",
-                    self.gateway
-                ),
+                format!("I-TCP gateway {gateway} closed the connection during the {phase}"),
             ),
             io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
                 io::ErrorKind::TimedOut,
                 match timeout {
-                    Some(t) => format!(
-                        "I-TCP gateway {} did not answer the {phase} within {t:?}",
-                        self.gateway
-                    ),
-                    None => format!("I-TCP gateway {}: {phase}: {e}", self.gateway),
+                    Some(t) => {
+                        format!("I-TCP gateway {gateway} did not answer the {phase} within {t:?}")
+                    }
+                    None => format!("I-TCP gateway {gateway}: {phase}: {e}"),
                 },
             ),
-            kind => io::Error::new(
-                kind,
-                format!("I-TCP gateway {}: {phase}: {e}", self.gateway),
-            ),
+            kind => io::Error::new(kind, format!("I-TCP gateway {gateway}: {phase}: {e}")),
         }
     }
 }
@@ -446,5 +452,28 @@ mod tests {
             Addr::Domain("x".repeat(300), 80),
         );
         assert_eq!(hs.start().unwrap_err().kind(), io::ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn a_handshake_that_times_out_names_our_end() {
+        let target = Addr::Ip("10.0.0.1:80".parse().unwrap());
+        let local: SocketAddr = "10.2.0.100:58870".parse().unwrap();
+        let hs = Handshake::new(gw(), mh(), Token([0; 16]), Command::Connect, target.clone())
+            .with_local(local);
+        let e = hs.io_error(
+            io::ErrorKind::WouldBlock.into(),
+            Some(std::time::Duration::from_secs(5)),
+        );
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut);
+        assert_eq!(
+            e.to_string(),
+            "I-TCP gateway 10.2.0.1:1080 (from 10.2.0.100:58870) did not answer the method negotiation within 5s"
+        );
+        let plain = Handshake::new(gw(), mh(), Token([0; 16]), Command::Connect, target);
+        let e = plain.io_error(io::ErrorKind::UnexpectedEof.into(), None);
+        assert_eq!(
+            e.to_string(),
+            "I-TCP gateway 10.2.0.1:1080 closed the connection during the method negotiation"
+        );
     }
 }

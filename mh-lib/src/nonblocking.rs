@@ -295,8 +295,9 @@ async fn open(
     let mut stream = with_timeout(Some(timeout), TcpStream::connect(gateway))
         .await
         .map_err(|e| (handshake::gateway_connect_error(gateway, e, timeout), false))?;
-    let mh = stream.local_addr().map_err(|e| (e, false))?.ip();
-    let mut hs = Handshake::new(gateway, mh, token, command, addr.clone());
+    let local = stream.local_addr().map_err(|e| (e, false))?;
+    let mut hs =
+        Handshake::new(gateway, local.ip(), token, command, addr.clone()).with_local(local);
     let bound = drive(&mut stream, &mut hs, opts, command)
         .await
         .map_err(|e| (e, hs.got_reply()))?;

@@ -29,7 +29,11 @@
 //! The MSR is the passive closer there and keeps no TIME_WAIT, so a late duplicate ACK
 //! (its FIN retransmitted by a tail-loss probe while the MH's ACK queued behind the
 //! MH's own uploads) meets no socket: plain kernel TCP, no byte at stake. These are
-//! counted apart (`after_clean_close`).
+//! counted apart (`after_clean_close`). So is a reply RST the MH sends on the port of
+//! a connect its application gave up while a fault or a move of that MH was under way
+//! (`after_given_up_connect`): the MH's kernel answering for a socket the application
+//! closed, the MSR still holding the half-done handshake (mh-lib names the port in its
+//! error).
 //!
 //! Connects that fail put no byte at risk: they are listed with their reasons (and
 //! whether a fault or a move was under way) but do not fail the soak.
@@ -159,6 +163,9 @@ pub struct Rsts {
     /// RSTs after a clean close at both ends: the kernel answering a late duplicate
     /// ACK (or FIN) for a connection whose socket is gone. No byte at stake.
     pub after_clean_close: usize,
+    /// Reply RSTs from an MH on the port of a connect it gave up during a fault or a
+    /// move of that MH (the MSR still had the handshake).
+    pub after_given_up_connect: usize,
     pub unexplained: usize,
     /// Explanations → count.
     pub by_reason: BTreeMap<String, usize>,
@@ -687,6 +694,18 @@ pub fn build(i: Input) -> SoakReport {
             r.after_clean_close += 1;
             continue;
         }
+        let given_up = conn.is_some_and(|(c, _)| {
+            p.host != "fh"
+                && p.sent
+                && p.flags == "R"
+                && c.fail.as_ref().is_some_and(|f| f.class == Class::Connect)
+                && c.ended <= p.t + 0.01
+                && ctx.chaos_during(c.mh, c.started, c.ended)
+        });
+        if given_up {
+            r.after_given_up_connect += 1;
+            continue;
+        }
         let why = match conn {
             Some((c, fh)) => ctx.exposure(c, fh, p.t - 30.0).map(|w| (w, Some(c.id))),
             None => ctx
@@ -1049,10 +1068,11 @@ impl SoakReport {
             .collect();
         let _ = writeln!(
             s,
-            "  captured {}: explained by a fault {}, after a clean close at both ends {}, unexplained {}{}{}",
+            "  captured {}: explained by a fault {}, after a clean close at both ends {}, after a connect the MH gave up {}, unexplained {}{}{}",
             r.captured,
             r.explained,
             r.after_clean_close,
+            r.after_given_up_connect,
             r.unexplained,
             if v.is_empty() { "" } else { " — " },
             v.join("; ")

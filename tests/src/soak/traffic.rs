@@ -340,6 +340,13 @@ async fn mh_loop(plan: Arc<MhPlan>, shared: Arc<Shared>, kind: Kind, slot: usize
     }
 }
 
+/// The port of `(from A:P)` in an mh-lib error.
+fn port_named_in(msg: &str) -> Option<u16> {
+    let (_, rest) = msg.split_once("(from ")?;
+    let (addr, _) = rest.split_once(')')?;
+    addr.parse::<std::net::SocketAddr>().ok().map(|a| a.port())
+}
+
 async fn one_connection(
     plan: &MhPlan,
     shared: &Shared,
@@ -353,7 +360,12 @@ async fn one_connection(
     )
     .await
     .map_err(|_| Fail::new(Class::Connect, "connect: no answer in 20 s"))?
-    .map_err(|e| Fail::new(Class::Connect, format!("connect: {e}")))?;
+    .map_err(|e| {
+        // mh-lib names our end once connected to the gateway: an RST the MH sends
+        // later on that port is its kernel answering for the socket given up here.
+        c.local_port = port_named_in(&e.to_string());
+        Fail::new(Class::Connect, format!("connect: {e}"))
+    })?;
     let mut s = s.into_inner();
     c.connected = Some(shared.clock.now());
     c.local_port = s.local_addr().ok().map(|a| a.port());
@@ -609,4 +621,17 @@ async fn fh_serve(s: &mut TcpStream, c: &mut FhConn) -> Result<(), Fail> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod port_tests {
+    #[test]
+    fn the_port_of_a_failed_connect_is_read_from_mh_libs_error() {
+        let e = "I-TCP gateway 10.2.0.1:1080 (from 10.2.0.103:58870) did not answer the method negotiation within 5s";
+        assert_eq!(super::port_named_in(e), Some(58870));
+        assert_eq!(
+            super::port_named_in("cannot reach I-TCP gateway 10.2.0.1:1080: timed out"),
+            None
+        );
+    }
 }
