@@ -72,7 +72,10 @@
 //! `NetworkUnreachable`/`HostUnreachable`, timed out → `TimedOut`, not allowed →
 //! `PermissionDenied`, port taken → `AddrInUse`, …) and messages such as
 //! "I-TCP gateway 10.2.0.1:1080 could not connect to 10.0.0.1:9: connection refused".
-//! Failing to reach the gateway itself reads "cannot reach I-TCP gateway …".
+//! Failing to reach the gateway itself reads "cannot reach I-TCP gateway …". A
+//! handshake that breaks off or times out once connected names our end of the
+//! connection, as msrd's logs and handoff records do ("I-TCP gateway 10.2.0.1:1080
+//! (from 10.2.0.100:58870) did not answer the method negotiation within 10s").
 
 #![warn(missing_docs)]
 
