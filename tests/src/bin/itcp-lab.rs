@@ -127,8 +127,9 @@ run's lab is removed by 'itcp-lab cleanup'.",
         Command {
             name: "bench relay",
             synopsis: "[--seconds S] [--rounds N] [--json FILE]",
-            about: "Relay engine on an un-emulated veth path FH → MSR → MH: msrd vs HAProxy with \
-                    splice vs socat vs direct kernel forwarding (iperf3 bulk, ttcp rr latency).",
+            about: "Relay engine on an un-emulated veth path FH → MSR → MH: msrd (handoff off and \
+                    on) vs HAProxy with splice vs socat vs direct kernel forwarding (iperf3 bulk, \
+                    ttcp rr latency).",
             flags: &[
                 Flag::value("seconds", "S", "Seconds per bulk measurement, at least 1 (default 5)."),
                 Flag::value("rounds", "N", "Rounds of every measurement, at least 1 (default 3)."),
