@@ -375,6 +375,25 @@ pub(crate) fn phase_timeout(opts: &MhOptions, phase: Phase, command: Command) ->
     }
 }
 
+/// Connects to the gateway (as `TcpStream::connect_timeout`, but a failure names our
+/// end once the kernel had chosen it).
+fn connect_gateway(gateway: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let sock = Socket::new(
+        Domain::for_address(gateway),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    match sock.connect_timeout(&gateway.into(), timeout) {
+        Ok(()) => Ok(sock.into()),
+        Err(e) => {
+            let local = sock.local_addr().ok().and_then(|a| a.as_socket());
+            let local = local.filter(|a| a.port() != 0);
+            Err(handshake::gateway_connect_error(gateway, local, e, timeout))
+        }
+    }
+}
+
 /// Connects to the gateway and runs one request. On error, the flag says whether the
 /// MSR answered the request with a failure code (so another target address may work).
 fn open(
@@ -385,8 +404,7 @@ fn open(
     addr: Addr,
 ) -> Result<ItcpStream, (io::Error, bool)> {
     let timeout = nonzero(opts.get_connect_timeout());
-    let mut stream = TcpStream::connect_timeout(&gateway, timeout)
-        .map_err(|e| (handshake::gateway_connect_error(gateway, e, timeout), false))?;
+    let mut stream = connect_gateway(gateway, timeout).map_err(|e| (e, false))?;
     let local = stream.local_addr().map_err(|e| (e, false))?;
     let mut hs =
         Handshake::new(gateway, local.ip(), token, command, addr.clone()).with_local(local);

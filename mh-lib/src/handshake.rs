@@ -297,12 +297,18 @@ fn internal(gateway: SocketAddr) -> io::Error {
     ))
 }
 
-/// The error for a failed TCP connect to the gateway.
+/// The error for a failed TCP connect to the gateway; `local` is our end, once the
+/// kernel had chosen it (to find the attempt in msrd's logs).
 pub(crate) fn gateway_connect_error(
     gateway: SocketAddr,
+    local: Option<SocketAddr>,
     e: io::Error,
     timeout: std::time::Duration,
 ) -> io::Error {
+    let gateway = match local {
+        Some(l) => format!("{gateway} (from {l})"),
+        None => gateway.to_string(),
+    };
     match e.kind() {
         io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => io::Error::new(
             io::ErrorKind::TimedOut,

@@ -283,6 +283,41 @@ async fn with_timeout<T>(
     }
 }
 
+/// Connects to the gateway (as `TcpStream::connect` within `timeout`, but a failure
+/// names our end once the kernel had chosen it).
+async fn connect_gateway(gateway: SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let sock = Socket::new(
+        Domain::for_address(gateway),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    sock.set_nonblocking(true)?;
+    let fail = |local: Option<SocketAddr>, e| {
+        let local = local.filter(|a| a.port() != 0);
+        handshake::gateway_connect_error(gateway, local, e, timeout)
+    };
+    if let Err(e) = sock.connect(&gateway.into()) {
+        if e.raw_os_error() != Some(libc::EINPROGRESS) {
+            return Err(fail(sock.local_addr().ok().and_then(|a| a.as_socket()), e));
+        }
+    }
+    let stream = TcpStream::from_std(sock.into())?;
+    let local = stream.local_addr().ok();
+    // Writable once the connect is over; its outcome is the socket's error.
+    let done = async {
+        stream.writable().await?;
+        match stream.take_error()? {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    };
+    match with_timeout(Some(timeout), done).await {
+        Ok(()) => Ok(stream),
+        Err(e) => Err(fail(local, e)),
+    }
+}
+
 /// Connects to the gateway and runs one request (see the blocking `open`).
 async fn open(
     opts: &MhOptions,
@@ -292,9 +327,9 @@ async fn open(
     addr: Addr,
 ) -> Result<ItcpStream, (io::Error, bool)> {
     let timeout = nonzero(opts.get_connect_timeout());
-    let mut stream = with_timeout(Some(timeout), TcpStream::connect(gateway))
+    let mut stream = connect_gateway(gateway, timeout)
         .await
-        .map_err(|e| (handshake::gateway_connect_error(gateway, e, timeout), false))?;
+        .map_err(|e| (e, false))?;
     let local = stream.local_addr().map_err(|e| (e, false))?;
     let mut hs =
         Handshake::new(gateway, local.ip(), token, command, addr.clone()).with_local(local);

@@ -143,9 +143,10 @@ fn gateway_unreachable() {
     let o = MhOptions::new().gateway(gw).token(TOKEN);
     let e = ItcpStream::connect_with(&o, "10.0.0.1:80").unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+    // Our end is named too, to find the attempt in msrd's logs.
     assert!(
         e.to_string()
-            .starts_with(&format!("cannot reach I-TCP gateway {gw}: ")),
+            .starts_with(&format!("cannot reach I-TCP gateway {gw} (from 127.0.0.1:")),
         "{e}"
     );
     let e = ItcpListener::bind_with(&o, 80).unwrap_err();
@@ -383,6 +384,19 @@ mod nonblocking {
         let echo = echo_server();
         ItcpStream::connect_with(&opts(&msr), echo).await.unwrap();
         assert_eq!(msr.tokens(), vec![None]);
+
+        // No gateway there: the error names it and our end.
+        let gw = closed_port();
+        let o = MhOptions::new().gateway(gw).token(TOKEN);
+        let e = ItcpStream::connect_with(&o, "10.0.0.1:80")
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::ConnectionRefused);
+        assert!(
+            e.to_string()
+                .starts_with(&format!("cannot reach I-TCP gateway {gw} (from 127.0.0.1:")),
+            "{e}"
+        );
     }
 
     #[tokio::test]
