@@ -707,7 +707,11 @@ pub fn build(i: Input) -> SoakReport {
             continue;
         }
         let why = match conn {
-            Some((c, fh)) => ctx.exposure(c, fh, p.t - 30.0).map(|w| (w, Some(c.id))),
+            Some((c, fh)) => ctx
+                .exposure(c, fh, p.t - 30.0)
+                // Also when its connection is of record (ended within the last 10 s).
+                .or_else(|| ctx.closed_flow_lost(&i.mh_conns, j, mh_side.port(), p.t))
+                .map(|w| (w, Some(c.id))),
             None => ctx
                 .orphan_rst(j, SocketAddr::from(mh_side), p.t)
                 .or_else(|| {
