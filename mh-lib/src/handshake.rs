@@ -261,10 +261,7 @@ impl Handshake {
                 Command::Bind => "bind request",
             },
         };
-        let gateway = match self.local {
-            Some(l) => format!("{} (from {l})", self.gateway),
-            None => self.gateway.to_string(),
-        };
+        let gateway = named(self.gateway, self.local);
         match e.kind() {
             io::ErrorKind::UnexpectedEof => io::Error::new(
                 io::ErrorKind::UnexpectedEof,
@@ -297,6 +294,14 @@ fn internal(gateway: SocketAddr) -> io::Error {
     ))
 }
 
+/// The gateway as errors name it: with our end of the connection, when known.
+fn named(gateway: SocketAddr, local: Option<SocketAddr>) -> String {
+    match local {
+        Some(l) => format!("{gateway} (from {l})"),
+        None => gateway.to_string(),
+    }
+}
+
 /// The error for a failed TCP connect to the gateway; `local` is our end, once the
 /// kernel had chosen it (to find the attempt in msrd's logs).
 pub(crate) fn gateway_connect_error(
@@ -305,10 +310,7 @@ pub(crate) fn gateway_connect_error(
     e: io::Error,
     timeout: std::time::Duration,
 ) -> io::Error {
-    let gateway = match local {
-        Some(l) => format!("{gateway} (from {l})"),
-        None => gateway.to_string(),
-    };
+    let gateway = named(gateway, local);
     match e.kind() {
         io::ErrorKind::TimedOut | io::ErrorKind::WouldBlock => io::Error::new(
             io::ErrorKind::TimedOut,

@@ -434,10 +434,7 @@ fn fins_of(fins: &[Rst], c: &MhConn, fh: Option<&FhConn>) -> String {
                 f.host,
                 if f.sent { "sent" } else { "got" },
                 f.flags,
-                match msr_of_mac(&f.src_mac) {
-                    Some(k) if !f.sent && f.host != "fh" => format!(" from MSR{k}'s cell"),
-                    _ => String::new(),
-                }
+                from_cell(f)
             )
         })
         .collect();
@@ -450,6 +447,14 @@ fn fins_of(fins: &[Rst], c: &MhConn, fh: Option<&FhConn>) -> String {
 
 /// msrd's `[handoff] closed_window_s` in the soak (the default).
 const CLOSED_WINDOW_S: f64 = 60.0;
+
+/// " from MSRk's cell" for a segment an MH received, by the MAC that brought it.
+fn from_cell(p: &Rst) -> String {
+    match msr_of_mac(&p.src_mac) {
+        Some(k) if !p.sent && p.host != "fh" => format!(" from MSR{k}'s cell"),
+        _ => String::new(),
+    }
+}
 
 /// A short description of what an unexplained RST looks like.
 fn rst_pattern(p: &Rst, conn: Option<&MhConn>) -> &'static str {
@@ -760,10 +765,7 @@ pub fn build(i: Input) -> SoakReport {
                     p.dst,
                     if p.sent { "sent by" } else { "received by" },
                     p.host,
-                    match msr_of_mac(&p.src_mac) {
-                        Some(k) if !p.sent && p.host != "fh" => format!(" from MSR{k}'s cell"),
-                        _ => String::new(),
-                    },
+                    from_cell(p),
                     p.t,
                     match conn {
                         Some((c, _)) => format!(
