@@ -1035,6 +1035,34 @@ pub fn capture(fd: BorrowedFd<'_>) -> io::Result<SocketImage> {
     r
 }
 
+/// The send queue's data from `snd_una` on, `buf.len()` bytes (SIOCOUTQ less a FIN).
+/// A peek returns every byte of every queued segment (its total even when the buffer
+/// is shorter), but the kernel trims a partly acknowledged segment only when it spans
+/// several MSS: a one-MSS segment keeps its acknowledged head (a peer that had more of
+/// a restored segment than its image said acknowledges into it). Those surplus bytes
+/// sit at the front of the queue, so the wanted bytes are the peek's tail.
+fn peek_unacked(fd: BorrowedFd<'_>, mut buf: Vec<u8>) -> io::Result<Vec<u8>> {
+    let want = buf.len();
+    let n = repair::peek(fd, &mut buf).map_err(|e| repair::ctx(e, "peek send queue"))?;
+    if n == want {
+        return Ok(buf);
+    }
+    if n < want {
+        return Err(io::Error::other(format!(
+            "send queue: SIOCOUTQ says {want} data bytes, peek returned {n}"
+        )));
+    }
+    let mut all = vec![0u8; n];
+    let again = repair::peek(fd, &mut all).map_err(|e| repair::ctx(e, "peek send queue"))?;
+    if again != n {
+        return Err(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            format!("send queue changed while it was peeked ({n} then {again} bytes)"),
+        ));
+    }
+    Ok(all.split_off(n - want))
+}
+
 fn capture_in_repair(fd: BorrowedFd<'_>) -> io::Result<SocketImage> {
     let info = repair::tcp_info(fd)?;
     let state = TcpState::from_kernel(info.state)?;
@@ -1091,13 +1119,7 @@ fn capture_in_repair(fd: BorrowedFd<'_>) -> io::Result<SocketImage> {
     let mut sendq = vec![0u8; data_len as usize];
     if !sendq.is_empty() {
         repair::select_queue(fd, Queue::Send)?;
-        let n = repair::peek(fd, &mut sendq).map_err(|e| repair::ctx(e, "peek send queue"))?;
-        if n != sendq.len() {
-            return Err(io::Error::other(format!(
-                "send queue: SIOCOUTQ says {} data bytes, peek returned {n}",
-                sendq.len()
-            )));
-        }
+        sendq = peek_unacked(fd, sendq)?;
     }
     let unsent = sendq.split_off((data_len - unsent_len) as usize);
     let una = before.write_seq.wrapping_sub(before.outq);

@@ -1100,6 +1100,84 @@ fn unfrozen_socket_acknowledges_bytes_whose_acks_were_lost() {
     assert_eq!(lab.peer_rsts(), 0);
 }
 
+/// A restored socket whose peer had more of its bytes than the image said (their ACKs
+/// died in the freeze) hears the peer's ACK land inside a restored segment. The kernel
+/// trims a partly acknowledged segment only when it spans several MSS: a one-MSS
+/// segment keeps its acknowledged head, so the send queue holds more bytes than
+/// SIOCOUTQ counts. Moving that connection again must capture just the unacknowledged
+/// ones (seen in a soak: "SIOCOUTQ says 1237 data bytes, peek returned 2649", the
+/// MH's handoff refused again and again).
+#[test]
+fn a_partly_acknowledged_segment_moves_again() {
+    let _g = serial();
+    let mut lab = Lab::new(false);
+    let mp = 7027;
+    let seed = 21;
+    let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+    let (mut a, mut m) = pair(&lab, &l, mp, &Tune::default());
+    setopt(&m, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
+    let pp = a.local_addr().unwrap().port();
+    let mut down = Gen::new(seed);
+    down.write(&mut m, 10_000);
+    check(seed, 0, &read_n(&mut a, 10_000), "warm-up");
+    // The peer gets 600 bytes, its ACK is lost; the next 600 are lost on the way.
+    lab.block(&lab.m1.clone(), pp, mp, true, false);
+    down.write(&mut m, 600);
+    check(seed, 10_000, &read_n(&mut a, 600), "first 600");
+    lab.lose(pp, mp);
+    down.write(&mut m, 600);
+    thread::sleep(Duration::from_millis(5));
+    lab.unblock(&lab.m1.clone());
+    lab.block(&lab.m1.clone(), pp, mp, true, true);
+    lab.unlose();
+    let as_sent = RestoreOptions {
+        unacked: UnackedRestore::AsSent,
+        ..RestoreOptions::default()
+    };
+    let (img, r) = hand_over(&mut lab, m, pp, mp, &as_sent);
+    assert_eq!(img.send.unacked.len(), 1_200, "both writes unacknowledged");
+    // Restarted; what it sends stays lost, so the 1200-byte segment stays queued.
+    lab.lose(pp, mp);
+    lab.unblock(&lab.m2.clone());
+    restart_in(&lab.m2, &r, &img, &as_sent);
+    // The peer's next segment carries its ACK: 600 bytes into the restored segment.
+    a.write_all(b"ping").unwrap();
+    let mut r = r;
+    assert_eq!(read_n(&mut r, 4), b"ping");
+    wait_until(
+        "the peer's ACK at the restored socket",
+        Duration::from_secs(2),
+        || ioctl_u32(&r, libc::TIOCOUTQ) == 600,
+    );
+    // Moved again, within M2.
+    lab.block(&lab.m2.clone(), pp, mp, true, true);
+    let img2 = capture(r.as_fd()).expect("capture of a partly acknowledged segment");
+    eprintln!("  second image: {}", describe(&img2));
+    assert_eq!(img2.send.una, img.send.una.wrapping_add(600));
+    check(seed, 10_600, &img2.send.unacked, "unacknowledged bytes");
+    assert!(img2.send.unsent.is_empty());
+    delete(OwnedFd::from(r)).unwrap();
+    let fd = in_ns(&lab.m2.clone(), || {
+        restore(&img2, &RestoreOptions::default())
+    })
+    .unwrap();
+    let mut r = TcpStream::from(fd);
+    lab.unlose();
+    lab.unblock(&lab.m2.clone());
+    restart_in(&lab.m2, &r, &img2, &RestoreOptions::default());
+    down.write(&mut r, 5_000);
+    r.shutdown(Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    a.read_to_end(&mut rest).unwrap();
+    assert_eq!(
+        rest.len() as u64,
+        down.off - 10_600,
+        "bytes after the first 600"
+    );
+    check(seed, 10_600, &rest, "after both moves");
+    assert_eq!(lab.peer_rsts(), 0);
+}
+
 /// Test 4: rollback: capture, then unfreeze in place: the connection keeps working.
 #[test]
 fn rollback_unfreeze_keeps_the_connection() {
