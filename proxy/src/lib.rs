@@ -7,6 +7,7 @@
 //! * [`daemon`] — listeners, the request protocol (docs/protocol.md), transparent
 //!   interception, drain on SIGTERM;
 //! * [`relay`] / [`splice`] — moving bytes between the two halves, zero-copy;
+//!   [`urgent`] — urgent data (MSG_OOB) passed on out of band;
 //! * [`fixed`] — sockets that impersonate the MH; [`listeners`] — passive opens;
 //! * [`intercept`] — msrd's nftables table and policy route;
 //! * [`admission`] — MH prefixes, connection limits, accept rate;
@@ -57,3 +58,4 @@ pub mod sockopt;
 pub mod splice;
 pub mod strays;
 pub mod upgrade;
+pub mod urgent;

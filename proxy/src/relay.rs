@@ -8,6 +8,7 @@
 //!   while the other direction keeps flowing.
 //! * Abort: a reset on one side becomes a reset (RST, via SO_LINGER 0) on the other
 //!   (done by the caller, which owns the sockets).
+//! * Urgent data: passed on out of band at its place in the stream ([`urgent`]).
 //! * Pause: the relay stops at its next wait and hands back the bytes it had read but
 //!   not yet written ([`Pending`]), so that the sockets can be frozen and moved; a
 //!   relay started with those bytes writes them first.
@@ -22,6 +23,7 @@ use tokio::sync::watch;
 
 use crate::sockopt;
 use crate::splice::{splice, Pipe};
+use crate::urgent;
 
 /// How to relay.
 #[derive(Debug, Clone)]
@@ -131,6 +133,37 @@ async fn write_pending(
     Ok(None)
 }
 
+/// At `src`'s urgent mark, with every byte before it written to `dst`: passes the
+/// urgent byte on out of band. Ok(false): paused first (the byte stays in `src`).
+async fn forward_urgent(
+    src: &TcpStream,
+    dst: &TcpStream,
+    pause: &mut watch::Receiver<bool>,
+    count: &AtomicU64,
+) -> Result<bool, Failure> {
+    // Room for the byte first, so that a pause never leaves it taken and unsent.
+    match or_pause(dst.writable(), pause).await {
+        None => return Ok(false),
+        Some(r) => r.map_err(Failure::Dst)?,
+    }
+    let Some(b) = urgent::take(src.as_raw_fd()).map_err(Failure::Src)? else {
+        return Ok(true);
+    };
+    let dfd = dst.as_raw_fd();
+    loop {
+        match dst.try_io(Interest::WRITABLE, || urgent::send(dfd, b)) {
+            Ok(()) => {
+                count.fetch_add(1, Ordering::Relaxed);
+                return Ok(true);
+            }
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                dst.writable().await.map_err(Failure::Dst)?
+            }
+            Err(e) => return Err(Failure::Dst(e)),
+        }
+    }
+}
+
 /// One direction: src → dst until end of stream, then shut dst's write side.
 async fn pump(
     src: &TcpStream,
@@ -185,6 +218,7 @@ async fn pump_splice(
     let mut pipe: Option<Lease> = None;
     let mut in_pipe = 0usize;
     let mut eof = false;
+    let mut crossed = false;
     let (sfd, dfd) = (src.as_raw_fd(), dst.as_raw_fd());
     let result = loop {
         if eof && in_pipe == 0 {
@@ -205,16 +239,38 @@ async fn pump_splice(
             // proves the socket empty: only then may EAGAIN clear its readiness (through
             // try_io). Clearing it on a full pipe would wait for an edge that never comes
             // once the sender's window is shut (a full receive queue, e.g. a restored one).
-            let r = if in_pipe == 0 {
+            let r = if in_pipe == 0 && !crossed {
                 src.try_io(Interest::READABLE, || splice(sfd, w, p.size))
             } else {
                 splice(sfd, w, p.size)
             };
+            crossed = false;
             match r {
                 Ok(0) => eof = true,
                 Ok(n) => in_pipe += n,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => read_blocked = true,
                 Err(e) => break Err(Failure::Src(e)),
+            }
+            // splice(2) stops at an urgent mark (EAGAIN, the socket still readable):
+            // the byte goes on out of band, a plain read gets past the mark.
+            if read_blocked && in_pipe == 0 && urgent::at_mark(sfd).map_err(Failure::Src)? {
+                if !forward_urgent(src, dst, pause, count).await? {
+                    break Ok(Some(Flow::Paused(Vec::new())));
+                }
+                let mut buf = vec![0u8; opts.buffer_size];
+                match urgent::read(sfd, &mut buf) {
+                    Ok(0) => eof = true,
+                    Ok(n) => {
+                        if let Some(left) = write_pending(dst, &buf[..n], pause, count).await? {
+                            break Ok(Some(Flow::Paused(left)));
+                        }
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    Err(e) => break Err(Failure::Src(e)),
+                }
+                // Its readiness was spent on the EAGAIN: try the socket itself next.
+                crossed = true;
+                continue;
             }
         }
         let waited = if in_pipe > 0 {
@@ -387,6 +443,12 @@ async fn pump_copy(
         match or_pause(src.readable(), pause).await {
             None => return Ok(Flow::Paused(Vec::new())),
             Some(r) => r.map_err(Failure::Src)?,
+        }
+        // A read skips the urgent byte: it goes on out of band first.
+        if urgent::at_mark(src.as_raw_fd()).map_err(Failure::Src)?
+            && !forward_urgent(src, dst, pause, count).await?
+        {
+            return Ok(Flow::Paused(Vec::new()));
         }
         let n = match src.try_read(&mut buf) {
             Ok(0) => return Ok(Flow::Done),

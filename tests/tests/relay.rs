@@ -1135,3 +1135,91 @@ fn a_new_connection_on_a_time_wait_flow_opens_without_reset() {
         CONNS as u64
     );
 }
+
+/// The bytes one end writes: runs of pattern bytes, each run followed by one byte sent
+/// as urgent data (MSG_OOB), the last run plain. Returns the whole stream as a reader
+/// with SO_OOBINLINE must see it: every byte, in order.
+fn send_with_urgent(s: &TcpStream, seed: u8, runs: &[usize]) -> std::io::Result<Vec<u8>> {
+    let mut all = Vec::new();
+    for (k, &n) in runs.iter().enumerate() {
+        let run: Vec<u8> = (0..n).map(|i| seed.wrapping_add((i % 251) as u8)).collect();
+        (&*s).write_all(&run)?;
+        all.extend_from_slice(&run);
+        if k + 1 < runs.len() {
+            let b = [0xF0 | k as u8];
+            // SAFETY: one byte of a live buffer on an open socket.
+            let r = unsafe { libc::send(s.as_raw_fd(), b.as_ptr().cast(), 1, libc::MSG_OOB) };
+            if r != 1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            all.push(b[0]);
+            // Apart, so that each is its own urgent mark at the reader.
+            std::thread::sleep(Duration::from_millis(30));
+        }
+    }
+    s.shutdown(Shutdown::Write)?;
+    Ok(all)
+}
+
+/// Reads to EOF with SO_OOBINLINE (urgent bytes stay in the stream at their place).
+fn read_inline(s: &TcpStream) -> std::io::Result<Vec<u8>> {
+    socket2::SockRef::from(s).set_out_of_band_inline(true)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut v = Vec::new();
+    (&*s).read_to_end(&mut v)?;
+    Ok(v)
+}
+
+/// Urgent data (MSG_OOB: telnet's interrupt, FTP's ABOR) crosses msrd both ways as it
+/// crosses a router: in order, each urgent byte at its place for a reader that keeps
+/// urgent bytes inline, nothing lost after it. Found by sending it: a splice(2) relay
+/// never gets past an urgent mark (splice stops there and says EAGAIN), so the stream
+/// stalled at the first urgent byte and ended there with the writer's FIN; the copying
+/// relay dropped the urgent byte itself.
+fn urgent_data_crosses(splice: bool, port: u16) {
+    let lab = lab_with_msrd(&format!(
+        "[transparent]\nenabled = true\nports = [{port}]\n\n[relay]\nsplice = {splice}\n"
+    ));
+    let l = fh_listen(&lab, port);
+    let up_runs = [5usize, 70_000, 1, 300_000];
+    let down_runs = [3usize, 200_000, 4_000];
+    let fh_end = on(&lab, Host::Fh, move || {
+        let (s, _) = l.accept()?;
+        let r = s.try_clone()?;
+        let reader = std::thread::spawn(move || read_inline(&r));
+        let sent = send_with_urgent(&s, 7, &down_runs)?;
+        Ok::<_, std::io::Error>((sent, reader.join().unwrap()?))
+    });
+    let mh_end = on(&lab, Host::Mh, move || {
+        let s = TcpStream::connect_timeout(&fh(port), Duration::from_secs(5))?;
+        let r = s.try_clone()?;
+        let reader = std::thread::spawn(move || read_inline(&r));
+        let sent = send_with_urgent(&s, 3, &up_runs)?;
+        Ok::<_, std::io::Error>((sent, reader.join().unwrap()?))
+    });
+    let (mh_sent, mh_got) = mh_end.join().unwrap().expect("MH end");
+    let (fh_sent, fh_got) = fh_end.join().unwrap().expect("FH end");
+    for (what, sent, got) in [
+        ("MH -> FH", &mh_sent, &fh_got),
+        ("FH -> MH", &fh_sent, &mh_got),
+    ] {
+        let first_diff = sent.iter().zip(got.iter()).position(|(a, b)| a != b);
+        assert!(
+            sent == got,
+            "{what} (splice {splice}): sent {} bytes, {} arrived, first difference at {:?}",
+            sent.len(),
+            got.len(),
+            first_diff
+        );
+    }
+}
+
+#[test]
+fn urgent_data_crosses_the_splice_relay() {
+    urgent_data_crosses(true, 7012);
+}
+
+#[test]
+fn urgent_data_crosses_the_copying_relay() {
+    urgent_data_crosses(false, 7013);
+}
