@@ -68,8 +68,10 @@
 //! Out-of-order data the socket had received beyond a hole is not captured (the kernel
 //! offers no way to read it); if the socket had SACKed it, the peer's retransmission
 //! timeout recovers it (Linux treats it as SACK reneging). ECN state, the congestion
-//! state (cwnd, ssthresh, RTT estimates) and urgent data are not carried: the restored
-//! socket starts with a fresh congestion state. Restoring sets SO_SNDBUF/SO_RCVBUF
+//! state (cwnd, ssthresh, RTT estimates) and urgency are not carried: the restored
+//! socket starts with a fresh congestion state, and an urgent byte still in the receive
+//! queue is left out of the image (the bytes around it are kept, as a reader that takes
+//! urgent bytes out of band reads them; see `peek_received`). Restoring sets SO_SNDBUF/SO_RCVBUF
 //! explicitly (Linux cannot tell whether the original values were set or autotuned), so
 //! buffer autotuning is off on the restored socket.
 
@@ -1035,6 +1037,68 @@ pub fn capture(fd: BorrowedFd<'_>) -> io::Result<SocketImage> {
     r
 }
 
+/// The receive queue as the application would read it (the queue selected). Urgent
+/// data changes that: SIOCINQ then counts only the bytes before the urgent mark
+/// (unless the socket keeps urgent bytes inline), a peek stops at the mark, and a
+/// reader that does not keep them inline skips the urgent byte. The queue is read in
+/// two parts, the second from the mark on (SO_PEEK_OFF); the urgent byte is left out
+/// unless the socket keeps it inline: its urgency cannot be restored, and kept inline
+/// it would show up in the stream of a reader that takes urgent bytes out of band.
+fn peek_received(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
+    let inline = repair::get_int(fd, libc::SOL_SOCKET, libc::SO_OOBINLINE, "SO_OOBINLINE")? != 0;
+    let inq_with = |on: bool| -> io::Result<u32> {
+        if on == inline {
+            return repair::inq(fd);
+        }
+        let set = |v| repair::set_int(fd, libc::SOL_SOCKET, libc::SO_OOBINLINE, v, "SO_OOBINLINE");
+        set(i32::from(on))?;
+        let n = repair::inq(fd);
+        set(i32::from(inline))?;
+        n
+    };
+    let (whole, mark) = (inq_with(true)?, inq_with(false)?);
+    let peek = |buf: &mut [u8]| -> io::Result<()> {
+        let n = repair::peek(fd, buf).map_err(|e| repair::ctx(e, "peek receive queue"))?;
+        if n != buf.len() {
+            return Err(io::Error::other(format!(
+                "receive queue: peek returned {n} bytes, not {} ({whole} queued, urgent mark at {mark})",
+                buf.len()
+            )));
+        }
+        Ok(())
+    };
+    if mark >= whole {
+        let mut data = vec![0u8; whole as usize];
+        if !data.is_empty() {
+            peek(&mut data)?;
+        }
+        return Ok(data);
+    }
+    // After the mark: everything, less the urgent byte unless it is kept inline.
+    let after = whole - mark - u32::from(!inline);
+    let mut data = vec![0u8; (mark + after) as usize];
+    let (head, tail) = data.split_at_mut(mark as usize);
+    if !head.is_empty() {
+        peek(head)?;
+    }
+    if !tail.is_empty() {
+        let off = |v| repair::set_int(fd, libc::SOL_SOCKET, libc::SO_PEEK_OFF, v, "SO_PEEK_OFF");
+        off(mark as i32).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!(
+                    "urgent data in the receive queue: reading past it needs SO_PEEK_OFF \
+                     on TCP sockets (Linux 6.10 or later): {e}"
+                ),
+            )
+        })?;
+        let r = peek(tail);
+        off(-1)?;
+        r?;
+    }
+    Ok(data)
+}
+
 /// The send queue's data from `snd_una` on, `buf.len()` bytes (SIOCOUTQ less a FIN).
 /// A peek returns every byte of every queued segment (its total even when the buffer
 /// is shorter), but the kernel trims a partly acknowledged segment only when it spans
@@ -1073,20 +1137,11 @@ fn capture_in_repair(fd: BorrowedFd<'_>) -> io::Result<SocketImage> {
 
     // Receive side. rcv_nxt counts a received FIN; SIOCINQ does not.
     let fin_in = state.fin_received();
-    let mut data = vec![0u8; before.inq as usize];
-    if !data.is_empty() {
-        repair::select_queue(fd, Queue::Recv)?;
-        let n = repair::peek(fd, &mut data).map_err(|e| repair::ctx(e, "peek receive queue"))?;
-        if n != data.len() {
-            return Err(io::Error::other(format!(
-                "receive queue: SIOCINQ says {} bytes, peek returned {n} (urgent data?)",
-                data.len()
-            )));
-        }
-    }
+    repair::select_queue(fd, Queue::Recv)?;
+    let data = peek_received(fd)?;
     let recv_seq = before
         .rcv_nxt
-        .wrapping_sub(before.inq)
+        .wrapping_sub(data.len() as u32)
         .wrapping_sub(u32::from(fin_in));
 
     // Send side. write_seq, SIOCOUTQ and SIOCOUTQNSD count a queued FIN.

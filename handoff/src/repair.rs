@@ -434,8 +434,8 @@ pub fn netns_of(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
 }
 
 /// `recv(MSG_PEEK | MSG_DONTWAIT)` into `buf`; in repair mode this reads the selected
-/// queue without consuming it. The send queue is copied whole skb by whole skb, so
-/// `buf` must be at least as long as the queue.
+/// queue without consuming it. The send queue is copied whole skb by whole skb and
+/// the answer is their total even when `buf` is shorter (the rest is not copied).
 pub fn peek(fd: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<usize> {
     Ok(recv(
         fd.as_raw_fd(),

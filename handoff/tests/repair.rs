@@ -1518,3 +1518,69 @@ fn refusals_and_silent_delete() {
     );
     assert_eq!(lab.peer_rsts(), 0);
 }
+
+/// Urgent data the MSR socket has not read yet: a reader that does not keep urgent
+/// bytes inline gets the stream without the urgent byte (taken out of band instead).
+/// SIOCINQ counts only the bytes before the urgent mark and a peek stops there, so a
+/// capture took those bytes as the whole queue and placed them at its end: the bytes
+/// after the mark were lost and those before it read twice. The image holds what such a
+/// reader would read; the urgent byte itself cannot be restored as urgent and is left
+/// out (msrd passes it on out of band before reading past it).
+#[test]
+fn urgent_data_in_the_receive_queue_moves() {
+    // Bytes before the mark left unread, and none (the reader is at the mark).
+    urgent_data_moves(1_000, 7028, 22);
+    urgent_data_moves(3_000, 7029, 23);
+}
+
+fn urgent_data_moves(read_before: usize, mp: u16, seed: u64) {
+    let _g = serial();
+    let mut lab = Lab::new(false);
+    let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+    let (mut a, mut m) = pair(&lab, &l, mp, &Tune::default());
+    setopt(&a, libc::IPPROTO_TCP, libc::TCP_NODELAY, 1);
+    let pp = a.local_addr().unwrap().port();
+    let mut up = Gen::new(seed);
+    up.write(&mut a, 3_000);
+    check(seed, 0, &read_n(&mut m, read_before), "read before");
+    // SAFETY: one byte of a live buffer on an open socket.
+    let r = unsafe { libc::send(a.as_raw_fd(), b"!".as_ptr().cast(), 1, libc::MSG_OOB) };
+    assert_eq!(r, 1);
+    thread::sleep(Duration::from_millis(20));
+    up.write(&mut a, 5_000);
+    wait_until(
+        "8000 bytes and the urgent one at the MSR",
+        Duration::from_secs(2),
+        || {
+            // SIOCINQ stops at the urgent mark, unless urgent bytes are kept inline.
+            let before_mark = ioctl_u32(&m, libc::FIONREAD);
+            setopt(&m, libc::SOL_SOCKET, libc::SO_OOBINLINE, 1);
+            let all = ioctl_u32(&m, libc::FIONREAD);
+            setopt(&m, libc::SOL_SOCKET, libc::SO_OOBINLINE, 0);
+            (before_mark, all) == (3_000 - read_before as u32, 8_001 - read_before as u32)
+        },
+    );
+    lab.block(&lab.m1.clone(), pp, mp, true, true);
+    let (img, mut r) = hand_over(&mut lab, m, pp, mp, &RestoreOptions::default());
+    let queued = 8_000 - read_before;
+    assert_eq!(
+        img.recv.data.len(),
+        queued,
+        "the bytes around the urgent one"
+    );
+    lab.unblock(&lab.m2.clone());
+    restart_in(&lab.m2, &r, &img, &RestoreOptions::default());
+    check(
+        seed,
+        read_before as u64,
+        &read_n(&mut r, queued),
+        "the moved receive queue",
+    );
+    up.write(&mut a, 2_000);
+    a.shutdown(Shutdown::Write).unwrap();
+    let mut rest = Vec::new();
+    r.read_to_end(&mut rest).unwrap();
+    check(seed, 8_000, &rest, "after the move");
+    assert_eq!(rest.len(), 2_000);
+    assert_eq!(lab.peer_rsts(), 0);
+}
