@@ -28,8 +28,9 @@
 //! cleanly at both ends (every byte verified, both closes done) within the 5 s before.
 //! The MSR is the passive closer there and keeps no TIME_WAIT, so a late duplicate ACK
 //! (its FIN retransmitted by a tail-loss probe while the MH's ACK queued behind the
-//! MH's own uploads) meets no socket: plain kernel TCP, no byte at stake. These are
-//! counted apart (`after_clean_close`). So is a reply RST the MH sends on the port of
+//! MH's own uploads) meets no socket: plain kernel TCP, no byte at stake. At the FH
+//! the fixed flow's own clean end suffices (the FH's FIN, sent again while a handoff
+//! held the first, ACKed twice). These are counted apart (`after_clean_close`). So is a reply RST the MH sends on the port of
 //! a connect its application gave up while a fault or a move of that MH was under way
 //! (`after_given_up_connect`): the MH's kernel answering for a socket the application
 //! closed, the MSR still holding the half-done handshake (mh-lib names the port in its
@@ -401,6 +402,26 @@ impl<'a> Ctx<'a> {
     }
 }
 
+/// A reply RST (no ACK flag: "segment of no socket") to a flow that had completed
+/// cleanly within the 5 s before: all its bytes delivered and acknowledged; the
+/// passive closer keeps no TIME_WAIT, so a late duplicate ACK or FIN is answered with
+/// RST — plain kernel TCP. On the MH's side both ends must have completed. At the FH
+/// the fixed flow's own end suffices, the MH's wireless side may still be finishing:
+/// the FH's FIN, sent again while a handoff held the first, was ACKed twice by the
+/// restored socket, and the first ACK had closed the FH's socket.
+fn after_clean_close(p: &Rst, c: &MhConn, fh: Option<&FhConn>) -> bool {
+    let Some(f) = fh else {
+        return false;
+    };
+    if p.flags != "R" || c.fail.is_some() || f.fail.is_some() || f.ended > p.t + 0.01 {
+        return false;
+    }
+    if p.host == "fh" && p.sent {
+        return p.t <= f.ended + 5.0;
+    }
+    c.ended <= p.t + 0.01 && p.t <= c.ended.max(f.ended) + 5.0
+}
+
 /// MSR k's cell MAC is 02:00:00:00:0k:01 (see `lab::addr::msr_cell_mac`).
 fn msr_of_mac(mac: &str) -> Option<usize> {
     let p: Vec<&str> = mac.split(':').collect();
@@ -684,18 +705,7 @@ pub fn build(i: Input) -> SoakReport {
                 .min_by(|a, b| (a.started - p.t).abs().total_cmp(&(b.started - p.t).abs()))
                 .map(|c| (c, fh_by_id.get(&c.id).copied()))
         };
-        // A reply RST (no ACK flag: "segment of no socket") to a connection that had
-        // already completed cleanly at both ends: all bytes were delivered and
-        // acknowledged; the passive closer keeps no TIME_WAIT, so a late duplicate
-        // ACK or FIN is answered with RST — plain kernel TCP.
-        let clean_before = conn.is_some_and(|(c, fh)| {
-            c.fail.is_none()
-                && fh.is_some_and(|f| f.fail.is_none() && f.ended <= p.t + 0.01)
-                && c.ended <= p.t + 0.01
-                && p.t <= c.ended.max(fh.map_or(0.0, |f| f.ended)) + 5.0
-                && p.flags == "R"
-        });
-        if clean_before {
+        if conn.is_some_and(|(c, fh)| after_clean_close(p, c, fh)) {
             r.after_clean_close += 1;
             continue;
         }
@@ -1227,6 +1237,70 @@ mod tests {
             what: "x".into(),
         });
         assert_eq!(ctx.closed_flow_lost(&failed, 8, 41472, 491.1), None);
+    }
+
+    #[test]
+    fn an_fh_reset_after_its_fixed_flow_ended_cleanly_is_no_fault() {
+        // Seed 37: the FH closed at 313.69 s; its FIN, sent again during the handoff,
+        // was ACKed twice; the second ACK drew its RST while the MH's side went on.
+        let c = MhConn {
+            id: 10621,
+            mh: 7,
+            kind: Kind::BulkUp,
+            local_port: Some(56924),
+            started: 312.1,
+            connected: Some(312.15),
+            ended: 320.3,
+            verified: 0,
+            sent: 1_049_001,
+            fail: None,
+        };
+        let fh = FhConn {
+            id: 10621,
+            mh: 7,
+            kind: Some(Kind::BulkUp),
+            peer: "10.2.0.106:56924".parse().unwrap(),
+            accepted: 312.15,
+            ended: 313.69,
+            verified: 1_049_001,
+            sent: 0,
+            fail: None,
+        };
+        let mut rst = seg(
+            313.75,
+            "fh",
+            "10.0.0.1:7000",
+            "10.2.0.106:56924",
+            true,
+            "aa:bb:cc:dd:ee:ff",
+        );
+        rst.flags = "R".into();
+        assert!(after_clean_close(&rst, &c, Some(&fh)));
+        // Not before the FH's end, not long after, not an abort, not at the MH while
+        // its side is still open, not when a side failed.
+        let mut early = rst.clone();
+        early.t = 313.0;
+        assert!(!after_clean_close(&early, &c, Some(&fh)));
+        let mut late = rst.clone();
+        late.t = 319.0;
+        assert!(!after_clean_close(&late, &c, Some(&fh)));
+        let mut abort = rst.clone();
+        abort.flags = "R.".into();
+        assert!(!after_clean_close(&abort, &c, Some(&fh)));
+        let at_mh = Rst {
+            host: "mh7".into(),
+            src: rst.dst,
+            dst: "10.2.0.1:1080".parse().unwrap(),
+            ..rst.clone()
+        };
+        assert!(!after_clean_close(&at_mh, &c, Some(&fh)));
+        let mut failed = fh.clone();
+        failed.fail = Some(super::super::traffic::Fail {
+            class: Class::Stalled,
+            what: "x".into(),
+        });
+        assert!(!after_clean_close(&rst, &c, Some(&failed)));
+        assert!(!after_clean_close(&rst, &c, None));
     }
 
     #[test]
