@@ -59,7 +59,7 @@ pub struct SynAck {
 }
 
 /// The addresses and TCP header of an IPv4 or IPv6 packet carrying TCP.
-fn tcp_of(p: &[u8]) -> Option<(IpAddr, IpAddr, &[u8])> {
+pub(crate) fn tcp_of(p: &[u8]) -> Option<(IpAddr, IpAddr, &[u8])> {
     let (src, dst, tcp) = match p.first()? >> 4 {
         4 => {
             let ihl = usize::from(p[0] & 0x0f) * 4;
@@ -91,6 +91,20 @@ pub fn parse(p: &[u8]) -> Option<SynAck> {
         return None;
     }
     let be32 = |o: usize| u32::from_be_bytes([tcp[o], tcp[o + 1], tcp[o + 2], tcp[o + 3]]);
+    let (wscale, ts) = tcp_options(tcp)?;
+    Some(SynAck {
+        local: SocketAddr::new(src, u16::from_be_bytes([tcp[0], tcp[1]])),
+        remote: SocketAddr::new(dst, u16::from_be_bytes([tcp[2], tcp[3]])),
+        isn: be32(4),
+        ack: be32(8),
+        wscale,
+        ts,
+    })
+}
+
+/// Of a TCP header's options: whether it has window scaling, and its timestamps
+/// (TSval, TSecr). `None` when the options are cut short.
+pub(crate) fn tcp_options(tcp: &[u8]) -> Option<(bool, Option<(u32, u32)>)> {
     let doff = usize::from(tcp[12] >> 4) * 4;
     let opts = tcp.get(20..doff)?;
     let (mut wscale, mut ts) = (false, None);
@@ -114,14 +128,7 @@ pub fn parse(p: &[u8]) -> Option<SynAck> {
             }
         }
     }
-    Some(SynAck {
-        local: SocketAddr::new(src, u16::from_be_bytes([tcp[0], tcp[1]])),
-        remote: SocketAddr::new(dst, u16::from_be_bytes([tcp[2], tcp[3]])),
-        isn: be32(4),
-        ack: be32(8),
-        wscale,
-        ts,
-    })
+    Some((wscale, ts))
 }
 
 /// Reads a packet carrying a TCP SYN (no ACK): its source and destination.

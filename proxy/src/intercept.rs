@@ -295,6 +295,15 @@ impl Rules {
                     );
                 }
                 if chain == "hold_in" {
+                    // A FIN is reported first: msrd answers it as the flow's TIME_WAIT
+                    // socket would (`crate::strays::time_wait_ack`).
+                    if let Some(g) = self.handshake_group {
+                        for k in &keys {
+                            s += &format!(
+                                "    tcp flags & (fin | syn | rst) == fin {k} @{set} log group {g} drop\n"
+                            );
+                        }
+                    }
                     for k in &keys {
                         s += &format!("    meta l4proto tcp {k} @{set} drop\n");
                     }
@@ -699,6 +708,29 @@ mod tests {
         );
         assert!(t.contains("timeout 500ms;"));
         assert!(!rules(true).nft_script().contains("netdev"));
+    }
+
+    #[test]
+    fn a_closed_flows_fin_is_reported_before_its_segments_are_dropped() {
+        let chain = |s: &str| -> Vec<String> {
+            let c = &s[s.find("chain hold_in {").unwrap()..];
+            let c = &c[..c.find("  }").unwrap()];
+            c.lines().map(|l| l.trim().to_string()).collect()
+        };
+        let with = chain(&rules(true).nft_script());
+        let pos = |want: &str| with.iter().position(|l| l == want);
+        let k = "ip saddr . tcp sport . ip daddr . tcp dport";
+        let report = pos(&format!(
+            "tcp flags & (fin | syn | rst) == fin {k} @strays4 log group 4955 drop"
+        ))
+        .expect("the FIN report");
+        let drop = pos(&format!("meta l4proto tcp {k} @strays4 drop")).expect("the drop");
+        assert!(report < drop);
+        let mut no_group = rules(true);
+        no_group.handshake_group = None;
+        assert!(!chain(&no_group.nft_script())
+            .iter()
+            .any(|l| l.contains("@strays4 log")));
     }
 
     #[test]

@@ -3,13 +3,22 @@
 //! FIN, a last ACK) reach the new MSR, which would answer them with RST (or forward
 //! them to a host that does). The old MSR hands these flows over with the images and
 //! the new MSR drops their segments silently for what is left of the window.
+//!
+//! All but a FIN: a TIME_WAIT socket answers a retransmitted FIN with an ACK, and one
+//! is retransmitted when that ACK was lost, often on the air as the MH left the cell.
+//! Dropped at the new MSR, the MH's FIN would go unanswered until the window ended and
+//! an RST answered it. The rules report those FINs and msrd answers each with the ACK
+//! the TIME_WAIT socket would send ([`time_wait_ack`]).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use itcp_handoff::packet::Segment;
 use itcp_proto::channel::ClosedFlow;
+
+use crate::handshakes::{tcp_of, tcp_options};
 
 /// Flows kept per MH at most (the oldest go first).
 const PER_MH: usize = 4096;
@@ -139,9 +148,87 @@ pub fn timed(flows: &[ClosedFlow], window: Duration) -> Vec<(SocketAddr, SocketA
         .collect()
 }
 
+/// The answer of a TIME_WAIT socket to `p`, a retransmitted FIN of a flow that closed
+/// (an IPv4 or IPv6 packet, its headers at least): an ACK from the flow's other end
+/// that acknowledges the FIN, its sequence number the one `p` acknowledges (our FIN's
+/// end), its timestamps `p`'s echoed back (our TSval: the last one `p`'s sender saw
+/// from us, so PAWS passes). `None` for anything else.
+pub fn time_wait_ack(p: &[u8]) -> Option<Segment> {
+    const FIN: u8 = 0x01;
+    const SYN: u8 = 0x02;
+    const RST: u8 = 0x04;
+    const ACK: u8 = 0x10;
+    let (src, dst, tcp) = tcp_of(p)?;
+    if tcp[13] & (FIN | SYN | RST | ACK) != FIN | ACK {
+        return None;
+    }
+    // The segment's data (a FIN may carry some): from the IP header, not the copy.
+    let ip_payload = match p[0] >> 4 {
+        4 => usize::from(u16::from_be_bytes([p[2], p[3]]))
+            .checked_sub(usize::from(p[0] & 0x0f) * 4)?,
+        _ => usize::from(u16::from_be_bytes([p[4], p[5]])),
+    };
+    let data = ip_payload.checked_sub(usize::from(tcp[12] >> 4) * 4)?;
+    let be32 = |o: usize| u32::from_be_bytes([tcp[o], tcp[o + 1], tcp[o + 2], tcp[o + 3]]);
+    let port = |o: usize| u16::from_be_bytes([tcp[o], tcp[o + 1]]);
+    let (_, ts) = tcp_options(tcp)?;
+    Some(Segment {
+        src: SocketAddr::new(dst, port(2)),
+        dst: SocketAddr::new(src, port(0)),
+        seq: be32(8),
+        ack: be32(4).wrapping_add(data as u32).wrapping_add(1),
+        // What a closed connection's last ACK offers matters little; not zero, which
+        // would read as a window closed on the peer.
+        window: 1024,
+        fin: false,
+        timestamps: ts.map(|(tsval, tsecr)| (tsecr, tsval)),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The MH's FIN|ACK (10.2.0.100:40000 → 10.0.0.1:80, seq 1000, ack 5000, 3 bytes
+    /// of data), with timestamps (TSval 77, TSecr 99) unless `ts` is false.
+    fn fin4(ts: bool, flags: u8) -> Vec<u8> {
+        let opts: &[u8] = if ts {
+            &[1, 1, 8, 10, 0, 0, 0, 77, 0, 0, 0, 99]
+        } else {
+            &[]
+        };
+        let hlen = 20 + opts.len();
+        let total = 20 + hlen + 3;
+        let mut p = vec![0x45, 0];
+        p.extend_from_slice(&(total as u16).to_be_bytes());
+        p.extend_from_slice(&[0, 0, 0x40, 0, 64, 6, 0, 0, 10, 2, 0, 100, 10, 0, 0, 1]);
+        p.extend_from_slice(&40000u16.to_be_bytes());
+        p.extend_from_slice(&80u16.to_be_bytes());
+        p.extend_from_slice(&1000u32.to_be_bytes());
+        p.extend_from_slice(&5000u32.to_be_bytes());
+        p.push(((hlen / 4) as u8) << 4);
+        p.push(flags);
+        p.extend_from_slice(&[0, 100, 0, 0, 0, 0]);
+        p.extend_from_slice(opts);
+        p.extend_from_slice(b"bye");
+        p
+    }
+
+    #[test]
+    fn a_stray_fin_gets_the_ack_a_time_wait_socket_sends() {
+        let a = time_wait_ack(&fin4(true, 0x11)).expect("a FIN|ACK");
+        assert_eq!(a.src, "10.0.0.1:80".parse::<SocketAddr>().unwrap());
+        assert_eq!(a.dst, "10.2.0.100:40000".parse::<SocketAddr>().unwrap());
+        assert_eq!((a.seq, a.ack), (5000, 1000 + 3 + 1));
+        assert_eq!(a.timestamps, Some((99, 77)));
+        assert!(!a.fin && a.window > 0);
+        assert_eq!(time_wait_ack(&fin4(false, 0x19)).unwrap().timestamps, None);
+        // Not a FIN, a FIN without ACK, a SYN or RST with it, a header cut short.
+        for flags in [0x10, 0x01, 0x13, 0x15] {
+            assert_eq!(time_wait_ack(&fin4(true, flags)), None, "flags {flags:#x}");
+        }
+        assert_eq!(time_wait_ack(&fin4(true, 0x11)[..30]), None);
+    }
 
     #[test]
     fn flows_are_kept_per_mh_within_the_window() {

@@ -2782,3 +2782,103 @@ fn request_during_a_handoff(partial: bool) {
     assert!(from("msr2"), "{records:?}");
     assert_eq!(from("msr1"), partial, "{records:?}");
 }
+
+/// The MH's FIN on a connection that closed at MSR1 as the MH left: MSR1's TIME_WAIT
+/// socket acknowledged it, the ACK was lost (on the air, the MH leaving the cell), and
+/// the MH sent its FIN again, now into MSR2's cell. MSR2 dropped the closed flow's
+/// segments silently: the MH's socket stayed in LAST_ACK for the minute the flow was
+/// kept, and its next FIN then drew an RST (soak, seed 37). MSR2 answers it as the
+/// TIME_WAIT socket would. Transparent mode: an unmodified MH's connection.
+#[test]
+fn a_fin_whose_ack_was_lost_in_the_move_is_acknowledged_by_the_new_msr() {
+    const PORT: u16 = 5034;
+    let mut lab = fast_lab_on(
+        clean_lab(2, 61),
+        &[],
+        &format!("[transparent]\nenabled = true\nports = [{PORT}]\n"),
+    );
+    lab.watch_rsts(Host::Mh).unwrap();
+    // A transfer across the move: the MH's agent greets MSR2 with a live connection.
+    let bytes = 16 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    // The FH says goodbye and closes first.
+    let fh_ns = lab.ns(Host::Fh);
+    let fh = std::thread::spawn(move || {
+        itcp_testbed::sys::in_netns(&fh_ns, || {
+            let l = std::net::TcpListener::bind(("10.0.0.1", PORT))?;
+            let (mut s, _) = l.accept()?;
+            s.write_all(b"bye")?;
+            Ok(())
+        })
+    });
+    lab.wait_listening(Host::Fh, PORT).unwrap();
+    let mh_ns = lab.ns(Host::Mh);
+    let s = itcp_testbed::sys::in_netns(&mh_ns, || {
+        std::net::TcpStream::connect_timeout(
+            &std::net::SocketAddr::from(([10, 0, 0, 1], PORT)),
+            Duration::from_secs(5),
+        )
+    })
+    .unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut got = Vec::new();
+    (&s).read_to_end(&mut got).unwrap();
+    assert_eq!(got, b"bye");
+    fh.join().unwrap().unwrap();
+    let port = s.local_addr().unwrap().port();
+    // The ACK of the MH's FIN is lost on its way to the MH.
+    lab.nft(
+        Host::Mh,
+        &format!(
+            "table inet lossy {{\n chain in {{\n  type filter hook prerouting priority -300;\n  ip saddr 10.0.0.1 tcp sport {PORT} tcp dport {port} drop\n }}\n}}\n"
+        ),
+    )
+    .unwrap();
+    drop(s);
+    let last_ack = || {
+        sh(
+            &lab,
+            Host::Mh,
+            &[
+                "ss",
+                "-Htn",
+                "state",
+                "last-ack",
+                &format!("sport = :{port}"),
+            ],
+        )
+        .lines()
+        .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while lab.msrd_sessions(1).unwrap().len() > 1 || last_ack() != 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the relay did not end with the MH in LAST_ACK\n{}",
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    lab.nft(Host::Mh, "delete table inet lossy\n").unwrap();
+    // The MH's next FIN goes to MSR2 (its retransmission timer has backed off to a
+    // few seconds by now).
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while last_ack() != 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the MH's FIN went unanswered at MSR2: its socket is still in LAST_ACK\n{}",
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (send, recv) = finish(&mut lab, t);
+    assert_clean(&lab, &send, &recv, bytes);
+    assert_eq!(
+        (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap()),
+        ((0, 0), (0, 0)),
+        "RSTs (in, out) at the FH, the MH\n{}",
+        diag(&lab)
+    );
+}

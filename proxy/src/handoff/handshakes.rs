@@ -1,6 +1,8 @@
 //! The daemon's side of [`crate::handshakes`]: reading the SYN-ACK reports, completing
 //! an MH's half-open handshakes at a handoff (old MSR), carrying their SYN-ACKs in the
-//! images, and answering the MH's SYNs on those flows with them (new MSR).
+//! images, and answering the MH's SYNs on those flows with them (new MSR). The same
+//! group reports FINs on flows closed at the MH's previous MSR, answered with the ACK
+//! their TIME_WAIT socket would send ([`crate::strays::time_wait_ack`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsFd;
@@ -34,6 +36,8 @@ pub async fn run(d: Arc<Daemon>, group: u16) {
                         d.handshakes.record(s, p, now);
                     } else if let Some((from, to)) = parse_syn(p) {
                         syn_again(&d, from, to, now);
+                    } else if let Some(ack) = crate::strays::time_wait_ack(p) {
+                        time_wait_ack(&ack);
                     }
                 }
             }
@@ -61,6 +65,27 @@ fn syn_again(d: &Daemon, from: SocketAddr, to: SocketAddr, now: Instant) {
             debug!(mh = %from, local = %to, "SYN-ACK sent again for a handshake completed before it moved")
         }
         Err(e) => warn!(mh = %from, local = %to, error = %e, "SYN-ACK not sent again"),
+    }
+}
+
+/// A FIN on a flow that closed at the MH's previous MSR (the rules report those and
+/// drop them): its ACK, as the TIME_WAIT socket there would have sent it.
+fn time_wait_ack(ack: &itcp_handoff::packet::Segment) {
+    let sent = socket2::Socket::new(
+        socket2::Domain::for_address(ack.dst),
+        socket2::Type::DGRAM,
+        None,
+    )
+    .and_then(|here| {
+        itcp_handoff::repair::send_raw_ip_to(here.as_fd(), &ack.dst, &ack.to_ip_packet(), 0)
+    });
+    match sent {
+        Ok(()) => {
+            debug!(to = %ack.dst, from = %ack.src, "FIN of a flow closed elsewhere acknowledged")
+        }
+        Err(e) => {
+            warn!(to = %ack.dst, from = %ack.src, error = %e, "FIN of a flow closed elsewhere not acknowledged")
+        }
     }
 }
 
