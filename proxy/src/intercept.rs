@@ -218,7 +218,17 @@ impl Rules {
                 "  set {set} {{\n    type {ty} . inet_service . {ty} . inet_service;\n    flags timeout;\n    size 65536;\n  }}\n"
             );
         }
-        for (set, ty) in [("strays4", "ipv4_addr"), ("strays6", "ipv6_addr")] {
+        // Flows of connections that live at another MSR now (a partial handoff): their
+        // segments are dropped silently. Flows that closed at another MSR (`closed`,
+        // their TIME_WAIT there) likewise, but a FIN on one is reported first, to be
+        // answered as that TIME_WAIT socket would. Never the former's: the connection
+        // is alive elsewhere, and a FIN taken for acknowledged there would never reach it.
+        for (set, ty) in [
+            ("strays4", "ipv4_addr"),
+            ("strays6", "ipv6_addr"),
+            ("closed4", "ipv4_addr"),
+            ("closed6", "ipv6_addr"),
+        ] {
             s += &format!(
                 "  set {set} {{\n    type {ty} . inet_service . {ty} . inet_service;\n    flags dynamic, timeout;\n    size 262144;\n  }}\n"
             );
@@ -287,7 +297,12 @@ impl Rules {
                     );
                 }
             }
-            for (ip, set) in [("ip", "strays4"), ("ip6", "strays6")] {
+            for (ip, set) in [
+                ("ip", "strays4"),
+                ("ip6", "strays6"),
+                ("ip", "closed4"),
+                ("ip6", "closed6"),
+            ] {
                 let keys = flow_keys(ip);
                 for k in &keys {
                     s += &format!(
@@ -295,9 +310,9 @@ impl Rules {
                     );
                 }
                 if chain == "hold_in" {
-                    // A FIN is reported first: msrd answers it as the flow's TIME_WAIT
-                    // socket would (`crate::strays::time_wait_ack`).
-                    if let Some(g) = self.handshake_group {
+                    // A FIN of a closed flow is reported first: msrd answers it as the
+                    // flow's TIME_WAIT socket would (`crate::strays::time_wait_ack`).
+                    if let (Some(g), true) = (self.handshake_group, set.starts_with("closed")) {
                         for k in &keys {
                             s += &format!(
                                 "    tcp flags & (fin | syn | rst) == fin {k} @{set} log group {g} drop\n"
@@ -358,10 +373,19 @@ impl Rules {
         crate::netlink::nft_set_element(&self.table, set, mh, on)
     }
 
-    /// Drops stray segments of `flows` (each the MH's end, the other end, and for how
-    /// long) silently (see the `strays` sets).
+    /// Drops stray segments of `flows`, connections that live at another MSR (each the
+    /// MH's end, the other end, and for how long), silently (see the `strays` sets).
     pub fn drop_strays(&self, flows: &[(SocketAddr, SocketAddr, Duration)]) -> io::Result<()> {
         by_family(flows, "strays", |set, f| {
+            crate::netlink::nft_flow_elements(&self.table, set, f)
+        })
+    }
+
+    /// Drops stray segments of `flows`, closed at the MH's previous MSR (each the MH's
+    /// end, the other end, and for how long) silently, but reports their FINs (see the
+    /// `closed` sets).
+    pub fn drop_closed(&self, flows: &[(SocketAddr, SocketAddr, Duration)]) -> io::Result<()> {
+        by_family(flows, "closed", |set, f| {
             crate::netlink::nft_flow_elements(&self.table, set, f)
         })
     }
@@ -721,16 +745,19 @@ mod tests {
         let pos = |want: &str| with.iter().position(|l| l == want);
         let k = "ip saddr . tcp sport . ip daddr . tcp dport";
         let report = pos(&format!(
-            "tcp flags & (fin | syn | rst) == fin {k} @strays4 log group 4955 drop"
+            "tcp flags & (fin | syn | rst) == fin {k} @closed4 log group 4955 drop"
         ))
         .expect("the FIN report");
-        let drop = pos(&format!("meta l4proto tcp {k} @strays4 drop")).expect("the drop");
+        let drop = pos(&format!("meta l4proto tcp {k} @closed4 drop")).expect("the drop");
         assert!(report < drop);
+        // A connection alive at another MSR: its FIN is only dropped.
+        assert!(pos(&format!("meta l4proto tcp {k} @strays4 drop")).is_some());
+        assert!(!with.iter().any(|l| l.contains("@strays4 log")));
         let mut no_group = rules(true);
         no_group.handshake_group = None;
         assert!(!chain(&no_group.nft_script())
             .iter()
-            .any(|l| l.contains("@strays4 log")));
+            .any(|l| l.contains(" log ")));
     }
 
     #[test]

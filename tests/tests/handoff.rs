@@ -2882,3 +2882,65 @@ fn a_fin_whose_ack_was_lost_in_the_move_is_acknowledged_by_the_new_msr() {
         diag(&lab)
     );
 }
+
+/// A partial handoff leaves a connection at MSR1 (its restart fails at MSR2) while the
+/// MH is at MSR2, which drops that connection's segments silently. The MH's last bytes
+/// and FIN sent meanwhile must not be taken for acknowledged at MSR2 (as a FIN of a
+/// flow that closed elsewhere is): they reach MSR1 and the FH when the MH is back.
+#[test]
+fn a_fin_for_a_connection_left_at_the_old_msr_is_not_acknowledged_by_the_new_one() {
+    const PORT: u16 = 5035;
+    let mut lab = fast_lab_on(
+        clean_lab(2, 63),
+        &[(2, "MSRD_FAULT", &format!("fail_restart:{PORT}"))],
+        &format!("[transparent]\nenabled = true\nports = [{PORT}]\n"),
+    );
+    lab.watch_rsts(Host::Mh).unwrap();
+    let bytes = 24 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    // The FH reads the MH's bytes until the MH's FIN.
+    let fh_ns = lab.ns(Host::Fh);
+    let fh = std::thread::spawn(move || {
+        itcp_testbed::sys::in_netns(&fh_ns, || {
+            let l = std::net::TcpListener::bind(("10.0.0.1", PORT))?;
+            let (mut s, _) = l.accept()?;
+            s.set_read_timeout(Some(Duration::from_secs(30)))?;
+            let mut got = Vec::new();
+            s.read_to_end(&mut got)?;
+            Ok(got)
+        })
+    });
+    lab.wait_listening(Host::Fh, PORT).unwrap();
+    let mh_ns = lab.ns(Host::Mh);
+    let mut s = itcp_testbed::sys::in_netns(&mh_ns, || {
+        std::net::TcpStream::connect_timeout(
+            &std::net::SocketAddr::from(([10, 0, 0, 1], PORT)),
+            Duration::from_secs(5),
+        )
+    })
+    .unwrap();
+    s.write_all(b"hello ").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    // At MSR2 now, the connection still at MSR1: its last bytes and FIN in one segment.
+    s.write_all(b"goodbye").unwrap();
+    drop(s);
+    std::thread::sleep(Duration::from_millis(1500));
+    crossing(&lab, 2, 1, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 2, Duration::from_secs(10));
+    let got = fh.join().unwrap().expect("the FH's read");
+    assert_eq!(
+        String::from_utf8_lossy(&got),
+        "hello goodbye",
+        "what the FH read before the MH's FIN\n{}",
+        diag(&lab)
+    );
+    let (send, recv) = finish(&mut lab, t);
+    assert_clean(&lab, &send, &recv, bytes);
+    let partial = lab
+        .handoff_records(2)
+        .into_iter()
+        .find(|r| r.outcome == Outcome::Partial);
+    assert!(partial.is_some(), "no partial handoff at MSR2");
+}
