@@ -390,6 +390,14 @@ impl Rules {
         })
     }
 
+    /// Lets the segments of `flows` through again (see [`Rules::drop_closed`]); a flow
+    /// not dropped is no error.
+    pub fn undrop_closed(&self, flows: &[(SocketAddr, SocketAddr)]) -> io::Result<()> {
+        by_family(flows, "closed", |set, f| {
+            crate::netlink::nft_flow_elements_delete(&self.table, set, f)
+        })
+    }
+
     /// Reports the MH's SYNs on `flows` (each the MH's end, ours, and for how long) and
     /// drops them (see the `resyn` sets and `crate::handshakes`).
     pub fn answer_syns(&self, flows: &[(SocketAddr, SocketAddr, Duration)]) -> io::Result<()> {

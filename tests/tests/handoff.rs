@@ -2944,3 +2944,122 @@ fn a_fin_for_a_connection_left_at_the_old_msr_is_not_acknowledged_by_the_new_one
         .find(|r| r.outcome == Outcome::Partial);
     assert!(partial.is_some(), "no partial handoff at MSR2");
 }
+
+/// A connection restored at an MSR on the 4-tuple of a flow that closed elsewhere and
+/// that this MSR still drops as such: the MH's kernel reused the port of a connection
+/// closed at MSR1; that closed flow went to MSR2 with the MH's move and came back to
+/// MSR1 with the next; the MH opened a new connection on it at MSR1 (its SYN took the
+/// flow out of MSR1's set) and moved to MSR2 again, whose set still held the flow.
+/// MSR2 dropped the restored connection's segments: it stalled (soak, seed 37 on
+/// 2b905b3: two connections, each on an MH port reused 21 and 32 s after a close).
+#[test]
+fn a_connection_moved_onto_a_closed_flow_still_dropped_there_runs() {
+    use std::sync::mpsc;
+    const PORT: u16 = 5036;
+    let mut lab = fast_lab_on(
+        clean_lab(2, 64),
+        &[],
+        &format!("[transparent]\nenabled = true\nports = [{PORT}]\n"),
+    );
+    lab.watch_rsts(Host::Mh).unwrap();
+    let bytes = 32 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    let fh_ns = lab.ns(Host::Fh);
+    let fh = std::thread::spawn(move || {
+        itcp_testbed::sys::in_netns(&fh_ns, || {
+            let l = std::net::TcpListener::bind(("10.0.0.1", PORT))?;
+            for _ in 0..2 {
+                // Echoes each message; a lone `Q` ends the connection, the FH first.
+                let (mut s, _) = l.accept()?;
+                let mut buf = [0u8; 4096];
+                loop {
+                    let n = s.read(&mut buf)?;
+                    if n == 0 || buf[..n] == *b"Q" {
+                        break;
+                    }
+                    s.write_all(&buf[..n])?;
+                }
+            }
+            Ok(())
+        })
+    });
+    lab.wait_listening(Host::Fh, PORT).unwrap();
+    // The MH: connection k opens on `go`, echoes once, says so; on the next `go` echoes
+    // again, closes and says so.
+    let (said_tx, said_rx) = mpsc::channel::<Result<String, String>>();
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let mh_ns = lab.ns(Host::Mh);
+    let mh = std::thread::spawn(move || {
+        let r = itcp_testbed::sys::in_netns(&mh_ns, || {
+            let me = std::net::SocketAddr::from(([10, 2, 0, 100], 47036));
+            for k in 0..2u8 {
+                go_rx.recv().unwrap();
+                let sock =
+                    socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None)?;
+                sock.set_reuse_address(true)?;
+                sock.bind(&me.into())?;
+                sock.connect_timeout(
+                    &std::net::SocketAddr::from(([10, 0, 0, 1], PORT)).into(),
+                    Duration::from_secs(5),
+                )?;
+                let mut s: std::net::TcpStream = sock.into();
+                s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                for round in 0..2u8 {
+                    if round == 1 {
+                        said_tx.send(Ok(format!("connection {k} open"))).unwrap();
+                        go_rx.recv().unwrap();
+                    }
+                    let msg = [b'a' + k, b'0' + round];
+                    s.write_all(&msg)?;
+                    let mut back = [0u8; 2];
+                    s.read_exact(&mut back).map_err(|e| {
+                        std::io::Error::new(e.kind(), format!("connection {k}, echo {round}: {e}"))
+                    })?;
+                    assert_eq!(back, msg);
+                }
+                s.write_all(b"Q")?;
+                let mut rest = Vec::new();
+                s.read_to_end(&mut rest)?;
+                said_tx.send(Ok(format!("connection {k} closed"))).unwrap();
+            }
+            Ok(())
+        });
+        if let Err(e) = r {
+            said_tx.send(Err(e.to_string())).unwrap();
+        }
+    });
+    let step = |what: &str| {
+        go_tx.send(()).unwrap();
+        match said_rx.recv_timeout(Duration::from_secs(15)) {
+            Ok(Ok(s)) => assert!(s.contains(what), "{s} (wanted: {what})"),
+            Ok(Err(e)) => panic!("{e}\n{}", diag(&lab)),
+            Err(_) => panic!("no word from the MH ({what})\n{}", diag(&lab)),
+        }
+    };
+    // Connection 0 opens and closes at MSR1.
+    step("connection 0 open");
+    step("connection 0 closed");
+    std::thread::sleep(Duration::from_millis(300));
+    // Its closed flow goes to MSR2 and comes back to MSR1.
+    crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(300));
+    crossing(&lab, 2, 1, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 2, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(300));
+    // Connection 1 on the same ports opens at MSR1, then moves to MSR2.
+    step("connection 1 open");
+    crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 3, Duration::from_secs(10));
+    step("connection 1 closed");
+    mh.join().unwrap();
+    fh.join().unwrap().unwrap();
+    let (send, recv) = finish(&mut lab, t);
+    assert_clean(&lab, &send, &recv, bytes);
+    assert_eq!(
+        (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap()),
+        ((0, 0), (0, 0)),
+        "RSTs (in, out) at the FH, the MH\n{}",
+        diag(&lab)
+    );
+}

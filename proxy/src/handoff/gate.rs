@@ -10,7 +10,8 @@
 //! The only marks ever deleted are those still live when the same flows are
 //! restored here again (the MH came back within the TTL): those are remembered here,
 //! as are the flows dropped here because their connections live at another MSR
-//! (`Gates::drop_elsewhere`), which a restore here lets through again.
+//! (`Gates::drop_elsewhere`) or closed there (`Gates::drop_closed`), which a restore
+//! here lets through again.
 
 use std::collections::HashMap;
 use std::io;
@@ -38,6 +39,8 @@ pub struct Gates {
     /// Flows of connections that live at another MSR, dropped here silently (strays
     /// sets), and until when.
     dropped: Mutex<HashMap<Flow, Instant>>,
+    /// Flows that closed at another MSR, dropped here (closed sets), and until when.
+    closed: Mutex<HashMap<Flow, Instant>>,
 }
 
 /// Takes out of `map` (and returns) those of `flows` still live in it.
@@ -75,7 +78,34 @@ impl Gates {
         if !back.is_empty() {
             rules.undrop_strays(&back)?;
         }
+        // The MH's kernel reuses ports: a connection opened elsewhere on the 4-tuple of
+        // one that closed lately comes here, where that closed flow is still dropped.
+        let reused = take_live(&self.closed, flows);
+        if !reused.is_empty() {
+            rules.undrop_closed(&reused)?;
+        }
         rules.gate(mh, true)
+    }
+
+    /// Drops the segments of `flows` that closed at another MSR, each for what is
+    /// left of its window (see [`Rules::drop_closed`]), unless a connection restored
+    /// here meanwhile uses the 4-tuple again.
+    pub fn drop_closed(
+        &self,
+        rules: &Rules,
+        flows: &[(SocketAddr, SocketAddr, Duration)],
+    ) -> io::Result<()> {
+        if flows.is_empty() {
+            return Ok(());
+        }
+        rules.drop_closed(flows)?;
+        let now = Instant::now();
+        let mut m = self.closed.lock().unwrap();
+        m.retain(|_, until| *until > now);
+        for &(a, z, ttl) in flows {
+            m.insert((a, z), now + ttl + Duration::from_millis(20));
+        }
+        Ok(())
     }
 
     /// Drops the segments of `flows`, connections that live at another MSR now, for

@@ -423,7 +423,10 @@ async fn run(
                         let mut live = std::mem::take(&mut moving);
                         live.extend(d.sessions.of_mh(mh).iter().map(|s| (s.mh, s.fh)));
                         let closed = crate::strays::to_drop(&strays, w, &live);
-                        if let Err(e) = d.rules.drop_closed(&crate::strays::timed(&closed, w)) {
+                        if let Err(e) = h
+                            .gates
+                            .drop_closed(&d.rules, &crate::strays::timed(&closed, w))
+                        {
                             warn!(%mh, error = %e, "stray segments of closed flows will draw RSTs here");
                         }
                         d.strays.adopt(mh, &closed, w);

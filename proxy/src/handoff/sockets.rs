@@ -757,7 +757,8 @@ fn finish_moved(d: &Daemon, r: Restored) {
     discard(r.id, r.wireless.0);
     let window = Duration::from_secs(d.handoff_cfg().closed_window_s);
     d.strays.closed(flow.0.ip(), &[flow], window);
-    if let Err(e) = d.rules.drop_closed(&[(flow.0, flow.1, window)]) {
+    let gates = &d.handoff.as_ref().expect("handoffs are on").gates;
+    if let Err(e) = gates.drop_closed(&d.rules, &[(flow.0, flow.1, window)]) {
         warn!(conn = r.id, error = %e, "stray segments of a finished connection will draw RSTs here");
     }
 }
