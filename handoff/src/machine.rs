@@ -555,8 +555,13 @@ impl NewSide {
 pub enum OldEvent {
     /// Our sockets, frozen and captured.
     Captured(Vec<ConnImage>),
-    /// A socket could not be captured: the handoff is off (moving only some of the
-    /// MH's connections would strand the rest here).
+    /// Connections that cannot be captured (not a passing state: a transient one is
+    /// `CaptureFailed`, tried again with the MH's next greeting), with the reason;
+    /// before `Captured`. They stay here, resumed, and are on record as failed: the
+    /// rest move (the outcome is partial), rather than every connection of the MH
+    /// staying behind with them, unreachable in the MH's new cell.
+    Uncaptured(Vec<(u64, String)>),
+    /// No socket could be captured, or one changed while it was: the handoff is off.
     CaptureFailed(String),
     Message(Message),
 }
@@ -611,6 +616,8 @@ pub struct OldSide {
     deadline: Option<u64>,
     /// The new MSR said it holds the MH's flows (`Holding`).
     peer_holding: bool,
+    /// Connections that could not be captured: they stay here (`Uncaptured`).
+    uncaptured: Vec<(u64, String)>,
 }
 
 /// Why a request is refused, or None.
@@ -684,6 +691,7 @@ impl OldSide {
             timeouts,
             deadline: None,
             peer_holding: false,
+            uncaptured: Vec::new(),
         };
         // A greeting for an MH whose connections left for another peer: the MH never
         // heard of that move (it still names us). The peer is sent there.
@@ -805,6 +813,10 @@ impl OldSide {
 
     pub fn handle(&mut self, ev: OldEvent, now_us: u64) -> Vec<Action> {
         match (self.state, ev) {
+            (OldState::Capturing, OldEvent::Uncaptured(stay)) => {
+                self.uncaptured.extend(stay);
+                vec![]
+            }
             (OldState::Capturing, OldEvent::Captured(images)) => {
                 self.phases.images_sent = Some(now_us);
                 self.state = OldState::WaitingAck;
@@ -815,6 +827,7 @@ impl OldSide {
                     token: self.token.clone(),
                     // The driver adds the MH's recently closed flows (socket state).
                     closed: Vec::new(),
+                    staying: Vec::new(),
                     mac: self.mac.as_ref().map(itcp_proto::hex::mac),
                 })];
                 if self.peer_holding {
@@ -842,6 +855,8 @@ impl OldSide {
             ) if handoff_id == self.handoff_id => {
                 self.phases.acknowledged = Some(now_us);
                 self.state = OldState::Done;
+                let mut failed = failed;
+                failed.extend(self.uncaptured.iter().cloned());
                 if restored.is_empty() && !failed.is_empty() {
                     // Nothing resumed at the new MSR: everything stays here, and the
                     // MH's address comes back to us on the fixed LAN.
@@ -1466,6 +1481,7 @@ mod tests {
             images: vec![],
             token: None,
             closed: vec![],
+            staying: Vec::new(),
             mac: None,
         };
         new.handle(NewEvent::Message(images), 2);
@@ -1511,6 +1527,7 @@ mod tests {
                 images: vec![],
                 token: None,
                 closed: Vec::new(),
+                staying: Vec::new(),
                 mac: None,
             }),
             500,
@@ -1597,6 +1614,7 @@ mod tests {
                 images: vec![img(1)],
                 token: None,
                 closed: Vec::new(),
+                staying: Vec::new(),
                 mac: None,
             }),
             2,
@@ -1653,6 +1671,7 @@ mod tests {
                 images: vec![img(1), img(2), img(3)],
                 token: None,
                 closed: Vec::new(),
+                staying: Vec::new(),
                 mac: None,
             }),
             2,
@@ -1696,5 +1715,41 @@ mod tests {
         let r = log(&acts);
         assert_eq!(r.outcome, Outcome::Partial);
         assert_eq!(r.failed.len(), 2, "the failures are on record: {r:?}");
+    }
+
+    #[test]
+    fn a_connection_that_cannot_be_captured_stays_and_the_rest_move() {
+        let mh = greeting().mh;
+        let (mut old, _) = OldSide::start(
+            "msr1",
+            "msr2",
+            4,
+            Request::Greeting(&greeting()),
+            known(),
+            0,
+            T,
+        );
+        assert!(old
+            .handle(OldEvent::Uncaptured(vec![(3, "urgent data".into())]), 1)
+            .is_empty());
+        let acts = old.handle(OldEvent::Captured(vec![img(1), img(2)]), 1);
+        let Message::Images { images, .. } = sent(&acts) else {
+            panic!("{acts:?}")
+        };
+        assert_eq!(images.len(), 2, "only the captured ones go");
+        let ack = Message::Ack {
+            handoff_id: 4,
+            restored: vec![1, 2],
+            failed: vec![],
+        };
+        let acts = old.handle(OldEvent::Message(ack), 5);
+        assert_eq!(acts[0], Action::Delete(vec![1, 2]));
+        assert!(
+            acts.contains(&Action::Unfreeze(mh)),
+            "the stuck one resumes here"
+        );
+        let r = log(&acts);
+        assert_eq!(r.outcome, Outcome::Partial);
+        assert_eq!(r.failed, vec![(3, "urgent data".to_string())]);
     }
 }

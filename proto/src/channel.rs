@@ -111,6 +111,10 @@ pub enum Message {
         /// states stay here, so the new MSR drops their stray segments silently.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         closed: Vec<ClosedFlow>,
+        /// Flows of the MH's connections that stay here (they could not be captured):
+        /// the new MSR drops their segments silently, answering none (each `age_ms` 0).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        staying: Vec<ClosedFlow>,
         /// The link-layer address bound to the MH at the old MSR (network detection),
         /// so a later detected move is checked against it at the new MSR.
         #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -865,6 +869,11 @@ mod tests {
                 mh: "10.2.0.100:40000".parse().unwrap(),
                 peer: "10.0.0.1:80".parse().unwrap(),
                 age_ms: 1500,
+            }],
+            staying: vec![ClosedFlow {
+                mh: "10.2.0.100:40002".parse().unwrap(),
+                peer: "10.0.0.1:80".parse().unwrap(),
+                age_ms: 0,
             }],
             mac: Some("02:00:00:00:00:64".into()),
         };

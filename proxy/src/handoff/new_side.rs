@@ -59,11 +59,25 @@ impl Greeter {
     }
 }
 
-/// Keeps the MH's flows that closed at the old MSR lately, from its images.
-fn note_strays(msg: &Message, strays: &mut Vec<itcp_proto::channel::ClosedFlow>) {
-    if let Message::Images { closed, .. } = msg {
-        strays.clone_from(closed);
+/// Keeps the MH's flows that closed at the old MSR lately, and those of its
+/// connections that stay there (they could not be captured), from its images.
+fn note_strays(msg: &Message, strays: &mut Strays) {
+    if let Message::Images {
+        closed, staying, ..
+    } = msg
+    {
+        strays.closed.clone_from(closed);
+        strays.staying = staying.iter().map(|f| (f.mh, f.peer)).collect();
     }
+}
+
+/// What the old MSR's images say of the MH's flows that do not move here.
+#[derive(Default)]
+struct Strays {
+    /// Closed there lately.
+    closed: Vec<itcp_proto::channel::ClosedFlow>,
+    /// Of connections that stay there (could not be captured).
+    staying: Vec<(SocketAddr, SocketAddr)>,
 }
 
 /// Runs one pull for a greeting to the end (moved, partial, refused or rolled back).
@@ -194,7 +208,7 @@ async fn run(
     let mut ch: Option<Channel> = None;
     let mut restored: Vec<Restored> = Vec::new();
     // The MH's flows that closed at the old MSR lately (from the images).
-    let mut strays: Vec<itcp_proto::channel::ClosedFlow> = Vec::new();
+    let mut strays = Strays::default();
     // The flows of the connections restored here (live: none of the strays).
     let mut moving: std::collections::HashSet<(SocketAddr, SocketAddr)> = Default::default();
     let mut flight_route: Option<FlightRoute> = None;
@@ -385,12 +399,17 @@ async fn run(
                         // Nothing runs here: hold the MH's flows before the sockets
                         // go, so its segments meet a silent drop and not an RST.
                         d.hold(mh);
-                    } else if !unstarted.is_empty() && h.cfg.closed_window_s > 0 {
+                    } else if (!unstarted.is_empty() || !strays.staying.is_empty())
+                        && h.cfg.closed_window_s > 0
+                    {
                         // The MH's flows stay here, but these connections live on at
-                        // the old MSR: their segments (the MH's, the FH's) are dropped
-                        // here, not answered with RST, until the MH is back there.
+                        // the old MSR (they did not restart here, or were never
+                        // captured there): their segments (the MH's, the FH's) are
+                        // dropped here, not answered with RST, until the MH is back.
                         let w = Duration::from_secs(h.cfg.closed_window_s);
-                        let flows: Vec<_> = unstarted.iter().flat_map(Restored::flows).collect();
+                        let mut flows: Vec<_> =
+                            unstarted.iter().flat_map(Restored::flows).collect();
+                        flows.extend(&strays.staying);
                         if let Err(e) = h.gates.drop_elsewhere(&d.rules, &flows, w) {
                             warn!(%mh, error = %e, "segments of connections kept at the old MSR will draw RSTs here");
                         }
@@ -415,14 +434,14 @@ async fn run(
                     if ok && !prev.is_empty() {
                         h.moved_in(mh, &prev);
                     }
-                    if ok && !strays.is_empty() {
+                    if ok && !strays.closed.is_empty() {
                         // After the restart: not on the handoff's path. A new
                         // connection's SYN takes its flow out of the set (the rules),
                         // so only those opened before now need leaving out.
                         let w = Duration::from_secs(h.cfg.closed_window_s);
                         let mut live = std::mem::take(&mut moving);
                         live.extend(d.sessions.of_mh(mh).iter().map(|s| (s.mh, s.fh)));
-                        let closed = crate::strays::to_drop(&strays, w, &live);
+                        let closed = crate::strays::to_drop(&strays.closed, w, &live);
                         if let Err(e) = h
                             .gates
                             .drop_closed(&d.rules, &crate::strays::timed(&closed, w))

@@ -193,6 +193,8 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
     let (mut m, mut acts) =
         OldSide::start(&h.me, &from, handoff_id, req, known, now_us(), h.timeouts());
     let mut frozen: Vec<Frozen> = Vec::new();
+    // Frozen connections that cannot be captured: they stay here.
+    let mut stuck: Vec<(u64, String)> = Vec::new();
     let mut entries: Vec<ConnEntry> = Vec::new();
     // However this handoff ends, the MH's connections in setup stop waiting for it.
     struct Thaw<'a>(&'a Daemon, std::net::IpAddr);
@@ -219,6 +221,7 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                     let t_freeze = t0.elapsed();
                     let mut images = Vec::new();
                     let mut failure = None;
+                    stuck.clear();
                     let mut over = Vec::new();
                     let mut live = Vec::new();
                     let fwmark = d.cfg.interception.fwmark;
@@ -248,9 +251,17 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                             Err(_) if f.session.kind == crate::sessions::Kind::Closing => {
                                 over.push(f)
                             }
-                            Err(e) => {
-                                warn!(conn = f.session.id, error = %e, "connection cannot be captured: the handoff is off");
+                            // It changed while it was captured: try again (the MH's
+                            // next greeting), all of the MH's connections together.
+                            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                                warn!(conn = f.session.id, error = %e, "connection changed while it was captured: the handoff is off");
                                 failure = Some(format!("connection {}: {e}", f.session.id));
+                                live.push(f);
+                            }
+                            // It cannot be captured: it stays here, the rest move.
+                            Err(e) => {
+                                warn!(conn = f.session.id, error = %e, "connection cannot be captured: it stays here");
+                                stuck.push((f.session.id, format!("could not capture: {e}")));
                                 live.push(f);
                             }
                         }
@@ -264,16 +275,44 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                         "frozen and captured"
                     );
                     next = Some(match failure {
-                        None => OldEvent::Captured(images),
+                        None if images.is_empty() && !stuck.is_empty() => {
+                            let why: Vec<_> = stuck
+                                .iter()
+                                .map(|(id, e)| format!("connection {id}: {e}"))
+                                .collect();
+                            OldEvent::CaptureFailed(why.join("; "))
+                        }
+                        None => {
+                            if !stuck.is_empty() {
+                                m.handle(OldEvent::Uncaptured(stuck.clone()), now_us());
+                            }
+                            OldEvent::Captured(images)
+                        }
                         // Unfreeze (which follows) resumes every frozen connection here.
                         Some(reason) => OldEvent::CaptureFailed(reason),
                     });
                 }
                 Action::Send(mut msg) => {
-                    if let Message::Images { closed, images, .. } = &mut msg {
+                    if let Message::Images {
+                        closed,
+                        staying,
+                        images,
+                        ..
+                    } = &mut msg
+                    {
                         let w = Duration::from_secs(h.cfg.closed_window_s);
                         *closed = d.strays.take(mh, w);
                         closed.extend(staying_fixed_flows(&frozen, images));
+                        *staying = frozen
+                            .iter()
+                            .filter(|f| stuck.iter().any(|(id, _)| *id == f.session.id))
+                            .flat_map(Frozen::flows)
+                            .map(|(mh, peer)| itcp_proto::channel::ClosedFlow {
+                                mh,
+                                peer,
+                                age_ms: 0,
+                            })
+                            .collect();
                         super::handshakes::attach(&d, mh, images);
                     }
                     if let Err(e) = ch.send(&msg).await {
@@ -283,7 +322,11 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                 Action::SendAhead(mh) => {
                     // Held there until the sockets restart, the segments that met the
                     // freeze here reach them before any the FH sends there.
-                    let flows: Vec<_> = frozen.iter().flat_map(Frozen::flows).collect();
+                    let flows: Vec<_> = frozen
+                        .iter()
+                        .filter(|f| !stuck.iter().any(|(id, _)| *id == f.session.id))
+                        .flat_map(Frozen::flows)
+                        .collect();
                     d.holding.send_ahead(mh, peer.ip(), &flows);
                 }
                 Action::Delete(ids) => {

@@ -200,6 +200,20 @@ pub fn capture_all(frozen: &[Frozen], mark: u32) -> Vec<Captured> {
 /// capture fails, so the common case costs nothing more.
 /// `mark`: msrd's fwmark, for the segment a rollback replays ([`itcp_handoff::unfreeze`]).
 pub fn capture_one(f: &Frozen, mark: u32) -> Captured {
+    // Test hook (README, testing): a connection that cannot be captured stays here
+    // while the MH's others move.
+    if let Some(port) = fault_capture() {
+        let hit = |p: u16| {
+            f.flows()
+                .iter()
+                .any(|(a, z)| a.port() == p || z.port() == p)
+        };
+        if port.is_none_or(hit) {
+            return Err(io::Error::other(
+                "MSRD_FAULT=fail_capture: injected capture failure",
+            ));
+        }
+    }
     let mut kind = f.session.kind;
     // The fixed side first: closing a relay out writes to the wireless socket, which
     // must happen before that one is captured.
@@ -616,19 +630,28 @@ fn discard(id: u64, fd: OwnedFd) {
     }
 }
 
+/// An `MSRD_FAULT` hook `name` or `name:PORT` among `v`'s: Some(None) for every
+/// connection, Some(Some(port)) for those with an end on PORT.
+fn port_fault(v: &str, name: &str) -> Option<Option<u16>> {
+    v.split(',').find_map(|f| match f.strip_prefix(name)? {
+        "" => Some(None),
+        p => p.strip_prefix(':')?.parse().ok().map(Some),
+    })
+}
+
 /// The `MSRD_FAULT` restart failure asked for, read once (this runs per connection
 /// inside the handoff): `fail_restart` fails every restart, `fail_restart:PORT` only
 /// those of connections with an end on PORT (some resume, some do not).
 fn fault_restart() -> Option<Option<u16>> {
     static FAULT: std::sync::OnceLock<Option<Option<u16>>> = std::sync::OnceLock::new();
-    *FAULT.get_or_init(|| {
-        let v = std::env::var("MSRD_FAULT").ok()?;
-        v.split(',')
-            .find_map(|f| match f.strip_prefix("fail_restart")? {
-                "" => Some(None),
-                p => p.strip_prefix(':')?.parse().ok().map(Some),
-            })
-    })
+    *FAULT.get_or_init(|| port_fault(&std::env::var("MSRD_FAULT").ok()?, "fail_restart"))
+}
+
+/// The `MSRD_FAULT` capture failure asked for, read once: `fail_capture:PORT` fails
+/// the capture of connections with an end on PORT at the old MSR (they stay there).
+fn fault_capture() -> Option<Option<u16>> {
+    static FAULT: std::sync::OnceLock<Option<Option<u16>>> = std::sync::OnceLock::new();
+    *FAULT.get_or_init(|| port_fault(&std::env::var("MSRD_FAULT").ok()?, "fail_capture"))
 }
 
 /// Restarts a few restored connections, then lets the segments of those that run
