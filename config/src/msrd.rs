@@ -88,8 +88,9 @@ pub struct HandoffSection {
     /// New MSR: how long to wait for the images after asking the old MSR (3000 ms).
     #[serde(default = "default_handoff_timeout")]
     pub images_timeout_ms: u64,
-    /// Old MSR: how long to wait for the new MSR's acknowledgement before unfreezing
-    /// and serving on (3000 ms).
+    /// Old MSR: how long to wait for the new MSR's acknowledgement before calling the
+    /// handoff off (3000 ms). The connections stay frozen until the new MSR answers
+    /// the call-off (what it restarted before it heard moves all the same), up to 30 s.
     #[serde(default = "default_handoff_timeout")]
     pub ack_timeout_ms: u64,
     /// Old MSR: how long after a handoff stray TCP of the MH is still dropped silently

@@ -11,10 +11,14 @@
 //! connections that really resumed.
 //! Old MSR: request (proof checked against the MH's session token, greeting not used
 //! before) → `Accepted`, freeze and capture → images → acknowledgement → delete the
-//! resumed copies silently, keep (unfreeze) the ones that did not resume. Without an
-//! acknowledgement in time (or with an abort), unfreeze and keep serving: no
-//! connection is lost because a handoff failed, and none is deleted that did not
-//! resume at the new MSR.
+//! resumed copies silently, keep (unfreeze) the ones that did not resume. Once the
+//! images are out, only the new MSR knows which connections run there: without an
+//! acknowledgement in time the old MSR calls the handoff off (`Abort`) and waits for
+//! the new MSR's final word — an acknowledgement of what it restarted before it heard,
+//! or of nothing if it had not restarted yet — so a late acknowledgement never leaves
+//! a connection running at both MSRs. Only a new MSR that stays silent, or a channel
+//! that fails, leaves the old MSR to unfreeze and serve on. No connection is lost
+//! because a handoff failed, and none is deleted that did not resume at the new MSR.
 //!
 //! Nothing an unauthenticated greeting says makes the new MSR hold anything: the hold
 //! goes up only once the old MSR (which holds the MH's token) has accepted the proof.
@@ -57,6 +61,9 @@ pub enum Action {
     /// Restore these connections in repair mode (the daemon answers with
     /// [`NewEvent::Restored`]).
     Restore(Vec<ConnImage>),
+    /// Close these restored connections without a packet, still in repair mode: the
+    /// old MSR called the handoff off before their restart and keeps them.
+    Discard(Vec<u64>),
     /// Until the [`Action::Restart`] that follows is over, drop silently the TCP
     /// segments that reach this MH's restored connections (from it, and for it from the
     /// fixed side) except those of connections already restarted: a socket in repair
@@ -164,6 +171,9 @@ pub struct NewSide {
     token: Option<String>,
     deadline: u64,
     restore_failed: Vec<(u64, String)>,
+    /// The old MSR called the handoff off (its reason) while the connections were
+    /// being restored: they are discarded, not restarted.
+    called_off: Option<String>,
     /// The peers asked so far after `MovedOn` answers (never one twice, at most
     /// [`MAX_REDIRECTS`]).
     asked: Vec<String>,
@@ -247,6 +257,7 @@ impl NewSide {
             token: None,
             deadline: now_us + t.images_us,
             restore_failed: Vec::new(),
+            called_off: None,
             asked: Vec::new(),
             also_at: None,
         };
@@ -483,6 +494,34 @@ impl NewSide {
                 self.state = NewState::Restoring;
                 vec![Action::Restore(images)]
             }
+            // Heard before the restart (the daemon looks once the restore is done):
+            // the old MSR gave up waiting and keeps the connections.
+            (NewState::Restoring, NewEvent::Message(Message::Abort { handoff_id, reason }))
+                if handoff_id == id =>
+            {
+                self.called_off = Some(reason);
+                vec![]
+            }
+            (NewState::Restoring, NewEvent::Restored { restored, failed })
+                if self.called_off.is_some() =>
+            {
+                self.phases.restored = Some(now_us);
+                let reason = self.called_off.take().unwrap_or_default();
+                let why = format!("the old MSR called the handoff off: {reason}");
+                let mut all_failed = failed;
+                all_failed.extend(restored.iter().map(|c| (*c, why.clone())));
+                let mut acts = vec![
+                    Action::Discard(restored),
+                    // Its final word: nothing runs here.
+                    Action::Send(Message::Ack {
+                        handoff_id: id,
+                        restored: vec![],
+                        failed: all_failed,
+                    }),
+                ];
+                acts.extend(self.give_up(Outcome::RolledBack, why));
+                acts
+            }
             (NewState::Restoring, NewEvent::Restored { restored, failed }) => {
                 self.phases.restored = Some(now_us);
                 self.restore_failed = failed;
@@ -570,8 +609,16 @@ pub enum OldEvent {
 enum OldState {
     Capturing,
     WaitingAck,
+    /// No acknowledgement in time: the handoff was called off, and the new MSR's
+    /// answer (what it restarted before it heard) is awaited.
+    CallingOff,
     Done,
 }
+
+/// How long the old MSR waits for the new MSR's answer to a call-off (µs). Past it,
+/// with the channel still up but silent, it cannot know what runs at the new MSR; it
+/// unfreezes (a connection that did restart there then runs at both MSRs).
+pub const CALL_OFF_WAIT_US: u64 = 30_000_000;
 
 /// What the old MSR knows of the MH a request names.
 #[derive(Debug, Clone, Copy, Default)]
@@ -765,7 +812,7 @@ impl OldSide {
 
     /// The next deadline (µs), while waiting for the acknowledgement.
     pub fn poll_timeout(&self) -> Option<u64> {
-        (self.state == OldState::WaitingAck)
+        matches!(self.state, OldState::WaitingAck | OldState::CallingOff)
             .then_some(self.deadline)
             .flatten()
     }
@@ -795,10 +842,25 @@ impl OldSide {
         ]
     }
 
-    /// The deadline passed: nothing was acknowledged, serve on.
+    /// The deadline passed. Waiting for the acknowledgement: the new MSR may have
+    /// restarted the connections and its acknowledgement be on its way, so the
+    /// handoff is called off and its answer awaited, the connections still frozen.
+    /// Waiting for that answer: serve on.
     pub fn handle_timeout(&mut self, now_us: u64) -> Vec<Action> {
         match self.poll_timeout() {
-            Some(d) if now_us >= d => self.roll_back("new MSR did not confirm in time".into()),
+            Some(d) if now_us >= d => {
+                if self.state == OldState::CallingOff {
+                    return self.roll_back(
+                        "new MSR did not confirm in time, nor answer the call-off".into(),
+                    );
+                }
+                self.state = OldState::CallingOff;
+                self.deadline = Some(now_us + CALL_OFF_WAIT_US);
+                vec![Action::Send(Message::Abort {
+                    handoff_id: self.handoff_id,
+                    reason: "no acknowledgement in time".into(),
+                })]
+            }
             _ => vec![],
         }
     }
@@ -806,7 +868,9 @@ impl OldSide {
     /// The channel to the new MSR failed (closed, crashed, unauthenticated bytes).
     pub fn handle_channel_lost(&mut self, reason: &str) -> Vec<Action> {
         match self.state {
-            OldState::WaitingAck => self.roll_back(format!("channel to the new MSR: {reason}")),
+            OldState::WaitingAck | OldState::CallingOff => {
+                self.roll_back(format!("channel to the new MSR: {reason}"))
+            }
             _ => vec![],
         }
     }
@@ -846,7 +910,7 @@ impl OldSide {
                 }
             }
             (
-                OldState::WaitingAck,
+                OldState::WaitingAck | OldState::CallingOff,
                 OldEvent::Message(Message::Ack {
                     handoff_id,
                     restored,
@@ -894,7 +958,7 @@ impl OldSide {
                 acts
             }
             (
-                OldState::WaitingAck | OldState::Capturing,
+                OldState::WaitingAck | OldState::CallingOff | OldState::Capturing,
                 OldEvent::Message(Message::Abort { handoff_id, reason }),
             ) if handoff_id == self.handoff_id => {
                 self.roll_back(format!("new MSR aborted: {reason}"))
@@ -1548,8 +1612,7 @@ mod tests {
         assert_eq!(new.poll_timeout(), None);
     }
 
-    #[test]
-    fn old_msr_rolls_back_when_the_new_one_goes_silent() {
+    fn waiting_old() -> OldSide {
         let (mut old, _) = OldSide::start(
             "msr1",
             "msr2",
@@ -1560,22 +1623,162 @@ mod tests {
             T,
         );
         assert_eq!(old.poll_timeout(), None);
-        old.handle(OldEvent::Captured(vec![img(1)]), 1);
+        old.handle(OldEvent::Captured(vec![img(1), img(2)]), 1);
+        old
+    }
+
+    /// The old MSR's deadline passed: it calls the handoff off and keeps waiting.
+    fn calling_off() -> OldSide {
+        let mut old = waiting_old();
         assert!(old.handle_timeout(5000).is_empty());
         let acts = old.handle_timeout(5001);
+        assert_eq!(acts.len(), 1, "{acts:?}");
+        assert!(matches!(sent(&acts), Message::Abort { handoff_id: 1, .. }));
+        assert!(!old.done());
+        assert_eq!(old.poll_timeout(), Some(5001 + CALL_OFF_WAIT_US));
+        old
+    }
+
+    #[test]
+    fn old_msr_rolls_back_when_the_new_one_stays_silent() {
+        let mut old = calling_off();
+        assert!(old.handle_timeout(5000 + CALL_OFF_WAIT_US).is_empty());
+        let acts = old.handle_timeout(5001 + CALL_OFF_WAIT_US);
         assert_eq!(acts[0], Action::Unfreeze(greeting().mh));
         assert_eq!(log(&acts).outcome, Outcome::RolledBack);
-        // A late ack changes nothing: the connection stays here.
-        assert!(old
-            .handle(
-                OldEvent::Message(Message::Ack {
-                    handoff_id: 1,
-                    restored: vec![1],
-                    failed: vec![]
-                }),
-                6000
-            )
-            .is_empty());
+        // Anything later changes nothing: the connections run here.
+        let ack = Message::Ack {
+            handoff_id: 1,
+            restored: vec![1, 2],
+            failed: vec![],
+        };
+        assert!(old.handle(OldEvent::Message(ack), 6000).is_empty());
+    }
+
+    /// The soak (30 minutes, seed 43): an acknowledgement 3 s late met an old MSR that
+    /// had rolled back at its deadline; the connections ran at both MSRs, and the next
+    /// move back found their 4-tuples taken ("Cannot assign requested address").
+    #[test]
+    fn a_late_acknowledgement_after_the_call_off_still_moves_the_connections() {
+        let mut old = calling_off();
+        let acts = old.handle(
+            OldEvent::Message(Message::Ack {
+                handoff_id: 1,
+                restored: vec![1, 2],
+                failed: vec![],
+            }),
+            3_000_000,
+        );
+        assert_eq!(acts[0], Action::Delete(vec![1, 2]));
+        assert!(!acts.contains(&Action::Unfreeze(greeting().mh)), "{acts:?}");
+        assert_eq!(log(&acts).outcome, Outcome::Moved);
+        assert!(old.done());
+    }
+
+    #[test]
+    fn a_call_off_heard_before_the_restart_discards_the_restored_copies() {
+        let mh = greeting().mh;
+        let mut old = calling_off();
+        let (mut new, _) = NewSide::start(1, "msr2", greeting(), 0, T);
+        new.handle(
+            NewEvent::Message(Message::Accepted {
+                handoff_id: 1,
+                token: None,
+                also_at: None,
+            }),
+            1,
+        );
+        let images = Message::Images {
+            handoff_id: 1,
+            images: vec![img(1), img(2)],
+            token: None,
+            closed: vec![],
+            staying: vec![],
+            mac: None,
+        };
+        assert!(matches!(
+            new.handle(NewEvent::Message(images), 2)[..],
+            [Action::Restore(_)]
+        ));
+        // The old MSR's call-off, read once the restore is done.
+        let abort = Message::Abort {
+            handoff_id: 1,
+            reason: "no acknowledgement in time".into(),
+        };
+        assert!(new.handle(NewEvent::Message(abort), 3).is_empty());
+        let acts = new.handle(
+            NewEvent::Restored {
+                restored: vec![1],
+                failed: vec![(2, "bad image".into())],
+            },
+            4,
+        );
+        assert_eq!(acts[0], Action::Discard(vec![1]));
+        assert!(!acts
+            .iter()
+            .any(|a| matches!(a, Action::Restart(_) | Action::Reroute(_) | Action::Gate(_))));
+        assert!(acts.contains(&Action::Release(mh)));
+        let ack = sent(&acts);
+        match &ack {
+            Message::Ack {
+                restored, failed, ..
+            } => {
+                assert!(restored.is_empty());
+                assert_eq!(failed.len(), 2, "{failed:?}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(log(&acts).outcome, Outcome::RolledBack);
+        assert!(new.done());
+        // The old MSR keeps everything and takes the MH back.
+        let acts = old.handle(OldEvent::Message(ack), 5);
+        assert!(acts.contains(&Action::Unfreeze(mh)));
+        assert!(!acts.iter().any(|a| matches!(a, Action::Delete(_))));
+        assert_eq!(log(&acts).outcome, Outcome::RolledBack);
+    }
+
+    #[test]
+    fn a_call_off_after_the_restart_changes_nothing_at_the_new_msr() {
+        let (mut new, _) = NewSide::start(1, "msr2", greeting(), 0, T);
+        new.handle(
+            NewEvent::Message(Message::Accepted {
+                handoff_id: 1,
+                token: None,
+                also_at: None,
+            }),
+            1,
+        );
+        let images = Message::Images {
+            handoff_id: 1,
+            images: vec![img(1)],
+            token: None,
+            closed: vec![],
+            staying: vec![],
+            mac: None,
+        };
+        new.handle(NewEvent::Message(images), 2);
+        let acts = new.handle(
+            NewEvent::Restored {
+                restored: vec![1],
+                failed: vec![],
+            },
+            3,
+        );
+        assert!(acts.contains(&Action::Restart(vec![1])));
+        let abort = Message::Abort {
+            handoff_id: 1,
+            reason: "no acknowledgement in time".into(),
+        };
+        assert!(new.handle(NewEvent::Message(abort), 4).is_empty());
+        let acts = new.handle(
+            NewEvent::Restarted {
+                resumed: vec![1],
+                failed: vec![],
+            },
+            5,
+        );
+        assert!(matches!(sent(&acts), Message::Ack { ref restored, .. } if restored == &vec![1]));
+        assert_eq!(log(&acts).outcome, Outcome::Moved);
     }
 
     #[test]

@@ -164,8 +164,34 @@ impl Rules {
         s += &format!(
             "    meta l4proto {{ tcp, icmp, ipv6-icmp }} socket transparent 1 meta mark set {mark} accept\n"
         );
-        // Here no socket of ours took the segment (that rule accepted it): one of an
-        // ended flow that would be forwarded goes nowhere. Segments for this router's
+        // Here no socket of ours took the segment (that rule accepted it). In
+        // transparent mode the MH's connection and the FH's are two with one 4-tuple
+        // and other sequence numbers: a segment of either side of an intercepted flow
+        // that no socket takes here (a connection that lives at another MSR, or one that
+        // finished here during its move) must not be forwarded to the other host, whose
+        // connection would take it for garbage and answer with an RST (found by the
+        // overlapped short-connections test: a held ACK of the MH's, replayed after
+        // its restored connection had closed, reached the FH, which reset it).
+        if let Some(tp) = &self.transparent {
+            let ports = set(&tp.ports);
+            for (ip, v4) in [("ip", true), ("ip6", false)] {
+                let p: Vec<&IpPrefix> = tp
+                    .mh_prefixes
+                    .iter()
+                    .filter(|p| p.is_ipv4() == v4)
+                    .collect();
+                if p.is_empty() {
+                    continue;
+                }
+                let p = set(&p);
+                for (mh, port) in [("saddr", "dport"), ("daddr", "sport")] {
+                    s += &format!(
+                        "    iifname != \"lo\" tcp flags & syn == 0 {ip} {mh} {p} tcp {port} {ports} fib daddr type != local drop\n"
+                    );
+                }
+            }
+        }
+        // One of an ended flow that would be forwarded goes nowhere. Segments for this router's
         // own addresses are left to their sockets (explicit mode: the kernel's RST, if
         // any, is dropped in `hold_out`).
         for (ip, v) in [("ip", "4"), ("ip6", "6")] {
@@ -810,6 +836,26 @@ mod tests {
             out.contains(&format!("    tcp flags rst {r} @ended6 drop\n")),
             "{out}"
         );
+    }
+
+    #[test]
+    fn intercepted_segments_no_socket_took_are_never_forwarded() {
+        let s = rules(true).nft_script();
+        let pre = &s[s.find("chain prerouting {").unwrap()..];
+        let pre = &pre[..pre.find("\n  }").unwrap()];
+        let sock = pre.find("socket transparent 1").unwrap();
+        for rule in [
+            "iifname != \"lo\" tcp flags & syn == 0 ip saddr { 10.2.0.0/24 } tcp dport { 80, 443 } fib daddr type != local drop",
+            "iifname != \"lo\" tcp flags & syn == 0 ip daddr { 10.2.0.0/24 } tcp sport { 80, 443 } fib daddr type != local drop",
+            "iifname != \"lo\" tcp flags & syn == 0 ip6 saddr { 2001:db8::/64 } tcp dport { 80, 443 } fib daddr type != local drop",
+            "iifname != \"lo\" tcp flags & syn == 0 ip6 daddr { 2001:db8::/64 } tcp sport { 80, 443 } fib daddr type != local drop",
+        ] {
+            let at = pre.find(rule).unwrap_or_else(|| panic!("{rule}\n{pre}"));
+            assert!(at > sock, "after the socket lookup: {pre}");
+        }
+        // Without transparent mode, nothing of the kind.
+        let s = rules(false).nft_script();
+        assert!(!s.contains("tcp sport { 80, 443 }"), "{s}");
     }
 
     #[test]

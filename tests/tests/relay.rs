@@ -1074,6 +1074,33 @@ fn stray_segments_of_an_ended_relay_draw_no_reset() {
     );
 }
 
+/// Segments of an intercepted flow that no socket of the MSR takes (a connection that
+/// lives at another MSR, or one that ended here during its move) are dropped, never
+/// routed on: in transparent mode the other host's connection on that 4-tuple has
+/// other sequence numbers, and takes such a segment for garbage. Found by the
+/// overlapped short-connections test (handoff.rs, ~1 run in 10): a held ACK of the
+/// MH's, let go after its restored connection had finished, reached the FH, which
+/// reset the connection. Here the strays are sent by hand, both ways, on flows the
+/// MSR never had.
+#[test]
+fn segments_of_intercepted_flows_no_socket_takes_are_not_forwarded() {
+    let lab = lab_with_msrd("[transparent]\nenabled = true\nports = [7012]\n");
+    lab.watch_rsts(Host::Mh).unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+    let _l = fh_listen(&lab, 7012);
+    let mh = SocketAddr::from((addr::MH, 41012));
+    lab.send_stray_ack(Host::Mh, mh, fh(7012)).unwrap();
+    let mh2 = SocketAddr::from((addr::MH, 41013));
+    lab.send_stray_ack(Host::Fh, fh(7012), mh2).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let (mh, fh) = (lab.rsts(Host::Mh).unwrap(), lab.rsts(Host::Fh).unwrap());
+    assert_eq!(
+        (mh, fh),
+        ((0, 0), (0, 0)),
+        "RSTs (in, out) at the MH, at the FH"
+    );
+}
+
 /// An unmodified MH reusing its port for a new connection to the same FH port (as its
 /// kernel does with ephemeral ports) while msrd's wireless socket of the last one is
 /// still in TIME_WAIT (the FH closed first). Found with the port-reuse handoff test:

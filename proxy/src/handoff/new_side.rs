@@ -355,11 +355,30 @@ async fn run(
                     flight_route = route;
                     entries = es;
                     moving = ok.iter().flat_map(Restored::flows).collect();
+                    // The old MSR may have called the handoff off meanwhile (a slow
+                    // restore): heard now, before the restart, it keeps the connections
+                    // and these copies go. Heard later, it waits for our acknowledgement.
+                    if let Some(c) = ch.as_mut() {
+                        if let Ok(Ok(msg)) = tokio::time::timeout(Duration::ZERO, c.recv()).await {
+                            let ignored = m.handle(NewEvent::Message(msg), now_us());
+                            debug_assert!(ignored.is_empty(), "{ignored:?}");
+                        }
+                    }
                     next = Some(NewEvent::Restored {
                         restored: ok.iter().map(|r| r.id).collect(),
                         failed,
                     });
                     restored = ok;
+                }
+                Action::Discard(ids) => {
+                    let (gone, keep): (Vec<Restored>, Vec<Restored>) =
+                        std::mem::take(&mut restored)
+                            .into_iter()
+                            .partition(|r| ids.contains(&r.id));
+                    restored = keep;
+                    moving.clear();
+                    drop(flight_route.take());
+                    discard_all(gone);
                 }
                 Action::Attached => {
                     debug!(%mh, old = %prev, "the previous MSR holds nothing of the MH: attached here");
