@@ -59,8 +59,13 @@ pub const MAX_ENVELOPE: usize = 16 << 20;
 pub const MAX_ATTACHMENT: usize = (1 << 31) - 1;
 
 /// What one MSR says to another.
+///
+/// Fields a peer does not know are ignored, so MSRs can be upgraded one at a time: a
+/// newer msrd's optional fields (absent, they mean what an older msrd does) do not
+/// make an older one refuse its messages, which only an authenticated peer can send.
+/// An unknown message `type` is still refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "type", rename_all = "snake_case")]
 pub enum Message {
     /// New MSR → old MSR (paper step 4–5): the MH is here; send me its connections.
     HandoffRequest { handoff_id: u64, greeting: Greeting },
@@ -135,7 +140,6 @@ pub enum Message {
 /// A TCP flow of the MH that closed at the old MSR `age_ms` ago: `mh` is the MH's end
 /// (its address as the FH or the MSR sees it), `peer` the other end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ClosedFlow {
     pub mh: SocketAddr,
     pub peer: SocketAddr,
@@ -145,7 +149,6 @@ pub struct ClosedFlow {
 /// One I-TCP connection's state, as shipped: its identity and the two socket images
 /// (opaque bytes here; see [`crate::image`]), which travel in the frame's attachment.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub struct ConnImage {
     pub id: u64,
     pub kind: String,
@@ -694,6 +697,31 @@ mod tests {
             handoff_id: id,
             reason: "test".into(),
         }
+    }
+
+    /// A newer peer's optional fields (the images' `staying` was one: an msrd without
+    /// it refused every images message that carried it) are ignored; an unknown message
+    /// type is not.
+    #[test]
+    fn fields_a_peer_does_not_know_are_ignored_and_unknown_types_refused() {
+        let json = br#"{"type":"images","handoff_id":3,"images":[{"id":1,"kind":"connect","later":true}],"token":null,"closed":[{"mh":"10.2.0.100:1","peer":"10.0.0.1:2","age_ms":5,"why":"x"}],"from_the_future":[1,2]}"#;
+        let m: Message = serde_json::from_slice(json).expect("an images message");
+        match m {
+            Message::Images {
+                handoff_id,
+                images,
+                closed,
+                ..
+            } => {
+                assert_eq!((handoff_id, images.len(), closed.len()), (3, 1, 1));
+                assert_eq!(images[0].id, 1);
+            }
+            other => panic!("{other:?}"),
+        }
+        let unknown = br#"{"type":"teleport","handoff_id":3}"#;
+        assert!(serde_json::from_slice::<Message>(unknown).is_err());
+        let missing = br#"{"type":"abort","handoff_id":3}"#;
+        assert!(serde_json::from_slice::<Message>(missing).is_err());
     }
 
     #[test]
