@@ -174,6 +174,8 @@ pub struct NewSide {
     /// The old MSR called the handoff off (its reason) while the connections were
     /// being restored: they are discarded, not restarted.
     called_off: Option<String>,
+    /// Our acknowledgement, once sent: the answer to a call-off that comes after it.
+    ack: Option<Message>,
     /// The peers asked so far after `MovedOn` answers (never one twice, at most
     /// [`MAX_REDIRECTS`]).
     asked: Vec<String>,
@@ -258,6 +260,7 @@ impl NewSide {
             deadline: now_us + t.images_us,
             restore_failed: Vec::new(),
             called_off: None,
+            ack: None,
             asked: Vec::new(),
             also_at: None,
         };
@@ -271,6 +274,14 @@ impl NewSide {
 
     pub fn done(&self) -> bool {
         self.state == NewState::Done
+    }
+
+    /// Whether the old MSR has been sent our acknowledgement: the channel stays open
+    /// after the handoff until the old MSR closes it, to answer a call-off that crossed
+    /// it (closed at once, it met the call-off with an RST, and the old MSR, which
+    /// could not tell, unfroze copies of connections running here).
+    pub fn acknowledged(&self) -> bool {
+        self.ack.is_some()
     }
 
     /// True once the MH's flows are held here (the proof was accepted).
@@ -510,15 +521,14 @@ impl NewSide {
                 let why = format!("the old MSR called the handoff off: {reason}");
                 let mut all_failed = failed;
                 all_failed.extend(restored.iter().map(|c| (*c, why.clone())));
-                let mut acts = vec![
-                    Action::Discard(restored),
-                    // Its final word: nothing runs here.
-                    Action::Send(Message::Ack {
-                        handoff_id: id,
-                        restored: vec![],
-                        failed: all_failed,
-                    }),
-                ];
+                // Its final word: nothing runs here.
+                let ack = Message::Ack {
+                    handoff_id: id,
+                    restored: vec![],
+                    failed: all_failed,
+                };
+                self.ack = Some(ack.clone());
+                let mut acts = vec![Action::Discard(restored), Action::Send(ack)];
                 acts.extend(self.give_up(Outcome::RolledBack, why));
                 acts
             }
@@ -541,11 +551,13 @@ impl NewSide {
                 all_failed.extend(failed);
                 self.phases.acknowledged = Some(now_us);
                 let none_resumed = resumed.is_empty() && !all_failed.is_empty();
-                let mut acts = vec![Action::Send(Message::Ack {
+                let ack = Message::Ack {
                     handoff_id: id,
                     restored: resumed,
                     failed: all_failed.clone(),
-                })];
+                };
+                self.ack = Some(ack.clone());
+                let mut acts = vec![Action::Send(ack)];
                 if none_resumed {
                     // Nothing runs here: the old MSR keeps every connection and takes
                     // the MH's address back; the MH is told the move failed.
@@ -582,6 +594,13 @@ impl NewSide {
                     Outcome::RolledBack
                 };
                 self.give_up(outcome, format!("old MSR refused: {reason}"))
+            }
+            // A call-off that crossed our acknowledgement (late, or held up in the
+            // network past the old MSR's deadline): it stands, and is sent again.
+            (NewState::Done, NewEvent::Message(Message::Abort { handoff_id, .. }))
+                if handoff_id == id && self.ack.is_some() =>
+            {
+                self.ack.clone().map(Action::Send).into_iter().collect()
             }
             // Anything else (late, duplicate or misplaced messages) changes nothing.
             _ => vec![],
@@ -1777,8 +1796,24 @@ mod tests {
             },
             5,
         );
-        assert!(matches!(sent(&acts), Message::Ack { ref restored, .. } if restored == &vec![1]));
+        let ack = sent(&acts);
+        assert!(matches!(ack, Message::Ack { ref restored, .. } if restored == &vec![1]));
         assert_eq!(log(&acts).outcome, Outcome::Moved);
+        assert!(new.done() && new.acknowledged());
+        // A call-off that crossed the acknowledgement (the soak, seed 37: the channel
+        // cut for 1.6 s, the acknowledgement held up past the old MSR's deadline) is
+        // answered with the acknowledgement again.
+        let abort = Message::Abort {
+            handoff_id: 1,
+            reason: "no acknowledgement in time".into(),
+        };
+        let acts = new.handle(NewEvent::Message(abort), 6);
+        assert_eq!(acts, vec![Action::Send(ack)]);
+        let other = Message::Abort {
+            handoff_id: 2,
+            reason: "not ours".into(),
+        };
+        assert!(new.handle(NewEvent::Message(other), 7).is_empty());
     }
 
     #[test]

@@ -515,6 +515,9 @@ async fn run(
             if lifted {
                 d.holding.settle(mh, &[]);
             }
+            if let (true, Some(c)) = (m.acknowledged(), ch.take()) {
+                tokio::spawn(answer_call_off(c, m.clone()).in_current_span());
+            }
             return m.also_at().filter(|_| moved_any).map(str::to_string);
         }
         let Some(c) = ch.as_mut() else {
@@ -535,5 +538,24 @@ async fn run(
             Ok(Err(e)) => m.handle_channel_lost(&e.to_string()),
             Err(_) => m.handle_timeout(now_us()),
         };
+    }
+}
+
+/// Keeps the channel of an acknowledged handoff open until the old MSR closes it, to
+/// answer a call-off that crossed our acknowledgement with the acknowledgement again.
+/// Closed at once, the channel met such a call-off with an RST, and the old MSR,
+/// unable to tell what ran here, unfroze its copies: the connections ran at both MSRs
+/// (the soak, seed 37: the channel cut while the acknowledgement was on its way).
+async fn answer_call_off(mut ch: Channel, mut m: NewSide) {
+    let wait = Duration::from_micros(itcp_handoff::machine::CALL_OFF_WAIT_US);
+    while let Ok(Ok(msg)) = tokio::time::timeout(wait, ch.recv()).await {
+        for a in m.handle(NewEvent::Message(msg), now_us()) {
+            if let Action::Send(msg) = a {
+                info!("the old MSR called the handoff off after our acknowledgement: sent again");
+                if let Err(e) = ch.send(&msg).await {
+                    warn!(error = %e, "acknowledgement not sent again");
+                }
+            }
+        }
     }
 }
