@@ -473,6 +473,13 @@ pub async fn relay(
     pause: &watch::Receiver<bool>,
     pending: Pending,
 ) -> End {
+    // Urgent bytes stay in the stream until the relay passes them on out of band
+    // (`crate::urgent`): out of band, one not taken in time is dropped by the kernel.
+    for s in [wireless, fixed] {
+        if let Err(e) = crate::urgent::keep_inline(s.as_raw_fd()) {
+            tracing::debug!(error = %e, "urgent bytes not kept inline");
+        }
+    }
     let up = pump(
         wireless,
         fixed,

@@ -1108,6 +1108,7 @@ impl Lab {
     /// socket answers. The caller owns the process: kill and wait for it (it also dies
     /// with the lab's namespaces and with this process).
     pub fn restart_msrd(&self, k: usize) -> io::Result<Child> {
+        self.wait_msrd_gone(k);
         let mut child = self.launch_msrd(k)?;
         if let Err(e) = self.wait_msrd_up(k, &mut child) {
             let _ = child.kill();
@@ -1115,6 +1116,31 @@ impl Lab {
             return Err(e);
         }
         Ok(child)
+    }
+
+    /// Waits (at most 5 s) until no msrd runs in MSR `k`'s namespace: one still
+    /// exiting holds its listening sockets, and a new one would fail to bind them
+    /// (seen in CI: a restart 10 ms after an msrd's exit, "Address already in use").
+    /// An exited one waiting to be reaped holds nothing and is not listed.
+    fn wait_msrd_gone(&self, k: usize) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let running = || -> bool {
+            let Ok(out) = Command::new("ip")
+                .args(["netns", "pids", &self.ns(Host::Msr(k))])
+                .output()
+            else {
+                return false;
+            };
+            String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .any(|pid| {
+                    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"));
+                    comm.is_ok_and(|c| c.trim() == "msrd")
+                })
+        };
+        while running() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     fn launch_msrd(&self, k: usize) -> io::Result<Child> {
