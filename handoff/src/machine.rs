@@ -1694,37 +1694,43 @@ mod tests {
         assert!(old.done());
     }
 
-    #[test]
-    fn a_call_off_heard_before_the_restart_discards_the_restored_copies() {
-        let mh = greeting().mh;
-        let mut old = calling_off();
+    /// A new MSR (handoff 1) that has the old MSR's `images` and restores them.
+    fn restoring(images: Vec<ConnImage>) -> NewSide {
         let (mut new, _) = NewSide::start(1, "msr2", greeting(), 0, T);
-        new.handle(
-            NewEvent::Message(Message::Accepted {
-                handoff_id: 1,
-                token: None,
-                also_at: None,
-            }),
-            1,
-        );
+        let accepted = Message::Accepted {
+            handoff_id: 1,
+            token: None,
+            also_at: None,
+        };
+        new.handle(NewEvent::Message(accepted), 1);
         let images = Message::Images {
             handoff_id: 1,
-            images: vec![img(1), img(2)],
+            images,
             token: None,
             closed: vec![],
             staying: vec![],
             mac: None,
         };
-        assert!(matches!(
-            new.handle(NewEvent::Message(images), 2)[..],
-            [Action::Restore(_)]
-        ));
-        // The old MSR's call-off, read once the restore is done.
-        let abort = Message::Abort {
-            handoff_id: 1,
+        let acts = new.handle(NewEvent::Message(images), 2);
+        assert!(matches!(acts[..], [Action::Restore(_)]), "{acts:?}");
+        new
+    }
+
+    /// The old MSR's call-off of handoff `id`.
+    fn call_off(id: u64) -> Message {
+        Message::Abort {
+            handoff_id: id,
             reason: "no acknowledgement in time".into(),
-        };
-        assert!(new.handle(NewEvent::Message(abort), 3).is_empty());
+        }
+    }
+
+    #[test]
+    fn a_call_off_heard_before_the_restart_discards_the_restored_copies() {
+        let mh = greeting().mh;
+        let mut old = calling_off();
+        let mut new = restoring(vec![img(1), img(2)]);
+        // The old MSR's call-off, read once the restore is done.
+        assert!(new.handle(NewEvent::Message(call_off(1)), 3).is_empty());
         let acts = new.handle(
             NewEvent::Restored {
                 restored: vec![1],
@@ -1758,24 +1764,7 @@ mod tests {
 
     #[test]
     fn a_call_off_after_the_restart_changes_nothing_at_the_new_msr() {
-        let (mut new, _) = NewSide::start(1, "msr2", greeting(), 0, T);
-        new.handle(
-            NewEvent::Message(Message::Accepted {
-                handoff_id: 1,
-                token: None,
-                also_at: None,
-            }),
-            1,
-        );
-        let images = Message::Images {
-            handoff_id: 1,
-            images: vec![img(1)],
-            token: None,
-            closed: vec![],
-            staying: vec![],
-            mac: None,
-        };
-        new.handle(NewEvent::Message(images), 2);
+        let mut new = restoring(vec![img(1)]);
         let acts = new.handle(
             NewEvent::Restored {
                 restored: vec![1],
@@ -1784,11 +1773,7 @@ mod tests {
             3,
         );
         assert!(acts.contains(&Action::Restart(vec![1])));
-        let abort = Message::Abort {
-            handoff_id: 1,
-            reason: "no acknowledgement in time".into(),
-        };
-        assert!(new.handle(NewEvent::Message(abort), 4).is_empty());
+        assert!(new.handle(NewEvent::Message(call_off(1)), 4).is_empty());
         let acts = new.handle(
             NewEvent::Restarted {
                 resumed: vec![1],
@@ -1803,17 +1788,9 @@ mod tests {
         // A call-off that crossed the acknowledgement (the soak, seed 37: the channel
         // cut for 1.6 s, the acknowledgement held up past the old MSR's deadline) is
         // answered with the acknowledgement again.
-        let abort = Message::Abort {
-            handoff_id: 1,
-            reason: "no acknowledgement in time".into(),
-        };
-        let acts = new.handle(NewEvent::Message(abort), 6);
+        let acts = new.handle(NewEvent::Message(call_off(1)), 6);
         assert_eq!(acts, vec![Action::Send(ack)]);
-        let other = Message::Abort {
-            handoff_id: 2,
-            reason: "not ours".into(),
-        };
-        assert!(new.handle(NewEvent::Message(other), 7).is_empty());
+        assert!(new.handle(NewEvent::Message(call_off(2)), 7).is_empty());
     }
 
     #[test]

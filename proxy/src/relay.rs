@@ -476,7 +476,7 @@ pub async fn relay(
     // Urgent bytes stay in the stream until the relay passes them on out of band
     // (`crate::urgent`): out of band, one not taken in time is dropped by the kernel.
     for s in [wireless, fixed] {
-        if let Err(e) = crate::urgent::keep_inline(s.as_raw_fd()) {
+        if let Err(e) = crate::urgent::keep_inline(s) {
             tracing::debug!(error = %e, "urgent bytes not kept inline");
         }
     }

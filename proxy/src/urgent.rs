@@ -14,7 +14,9 @@
 //! while the relay sat at its mark waiting for room at the destination).
 
 use std::io;
-use std::os::fd::RawFd;
+use std::os::fd::{AsFd, BorrowedFd, RawFd};
+
+use socket2::SockRef;
 
 /// `SIOCATMARK` (asm-generic/sockios.h; the libc crate lacks it).
 const SIOCATMARK: libc::Ioctl = 0x8905;
@@ -30,24 +32,10 @@ pub fn at_mark(fd: RawFd) -> io::Result<bool> {
     Ok(v != 0)
 }
 
-/// Keeps `fd`'s urgent bytes inline (SO_OOBINLINE): read at their place, never
+/// Keeps `s`'s urgent bytes inline (SO_OOBINLINE): read at their place, never
 /// dropped for a newer urgent pointer.
-pub fn keep_inline(fd: RawFd) -> io::Result<()> {
-    let one: libc::c_int = 1;
-    // SAFETY: a c_int option value, its size passed along; `fd` is open.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_OOBINLINE,
-            (&one as *const libc::c_int).cast(),
-            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+pub fn keep_inline(s: impl AsFd) -> io::Result<()> {
+    SockRef::from(&s).set_out_of_band_inline(true)
 }
 
 /// Takes the urgent byte at the mark: out of band, or as the next byte of a socket
@@ -84,22 +72,9 @@ pub fn take(fd: RawFd) -> io::Result<Option<u8>> {
 }
 
 fn inline(fd: RawFd) -> io::Result<bool> {
-    let mut v: libc::c_int = 0;
-    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
-    // SAFETY: one int out with its length; `fd` is open.
-    let r = unsafe {
-        libc::getsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_OOBINLINE,
-            (&mut v as *mut libc::c_int).cast(),
-            &mut len,
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(v != 0)
+    // SAFETY: `fd` is open for the duration of this call (the caller's socket).
+    let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+    SockRef::from(&fd).out_of_band_inline()
 }
 
 /// Sends `b` as urgent data; WouldBlock when the send buffer is full.
@@ -195,7 +170,7 @@ mod tests {
         for keep in [false, true] {
             let (mut a, mut b) = pair();
             if keep {
-                keep_inline(b.as_raw_fd()).unwrap();
+                keep_inline(&b).unwrap();
             }
             a.write_all(b"ab").unwrap();
             send(a.as_raw_fd(), b'1').unwrap();

@@ -289,14 +289,20 @@ fn remove(o: &Owned) {
     }
 }
 
-fn kill_netns_pids(ns: &str) {
+/// The processes in network namespace `ns` (none if it cannot be listed). One that
+/// has exited and waits to be reaped is not listed: it left its namespaces.
+fn netns_pids(ns: &str) -> Vec<i32> {
     let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() else {
-        return;
+        return Vec::new();
     };
-    let pids: Vec<i32> = String::from_utf8_lossy(&out.stdout)
+    String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
         .filter_map(|p| p.parse().ok())
-        .collect();
+        .collect()
+}
+
+fn kill_netns_pids(ns: &str) {
+    let pids = netns_pids(ns);
     for &pid in &pids {
         // SAFETY: plain kill of a process that lives in our namespace.
         unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -1121,22 +1127,13 @@ impl Lab {
     /// Waits (at most 5 s) until no msrd runs in MSR `k`'s namespace: one still
     /// exiting holds its listening sockets, and a new one would fail to bind them
     /// (seen in CI: a restart 10 ms after an msrd's exit, "Address already in use").
-    /// An exited one waiting to be reaped holds nothing and is not listed.
     fn wait_msrd_gone(&self, k: usize) {
         let deadline = Instant::now() + Duration::from_secs(5);
-        let running = || -> bool {
-            let Ok(out) = Command::new("ip")
-                .args(["netns", "pids", &self.ns(Host::Msr(k))])
-                .output()
-            else {
-                return false;
-            };
-            String::from_utf8_lossy(&out.stdout)
-                .split_whitespace()
-                .any(|pid| {
-                    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"));
-                    comm.is_ok_and(|c| c.trim() == "msrd")
-                })
+        let running = || {
+            netns_pids(&self.ns(Host::Msr(k))).iter().any(|pid| {
+                let comm = std::fs::read_to_string(format!("/proc/{pid}/comm"));
+                comm.is_ok_and(|c| c.trim() == "msrd")
+            })
         };
         while running() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));

@@ -1010,6 +1010,22 @@ fn an_unresolvable_name_answers_host_unreachable_within_the_resolve_timeout() {
     );
 }
 
+/// Counts the RSTs the MH and the FH send and receive from now on.
+fn watch_rsts(lab: &Lab) {
+    lab.watch_rsts(Host::Mh).unwrap();
+    lab.watch_rsts(Host::Fh).unwrap();
+}
+
+/// No RST sent or received at the MH or the FH since [`watch_rsts`].
+fn assert_no_rsts(lab: &Lab) {
+    let (mh, fh) = (lab.rsts(Host::Mh).unwrap(), lab.rsts(Host::Fh).unwrap());
+    assert_eq!(
+        (mh, fh),
+        ((0, 0), (0, 0)),
+        "RSTs (in, out) at the MH, at the FH"
+    );
+}
+
 /// Stray segments of a relay that ended gracefully meet silence. A wireless socket in
 /// LAST_ACK whose FIN went out again (a tail-loss probe on a cell whose queue delays
 /// the answer) closes on the MH's first ACK; the MH's TIME_WAIT answers the second
@@ -1020,8 +1036,7 @@ fn an_unresolvable_name_answers_host_unreachable_within_the_resolve_timeout() {
 #[test]
 fn stray_segments_of_an_ended_relay_draw_no_reset() {
     let lab = lab_with_msrd("[transparent]\nenabled = true\nports = [7010]\n");
-    lab.watch_rsts(Host::Mh).unwrap();
-    lab.watch_rsts(Host::Fh).unwrap();
+    watch_rsts(&lab);
     let l = fh_listen(&lab, 7010);
     let server = on(&lab, Host::Fh, move || {
         for _ in 0..2 {
@@ -1066,12 +1081,7 @@ fn stray_segments_of_an_ended_relay_draw_no_reset() {
         lab.send_stray_ack(Host::Mh, mh, peer).unwrap();
     }
     std::thread::sleep(Duration::from_millis(500));
-    let (mh, fh) = (lab.rsts(Host::Mh).unwrap(), lab.rsts(Host::Fh).unwrap());
-    assert_eq!(
-        (mh, fh),
-        ((0, 0), (0, 0)),
-        "RSTs (in, out) at the MH, at the FH"
-    );
+    assert_no_rsts(&lab);
 }
 
 /// Segments of an intercepted flow that no socket of the MSR takes (a connection that
@@ -1085,20 +1095,14 @@ fn stray_segments_of_an_ended_relay_draw_no_reset() {
 #[test]
 fn segments_of_intercepted_flows_no_socket_takes_are_not_forwarded() {
     let lab = lab_with_msrd("[transparent]\nenabled = true\nports = [7012]\n");
-    lab.watch_rsts(Host::Mh).unwrap();
-    lab.watch_rsts(Host::Fh).unwrap();
+    watch_rsts(&lab);
     let _l = fh_listen(&lab, 7012);
     let mh = SocketAddr::from((addr::MH, 41012));
     lab.send_stray_ack(Host::Mh, mh, fh(7012)).unwrap();
     let mh2 = SocketAddr::from((addr::MH, 41013));
     lab.send_stray_ack(Host::Fh, fh(7012), mh2).unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    let (mh, fh) = (lab.rsts(Host::Mh).unwrap(), lab.rsts(Host::Fh).unwrap());
-    assert_eq!(
-        (mh, fh),
-        ((0, 0), (0, 0)),
-        "RSTs (in, out) at the MH, at the FH"
-    );
+    assert_no_rsts(&lab);
 }
 
 /// An unmodified MH reusing its port for a new connection to the same FH port (as its
@@ -1115,8 +1119,7 @@ fn a_new_connection_on_a_time_wait_flow_opens_without_reset() {
     let lab = lab_with_msrd(&format!(
         "[transparent]\nenabled = true\nports = [{PORT}]\n"
     ));
-    lab.watch_rsts(Host::Mh).unwrap();
-    lab.watch_rsts(Host::Fh).unwrap();
+    watch_rsts(&lab);
     let l = fh_listen(&lab, PORT);
     // The FH answers each request and closes first.
     let server = on(&lab, Host::Fh, move || {
