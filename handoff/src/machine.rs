@@ -76,9 +76,10 @@ pub enum Action {
     Reroute(IpAddr),
     /// Stop answering for the MH on the fixed network (nothing of it runs here).
     Unroute(IpAddr),
-    /// Drop the MH's TCP silently for a while, without telling it anything: its
-    /// segments for connections that did not resume here must not draw RSTs while it
-    /// goes back to the old MSR.
+    /// Drop the MH's TCP silently for a while (`hold_after_ms`), without telling it
+    /// anything: its segments for connections that did not resume here (or never came:
+    /// a pull that failed after the old MSR accepted) must not draw RSTs while it goes
+    /// back to the old MSR or greets again.
     Quarantine(IpAddr),
     /// The MH is served here now: no detection for it while it stays, and (if known)
     /// its link-layer address is the one bound to it.
@@ -355,7 +356,11 @@ impl NewSide {
         self.state = NewState::Done;
         let mut acts = Vec::new();
         if held {
-            acts.push(Action::Release(self.mh));
+            // The old MSR had accepted: the MH was told to send through us, and may
+            // go on doing so until it hears of the failure (or greets again at once).
+            // Its connections live on there: their segments must meet a silent drop
+            // here for a while, not our kernel, which would reset them.
+            acts.push(Action::Quarantine(self.mh));
         }
         acts.push(Action::Log(self.record(outcome, Some(reason), vec![])));
         acts
@@ -1597,7 +1602,7 @@ mod tests {
     }
 
     #[test]
-    fn new_msr_times_out_at_its_own_deadline_and_releases_what_it_held() {
+    fn new_msr_times_out_at_its_own_deadline_and_keeps_the_mh_from_its_kernel() {
         let mh = greeting().mh;
         let (mut new, _) = NewSide::start(5, "msr2", greeting(), 0, T);
         assert_eq!(new.poll_timeout(), Some(1000));
@@ -1626,7 +1631,8 @@ mod tests {
         assert_eq!(new.poll_timeout(), Some(1000));
         let acts = new.handle_timeout(1000);
         assert!(matches!(sent(&acts), Message::Abort { .. }));
-        assert!(acts.contains(&Action::Release(mh)));
+        assert!(acts.contains(&Action::Quarantine(mh)));
+        assert!(!acts.contains(&Action::Release(mh)));
         assert_eq!(log(&acts).outcome, Outcome::RolledBack);
         assert_eq!(new.poll_timeout(), None);
     }
@@ -1742,7 +1748,7 @@ mod tests {
         assert!(!acts
             .iter()
             .any(|a| matches!(a, Action::Restart(_) | Action::Reroute(_) | Action::Gate(_))));
-        assert!(acts.contains(&Action::Release(mh)));
+        assert!(acts.contains(&Action::Quarantine(mh)));
         let ack = sent(&acts);
         match &ack {
             Message::Ack {

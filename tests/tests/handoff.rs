@@ -960,6 +960,80 @@ fn an_acknowledgement_after_the_old_msrs_deadline_still_moves_the_connections() 
     assert_no_rsts(&lab);
 }
 
+/// A pull that fails after the old MSR accepted it (here its images come too late, as
+/// through a channel outage: `slow_images`) leaves the MH's connections at the old
+/// MSR. The MH, told to send through the new MSR, goes on doing so until it hears of
+/// the failure, or greets again at once. Found by the chaos soak: the MH's segments met
+/// the new MSR's kernel in the instant between the rollback and the MH's next greeting,
+/// and the gateway reset a connection in use. Here the MH's greetings are cut once the
+/// new MSR holds it, so its gateway stays at the new MSR: its retransmissions and a
+/// stray ACK of its connection must meet silence there, and the upload then finishes
+/// at the old MSR byte-exact.
+#[test]
+fn a_pull_that_fails_after_the_old_msr_accepted_leaves_the_mhs_segments_unanswered() {
+    let env = [
+        (1, "MSRD_FAULT", "slow_images"),
+        (1, "MSRD_FAULT_DELAY_MS", "1500"),
+    ];
+    let mut lab = clean_lab(2, 73);
+    lab.handoff_extra = "images_timeout_ms = 400\nsetup_wait_ms = 200".into();
+    let mut lab = fast_lab_on(lab, &env, "");
+    let bytes = 8 << 20;
+    let t = start_transfer(&mut lab, Dir::Up, bytes, 5001);
+    std::thread::sleep(Duration::from_millis(500));
+    let conn = lab
+        .msrd_sessions(1)
+        .unwrap()
+        .into_iter()
+        .find(|s| s.fh.port() == 5001)
+        .expect("the upload at MSR1");
+    crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
+    // `holding`: the old MSR accepted, the MH points its gateway at MSR2.
+    let msr2 = lab::addr::msr_cell_mac(2);
+    let t0 = Instant::now();
+    while mh_gateway_mac(&lab) != msr2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no holding\n{}",
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let cut = "table inet nogreet {\n  chain o { type filter hook output priority 0; udp dport 4346 drop; }\n}\n";
+    lab.nft(Host::Mh, cut).unwrap();
+    let t0 = Instant::now();
+    while !lab
+        .handoff_records(2)
+        .iter()
+        .any(|r| r.outcome == Outcome::RolledBack)
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "no rollback\n{}",
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // As a greeting afresh leaves it (a judged `failed` would point it back).
+    mh_gateway_to(&lab, 2);
+    lab.send_stray_ack(Host::Mh, conn.mh, conn.wireless_local)
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    let (mh_in, _) = lab.rsts(Host::Mh).unwrap();
+    assert_eq!(
+        mh_in,
+        0,
+        "the new MSR reset the MH's segments\n{}",
+        diag(&lab)
+    );
+    // Back to the old MSR, which kept the upload.
+    crossing(&lab, 2, 1, Duration::ZERO, Duration::ZERO);
+    mh_gateway_to(&lab, 1);
+    lab.nft(Host::Mh, "delete table inet nogreet\n").unwrap();
+    let (send, recv) = finish(&mut lab, t);
+    assert_clean(&lab, &send, &recv, bytes);
+}
+
 /// A relay that ends between the old MSR's freeze listing the MH's connections and
 /// asking them (found by the soak: a 2 s handoff, then the new MSR reset the
 /// connection): it goes on as a `closing` session the listing did not have, its last

@@ -106,6 +106,25 @@ impl Daemon {
         });
     }
 
+    /// Ends now a hold that [`Daemon::release_later`] was to end (a quarantine after a
+    /// failed pull): the MH attached here with nothing to move, so its new
+    /// connections must not wait for it. A hold made since is left alone.
+    pub fn end_quarantine(&self, mh: IpAddr) {
+        let Some(h) = &self.handoff else { return };
+        let pending = h.mhs.lock().unwrap().get_mut(&mh).is_some_and(|s| {
+            let due = s.release_at.is_some_and(|(gen, _)| gen == s.hold_gen);
+            if due {
+                s.release_at = None;
+                // The release that was due finds a newer generation: it does nothing.
+                s.hold_gen += 1;
+            }
+            due
+        });
+        if pending {
+            self.release(mh);
+        }
+    }
+
     /// The MH is served here now (its connections arrived, or it has none anywhere):
     /// network detection stops reporting it.
     pub fn present(&self, mh: IpAddr, mac: Option<[u8; 6]>) {

@@ -382,6 +382,7 @@ async fn run(
                 }
                 Action::Attached => {
                     debug!(%mh, old = %prev, "the previous MSR holds nothing of the MH: attached here");
+                    d.end_quarantine(mh);
                     Greeter::tell(&greeter, &d, mh, GreetStatus::Attached, None, 0).await;
                 }
                 Action::Reroute(mh) => d.take_over(mh),
@@ -480,6 +481,7 @@ async fn run(
                         (GreetStatus::Moved, None, moved)
                     } else if old_down {
                         info!(%mh, old = %prev, "old MSR down: the MH attaches here");
+                        d.end_quarantine(mh);
                         (GreetStatus::Attached, None, 0)
                     } else {
                         (GreetStatus::Failed, r.reason.clone(), 0)

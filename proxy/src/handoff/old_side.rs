@@ -314,6 +314,14 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                             })
                             .collect();
                         super::handshakes::attach(&d, mh, images);
+                        // Test hook: images held up after the acceptance
+                        // (`MSRD_FAULT_DELAY_MS`, default 100 ms), as by a channel
+                        // outage, to show what a pull failing after it leaves behind.
+                        if crate::faults::fault("slow_images") {
+                            let ms =
+                                crate::faults::fault_delay().unwrap_or(Duration::from_millis(100));
+                            tokio::time::sleep(ms).await;
+                        }
                     }
                     if let Err(e) = ch.send(&msg).await {
                         warn!(peer = %from, error = %e, "handoff message not sent");
