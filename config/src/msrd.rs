@@ -126,6 +126,12 @@ pub struct HandoffSection {
     /// How restored sockets put back bytes in flight: `auto`, `as_new`, `as_sent`.
     #[serde(default)]
     pub unacked: UnackedPolicy,
+    /// New MSR: once a moved connection runs, tell the MH's TCP that what it sent into
+    /// the move was lost to the move (RFC 6069 ICMP unreachables, one per doubling of
+    /// its retransmission timeout), so an upload resumes at once instead of at its next
+    /// backed-off timeout (true). An MH that is not retransmitting ignores them.
+    #[serde(default = "default_true")]
+    pub revert_backoff: bool,
     /// The handoff log, one JSON record per line
     /// (`/var/log/itcp/handoffs.jsonl`).
     #[serde(default = "default_handoff_log")]
@@ -172,6 +178,7 @@ impl Default for HandoffSection {
             keep_channels: true,
             linger_s: default_linger(),
             unacked: UnackedPolicy::default(),
+            revert_backoff: true,
             log_file: default_handoff_log(),
             peers: Vec::new(),
             tls: None,

@@ -14,6 +14,7 @@
 //! forged packet (the peer's FIN, replayed to a restored half-closed socket) in
 //! [`packet`]; everything else is safe code.
 
+pub mod backoff;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod greet;

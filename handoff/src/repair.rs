@@ -131,6 +131,8 @@ pub struct TcpInfo {
     pub rtt_us: u32,
     /// Segments received so far (`tcpi_segs_in`), counted as they reach the socket.
     pub segs_in: u32,
+    /// Milliseconds since data last arrived (`tcpi_last_data_recv`).
+    pub last_data_recv_ms: u32,
 }
 
 fn cvt(ret: c_int) -> io::Result<c_int> {
@@ -395,6 +397,7 @@ pub fn tcp_info(fd: BorrowedFd<'_>) -> io::Result<TcpInfo> {
         snd_cwnd: i.tcpi_snd_cwnd,
         rtt_us: i.tcpi_rtt,
         segs_in: i.tcpi_segs_in,
+        last_data_recv_ms: i.tcpi_last_data_recv,
     })
 }
 

@@ -178,6 +178,11 @@ pub struct ConnImage {
     /// if the MH retransmits its SYN (that SYN-ACK was lost instead).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synack: Option<String>,
+    /// Milliseconds since the old MSR last received data from the MH on this
+    /// connection, at its capture: how long the MH's TCP may have been retransmitting
+    /// into the move (the new MSR tells it they were lost: `itcp_handoff::backoff`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_idle_ms: Option<u32>,
 }
 
 /// Why a channel's bytes were rejected. Each says who and what, for the log.
@@ -888,6 +893,7 @@ mod tests {
             listen: None,
             kx: None,
             synack: (id == 2).then(|| "4500".into()),
+            up_idle_ms: Some(700),
         };
         let m = Message::Images {
             handoff_id: 3,

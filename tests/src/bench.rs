@@ -68,6 +68,8 @@ pub struct RelayBench {
     pub rounds: usize,
     /// Gbit/s per peer per round, FH → MH.
     pub gbps: Vec<(Peer, Vec<f64>)>,
+    /// Gbit/s per peer per round, MH → FH.
+    pub gbps_up: Vec<(Peer, Vec<f64>)>,
     /// Request/response round trips per peer: (p50 µs, p99 µs) medians over rounds.
     pub rr: Vec<(Peer, Vec<(f64, f64)>)>,
 }
@@ -188,23 +190,16 @@ fn setup() -> io::Result<(Lab, Msrd)> {
     Ok((lab, msrd))
 }
 
-/// One iperf3 download (FH → MH) through `peer`, in Gbit/s.
-fn iperf(lab: &mut Lab, peer: Peer, seconds: u64) -> io::Result<f64> {
+/// One iperf3 transfer through `peer`, in Gbit/s: a download (FH → MH, `-R`), or an
+/// upload (MH → FH).
+fn iperf(lab: &mut Lab, peer: Peer, seconds: u64, download: bool) -> io::Result<f64> {
     let (host, port) = peer.target(5201);
-    let idx = lab.spawn(
-        Host::Mh,
-        "iperf3",
-        &[
-            "-c",
-            host,
-            "-p",
-            &port.to_string(),
-            "-t",
-            &seconds.to_string(),
-            "-R",
-            "-J",
-        ],
-    )?;
+    let (port, secs) = (port.to_string(), seconds.to_string());
+    let mut args = vec!["-c", host, "-p", &port, "-t", &secs, "-J"];
+    if download {
+        args.push("-R");
+    }
+    let idx = lab.spawn(Host::Mh, "iperf3", &args)?;
     let (ok, out, err) = lab.wait(idx, Duration::from_secs(seconds + 30))?;
     let v: Value = serde_json::from_str(&out)
         .map_err(|e| io::Error::other(format!("iperf3 via {}: {e}: {err}", peer.name())))?;
@@ -255,6 +250,7 @@ fn rr(lab: &mut Lab, peer: Peer, count: u64) -> io::Result<(f64, f64)> {
 pub fn relay(seconds: u64, rounds: usize, progress: impl Fn(&str)) -> io::Result<RelayBench> {
     let (mut lab, mut msrd) = setup()?;
     let mut gbps: Vec<(Peer, Vec<f64>)> = Peer::ALL.iter().map(|&p| (p, Vec::new())).collect();
+    let mut gbps_up = gbps.clone();
     let mut lat: Vec<(Peer, Vec<(f64, f64)>)> =
         Peer::ALL.iter().map(|&p| (p, Vec::new())).collect();
     for round in 0..rounds {
@@ -262,13 +258,15 @@ pub fn relay(seconds: u64, rounds: usize, progress: impl Fn(&str)) -> io::Result
             let k = (i + round) % Peer::ALL.len();
             let peer = Peer::ALL[k];
             msrd = msrd.for_peer(&mut lab, peer)?;
-            let g = iperf(&mut lab, peer, seconds)?;
+            let g = iperf(&mut lab, peer, seconds, true)?;
+            let u = iperf(&mut lab, peer, seconds, false)?;
             progress(&format!(
-                "round {} {:<28} {g:6.2} Gbit/s",
+                "round {} {:<28} {g:6.2} Gbit/s FH → MH, {u:6.2} Gbit/s MH → FH",
                 round + 1,
                 peer.name()
             ));
             gbps[k].1.push(g);
+            gbps_up[k].1.push(u);
             let l = rr(&mut lab, peer, 2000)?;
             progress(&format!(
                 "round {} {:<28} rr p50 {:.1} µs p99 {:.1} µs",
@@ -284,32 +282,46 @@ pub fn relay(seconds: u64, rounds: usize, progress: impl Fn(&str)) -> io::Result
         seconds,
         rounds,
         gbps,
+        gbps_up,
         rr: lat,
     })
 }
 
 impl RelayBench {
-    /// Markdown table with medians and ratios.
+    /// Markdown table with medians, ranges and ratios (to HAProxy for bulk, to direct
+    /// forwarding for latency), both directions.
     pub fn render(&self) -> String {
-        let med = |p: Peer| median(&self.gbps.iter().find(|g| g.0 == p).unwrap().1);
-        let (hap, direct) = (med(Peer::Haproxy), med(Peer::Direct));
+        let med = |v: &[(Peer, Vec<f64>)], p: Peer| median(&v.iter().find(|g| g.0 == p).unwrap().1);
         let mut s = format!(
-            "Bulk FH → MH (iperf3 -R, {} s), median of {} round(s); latency: 64-byte request/response, 2000 per round\n\n\
-             | peer | Gbit/s median [min–max] | vs HAProxy-splice | vs direct | rr p50 µs | rr p99 µs |\n|---|---|---|---|---|---|\n",
+            "Bulk iperf3, {} s each way (FH → MH with -R), median [min–max] of {} round(s); latency: \
+             64-byte request/response, 2000 per round, median of the rounds' p50 and p99\n\n\
+             | peer | FH → MH Gbit/s | vs HAProxy | MH → FH Gbit/s | vs HAProxy | rr p50 µs | rr p99 µs | p99 vs direct |\n\
+             |---|---|---|---|---|---|---|---|\n",
             self.seconds, self.rounds
         );
-        for (p, v) in &self.gbps {
+        let range = |v: &[f64]| {
             let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
             let hi = v.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            format!("{:.2} [{lo:.2}–{hi:.2}]", median(v))
+        };
+        let p99 = |p: Peer| {
+            let l = &self.rr.iter().find(|r| r.0 == p).unwrap().1;
+            median(&l.iter().map(|x| x.1).collect::<Vec<_>>())
+        };
+        let direct_p99 = p99(Peer::Direct);
+        for (p, v) in &self.gbps {
+            let up = &self.gbps_up.iter().find(|g| g.0 == *p).unwrap().1;
             let l = &self.rr.iter().find(|r| r.0 == *p).unwrap().1;
             let p50 = median(&l.iter().map(|x| x.0).collect::<Vec<_>>());
-            let p99 = median(&l.iter().map(|x| x.1).collect::<Vec<_>>());
             s += &format!(
-                "| {} | {:.2} [{lo:.2}–{hi:.2}] | {:.2}× | {:.2}× | {p50:.1} | {p99:.1} |\n",
+                "| {} | {} | {:.2}× | {} | {:.2}× | {p50:.1} | {:.1} | {:.2}× |\n",
                 p.name(),
-                median(v),
-                median(v) / hap,
-                median(v) / direct
+                range(v),
+                median(v) / med(&self.gbps, Peer::Haproxy),
+                range(up),
+                median(up) / med(&self.gbps_up, Peer::Haproxy),
+                p99(*p),
+                p99(*p) / direct_p99,
             );
         }
         s

@@ -32,3 +32,4 @@ pub mod stream;
 pub mod svg;
 pub mod sys;
 pub mod ttcp;
+pub mod upload;

@@ -280,6 +280,9 @@ pub fn capture_one(f: &Frozen, mark: u32) -> Captured {
             listen: f.listen.map(|a| a.to_string()),
             kx: pending.kx.map(|k| itcp_proto::hex::hex(&k)),
             synack: None,
+            up_idle_ms: itcp_handoff::repair::tcp_info(f.wireless.as_fd())
+                .ok()
+                .map(|i| i.last_data_recv_ms),
         },
         entry,
     )))
@@ -404,6 +407,8 @@ pub struct Restored {
     /// A closing connection whose close an ACK held during the freeze completes:
     /// nothing is left to do, so it is not restarted (see [`RestoreContext::closes`]).
     finished: bool,
+    /// How long the MH had sent no data on it when the old MSR captured it.
+    up_idle_ms: Option<u32>,
 }
 
 fn decode(b: &[u8]) -> io::Result<SocketImage> {
@@ -540,6 +545,7 @@ pub fn restore_one(c: &ConnImage, cx: &RestoreContext) -> io::Result<Restored> {
         pending,
         opts,
         finished,
+        up_idle_ms: c.up_idle_ms,
     })
 }
 
@@ -680,7 +686,50 @@ fn restart_group(d: &Daemon, rs: &[Restored]) -> Vec<io::Result<()>> {
     // What was held for them first, then what comes through the opened gate.
     d.holding.deliver_restarted(&flows, &resent);
     gates.mark(&d.rules, &flows);
+    if d.handoff_cfg().revert_backoff {
+        let started = rs
+            .iter()
+            .zip(&results)
+            .filter(|(r, ok)| ok.is_ok() && !r.finished);
+        for (r, _) in started {
+            revert_backoff(d, r);
+        }
+    }
     results
+}
+
+/// Tells the MH's TCP that what it sent on `r` during the move was lost to it, once
+/// `r` runs here (its gate is open for the retransmission this asks for): ICMP
+/// unreachables quoting the MH's first unacknowledged byte, one per doubling of its
+/// retransmission timeout the MH's silence allows ([`itcp_handoff::backoff`]).
+fn revert_backoff(d: &Daemon, r: &Restored) {
+    use itcp_handoff::backoff;
+    let (fd, w) = (&r.wireless.0, &r.wireless.1);
+    let Some(idle) = r.up_idle_ms else { return };
+    if w.recv.fin {
+        return; // The MH has closed its side: nothing of its is left to resend.
+    }
+    let n = backoff::reverts(Duration::from_millis(idle.into()) + r.opts.frozen_for);
+    let (mh, peer) = (canonical(w.remote), canonical(w.local));
+    let gw = d
+        .cfg
+        .msr
+        .gateway
+        .iter()
+        .find(|a| a.is_ipv4() == mh.is_ipv4());
+    let (Some(&gw), true) = (gw, n > 0) else {
+        return;
+    };
+    // The MH's snd_una, if our last ACK reached it: the end of what we received.
+    let una = w.recv.seq.wrapping_add(w.recv.data.len() as u32);
+    let Some(icmp) = backoff::unreachable(gw, mh, peer, una) else {
+        return;
+    };
+    for _ in 0..n {
+        if let Err(e) = itcp_handoff::repair::send_raw_ip_to(fd.as_fd(), &mh, &icmp, 0) {
+            return debug!(conn = r.id, error = %e, "backoff revert not sent");
+        }
+    }
 }
 
 /// Restarts one connection. Returns its sockets that re-sent their bytes in flight as

@@ -231,6 +231,38 @@ run's lab is removed by 'itcp-lab cleanup'.",
             ],
         },
         Command {
+            name: "bench upload",
+            synopsis: "[--moves 20] [--nets lan,wan] [--kinds paced,bulk]
+[--shapes fade:1000,fade:300,gap:300] [--seed S] [--json FILE]",
+            about: "Restart → first new upload byte at the FH: an MH that runs nothing of ours \
+                    (transparent mode, network detection) uploads across moves between two \
+                    cells; per move, from the new MSR's restart of the connection to the FH's \
+                    first read after it. Each kind and shape runs with msrd's backoff revert on \
+                    and off (`[handoff] revert_backoff`), one after the other; prints the \
+                    median, p95 and range of each against one wireless plus one fixed round \
+                    trip (every byte verified, RSTs counted).",
+            flags: &[
+                Flag::value("moves", "N", "Moves per network, kind, shape and mode, at least 1 (default 20)."),
+                NETS,
+                Flag::value(
+                    "kinds",
+                    "KINDS",
+                    "Comma-separated: paced (a plain socket writing 1000 bytes every 100 ms), bulk \
+                     (a plain ttcp send). Default: both.",
+                ),
+                Flag::value(
+                    "shapes",
+                    "SHAPES",
+                    "Comma-separated moves: fade:MS (the MH's cell loses everything for MS to MS+200 \
+                     ms while its carrier stays up, then it associates with the other cell), \
+                     gap:MS (in no cell, carrier down, for MS to MS+200 ms). Default: \
+                     fade:1000,fade:300,gap:300.",
+                ),
+                Flag::value("seed", "S", "Seed of the labs (default 1)."),
+                JSON_OUT,
+            ],
+        },
+        Command {
             name: "bench churn",
             synopsis: "[--total N] [--concurrency C]",
             about: "N short I-TCP connections (default 100000), C at a time (default 500); msrd \
@@ -330,11 +362,21 @@ enum Job {
     Conns(usize, usize),
     Churn(usize, usize),
     FirstByte(FirstByteOpts),
+    Upload(UploadOpts),
     Soak(itcp_testbed::soak::SoakOpts, Option<String>),
     Up(Box<LabConfig>),
     Echo(std::net::SocketAddr),
     Ctl(String, String),
     Cleanup(bool),
+}
+
+struct UploadOpts {
+    moves: usize,
+    nets: Vec<Net>,
+    kinds: Vec<itcp_testbed::upload::Kind>,
+    shapes: Vec<itcp_testbed::upload::Move>,
+    seed: u64,
+    json_out: Option<String>,
 }
 
 struct FirstByteOpts {
@@ -576,6 +618,59 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
             }
             Job::FirstByte(o)
         }
+        "bench upload" => {
+            use itcp_testbed::upload::{Kind, Move};
+            let mut o = UploadOpts {
+                moves: 20,
+                nets: vec![Net::lan(), Net::wan()],
+                kinds: vec![Kind::Paced, Kind::Bulk],
+                shapes: vec![Move::Fade(1000), Move::Fade(300), Move::Gap(300)],
+                seed: 1,
+                json_out: None,
+            };
+            while let Some(arg) = a.next()? {
+                match arg {
+                    Arg::Flag("moves") => o.moves = a.int_in("moves", 1, 1000)?,
+                    Arg::Flag("nets") => o.nets = nets(&mut a)?,
+                    Arg::Flag("kinds") => {
+                        let v = a.value("kinds")?;
+                        o.kinds = v
+                            .split(',')
+                            .map(|k| match k {
+                                "paced" => Ok(Kind::Paced),
+                                "bulk" => Ok(Kind::Bulk),
+                                _ => Err(a.usage(format!("--kinds: {k:?} is not paced or bulk"))),
+                            })
+                            .collect::<Result<_, _>>()?;
+                    }
+                    Arg::Flag("shapes") => {
+                        let v = a.value("shapes")?;
+                        o.shapes = v
+                            .split(',')
+                            .map(|s| {
+                                let bad = || {
+                                    a.usage(format!(
+                                        "--shapes: {s:?} is not fade:MS or gap:MS (MS up to 10000)"
+                                    ))
+                                };
+                                let (kind, ms) = s.split_once(':').ok_or_else(bad)?;
+                                let ms: u64 =
+                                    ms.parse().ok().filter(|&m| m <= 10_000).ok_or_else(bad)?;
+                                match kind {
+                                    "fade" => Ok(Move::Fade(ms)),
+                                    "gap" => Ok(Move::Gap(ms)),
+                                    _ => Err(bad()),
+                                }
+                            })
+                            .collect::<Result<_, _>>()?;
+                    }
+                    Arg::Flag("seed") => o.seed = a.int("seed")?,
+                    Arg::Flag("json") => o.json_out = Some(a.value("json")?),
+                    other => return Err(a.unexpected(other)),
+                }
+            }
+            Job::Upload(o)
+        }
         "bench churn" => {
             let (mut total, mut conc) = (100_000usize, 500usize);
             while let Some(arg) = a.next()? {
@@ -672,6 +767,7 @@ fn main() -> ExitCode {
         Job::Conns(count, bytes) => bench_conns(count, bytes),
         Job::Churn(total, conc) => bench_churn(total, conc),
         Job::FirstByte(o) => bench_firstbyte(o),
+        Job::Upload(o) => bench_upload(o),
         Job::Soak(o, json_out) => bench_soak(o, json_out),
         Job::Up(cfg) => up(*cfg),
         Job::Echo(addr) => itcp_testbed::bench::echo_server(addr).map_err(|e| e.to_string()),
@@ -773,6 +869,72 @@ fn bench_firstbyte(o: FirstByteOpts) -> Result<(), String> {
             .map_err(|e| format!("{path}: {e}"))?;
     }
     Ok(())
+}
+
+fn bench_upload(o: UploadOpts) -> Result<(), String> {
+    println!(
+        "Restart → first new upload byte at the FH, ms: {} moves per network, kind and shape, \
+         seed {}; an MH that runs nothing of ours (transparent mode, network detection); \
+         msrd's backoff revert on and off; bound: one wireless and one fixed round trip",
+        o.moves, o.seed
+    );
+    println!(
+        "\n| network | upload | move | revert | median | p95 | min–max | bound | RSTs FH/MH |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut all = Vec::new();
+    for net in &o.nets {
+        let bound = itcp_testbed::upload::bound_ms(net);
+        for &kind in &o.kinds {
+            for &shape in &o.shapes {
+                for revert in [true, false] {
+                    let r = itcp_testbed::upload::run(net, kind, shape, revert, o.moves, o.seed)
+                        .map_err(|e| {
+                            format!(
+                                "{} {} {} revert {}: {e}",
+                                net.name,
+                                kind.name(),
+                                shape.name(),
+                                on_off(revert)
+                            )
+                        })?;
+                    let lo = r.ms.iter().cloned().fold(f64::INFINITY, f64::min);
+                    let hi = r.ms.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let ((fi, fo), (mi, mo)) = r.rsts;
+                    println!(
+                        "| {} | {} | {} | {} | {:.1} | {:.1} | {lo:.1}–{hi:.1} | {bound:.1} | {} / {} |",
+                        net.name,
+                        kind.name(),
+                        shape.name(),
+                        on_off(revert),
+                        r.median_ms,
+                        r.p95_ms,
+                        fi + fo,
+                        mi + mo
+                    );
+                    all.push(serde_json::json!({
+                        "net": net.name, "kind": kind.name(), "move": shape.name(),
+                        "revert": revert, "ms": r.ms, "median_ms": r.median_ms,
+                        "p95_ms": r.p95_ms, "bound_ms": bound, "bytes": r.bytes,
+                        "rsts_fh": [fi, fo], "rsts_mh": [mi, mo],
+                    }));
+                }
+            }
+        }
+    }
+    if let Some(path) = o.json_out {
+        std::fs::write(&path, serde_json::to_vec_pretty(&all).unwrap())
+            .map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b {
+        "on"
+    } else {
+        "off"
+    }
 }
 
 fn bench_baseline(o: Baseline) -> Result<(), String> {
@@ -1155,6 +1317,18 @@ mod tests {
                 if detections == &[Detection::Network, Detection::Beacon]
         ));
         assert!(p(&["bench", "firstbyte", "--detection", "psychic"]).is_err());
+        {
+            use itcp_testbed::upload::{Kind, Move};
+            assert!(matches!(
+                p(&["bench", "upload", "--kinds", "bulk", "--shapes", "gap:500,fade:1000"]),
+                Ok(Job::Upload(UploadOpts { moves: 20, ref kinds, ref shapes, .. }))
+                    if kinds == &[Kind::Bulk] && shapes == &[Move::Gap(500), Move::Fade(1000)]
+            ));
+            for bad in ["fade", "fade:x", "fade:20000", "glide:100"] {
+                assert!(p(&["bench", "upload", "--shapes", bad]).is_err(), "{bad}");
+            }
+            assert!(p(&["bench", "upload", "--kinds", "trickle"]).is_err());
+        }
         assert!(matches!(
             p(&["bench", "churn", "--total", "3000", "--concurrency", "200"]),
             Ok(Job::Churn(3000, 200))
