@@ -230,9 +230,14 @@ impl Daemon {
     /// Relays one admitted connection and records it in the session table and the log.
     /// A fixed-side setup in flight (`connecting`) ends once the session is in the
     /// table, where a handoff finds it.
+    ///
+    /// The relay runs as a task of its own, and the setup's task ends here: its future
+    /// (the SOCKS handshake, the fixed-side connect) is several times the relay's size,
+    /// and would otherwise stay allocated for the connection's whole life
+    /// (`bench conns`: ~4.7 KB of the ~7 KB msrd held per idle relayed connection).
     #[allow(clippy::too_many_arguments)]
-    async fn run_session(
-        &self,
+    fn run_session(
+        self: &Arc<Self>,
         kind: Kind,
         wireless: TcpStream,
         fixed: TcpStream,
@@ -245,8 +250,11 @@ impl Daemon {
         let s: Arc<Session> = self.sessions.open(kind, mh, fh, wl);
         drop(connecting);
         info!(conn = s.id, kind = ?kind, mh = %mh.ip(), mh_port = mh.port(), %fh, "connection open");
-        self.relay_session(s, wireless, fixed, Pending::default(), adm)
-            .await;
+        let d = self.clone();
+        tokio::spawn(async move {
+            d.relay_session(s, wireless, fixed, Pending::default(), adm)
+                .await
+        });
     }
 
     /// Gives a paused connection to the handoff that asked for it; if nobody waits any
@@ -293,7 +301,7 @@ impl Daemon {
 
     /// An ACCEPT waiting for a connection on the MH's listener `addr`.
     pub async fn accept_wait(
-        &self,
+        self: &Arc<Self>,
         sess: Arc<Session>,
         mut s: TcpStream,
         addr: SocketAddr,
@@ -338,8 +346,7 @@ impl Daemon {
         sockopt::apply_post_connect(&fixed, &self.cfg.fixed)?;
         sockopt::apply_post_connect(&s, &self.wireless_tuning(peer.ip()))?;
         send_reply(&mut s, Reply::Succeeded, &Addr::Ip(fh)).await?;
-        self.run_session(Kind::Accept, s, fixed, l.addr, fh, adm, None)
-            .await;
+        self.run_session(Kind::Accept, s, fixed, l.addr, fh, adm, None);
         Ok(())
     }
 
@@ -359,14 +366,13 @@ impl Daemon {
         // below clear this first.
         sockopt::abort_on_close(&wireless);
         sockopt::abort_on_close(&fixed);
-        let pause = s.pause.subscribe();
         let span = tracing::info_span!("conn", conn = s.id, mh = %s.mh.ip());
         let end = relay::relay(
             &wireless,
             &fixed,
             &self.relay_opts,
             &s.counters,
-            &pause,
+            &s.pause,
             pending,
         )
         .instrument(span)
@@ -899,7 +905,7 @@ async fn resolve(d: &Daemon, a: &Addr, mh: SocketAddr) -> Result<SocketAddr, (Re
 }
 
 async fn do_connect(
-    d: &Daemon,
+    d: &Arc<Daemon>,
     mut s: TcpStream,
     peer: SocketAddr,
     target: Addr,
@@ -950,11 +956,9 @@ async fn do_connect(
     if !early.is_empty() {
         let mut f = fixed;
         f.write_all(&early).await?;
-        d.run_session(Kind::Connect, s, f, bound, fh, adm, connecting)
-            .await;
+        d.run_session(Kind::Connect, s, f, bound, fh, adm, connecting);
     } else {
-        d.run_session(Kind::Connect, s, fixed, bound, fh, adm, connecting)
-            .await;
+        d.run_session(Kind::Connect, s, fixed, bound, fh, adm, connecting);
     }
     Ok(())
 }
@@ -1016,7 +1020,7 @@ async fn do_listen(
 }
 
 async fn do_accept(
-    d: &Daemon,
+    d: &Arc<Daemon>,
     mut s: TcpStream,
     peer: SocketAddr,
     a: Addr,
@@ -1045,7 +1049,12 @@ async fn do_accept(
     d.accept_wait(sess, s, l.addr, adm).await
 }
 
-async fn do_bind(d: &Daemon, mut s: TcpStream, peer: SocketAddr, expected: Addr) -> io::Result<()> {
+async fn do_bind(
+    d: &Arc<Daemon>,
+    mut s: TcpStream,
+    peer: SocketAddr,
+    expected: Addr,
+) -> io::Result<()> {
     let adm = match d.admit(peer.ip()) {
         Ok(x) => x,
         Err(why) => return refuse(d, &mut s, peer, why).await,
@@ -1085,8 +1094,7 @@ async fn do_bind(d: &Daemon, mut s: TcpStream, peer: SocketAddr, expected: Addr)
     };
     sockopt::apply_post_connect(&fixed, &d.cfg.fixed)?;
     send_reply(&mut s, Reply::Succeeded, &Addr::Ip(fh)).await?;
-    d.run_session(Kind::Bind, s, fixed, l.addr, fh, adm, None)
-        .await;
+    d.run_session(Kind::Bind, s, fixed, l.addr, fh, adm, None);
     Ok(())
 }
 
@@ -1161,8 +1169,7 @@ pub(crate) async fn serve_transparent(
                 fh,
                 adm,
                 Some(connecting),
-            )
-            .await;
+            );
         }
         Err(e) => {
             // The MH's handshake already completed with us: a reset is how it learns.

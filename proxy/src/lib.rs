@@ -15,6 +15,7 @@
 //! * [`metrics`] / [`http`] — Prometheus metrics and the status page (`[metrics]`);
 //! * [`beacon`] — advertisements on the cells;
 //! * [`sockopt`], [`cells`], [`logging`] — socket options, per-cell tuning, logs;
+//! * [`heap`] — memory freed by a crowd of closed connections back to the system;
 //! * [`footprint`] — everything msrd changes on the router, undone at exit and after
 //!   a crash.
 //!
@@ -39,6 +40,7 @@ pub mod fixed;
 pub mod footprint;
 pub mod handoff;
 pub mod handshakes;
+pub mod heap;
 pub mod holding;
 pub mod http;
 pub mod intercept;

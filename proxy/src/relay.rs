@@ -15,7 +15,9 @@
 
 use std::io;
 use std::os::fd::{AsRawFd, RawFd};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::task::{Context, Poll, Waker};
 
 use tokio::io::Interest;
 use tokio::net::TcpStream;
@@ -92,25 +94,89 @@ enum Flow {
     Paused(Vec<u8>),
 }
 
-/// Waits for `f` unless a pause is requested first (`None`).
-async fn or_pause<T>(
-    f: impl std::future::Future<Output = T>,
-    pause: &mut watch::Receiver<bool>,
-) -> Option<T> {
-    if *pause.borrow() {
-        return None;
+/// The pause a handoff (or an upgrade) asks of a session's relay, and a watch of it
+/// for whoever else serves the session.
+///
+/// A relay checks the flag in the same poll that waits for its sockets' readiness
+/// ([`ready`]) and leaves the task's waker here: an idle relay holds no future per wait.
+/// With a watch channel's `wait_for` beside tokio's `readable()`, each direction held
+/// ~480 bytes of futures for the connection's whole life; the relay's future was
+/// 2256 bytes with them and is 1184 without them and with its rare paths boxed
+/// (`relay_future_stays_small`): it is the biggest part of msrd's memory per connection.
+#[derive(Debug)]
+pub struct Pause {
+    on: AtomicBool,
+    /// The relay task's, when it waits.
+    waker: Mutex<Option<Waker>>,
+    watch: watch::Sender<bool>,
+}
+
+impl Default for Pause {
+    fn default() -> Self {
+        Pause {
+            on: AtomicBool::new(false),
+            waker: Mutex::new(None),
+            watch: watch::channel(false).0,
+        }
     }
-    tokio::select! {
-        r = f => Some(r),
-        _ = pause.wait_for(|&p| p) => None,
+}
+
+impl Pause {
+    /// Asks for a pause (`true`) or takes it back; returns the previous state.
+    pub fn send_replace(&self, on: bool) -> bool {
+        let was = self.on.swap(on, Ordering::SeqCst);
+        if on {
+            if let Some(w) = self.waker.lock().unwrap().take() {
+                w.wake();
+            }
+        }
+        self.watch.send_replace(on);
+        was
     }
+
+    /// A watch of the pause, for tasks that wait with `wait_for`.
+    pub fn subscribe(&self) -> watch::Receiver<bool> {
+        self.watch.subscribe()
+    }
+
+    /// Whether a pause is asked; if not, the task of `cx` is woken when one is.
+    fn poll_on(&self, cx: &mut Context<'_>) -> bool {
+        if self.on.load(Ordering::SeqCst) {
+            return true;
+        }
+        {
+            let mut w = self.waker.lock().unwrap();
+            if !w.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                *w = Some(cx.waker().clone());
+            }
+        }
+        // Asked between the first look and the waker's registration: seen now.
+        self.on.load(Ordering::SeqCst)
+    }
+}
+
+/// Waits until `s` is readable (or writable, `write`), unless a pause is asked first
+/// (`None`). A poll function: no future of its own to keep (see [`Pause`]).
+async fn ready(s: &TcpStream, write: bool, pause: &Pause) -> Option<io::Result<()>> {
+    std::future::poll_fn(|cx| {
+        if pause.poll_on(cx) {
+            return Poll::Ready(None);
+        }
+        let r = if write {
+            s.poll_write_ready(cx)
+        } else {
+            s.poll_read_ready(cx)
+        };
+        r.map(Some)
+    })
+    .await
 }
 
 /// Writes `buf` to `dst`, unless paused: then returns (a copy of) what is left.
 async fn write_pending(
     dst: &TcpStream,
     buf: &[u8],
-    pause: &mut watch::Receiver<bool>,
+    pause: &Pause,
     count: &AtomicU64,
 ) -> Result<Option<Vec<u8>>, Failure> {
     let mut off = 0;
@@ -121,7 +187,7 @@ async fn write_pending(
                 count.fetch_add(m as u64, Ordering::Relaxed);
             }
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                match or_pause(dst.writable(), pause).await {
+                match ready(dst, true, pause).await {
                     // Copied only when paused: the normal path allocates nothing.
                     None => return Ok(Some(buf[off..].to_vec())),
                     Some(r) => r.map_err(Failure::Dst)?,
@@ -138,11 +204,11 @@ async fn write_pending(
 async fn forward_urgent(
     src: &TcpStream,
     dst: &TcpStream,
-    pause: &mut watch::Receiver<bool>,
+    pause: &Pause,
     count: &AtomicU64,
 ) -> Result<bool, Failure> {
     // Room for the byte first, so that a pause never leaves it taken and unsent.
-    match or_pause(dst.writable(), pause).await {
+    match ready(dst, true, pause).await {
         None => return Ok(false),
         Some(r) => r.map_err(Failure::Dst)?,
     }
@@ -171,17 +237,21 @@ async fn pump(
     opts: &RelayOpts,
     count: &AtomicU64,
     pending: Vec<u8>,
-    mut pause: watch::Receiver<bool>,
+    pause: &Pause,
 ) -> Result<Flow, Failure> {
-    if let Some(left) = write_pending(dst, &pending, &mut pause, count).await? {
-        return Ok(Flow::Paused(left));
+    // Bytes in transit come only with a moved connection: that path is boxed, as are
+    // the other rare ones below, so as not to weigh on every idle relay's future.
+    if !pending.is_empty() {
+        if let Some(left) = Box::pin(write_pending(dst, &pending, pause, count)).await? {
+            return Ok(Flow::Paused(left));
+        }
     }
     let flow = match opts.splice {
-        true => match pump_splice(src, dst, opts, count, &mut pause).await? {
+        true => match pump_splice(src, dst, opts, count, pause).await? {
             Some(f) => f,
-            None => pump_copy(src, dst, opts, count, &mut pause).await?,
+            None => Box::pin(pump_copy(src, dst, opts, count, pause)).await?,
         },
-        false => pump_copy(src, dst, opts, count, &mut pause).await?,
+        false => pump_copy(src, dst, opts, count, pause).await?,
     };
     if let Flow::Done = flow {
         sockopt::shutdown_write(dst).map_err(Failure::Dst)?;
@@ -211,7 +281,7 @@ async fn pump_splice(
     dst: &TcpStream,
     opts: &RelayOpts,
     count: &AtomicU64,
-    pause: &mut watch::Receiver<bool>,
+    pause: &Pause,
 ) -> Result<Option<Flow>, Failure> {
     // A pipe is held only while bytes are in flight through it: idle connections hold
     // none (two fds per connection instead of six), busy ones reuse pooled pipes.
@@ -254,14 +324,16 @@ async fn pump_splice(
             // splice(2) stops at an urgent mark (EAGAIN, the socket still readable):
             // the byte goes on out of band, a plain read gets past the mark.
             if read_blocked && in_pipe == 0 && urgent::at_mark(sfd).map_err(Failure::Src)? {
-                if !forward_urgent(src, dst, pause, count).await? {
+                if !Box::pin(forward_urgent(src, dst, pause, count)).await? {
                     break Ok(Some(Flow::Paused(Vec::new())));
                 }
                 let mut buf = vec![0u8; opts.buffer_size];
                 match urgent::read(sfd, &mut buf) {
                     Ok(0) => eof = true,
                     Ok(n) => {
-                        if let Some(left) = write_pending(dst, &buf[..n], pause, count).await? {
+                        if let Some(left) =
+                            Box::pin(write_pending(dst, &buf[..n], pause, count)).await?
+                        {
                             break Ok(Some(Flow::Paused(left)));
                         }
                     }
@@ -283,7 +355,7 @@ async fn pump_splice(
                 }
                 // Data is waiting for the destination: only its readiness matters (the
                 // source may stay "readable" forever once its FIN is in).
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => or_pause(dst.writable(), pause)
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => ready(dst, true, pause)
                     .await
                     .map(|r| r.map_err(Failure::Dst)),
                 Err(e) => Some(Err(Failure::Dst(e))),
@@ -293,7 +365,7 @@ async fn pump_splice(
             if let Some(p) = pipe.take() {
                 PIPES.give(p);
             }
-            or_pause(src.readable(), pause)
+            ready(src, false, pause)
                 .await
                 .map(|r| r.map_err(Failure::Src))
         } else {
@@ -436,17 +508,17 @@ async fn pump_copy(
     dst: &TcpStream,
     opts: &RelayOpts,
     count: &AtomicU64,
-    pause: &mut watch::Receiver<bool>,
+    pause: &Pause,
 ) -> Result<Flow, Failure> {
     let mut buf = vec![0u8; opts.buffer_size];
     loop {
-        match or_pause(src.readable(), pause).await {
+        match ready(src, false, pause).await {
             None => return Ok(Flow::Paused(Vec::new())),
             Some(r) => r.map_err(Failure::Src)?,
         }
         // A read skips the urgent byte: it goes on out of band first.
         if urgent::at_mark(src.as_raw_fd()).map_err(Failure::Src)?
-            && !forward_urgent(src, dst, pause, count).await?
+            && !Box::pin(forward_urgent(src, dst, pause, count)).await?
         {
             return Ok(Flow::Paused(Vec::new()));
         }
@@ -470,7 +542,7 @@ pub async fn relay(
     fixed: &TcpStream,
     opts: &RelayOpts,
     counters: &Counters,
-    pause: &watch::Receiver<bool>,
+    pause: &Pause,
     pending: Pending,
 ) -> End {
     // Urgent bytes stay in the stream until the relay passes them on out of band
@@ -480,22 +552,8 @@ pub async fn relay(
             tracing::debug!(error = %e, "urgent bytes not kept inline");
         }
     }
-    let up = pump(
-        wireless,
-        fixed,
-        opts,
-        &counters.up,
-        pending.up,
-        pause.clone(),
-    );
-    let down = pump(
-        fixed,
-        wireless,
-        opts,
-        &counters.down,
-        pending.down,
-        pause.clone(),
-    );
+    let up = pump(wireless, fixed, opts, &counters.up, pending.up, pause);
+    let down = pump(fixed, wireless, opts, &counters.down, pending.down, pause);
     tokio::pin!(up, down);
     let (mut up_done, mut down_done) = (false, false);
     let mut paused = Pending::default();
@@ -599,7 +657,7 @@ mod tests {
             got
         });
         let t0 = Instant::now();
-        let (_tx, pause) = watch::channel(false);
+        let pause = Pause::default();
         let end = tokio::time::timeout(
             Duration::from_secs(20),
             relay(
@@ -644,7 +702,7 @@ mod tests {
         let std_src = app_src.into_std().unwrap();
         crate::sockopt::abort_on_close(&std_src);
         drop(std_src);
-        let (_tx, pause) = watch::channel(false);
+        let pause = Pause::default();
         let end = relay(
             &relay_src,
             &relay_dst,
@@ -699,15 +757,15 @@ mod tests {
             v
         });
         let counters = Counters::default();
-        let (tx, pause) = watch::channel(false);
+        let pause = std::sync::Arc::new(Pause::default());
         let mut pending = Pending::default();
         let mut pauses = 0;
         loop {
             let t = tokio::spawn({
-                let tx = tx.clone();
+                let pause = pause.clone();
                 async move {
                     tokio::time::sleep(Duration::from_millis(30)).await;
-                    let _ = tx.send(true);
+                    pause.send_replace(true);
                 }
             });
             match relay(&relay_src, &relay_dst, &opts, &counters, &pause, pending).await {
@@ -715,7 +773,7 @@ mod tests {
                     pauses += 1;
                     pending = p;
                     t.await.unwrap();
-                    tx.send(false).unwrap();
+                    pause.send_replace(false);
                 }
                 End::Closed => break,
                 e => panic!("{e:?}"),
@@ -727,6 +785,68 @@ mod tests {
         assert!(pauses > 2, "only {pauses} pauses");
         assert_eq!(got.len(), N);
         assert!(got.iter().enumerate().all(|(i, &b)| b == (i % 251) as u8));
+    }
+
+    /// Most relays are idle, waiting for their sockets, when a handoff freezes them:
+    /// the pause must reach them there (the waker they left in it), at once.
+    #[tokio::test]
+    async fn an_idle_relay_sees_a_pause_at_once() {
+        for splice in [true, false] {
+            let (_app_a, relay_a) = pair().await;
+            let (relay_b, _app_b) = pair().await;
+            let opts = RelayOpts {
+                splice,
+                pipe_size: 1 << 16,
+                buffer_size: 4096,
+            };
+            let (counters, pause) = (Counters::default(), std::sync::Arc::new(Pause::default()));
+            let asker = {
+                let pause = pause.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    pause.send_replace(true);
+                    Instant::now()
+                })
+            };
+            let end = tokio::time::timeout(
+                Duration::from_secs(5),
+                relay(
+                    &relay_a,
+                    &relay_b,
+                    &opts,
+                    &counters,
+                    &pause,
+                    Pending::default(),
+                ),
+            )
+            .await
+            .expect("the paused relay did not stop");
+            let asked = asker.await.unwrap();
+            assert_eq!(end, End::Paused(Pending::default()));
+            assert!(
+                asked.elapsed() < Duration::from_millis(100),
+                "{:?}",
+                asked.elapsed()
+            );
+        }
+    }
+
+    /// An idle relay's future stays allocated for its connection's whole life: its size
+    /// is most of msrd's memory per connection (`bench conns`). 2256 bytes when each
+    /// wait was a `readable()` raced against a watch channel's `wait_for`.
+    #[tokio::test]
+    async fn relay_future_stays_small() {
+        let (a, b) = pair().await;
+        let opts = RelayOpts {
+            splice: true,
+            pipe_size: 1 << 16,
+            buffer_size: 4096,
+        };
+        let (counters, pause) = (Counters::default(), Pause::default());
+        let f = relay(&a, &b, &opts, &counters, &pause, Pending::default());
+        let size = std::mem::size_of_val(&f);
+        eprintln!("relay future: {size} bytes");
+        assert!(size <= 1400, "{size} bytes");
     }
 
     #[tokio::test]

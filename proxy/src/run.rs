@@ -292,6 +292,8 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
             d.draining.subscribe(),
         ))
     });
+    // Memory freed by a crowd of closed connections goes back to the system.
+    tokio::spawn(crate::heap::run(d.clone()));
     info!(msr = %cfg.msr.id, nofile, pid = std::process::id(), "msrd ready");
     crate::notify::notify("READY=1");
 

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
 use tokio::net::TcpStream;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::oneshot;
 
 use crate::admission::Admitted;
 use crate::relay::{Counters, Pending};
@@ -29,7 +29,7 @@ pub struct Session {
     pub started: SystemTime,
     pub counters: Counters,
     /// True pauses the relay (handoff freeze).
-    pub pause: watch::Sender<bool>,
+    pub pause: crate::relay::Pause,
     /// Where a paused relay hands its sockets.
     pub frozen_to: Mutex<Option<oneshot::Sender<Frozen>>>,
     /// Frozen for a handoff (shown by `itcpctl sessions`).
@@ -195,7 +195,7 @@ impl Sessions {
             wireless_local,
             started: SystemTime::now(),
             counters: Counters::default(),
-            pause: watch::channel(false).0,
+            pause: crate::relay::Pause::default(),
             frozen_to: Mutex::new(None),
             frozen: AtomicBool::new(false),
             moved_in,
@@ -222,7 +222,7 @@ impl Sessions {
             wireless_local: a.wireless_local,
             started: a.started,
             counters: Counters::default(),
-            pause: watch::channel(false).0,
+            pause: crate::relay::Pause::default(),
             frozen_to: Mutex::new(None),
             frozen: AtomicBool::new(false),
             moved_in: a.moved_in,

@@ -342,6 +342,7 @@ pub struct ConnsBench {
     pub sessions_at_peak: u64,
     pub msrd_rss_kib_idle: u64,
     pub msrd_rss_kib_peak: u64,
+    /// Once every session has ended and msrd's heap trimmer has run.
     pub msrd_rss_kib_after: u64,
     pub msrd_fds_at_peak: usize,
 }
@@ -533,7 +534,15 @@ pub fn conns(count: usize, bytes: usize, progress: impl Fn(&str)) -> io::Result<
     let intact = client
         .join()
         .map_err(|_| io::Error::other("client thread panicked"))??;
-    std::thread::sleep(Duration::from_millis(500));
+    // "After": once every session has ended and msrd's heap trimmer has had its turn
+    // (it looks every 5 s; `proxy/src/heap.rs`).
+    let t0 = std::time::Instant::now();
+    while lab.msrd_stats(1)?.active > 0 && t0.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_secs(11));
+    let rss_after = rss_kib(pid);
+    progress(&format!("msrd: RSS {rss_after} KiB once they have closed"));
     Ok(ConnsBench {
         count,
         bytes_per_conn: bytes,
@@ -544,7 +553,7 @@ pub fn conns(count: usize, bytes: usize, progress: impl Fn(&str)) -> io::Result<
         sessions_at_peak: sessions,
         msrd_rss_kib_idle: rss_idle,
         msrd_rss_kib_peak: rss_peak,
-        msrd_rss_kib_after: rss_kib(pid),
+        msrd_rss_kib_after: rss_after,
         msrd_fds_at_peak: fds,
     })
 }

@@ -1024,7 +1024,7 @@ fn bench_conns(count: usize, bytes: usize) -> Result<(), String> {
         .map_err(|e| e.to_string())?;
     println!("{}", serde_json::to_string_pretty(&b).unwrap());
     println!(
-        "{}/{} connections established, {} intact; setup {:.0} conn/s; msrd RSS {} KiB idle, {} KiB with {} open ({:.1} MiB)",
+        "{}/{} connections established, {} intact; setup {:.0} conn/s; msrd RSS {} KiB idle, {} KiB with {} open ({:.1} MiB, {:.2} KiB per connection over idle), {} KiB once closed",
         b.established,
         b.count,
         b.intact,
@@ -1032,7 +1032,9 @@ fn bench_conns(count: usize, bytes: usize) -> Result<(), String> {
         b.msrd_rss_kib_idle,
         b.msrd_rss_kib_peak,
         b.sessions_at_peak,
-        b.msrd_rss_kib_peak as f64 / 1024.0
+        b.msrd_rss_kib_peak as f64 / 1024.0,
+        b.msrd_rss_kib_peak.saturating_sub(b.msrd_rss_kib_idle) as f64 / b.sessions_at_peak.max(1) as f64,
+        b.msrd_rss_kib_after
     );
     if b.intact != b.count {
         return Err(format!(
