@@ -133,6 +133,8 @@ pub struct TcpInfo {
     pub segs_in: u32,
     /// Milliseconds since data last arrived (`tcpi_last_data_recv`).
     pub last_data_recv_ms: u32,
+    /// Segments with data received so far (`tcpi_data_segs_in`).
+    pub data_segs_in: u32,
 }
 
 fn cvt(ret: c_int) -> io::Result<c_int> {
@@ -398,6 +400,7 @@ pub fn tcp_info(fd: BorrowedFd<'_>) -> io::Result<TcpInfo> {
         rtt_us: i.tcpi_rtt,
         segs_in: i.tcpi_segs_in,
         last_data_recv_ms: i.tcpi_last_data_recv,
+        data_segs_in: i.tcpi_data_segs_in,
     })
 }
 

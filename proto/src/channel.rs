@@ -181,6 +181,9 @@ pub struct ConnImage {
     /// Milliseconds since the old MSR last received data from the MH on this
     /// connection, at its capture: how long the MH's TCP may have been retransmitting
     /// into the move (the new MSR tells it they were lost: `itcp_handoff::backoff`).
+    /// None when the MH has sent no data on it there: its socket may not even be
+    /// connected (a handshake the MSR completed by replaying the MH's ACK), and an ICMP
+    /// unreachable aborts a connecting socket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub up_idle_ms: Option<u32>,
 }

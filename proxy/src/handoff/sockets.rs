@@ -280,8 +280,10 @@ pub fn capture_one(f: &Frozen, mark: u32) -> Captured {
             listen: f.listen.map(|a| a.to_string()),
             kx: pending.kx.map(|k| itcp_proto::hex::hex(&k)),
             synack: None,
+            // Only when the MH has sent data here: it is connected then (see the field).
             up_idle_ms: itcp_handoff::repair::tcp_info(f.wireless.as_fd())
                 .ok()
+                .filter(|i| i.data_segs_in > 0)
                 .map(|i| i.last_data_recv_ms),
         },
         entry,
@@ -705,6 +707,13 @@ fn restart_group(d: &Daemon, rs: &[Restored]) -> Vec<io::Result<()>> {
 fn revert_backoff(d: &Daemon, r: &Restored) {
     use itcp_handoff::backoff;
     let (fd, w) = (&r.wireless.0, &r.wireless.1);
+    // A connection in setup may be one whose MH is still connecting (the old MSR
+    // completed its handshake by replaying its ACK): an ICMP unreachable that quotes
+    // its next sequence number would abort its connect ("No route to host"; found by
+    // `short_connections_through_twenty_handoffs_see_no_reset`).
+    if r.kind.in_setup() {
+        return;
+    }
     let Some(idle) = r.up_idle_ms else { return };
     if w.recv.fin {
         return; // The MH has closed its side: nothing of its is left to resend.
