@@ -254,9 +254,26 @@ async fn pump(
         false => pump_copy(src, dst, opts, count, pause).await?,
     };
     if let Flow::Done = flow {
+        if crate::faults::fault("slow_fin") && Box::pin(slow_fin(pause)).await {
+            // The end of stream stays in `src`: the relay that resumes reads it again.
+            return Ok(Flow::Paused(Vec::new()));
+        }
         sockopt::shutdown_write(dst).map_err(Failure::Dst)?;
     }
     Ok(flow)
+}
+
+/// Test hook (`MSRD_FAULT=slow_fin`, README testing): a relay slow to pass an end of
+/// stream on (a busy runtime), for at most `MSRD_FAULT_DELAY_MS`, so that a handoff's
+/// freeze can come between the MH's FIN and ours to the FH. True if paused meanwhile.
+async fn slow_fin(pause: &Pause) -> bool {
+    let wait = crate::faults::fault_delay().unwrap_or(std::time::Duration::from_millis(500));
+    tracing::info!("MSRD_FAULT=slow_fin: an end of stream waits");
+    let paused = std::future::poll_fn(|cx| match pause.poll_on(cx) {
+        true => Poll::Ready(()),
+        false => Poll::Pending,
+    });
+    tokio::time::timeout(wait, paused).await.is_ok()
 }
 
 /// Reads exactly `n` bytes out of a pipe (they are there: splice put them in).

@@ -1134,6 +1134,89 @@ fn a_relay_that_ends_as_the_old_msr_freezes_it_still_moves() {
     );
 }
 
+/// A relay frozen after the MH's end of it finished (the FH closed, our FIN reached the
+/// MH, the MH's FIN came back) but before it passed the MH's FIN on to the FH (soak,
+/// seed 59): its wireless socket cannot be captured. It stayed at the old MSR as "could
+/// not capture", sent its FIN to the FH from there, and the FH's ACK of that FIN, which
+/// goes wherever the MH is, reached the MH two moves later: the MH reset it, and the
+/// FH's end with it. The hook holds the relay's FIN to the FH until the freeze.
+#[test]
+fn a_relay_frozen_between_the_mhs_fin_and_ours_ends_without_a_reset_two_moves_later() {
+    use std::sync::mpsc;
+    const BYTES: usize = 100_000;
+    let pattern = |i: usize| (i % 251) as u8;
+    let lab = fast_lab_on(
+        clean_lab(3, 67),
+        &[
+            (1, "MSRD_FAULT", "slow_fin"),
+            (1, "MSRD_FAULT_DELAY_MS", "3000"),
+        ],
+        "",
+    );
+    let fh_ns = lab.ns(Host::Fh);
+    let fh = std::thread::spawn(move || {
+        itcp_testbed::sys::in_netns(&fh_ns, || {
+            let l = std::net::TcpListener::bind("10.0.0.1:5021")?;
+            let (mut s, _) = l.accept()?;
+            let all: Vec<u8> = (0..BYTES).map(pattern).collect();
+            s.write_all(&all)?;
+            s.shutdown(std::net::Shutdown::Write)?;
+            // The MH's end of stream, passed on by the relay.
+            s.set_read_timeout(Some(Duration::from_secs(15)))?;
+            let mut none = Vec::new();
+            s.read_to_end(&mut none)?;
+            Ok(none.len())
+        })
+    });
+    lab.wait_listening(Host::Fh, 5021).unwrap();
+    let (closed_tx, closed_rx) = mpsc::channel::<()>();
+    let (mh_ns, token) = (lab.ns(Host::Mh), lab.mh_token_file(1));
+    let mh = std::thread::spawn(move || {
+        itcp_testbed::sys::in_netns(&mh_ns, || {
+            let opts = itcp_mh::MhOptions::new()
+                .gateway(std::net::SocketAddr::from(([10, 2, 0, 1], 1080)))
+                .token_file(token);
+            let fh = std::net::SocketAddr::from(([10, 0, 0, 1], 5021));
+            let mut s = itcp_mh::ItcpStream::connect_with(&opts, fh)?.into_inner();
+            s.set_read_timeout(Some(Duration::from_secs(15)))?;
+            let mut got = Vec::new();
+            s.read_to_end(&mut got)?;
+            // The MH's FIN: MSR1's relay holds it back from the FH (the hook).
+            drop(s);
+            let _ = closed_tx.send(());
+            Ok(got)
+        })
+    });
+    closed_rx
+        .recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|_| panic!("the MH did not get its stream's end\n{}", diag(&lab)));
+    std::thread::sleep(Duration::from_millis(100));
+    crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    std::thread::sleep(Duration::from_millis(300));
+    crossing(&lab, 2, 3, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 2, Duration::from_secs(10));
+    let got = mh
+        .join()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the MH's stream: {e}\n{}", diag(&lab)));
+    assert_eq!(got.len(), BYTES, "{}", diag(&lab));
+    assert!(got.iter().enumerate().all(|(i, &b)| b == pattern(i)));
+    let fh_got = fh
+        .join()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the FH's end: {e}\n{}", diag(&lab)));
+    assert_eq!(fh_got, 0);
+    // The FH's answers to MSR1's FIN and to its retransmissions (0.2, 0.6, 1.4, 3 s).
+    std::thread::sleep(Duration::from_secs(5));
+    assert_no_rsts(&lab);
+    let recs = lab.handoff_records(1);
+    assert!(
+        recs.iter().all(|r| r.outcome == Outcome::Moved),
+        "MSR1 kept a connection it could not capture: {recs:?}"
+    );
+}
+
 /// Beacons every 200 ms (lifetime 600 ms) so that many moves fit in one test.
 const FAST_BEACONS: &str = "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n";
 const FAST_AGENT: &[&str] = &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"];

@@ -164,6 +164,73 @@ fn close_out(f: &Frozen, x: BorrowedFd<'_>) -> bool {
     crate::sockopt::shutdown_write(w).is_ok()
 }
 
+/// A relay frozen after its wireless side finished (the MH's FIN and ours both done:
+/// that socket cannot be captured) but before it passed the MH's FIN on to the FH,
+/// which has sent its own: only our FIN to the FH is due, after the MH's last bytes.
+/// Sent from here, the connection is over; its flows go with the images as closed ones,
+/// so the FH's ACK of that FIN, which goes wherever the MH is, meets silence there and
+/// at every MSR after (soak, seed 59: kept here as uncapturable, the connection's FH
+/// ACKs reached the MH two moves later, which reset them). False, changing nothing,
+/// unless all of that holds and the MH's bytes fit in the fixed socket's send buffer.
+fn finish_out(f: &Frozen, x: BorrowedFd<'_>) -> bool {
+    use itcp_handoff::repair::{inq, outq, state, tcp_info};
+    use nix::sys::socket::{recv, send, MsgFlags};
+    use std::os::fd::AsRawFd;
+    // The FH's FIN is in: it sends nothing more this relay would have to deliver.
+    let fh_done = tcp_info(x).is_ok_and(|i| {
+        matches!(
+            i.state,
+            state::CLOSE_WAIT | state::LAST_ACK | state::CLOSING | state::TIME_WAIT
+        )
+    });
+    let w = f.wireless.as_fd();
+    if !finished(w) || !fh_done || !f.pending.down.is_empty() || inq(x).map_or(true, |n| n > 0) {
+        return false;
+    }
+    // The MH's last bytes: those the relay took, then those still in the socket; room
+    // for all of them first, so that nothing is taken that cannot be passed on.
+    let Ok(unread) = inq(w) else { return false };
+    let room = socket2::SockRef::from(&x).send_buffer_size().unwrap_or(0) / 2;
+    let queued = outq(x).map_or(usize::MAX, |n| n as usize);
+    if f.pending.up.len() + unread as usize > room.saturating_sub(queued) {
+        return false;
+    }
+    let mut up = f.pending.up.clone();
+    let mut buf = [0u8; 16384];
+    loop {
+        match recv(w.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+            Ok(0) => break,
+            Ok(n) => up.extend_from_slice(&buf[..n]),
+            Err(_) => return false,
+        }
+    }
+    let mut off = 0;
+    while off < up.len() {
+        let sent = send(
+            x.as_raw_fd(),
+            &up[off..],
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        );
+        let Ok(n @ 1..) = sent else {
+            tracing::error!(
+                conn = f.session.id,
+                queued = off,
+                of = up.len(),
+                "MH's last bytes only partly queued to the FH: the rest is lost"
+            );
+            return false;
+        };
+        off += n;
+    }
+    // Already shut (LAST_ACK and after): nothing to do, it finishes on its own.
+    let _ = crate::sockopt::shutdown_write(x);
+    tracing::info!(
+        conn = f.session.id,
+        "the MH's end finished while frozen: our FIN to the FH goes from here"
+    );
+    true
+}
+
 /// Socket work (capture, restore, restart) of at most this many connections runs on
 /// the handoff's own task.
 pub const FEW: usize = 4;
@@ -215,6 +282,11 @@ pub fn capture_one(f: &Frozen, mark: u32) -> Captured {
         }
     }
     let mut kind = f.session.kind;
+    if let Some(x) = &f.fixed {
+        if kind.relays() && kind != Kind::Closing && finish_out(f, x.as_fd()) {
+            return Ok(None);
+        }
+    }
     // The fixed side first: closing a relay out writes to the wireless socket, which
     // must happen before that one is captured.
     let x = match &f.fixed {
