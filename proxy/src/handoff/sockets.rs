@@ -283,7 +283,7 @@ pub fn capture_one(f: &Frozen, mark: u32) -> Captured {
     }
     let mut kind = f.session.kind;
     if let Some(x) = &f.fixed {
-        if kind.relays() && kind != Kind::Closing && finish_out(f, x.as_fd()) {
+        if kind.relays() && finish_out(f, x.as_fd()) {
             return Ok(None);
         }
     }
