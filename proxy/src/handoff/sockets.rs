@@ -118,50 +118,17 @@ fn over(fd: BorrowedFd<'_>) -> bool {
 /// FIN, and the connection can move as `closing`. False, changing nothing, when the
 /// bytes do not fit or the MH's own bytes could no longer reach the FH.
 fn close_out(f: &Frozen, x: BorrowedFd<'_>) -> bool {
-    use itcp_handoff::repair::{inq, outq};
-    use nix::sys::socket::{recv, send, MsgFlags};
-    use std::os::fd::AsRawFd;
     let w = f.wireless.as_fd();
-    if !f.pending.up.is_empty() || inq(w).map_or(true, |n| n > 0) {
+    if !f.pending.up.is_empty() || itcp_handoff::repair::inq(w).map_or(true, |n| n > 0) {
         return false;
     }
-    let mut rest = f.pending.down.clone();
-    let mut buf = [0u8; 16384];
-    loop {
-        match recv(x.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
-            Ok(0) => break,
-            Ok(n) => rest.extend_from_slice(&buf[..n]),
-            Err(_) => return false,
-        }
-    }
-    // Room in the send queue for all of it, or nothing is written. The kernel counts
-    // buffer overhead against SO_SNDBUF: half of it is payload.
-    let room = socket2::SockRef::from(&w).send_buffer_size().unwrap_or(0) / 2;
-    let queued = outq(w).map_or(usize::MAX, |n| n as usize);
-    if rest.len() > room.saturating_sub(queued) {
-        return false;
-    }
-    let mut off = 0;
-    while off < rest.len() {
-        let sent = send(
-            w.as_raw_fd(),
-            &rest[off..],
-            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
-        );
-        let Ok(n @ 1..) = sent else {
-            // Not expected after the room check above; the handoff rolls back with
-            // part of the bytes queued and the rest gone: say so.
-            tracing::error!(
-                conn = f.session.id,
-                queued = off,
-                of = rest.len(),
-                "FH's last bytes only partly queued to the MH: the rest is lost"
-            );
-            return false;
-        };
-        off += n;
-    }
-    crate::sockopt::shutdown_write(w).is_ok()
+    pass_last(
+        f.session.id,
+        x,
+        w,
+        &f.pending.down,
+        "FH's last bytes only partly queued to the MH",
+    )
 }
 
 /// A relay frozen after its wireless side finished (the MH's FIN and ours both done:
@@ -173,9 +140,7 @@ fn close_out(f: &Frozen, x: BorrowedFd<'_>) -> bool {
 /// ACKs reached the MH two moves later, which reset them). False, changing nothing,
 /// unless all of that holds and the MH's bytes fit in the fixed socket's send buffer.
 fn finish_out(f: &Frozen, x: BorrowedFd<'_>) -> bool {
-    use itcp_handoff::repair::{inq, outq, state, tcp_info};
-    use nix::sys::socket::{recv, send, MsgFlags};
-    use std::os::fd::AsRawFd;
+    use itcp_handoff::repair::{inq, state, tcp_info};
     // The FH's FIN is in: it sends nothing more this relay would have to deliver.
     let fh_done = tcp_info(x).is_ok_and(|i| {
         matches!(
@@ -187,48 +152,72 @@ fn finish_out(f: &Frozen, x: BorrowedFd<'_>) -> bool {
     if !finished(w) || !fh_done || !f.pending.down.is_empty() || inq(x).map_or(true, |n| n > 0) {
         return false;
     }
-    // The MH's last bytes: those the relay took, then those still in the socket; room
-    // for all of them first, so that nothing is taken that cannot be passed on.
-    let Ok(unread) = inq(w) else { return false };
-    let room = socket2::SockRef::from(&x).send_buffer_size().unwrap_or(0) / 2;
-    let queued = outq(x).map_or(usize::MAX, |n| n as usize);
-    if f.pending.up.len() + unread as usize > room.saturating_sub(queued) {
+    let done = pass_last(
+        f.session.id,
+        w,
+        x,
+        &f.pending.up,
+        "MH's last bytes only partly queued to the FH",
+    );
+    if done {
+        tracing::info!(
+            conn = f.session.id,
+            "the MH's end finished while frozen: our FIN to the FH goes from here"
+        );
+    }
+    done
+}
+
+/// The last bytes of a finished `from` (those the relay had `taken`, then those still
+/// in its receive queue) into `to`'s send queue, then our FIN on `to`. False, taking
+/// nothing, when they do not all fit: the kernel counts buffer overhead against
+/// SO_SNDBUF, half of it is payload.
+fn pass_last(
+    conn: u64,
+    from: BorrowedFd<'_>,
+    to: BorrowedFd<'_>,
+    taken: &[u8],
+    partly: &str,
+) -> bool {
+    use itcp_handoff::repair::{inq, outq};
+    use nix::sys::socket::{recv, send, MsgFlags};
+    use std::os::fd::AsRawFd;
+    let Ok(unread) = inq(from) else { return false };
+    let room = socket2::SockRef::from(&to).send_buffer_size().unwrap_or(0) / 2;
+    let queued = outq(to).map_or(usize::MAX, |n| n as usize);
+    if taken.len() + unread as usize > room.saturating_sub(queued) {
         return false;
     }
-    let mut up = f.pending.up.clone();
+    let mut rest = taken.to_vec();
     let mut buf = [0u8; 16384];
     loop {
-        match recv(w.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+        match recv(from.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
             Ok(0) => break,
-            Ok(n) => up.extend_from_slice(&buf[..n]),
+            Ok(n) => rest.extend_from_slice(&buf[..n]),
             Err(_) => return false,
         }
     }
     let mut off = 0;
-    while off < up.len() {
+    while off < rest.len() {
         let sent = send(
-            x.as_raw_fd(),
-            &up[off..],
+            to.as_raw_fd(),
+            &rest[off..],
             MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
         );
         let Ok(n @ 1..) = sent else {
+            // Not expected after the room check above: say what is lost.
             tracing::error!(
-                conn = f.session.id,
+                conn,
                 queued = off,
-                of = up.len(),
-                "MH's last bytes only partly queued to the FH: the rest is lost"
+                of = rest.len(),
+                "{partly}: the rest is lost"
             );
             return false;
         };
         off += n;
     }
     // Already shut (LAST_ACK and after): nothing to do, it finishes on its own.
-    let _ = crate::sockopt::shutdown_write(x);
-    tracing::info!(
-        conn = f.session.id,
-        "the MH's end finished while frozen: our FIN to the FH goes from here"
-    );
-    true
+    crate::sockopt::shutdown_write(to).is_ok()
 }
 
 /// Socket work (capture, restore, restart) of at most this many connections runs on
