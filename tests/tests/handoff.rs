@@ -166,6 +166,15 @@ fn assert_clean(lab: &Lab, send: &SendReport, recv: &RecvReport, bytes: u64) {
     assert_no_rsts(lab);
 }
 
+/// An I-TCP connection (mh-lib, explicit mode through the cell's gateway) to the FH's
+/// `port`; called inside the MH's namespace.
+fn itcp_to_fh(token: PathBuf, port: u16) -> std::io::Result<itcp_mh::ItcpStream> {
+    let opts = itcp_mh::MhOptions::new()
+        .gateway(std::net::SocketAddr::from(([10, 2, 0, 1], 1080)))
+        .token_file(token);
+    itcp_mh::ItcpStream::connect_with(&opts, std::net::SocketAddr::from(([10, 0, 0, 1], port)))
+}
+
 fn assert_no_rsts(lab: &Lab) {
     let (fh_in, fh_out) = lab.rsts(Host::Fh).unwrap();
     let (mh_in, mh_out) = lab.rsts(Host::Mh).unwrap();
@@ -806,11 +815,7 @@ impl ReusedPort {
         let mh_ns = lab.ns(Host::Mh);
         let mh = std::thread::spawn(move || {
             let r = itcp_testbed::sys::in_netns(&mh_ns, || {
-                let opts = itcp_mh::MhOptions::new()
-                    .gateway(std::net::SocketAddr::from(([10, 2, 0, 1], 1080)))
-                    .token_file(token);
-                let itcp = std::net::SocketAddr::from(([10, 0, 0, 1], 5032));
-                let _keep = itcp_mh::ItcpStream::connect_with(&opts, itcp)?;
+                let _keep = itcp_to_fh(token, 5032)?;
                 let me: std::net::SocketAddr = lab::mh_addr(47031).parse().unwrap();
                 let fh: std::net::SocketAddr = lab::fh_addr(PORT).parse().unwrap();
                 let echo =
@@ -1075,11 +1080,7 @@ fn a_relay_that_ends_as_the_old_msr_freezes_it_still_moves() {
     let (mh_ns, token) = (lab.ns(Host::Mh), lab.mh_token_file(1));
     let mh = std::thread::spawn(move || {
         itcp_testbed::sys::in_netns(&mh_ns, || {
-            let opts = itcp_mh::MhOptions::new()
-                .gateway(std::net::SocketAddr::from(([10, 2, 0, 1], 1080)))
-                .token_file(token);
-            let fh = std::net::SocketAddr::from(([10, 0, 0, 1], 5020));
-            let mut s = itcp_mh::ItcpStream::connect_with(&opts, fh)?.into_inner();
+            let mut s = itcp_to_fh(token, 5020)?.into_inner();
             s.set_read_timeout(Some(Duration::from_secs(10)))?;
             let mut got = vec![0u8; FIRST];
             s.read_exact(&mut got)?;
@@ -1173,11 +1174,7 @@ fn a_relay_frozen_between_the_mhs_fin_and_ours_ends_without_a_reset_two_moves_la
     let (mh_ns, token) = (lab.ns(Host::Mh), lab.mh_token_file(1));
     let mh = std::thread::spawn(move || {
         itcp_testbed::sys::in_netns(&mh_ns, || {
-            let opts = itcp_mh::MhOptions::new()
-                .gateway(std::net::SocketAddr::from(([10, 2, 0, 1], 1080)))
-                .token_file(token);
-            let fh = std::net::SocketAddr::from(([10, 0, 0, 1], 5021));
-            let mut s = itcp_mh::ItcpStream::connect_with(&opts, fh)?.into_inner();
+            let mut s = itcp_to_fh(token, 5021)?.into_inner();
             s.set_read_timeout(Some(Duration::from_secs(15)))?;
             let mut got = Vec::new();
             s.read_to_end(&mut got)?;
