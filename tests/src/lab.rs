@@ -971,6 +971,22 @@ impl Lab {
         }
     }
 
+    /// One line on the emulator's late deliveries per link direction (a busy machine
+    /// slows the emulated links): read it beside a test's timing or RST failure.
+    pub fn late_frames(&self) -> String {
+        let Ok(c) = self.counters() else {
+            return "--- emulator: counters unavailable\n".into();
+        };
+        let mut s = String::from("--- emulator late deliveries (count, max µs):");
+        for (name, l) in &c.links {
+            s += &format!(
+                " {name} down ({}, {}) up ({}, {});",
+                l.down.late, l.down.max_late_us, l.up.late, l.up.max_late_us
+            );
+        }
+        s + "\n"
+    }
+
     /// Association, its history, the schedule and the links.
     pub fn emu_status(&self) -> io::Result<StatusReply> {
         match self.emu(Request::Status)? {

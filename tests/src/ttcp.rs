@@ -961,12 +961,18 @@ pub fn run_recv_with(opts: &Opts, on_listening: impl FnOnce(SocketAddr)) -> Recv
 
 /// Receiver on an already established connection (t0 is now).
 pub fn recv_on(mut s: TcpStream, opts: &Opts) -> RecvReport {
-    let t0 = Instant::now();
     let mut rep = RecvReport::empty(opts);
-    rep.t0_mono_ns = mono_ns();
     rep.peer = addr_string(s.peer_addr());
     rep.local = addr_string(s.local_addr());
+    read_verified(&mut s, opts, &mut rep);
+    rep.tcp_info = tcp_info(&s);
+    rep
+}
 
+/// Reads `r` to its end into `rep` (t0 is now), verifying the stream.
+fn read_verified(r: &mut impl Read, opts: &Opts, rep: &mut RecvReport) {
+    let t0 = Instant::now();
+    rep.t0_mono_ns = mono_ns();
     let mut check = StreamCheck::new(opts.seed);
     let mut buf = vec![0u8; opts.chunk.max(1)];
     let mut total: u64 = 0;
@@ -974,7 +980,7 @@ pub fn recv_on(mut s: TcpStream, opts: &Opts) -> RecvReport {
     let mut prev = 0.0f64;
     let mut error: Option<String> = None;
     loop {
-        let n = match s.read(&mut buf) {
+        let n = match r.read(&mut buf) {
             Ok(n) => n,
             Err(e) if e.kind() == ErrorKind::Interrupted => continue,
             Err(e) => {
@@ -1033,10 +1039,137 @@ pub fn recv_on(mut s: TcpStream, opts: &Opts) -> RecvReport {
     rep.last_byte_s = prev;
     rep.duration_s = prev;
     rep.goodput_bps = bps(total, prev);
-    rep.tcp_info = tcp_info(&s);
     rep.ok = error.is_none();
     rep.error = error;
-    rep
+}
+
+// ---------------------------------------------------------------------------------
+// http
+
+/// What `ttcp http` did with its one request: a GET's body sent, or a PUT's body
+/// received and verified.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum HttpReport {
+    Get(SendReport),
+    Put(RecvReport),
+}
+
+impl HttpReport {
+    pub fn error(&self) -> Option<String> {
+        match self {
+            HttpReport::Get(r) => r.error.clone(),
+            HttpReport::Put(r) => r.error.clone(),
+        }
+    }
+}
+
+/// The largest request head `ttcp http` reads.
+const HTTP_HEAD_MAX: usize = 16 << 10;
+
+/// A tiny HTTP/1.1 server for unmodified clients (curl): accepts one connection and
+/// serves its one request. `GET /N` answers with N bytes of the seeded stream; `PUT`
+/// (as `curl -T FILE` sends) must carry the stream as its body, which is verified
+/// like `recv` does. Anything else is answered with 400 and reported as an error.
+pub fn run_http_with(opts: &Opts, on_listening: impl FnOnce(SocketAddr)) -> HttpReport {
+    match establish(opts, on_listening) {
+        Ok(s) => http_on(s, opts),
+        Err(e) => HttpReport::Get(SendReport::failed(opts, e.to_string())),
+    }
+}
+
+fn http_on(mut s: TcpStream, opts: &Opts) -> HttpReport {
+    let (head, rest) = match read_head(&mut s) {
+        Ok(h) => h,
+        Err(e) => return http_refused(&mut s, opts, format!("request: {e}")),
+    };
+    let mut lines = head.lines();
+    let mut request = lines.next().unwrap_or_default().split(' ');
+    let (method, path) = (request.next().unwrap_or(""), request.next().unwrap_or(""));
+    let header = |name: &str| {
+        head.lines().skip(1).find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.trim()
+                .eq_ignore_ascii_case(name)
+                .then(|| v.trim().to_string())
+        })
+    };
+    match method {
+        "GET" => {
+            let Ok(n) = path.trim_start_matches('/').parse::<u64>() else {
+                return http_refused(&mut s, opts, format!("GET {path}: not /BYTES"));
+            };
+            let o = Opts {
+                bytes: Some(n),
+                ..opts.clone()
+            };
+            let reply = format!("HTTP/1.1 200 OK\r\nContent-Length: {n}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n");
+            if let Err(e) = s.write_all(reply.as_bytes()) {
+                return HttpReport::Get(SendReport::failed(opts, format!("reply: {e}")));
+            }
+            HttpReport::Get(send_on(s, &o))
+        }
+        "PUT" => {
+            let Some(n) = header("content-length").and_then(|v| v.parse::<u64>().ok()) else {
+                return http_refused(&mut s, opts, "PUT without a Content-Length".into());
+            };
+            // curl waits up to a second for this before it sends a large body.
+            if header("expect").is_some_and(|v| v.eq_ignore_ascii_case("100-continue")) {
+                if let Err(e) = s.write_all(b"HTTP/1.1 100 Continue\r\n\r\n") {
+                    return http_refused(&mut s, opts, format!("100 Continue: {e}"));
+                }
+            }
+            let o = Opts {
+                bytes: Some(n),
+                ..opts.clone()
+            };
+            let mut rep = RecvReport::empty(&o);
+            rep.peer = addr_string(s.peer_addr());
+            rep.local = addr_string(s.local_addr());
+            let mut body = io::Cursor::new(rest).chain(&s).take(n);
+            read_verified(&mut body, &o, &mut rep);
+            rep.tcp_info = tcp_info(&s);
+            let status = if rep.ok { "200 OK" } else { "400 Bad Request" };
+            let reply =
+                format!("HTTP/1.1 {status}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+            if let Err(e) = s.write_all(reply.as_bytes()) {
+                rep.ok = false;
+                rep.error.get_or_insert(format!("reply: {e}"));
+            }
+            let _ = s.shutdown(Shutdown::Write);
+            let _ = wait_eof(&mut s);
+            HttpReport::Put(rep)
+        }
+        _ => http_refused(&mut s, opts, format!("method {method:?} not served")),
+    }
+}
+
+/// Reads up to the blank line that ends an HTTP request head: the head, and what
+/// was read past it.
+fn read_head(s: &mut TcpStream) -> io::Result<(String, Vec<u8>)> {
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            let rest = buf.split_off(end + 4);
+            return Ok((String::from_utf8_lossy(&buf).into_owned(), rest));
+        }
+        if buf.len() > HTTP_HEAD_MAX {
+            return Err(io::Error::new(ErrorKind::InvalidData, "head too long"));
+        }
+        match s.read(&mut chunk) {
+            Ok(0) => return Err(ErrorKind::UnexpectedEof.into()),
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+fn http_refused(s: &mut TcpStream, opts: &Opts, why: String) -> HttpReport {
+    let _ =
+        s.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+    HttpReport::Get(SendReport::failed(opts, why))
 }
 
 // ---------------------------------------------------------------------------------

@@ -111,7 +111,7 @@ fn finish(lab: &mut Lab, (s, r): (usize, usize)) -> (SendReport, RecvReport) {
 
 /// Logs worth seeing when a test fails.
 fn diag(lab: &Lab) -> String {
-    let mut s = String::new();
+    let mut s = lab.late_frames();
     for f in ["msrd1.log", "msrd2.log", "agent.log", "agent.events"] {
         let t = std::fs::read_to_string(lab.dir.join(f)).unwrap_or_default();
         let tail: Vec<&str> = t.lines().rev().take(40).collect();
@@ -176,6 +176,7 @@ fn itcp_to_fh(token: PathBuf, port: u16) -> std::io::Result<itcp_mh::ItcpStream>
 }
 
 fn assert_no_rsts(lab: &Lab) {
+    eprint!("{}", lab.late_frames());
     let (fh_in, fh_out) = lab.rsts(Host::Fh).unwrap();
     let (mh_in, mh_out) = lab.rsts(Host::Mh).unwrap();
     assert_eq!(

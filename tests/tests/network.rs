@@ -19,9 +19,9 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-const TRANSPARENT: &str = "[transparent]\nenabled = true\nports = [5001, 5002]\n";
+const TRANSPARENT: &str = "[transparent]\nenabled = true\nports = [5001, 5002, 5003, 5004, 5005]\n";
 
-/// Two MSRs with network detection, transparent mode for ports 5001–5002, RSTs
+/// Two MSRs with network detection, transparent mode for ports 5001–5005, RSTs
 /// counted at the FH and at MH 1.
 fn network_lab(seed: u64, mhs: usize) -> (Lab, Vec<usize>) {
     let mut lab = Lab::with_mhs(LabConfig::clean(2, seed), mhs).unwrap();
@@ -163,8 +163,80 @@ fn an_mh_that_runs_nothing_of_ours_keeps_its_transfers_and_its_ping_across_ten_m
     let fh_recv = lab
         .spawn(Host::Fh, &ttcp, &["recv", "--listen", &up])
         .unwrap();
-    lab.wait_listening(Host::Fh, 5001).unwrap();
-    lab.wait_listening(Host::Fh, 5002).unwrap();
+    // The same MH's everyday programs: a plain socket echo client, and curl
+    // downloading and uploading over HTTP (rate-limited, so that both run through
+    // all ten moves).
+    let echo = lab
+        .spawn(Host::Fh, &ttcp, &["echo", "--listen", &lab::fh_addr(5003)])
+        .unwrap();
+    let (get_seed, put_seed, http_bytes) = (7u64, 8u64, 8u64 << 20);
+    let http = |port: u16, seed: u64| {
+        let (a, s) = (lab::fh_addr(port), seed.to_string());
+        ["http", "--listen", &a, "--seed", &s].map(String::from)
+    };
+    let args = http(5004, get_seed);
+    let fh_get = lab
+        .spawn(Host::Fh, &ttcp, &args.each_ref().map(|a| a.as_str()))
+        .unwrap();
+    let args = http(5005, put_seed);
+    let fh_put = lab
+        .spawn(Host::Fh, &ttcp, &args.each_ref().map(|a| a.as_str()))
+        .unwrap();
+    for port in 5001..=5005 {
+        lab.wait_listening(Host::Fh, port).unwrap();
+    }
+    let (got, sent) = (lab.dir.join("curl-get.bin"), lab.dir.join("curl-put.bin"));
+    let mut body = vec![0u8; http_bytes as usize];
+    itcp_testbed::stream::StreamGen::new(put_seed).fill(&mut body);
+    std::fs::write(&sent, &body).unwrap();
+    let rr = lab
+        .spawn(
+            Host::Mh,
+            &ttcp,
+            &[
+                "rr",
+                "--connect",
+                &lab::fh_addr(5003),
+                "--count",
+                "600",
+                "--size",
+                "100",
+                "--interval-ms",
+                "50",
+            ],
+        )
+        .unwrap();
+    let url = |port: u16, path: &str| format!("http://{}/{path}", lab::fh_addr(port));
+    let curl_get = lab
+        .spawn(
+            Host::Mh,
+            "curl",
+            &[
+                "-sS",
+                "--fail",
+                "--limit-rate",
+                "256k",
+                "-o",
+                got.to_str().unwrap(),
+                &url(5004, &http_bytes.to_string()),
+            ],
+        )
+        .unwrap();
+    let curl_put = lab
+        .spawn(
+            Host::Mh,
+            "curl",
+            &[
+                "-sS",
+                "--fail",
+                "--limit-rate",
+                "256k",
+                "-T",
+                sent.to_str().unwrap(),
+                &url(5005, "up"),
+            ],
+        )
+        .unwrap();
     let mh_recv = lab
         .spawn(Host::Mh, &ttcp, &["recv", "--connect", &down])
         .unwrap();
@@ -199,7 +271,7 @@ fn an_mh_that_runs_nothing_of_ours_keeps_its_transfers_and_its_ping_across_ten_m
         diag(&lab)
     );
     let deadline = Instant::now() + Duration::from_secs(5);
-    while relays_at(&lab, 1) < 2 {
+    while relays_at(&lab, 1) < 5 {
         assert!(
             Instant::now() < deadline,
             "transfers not relayed at MSR1\n{}",
@@ -216,7 +288,7 @@ fn an_mh_that_runs_nothing_of_ours_keeps_its_transfers_and_its_ping_across_ten_m
         lab.assoc(&[to]).unwrap();
         associated(&lab, 1);
         let deadline = Instant::now() + Duration::from_secs(5);
-        while relays_at(&lab, to) < 2 || relays_at(&lab, at) > 0 {
+        while relays_at(&lab, to) < 5 || relays_at(&lab, at) > 0 {
             assert!(
                 Instant::now() < deadline,
                 "move {n}: the connections did not follow the MH to MSR{to}\n{}",
@@ -244,6 +316,39 @@ fn an_mh_that_runs_nothing_of_ours_keeps_its_transfers_and_its_ping_across_ten_m
     }
     let _ = lab.wait(fh_send, Duration::from_secs(10));
     let _ = lab.wait(mh_send, Duration::from_secs(10));
+    // The echo client got every reply; curl's download is the stream, its upload
+    // reached the FH whole.
+    let (_, out, err) = lab.wait(rr, Duration::from_secs(60)).unwrap();
+    let r: itcp_testbed::ttcp::RrReport = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("echo client: {e}: {err}\n{}", diag(&lab)));
+    assert!(r.ok && r.count == 600, "echo client: {r:?}\n{}", diag(&lab));
+    for (what, idx) in [("download", curl_get), ("upload", curl_put)] {
+        let (ok, _, err) = lab.wait(idx, Duration::from_secs(60)).unwrap();
+        assert!(ok, "curl {what} failed: {err}\n{}", diag(&lab));
+    }
+    let (ok, out, err) = lab.wait(fh_get, Duration::from_secs(10)).unwrap();
+    assert!(ok, "HTTP server of the download: {out} {err}");
+    let got = std::fs::read(&got).unwrap();
+    let mut check = itcp_testbed::stream::StreamCheck::new(get_seed);
+    assert_eq!(got.len() as u64, http_bytes, "curl's download is short");
+    check
+        .check(&got)
+        .unwrap_or_else(|m| panic!("curl's download: {m}"));
+    let (ok, out, err) = lab.wait(fh_put, Duration::from_secs(10)).unwrap();
+    let put: RecvReport = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("HTTP server of the upload: {e}: {err}"));
+    assert!(
+        ok && put.ok && put.verified && put.bytes == http_bytes,
+        "curl's upload: {put:?}"
+    );
+    eprintln!(
+        "echo: {} exchanges, p99 {:.1} ms; curl: {} bytes each way, upload's longest stall {:.3} s",
+        r.count,
+        r.p99_us / 1000.0,
+        http_bytes,
+        put.longest_stall_s
+    );
+    lab.terminate(echo);
     // The FH saw the MH's own address all along, and nobody saw a reset.
     assert!(
         up_report.peer.starts_with("10.2.0.100:"),

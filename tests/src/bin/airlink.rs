@@ -103,6 +103,9 @@ fn run(config: String, control: String) -> Result<(), String> {
     // The lab owns us: if it dies, so do we (and with us every TAP device).
     sys::die_with_parent(libc::SIGKILL);
     sys::set_fine_timer_slack();
+    if let Err(e) = sys::set_realtime() {
+        eprintln!("airlink: SCHED_FIFO refused ({e}): frames may be late on a busy machine");
+    }
 
     let text = std::fs::read_to_string(&config).map_err(|e| format!("{config}: {e}"))?;
     let mut topo: Topology = serde_json::from_str(&text).map_err(|e| format!("{config}: {e}"))?;

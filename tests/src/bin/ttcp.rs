@@ -127,6 +127,15 @@ on ADDR:PORT' on stderr once bound (port 0 picks a free one).",
             ],
         },
         Command {
+            name: "http",
+            synopsis: "--listen ADDR:PORT [--seed S] [--buf BYTES] [--json FILE]",
+            about: "Serve one HTTP/1.1 request for unmodified clients such as curl: GET /N \
+                    answers with N bytes of the stream, PUT must carry the stream as its \
+                    body (curl -T FILE) and is verified like recv. The report is send's \
+                    for a GET, recv's for a PUT.",
+            flags: &[LISTEN, SEED, BUF, JSON],
+        },
+        Command {
             name: "rr",
             synopsis: "--connect ADDR:PORT [--count N] [--size BYTES] [--interval-ms MS]
 [--pipeline] [--warmup N] [--seed S] [--connect-timeout SECS] [--itcp] [--json FILE]",
@@ -271,6 +280,7 @@ enum Job {
     Echo(EchoOpts),
     Rr(RrOpts, Option<String>),
     Churn(ChurnOpts, Option<String>),
+    Http(Opts, Option<String>),
 }
 
 fn parse(mut a: Args) -> itcp_cli::Result<Job> {
@@ -278,6 +288,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
         "send" | "recv" => send_recv(a),
         "echo" => echo(a),
         "churn" => churn(a),
+        "http" => http(a),
         _ => rr(a),
     }
 }
@@ -307,6 +318,10 @@ fn main() -> ExitCode {
                     ExitCode::from(1)
                 }
             }
+        }
+        Job::Http(o, json) => {
+            let r = ttcp::run_http_with(&o, |addr| eprintln!("ttcp: listening on {addr}"));
+            finish(serde_json::to_string(&r), r.error(), json.as_deref())
         }
         Job::Rr(o, json) => {
             let r = ttcp::run_rr(&o);
@@ -401,6 +416,26 @@ fn finish(line: serde_json::Result<String>, err: Option<String>, json: Option<&s
         code = 1;
     }
     ExitCode::from(code)
+}
+
+fn http(mut a: Args) -> itcp_cli::Result<Job> {
+    let mut o = Opts::new(Endpoint::Connect(([0, 0, 0, 0], 0).into()));
+    let mut listen = None;
+    let mut json = None;
+    while let Some(arg) = a.next()? {
+        match arg {
+            Arg::Flag("listen") => listen = Some(parse_addr(&mut a, "listen")?),
+            Arg::Flag("seed") => o.seed = parse_u64(&mut a, "seed")?,
+            Arg::Flag("buf") => o.buf = Some(parse_positive(&mut a, "buf")?),
+            Arg::Flag("json") => json = Some(a.value("json")?),
+            other => return Err(a.unexpected(other)),
+        }
+    }
+    let Some(listen) = listen else {
+        return usage_err(&a, "ttcp http: --listen is required");
+    };
+    o.endpoint = Endpoint::Listen(listen);
+    Ok(Job::Http(o, json))
 }
 
 fn echo(mut a: Args) -> itcp_cli::Result<Job> {

@@ -177,7 +177,17 @@ pub struct Counters {
     pub drop_flush: u64,
     /// Dropped because the MH was not in this cell when they were sent.
     pub drop_no_cell: u64,
+    /// Delivered at least [`LATE_NS`] after their time: the emulator woke up late (a
+    /// busy machine), so the link was slower than configured.
+    #[serde(default)]
+    pub late: u64,
+    /// The latest delivery after its time, µs.
+    #[serde(default)]
+    pub max_late_us: u64,
 }
+
+/// How late a delivery must be to count as [`Counters::late`].
+pub const LATE_NS: u64 = 2_000_000;
 
 #[derive(Debug)]
 struct Frame {
@@ -384,6 +394,9 @@ impl LinkDir {
             }
             let f = self.in_flight.pop_front().unwrap();
             if !f.lost {
+                let late = now - f.deliver_ns;
+                self.counters.late += u64::from(late >= LATE_NS);
+                self.counters.max_late_us = self.counters.max_late_us.max(late / 1000);
                 self.counters.pkts_out += 1;
                 self.counters.bytes_out += ip_len(&f.data);
                 out.push(f.data);
@@ -500,6 +513,33 @@ mod tests {
         let got = drain(&mut l, 30_000_000);
         let times: Vec<u64> = got.iter().map(|g| g.0).collect();
         assert_eq!(times, vec![16_000_000, 22_000_000, 28_000_000]);
+    }
+
+    #[test]
+    fn deliveries_after_their_time_are_counted_late() {
+        // 2 Mbit/s, 10 ms: the frames are due at 16 and 22 ms.
+        let p = LinkParams {
+            rate_bps: 2_000_000,
+            delay_us: 10_000,
+            queue_bytes: 100_000,
+            ..Default::default()
+        };
+        let mut l = LinkDir::new(p, 1, 0);
+        l.offer(0, frame(1500));
+        l.offer(0, frame(1500));
+        let mut out = Vec::new();
+        // On time within 1 ms: not late.
+        l.advance(16_900_000, &mut out);
+        assert_eq!(
+            (out.len(), l.counters.late, l.counters.max_late_us),
+            (1, 0, 900)
+        );
+        // Woken 3 ms after the second one's time.
+        l.advance(25_000_000, &mut out);
+        assert_eq!(
+            (out.len(), l.counters.late, l.counters.max_late_us),
+            (2, 1, 3000)
+        );
     }
 
     #[test]
