@@ -41,6 +41,10 @@ use crate::sys;
 /// Prefix of every namespace a lab creates.
 pub const NS_PREFIX: &str = "itcp-";
 
+/// The MAC addresses of the FH's and the GW's ends of the emulated WAN.
+const WAN_FH_MAC: &str = "02:00:00:00:f0:01";
+const WAN_GW_MAC: &str = "02:00:00:00:f0:02";
+
 /// Addresses of the lab (IPv4; the code above the lab is family-agnostic).
 pub mod addr {
     use std::net::Ipv4Addr;
@@ -720,7 +724,7 @@ impl Lab {
             run_ip(
                 None,
                 &format!(
-                    "link add wan0 netns {fh} address 02:00:00:00:f0:01 type veth peer name wan0 netns {gw} address 02:00:00:00:f0:02\n\
+                    "link add wan0 netns {fh} address {WAN_FH_MAC} type veth peer name wan0 netns {gw} address {WAN_GW_MAC}\n\
                      link add cell0 netns {msr} address {cm} type veth peer name air0 netns {mh} address {mm}\n",
                     fh = self.ns(Host::Fh),
                     gw = self.ns(Host::Gw),
@@ -753,6 +757,24 @@ impl Lab {
         run_ip(
             Some(&gw),
             &format!("addr add {}/24 dev wan0\nlink set wan0 up\n", addr::GW_WAN),
+        )?;
+        // The emulated WAN stands for routed hops, across which nobody resolves
+        // addresses: without fixed neighbours the first packet of a lab waited a whole
+        // WAN round trip for ARP (200 ms on the paper's WAN), which counted against
+        // whichever connection opened first (an MH-opened I-TCP connection's start).
+        run_ip(
+            Some(&self.ns(Host::Fh)),
+            &format!(
+                "neigh replace {} lladdr {WAN_GW_MAC} dev wan0 nud permanent\n",
+                addr::GW_WAN
+            ),
+        )?;
+        run_ip(
+            Some(&gw),
+            &format!(
+                "neigh replace {} lladdr {WAN_FH_MAC} dev wan0 nud permanent\n",
+                addr::FH
+            ),
         )?;
         sysctl(&gw, &[("net.ipv4.ip_forward", "1")])?;
         for k in 1..=n {
@@ -798,17 +820,19 @@ impl Lab {
         run_ip(
             Some(&self.ns(Host::Fh)),
             &format!(
-                "addr add {}/64 dev wan0 nodad\nroute add default via {}\n",
+                "addr add {}/64 dev wan0 nodad\nroute add default via {}\nneigh replace {} lladdr {WAN_GW_MAC} dev wan0 nud permanent\n",
                 addr6::FH,
+                addr6::GW_WAN,
                 addr6::GW_WAN
             ),
         )?;
         run_ip(
             Some(&gw),
             &format!(
-                "addr add {}/64 dev wan0 nodad\naddr add {}/64 dev br0 nodad\n",
+                "addr add {}/64 dev wan0 nodad\naddr add {}/64 dev br0 nodad\nneigh replace {} lladdr {WAN_FH_MAC} dev wan0 nud permanent\n",
                 addr6::GW_WAN,
-                addr6::GW_LAN
+                addr6::GW_LAN,
+                addr6::FH
             ),
         )?;
         sysctl(&gw, &[("net.ipv6.conf.all.forwarding", "1")])?;
@@ -848,8 +872,8 @@ impl Lab {
             mac,
         };
         let mut ports = vec![
-            port(Host::Fh, "wan0", Some("02:00:00:00:f0:01".into())),
-            port(Host::Gw, "wan0", Some("02:00:00:00:f0:02".into())),
+            port(Host::Fh, "wan0", Some(WAN_FH_MAC.into())),
+            port(Host::Gw, "wan0", Some(WAN_GW_MAC.into())),
             port(Host::Mh, "air0", Some(addr::MH_MAC.into())),
         ];
         ports.extend((2..=self.mhs).map(|j| port(Host::mh(j), "air0", Some(addr::mh_mac(j)))));
