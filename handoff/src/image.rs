@@ -46,8 +46,9 @@
 //!     comes after 1 s and its SACK does not mark the rest lost; the 3 s RTO does
 //!     (measured: 8 kB lost, nothing else queued, 4.0–4.2 s). Unsent bytes written
 //!     behind them get SACKed and trigger fast recovery sooner.
-//!   - [`UnackedRestore::Auto`] (default) picks `AsNew` when the unacknowledged bytes fit
-//!     in the restored socket's congestion window and the peer's window, `AsSent`
+//!   - [`UnackedRestore::Auto`] (default) picks `AsNew` when the whole send queue fits
+//!     in the restored socket's congestion window and the peer's window
+//!     ([`first_flight`]: bytes counted unsent may be ones the peer has), `AsSent`
 //!     otherwise.
 //! * **Window** (`TCP_REPAIR_WINDOW`), **negotiated options** (MSS, window scale, SACK,
 //!   timestamps: `TCP_REPAIR_OPTIONS`), the **timestamp clock** (`TCP_TIMESTAMP`: our
@@ -1497,6 +1498,20 @@ fn apply_sockopts(fd: BorrowedFd<'_>, img: &SocketImage, opts: &RestoreOptions) 
     Ok(())
 }
 
+/// How many segments of `mss` bytes a socket restored from `img` must be able to send
+/// at once, counting from `send.una`: its whole send queue, bytes in flight, bytes
+/// not yet sent and our FIN. The restorer's first flight (the initial window its
+/// route gives it) must cover them all, not only the bytes in flight: the peer may
+/// hold bytes this image counts as unsent, sent by an earlier copy of the connection
+/// (an image taken at an earlier MSR that restarted with them in flight), and until
+/// the restored socket has sent past them every ACK the peer sends is one of "unsent
+/// data", which the kernel drops: the connection would never move again.
+pub fn first_flight(img: &SocketImage, mss: usize) -> u64 {
+    let mss = mss.max(1);
+    let queued = img.send.unacked.len() + img.send.unsent.len();
+    queued.div_ceil(mss) as u64 + u64::from(img.send.fin != SendFin::None)
+}
+
 /// Whether the unacknowledged bytes should be re-sent as new data.
 fn choose_as_new(
     fd: BorrowedFd<'_>,
@@ -1512,11 +1527,9 @@ fn choose_as_new(
         UnackedRestore::AsSent => false,
         UnackedRestore::Auto => {
             let i = repair::tcp_info(fd)?;
-            let mss = u64::from(i.snd_mss.max(1));
-            let segs = img.send.unacked.len() as u64 / mss
-                + u64::from(img.send.unacked.len() as u64 % mss != 0)
-                + u64::from(img.send.fin == SendFin::Sent);
-            segs <= u64::from(i.snd_cwnd) && unacked <= u64::from(img.window.snd_wnd)
+            let segs = first_flight(img, i.snd_mss as usize);
+            let queued = unacked + img.send.unsent.len() as u64;
+            segs <= u64::from(i.snd_cwnd) && queued <= u64::from(img.window.snd_wnd)
         }
     })
 }
@@ -1888,6 +1901,20 @@ fn write_all(fd: BorrowedFd<'_>, mut data: &[u8]) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_first_flight_covers_the_whole_send_queue() {
+        let mut img = sample();
+        img.send.unacked = vec![0; 3000];
+        img.send.unsent = vec![0; 1000];
+        img.send.fin = SendFin::None;
+        // 4000 bytes in 1448-byte segments: 3, though only 3000 are in flight.
+        assert_eq!(first_flight(&img, 1448), 3);
+        img.send.fin = SendFin::Queued;
+        assert_eq!(first_flight(&img, 1448), 4);
+        img.send.unsent.clear();
+        assert_eq!(first_flight(&img, 1000), 4);
+    }
 
     #[test]
     fn a_held_ack_takes_acknowledged_bytes_out_of_flight() {

@@ -25,7 +25,7 @@ pub mod packet;
 pub mod repair;
 
 pub use image::{
-    capture, delete, restart, restore, unfreeze, DeleteError, ImageError, Keepalive, RecvImage,
-    RestoreOptions, SendFin, SendImage, SockOpts, SocketImage, TcpOptionsImage, TcpState,
-    UnackedRestore, WindowImage, WindowScale,
+    capture, delete, first_flight, restart, restore, unfreeze, DeleteError, ImageError, Keepalive,
+    RecvImage, RestoreOptions, SendFin, SendImage, SockOpts, SocketImage, TcpOptionsImage,
+    TcpState, UnackedRestore, WindowImage, WindowScale,
 };

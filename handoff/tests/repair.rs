@@ -30,8 +30,8 @@ use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
 use itcp_handoff::{
-    capture, delete, restart, restore, unfreeze, RestoreOptions, SendFin, SocketImage, TcpState,
-    UnackedRestore,
+    capture, delete, first_flight, restart, restore, unfreeze, RestoreOptions, SendFin,
+    SocketImage, TcpState, UnackedRestore,
 };
 
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -1001,6 +1001,181 @@ fn large_flight_with_lost_acks_moves() {
     eprintln!("  restart -> peer EOF: {:?}", t0.elapsed());
     assert_eq!(got.len() as u64, down.off);
     check(11, 0, &got, "whole stream");
+    assert_eq!(lab.peer_rsts(), 0);
+}
+
+/// The same large flight restored as msrd restores it: the new host gives the peer a
+/// route whose initial window covers the flight (`initcwnd`, as msrd's flight route
+/// does), so `Auto` re-sends the flight as new data. The peer has every byte and its
+/// ACKs are beyond anything the restored socket sent until the whole flight is out
+/// again: if the socket stops short of it, every ACK the peer sends is one of unsent
+/// data, which the kernel drops, and the connection never moves again. `cc` is the
+/// MSR socket's congestion control.
+fn large_flight_with_an_initial_window_that_covers_it(cc: &'static str, mp: u16) {
+    let _g = serial();
+    let mut lab = Lab::new(false);
+    let tune = Tune {
+        cc: Some(cc),
+        sndbuf: Some(4 << 20),
+        ..Tune::default()
+    };
+    let l = listen(&lab.m1, lab.msr_addr(mp), &tune);
+    let (a, mut m) = pair(
+        &lab,
+        &l,
+        mp,
+        &Tune {
+            rcvbuf: Some(4 << 20),
+            ..Tune::default()
+        },
+    );
+    let pp = a.local_addr().unwrap().port();
+    let mut down = Gen::new(12);
+    let ra = reader(a.try_clone().unwrap(), 0);
+    down.write(&mut m, 4_000_000);
+    thread::sleep(Duration::from_millis(50));
+    lab.block(&lab.m1.clone(), pp, mp, true, false);
+    down.write_nb(&mut m, 400_000);
+    thread::sleep(Duration::from_millis(30));
+    lab.unblock(&lab.m1.clone());
+    lab.block(&lab.m1.clone(), pp, mp, true, true);
+    let img = capture(m.as_fd()).unwrap();
+    let segs = first_flight(&img, img.options.mss as usize) + 1;
+    eprintln!(
+        "  in flight at capture: {} B ({segs} segments)",
+        img.send.unacked.len()
+    );
+    assert!(segs > 20, "need a large flight");
+    delete(OwnedFd::from(m)).unwrap();
+    lab.block(&lab.m2.clone(), pp, mp, true, false);
+    lab.move_to_m2();
+    ip(
+        &lab.m2.clone(),
+        &format!(
+            "route replace {}/32 dev vm initcwnd {}",
+            lab.peer_ip(),
+            segs + 2
+        ),
+    );
+    let r = in_ns(&lab.m2.clone(), || {
+        restore(&img, &RestoreOptions::default())
+    })
+    .unwrap();
+    let mut r = TcpStream::from(r);
+    lab.unblock(&lab.m2.clone());
+    let t0 = Instant::now();
+    restart_in(&lab.m2, &r, &img, &RestoreOptions::default());
+    down.write(&mut r, 100_000);
+    r.shutdown(Shutdown::Write).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !ra.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "{cc}: the peer had not all {} B 5 s after the restart: it holds {} B unread, \
+             the restored socket {} B unacknowledged",
+            down.off,
+            ioctl_u32(&a, libc::FIONREAD),
+            ioctl_u32(&r, libc::TIOCOUTQ)
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    let (got, _) = ra.join().unwrap().expect("peer read");
+    eprintln!("  {cc}: restart -> peer EOF: {:?}", t0.elapsed());
+    assert_eq!(got.len() as u64, down.off);
+    check(12, 0, &got, "whole stream");
+    assert_eq!(lab.peer_rsts(), 0);
+}
+
+#[test]
+fn a_large_flight_re_sent_with_bbr_reaches_the_peer() {
+    large_flight_with_an_initial_window_that_covers_it("bbr", 7021);
+}
+
+#[test]
+fn a_large_flight_re_sent_with_cubic_reaches_the_peer() {
+    large_flight_with_an_initial_window_that_covers_it("cubic", 7022);
+}
+
+/// An image whose last bytes are queued as unsent although the peer has them: a copy
+/// of the connection at an earlier MSR sent them (found by the unmodified-MH test of
+/// the testbed: a download stalled for good after a move, the restored socket having
+/// re-sent 135 segments of a flight and the MH acknowledging 32 segments beyond). The
+/// restored socket's first flight must reach the end of its queue, or the peer's
+/// ACKs are all of "unsent data", which the kernel drops, and the connection never
+/// moves again.
+#[test]
+fn bytes_the_peer_has_queued_as_unsent_do_not_stall_the_restored_socket() {
+    let _g = serial();
+    let mut lab = Lab::new(false);
+    let mp = 7023;
+    let tune = Tune {
+        cc: Some("bbr"),
+        sndbuf: Some(4 << 20),
+        ..Tune::default()
+    };
+    let l = listen(&lab.m1, lab.msr_addr(mp), &tune);
+    let (a, mut m) = pair(
+        &lab,
+        &l,
+        mp,
+        &Tune {
+            rcvbuf: Some(4 << 20),
+            ..Tune::default()
+        },
+    );
+    let pp = a.local_addr().unwrap().port();
+    let mut down = Gen::new(13);
+    let ra = reader(a.try_clone().unwrap(), 0);
+    down.write(&mut m, 4_000_000);
+    thread::sleep(Duration::from_millis(50));
+    lab.block(&lab.m1.clone(), pp, mp, true, false);
+    down.write_nb(&mut m, 300_000);
+    thread::sleep(Duration::from_millis(30));
+    lab.unblock(&lab.m1.clone());
+    lab.block(&lab.m1.clone(), pp, mp, true, true);
+    let mut img = capture(m.as_fd()).unwrap();
+    assert!(img.send.unsent.is_empty() && img.send.unacked.len() > 100_000);
+    // The last 32 segments' worth: sent (the peer has them), recorded as unsent.
+    let cut = img.send.unacked.len() - 32 * 1448;
+    img.send.unsent = img.send.unacked.split_off(cut);
+    delete(OwnedFd::from(m)).unwrap();
+    lab.block(&lab.m2.clone(), pp, mp, true, false);
+    lab.move_to_m2();
+    // msrd's flight route: an initial window of the first flight, and 2 more.
+    let segs = first_flight(&img, img.options.mss as usize) + 1;
+    ip(
+        &lab.m2.clone(),
+        &format!(
+            "route replace {}/32 dev vm initcwnd {}",
+            lab.peer_ip(),
+            segs + 2
+        ),
+    );
+    let r = in_ns(&lab.m2.clone(), || {
+        restore(&img, &RestoreOptions::default())
+    })
+    .unwrap();
+    let mut r = TcpStream::from(r);
+    lab.unblock(&lab.m2.clone());
+    let t0 = Instant::now();
+    restart_in(&lab.m2, &r, &img, &RestoreOptions::default());
+    down.write(&mut r, 100_000);
+    r.shutdown(Shutdown::Write).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !ra.is_finished() {
+        assert!(
+            Instant::now() < deadline,
+            "the peer had not all {} B 5 s after the restart: the restored socket holds \
+             {} B unacknowledged",
+            down.off,
+            ioctl_u32(&r, libc::TIOCOUTQ)
+        );
+        thread::sleep(Duration::from_millis(10));
+    }
+    let (got, _) = ra.join().unwrap().expect("peer read");
+    eprintln!("  restart -> peer EOF: {:?}", t0.elapsed());
+    assert_eq!(got.len() as u64, down.off);
+    check(13, 0, &got, "whole stream");
     assert_eq!(lab.peer_rsts(), 0);
 }
 

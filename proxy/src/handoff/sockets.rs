@@ -628,10 +628,7 @@ impl FlightRoute {
         let segs = images
             .iter()
             .filter_map(|c| SocketImage::from_bytes(&c.wireless).ok())
-            .map(|w| {
-                let mss = w.options.mss.max(536) as usize;
-                w.send.unacked.len().div_ceil(mss) + 1
-            })
+            .map(|w| itcp_handoff::first_flight(&w, w.options.mss.max(536) as usize) + 1)
             .max()?;
         if segs <= 10 {
             return None; // The default initial window covers it.
