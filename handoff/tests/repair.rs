@@ -955,33 +955,14 @@ fn large_flight_with_lost_acks_moves() {
     let _g = serial();
     let mut lab = Lab::new(false);
     let mp = 7020;
-    let reno = Tune {
-        cc: Some("reno"),
-        sndbuf: Some(4 << 20),
-        ..Tune::default()
-    };
-    let l = listen(&lab.m1, lab.msr_addr(mp), &reno);
-    let (a, mut m) = pair(
-        &lab,
-        &l,
-        mp,
-        &Tune {
-            rcvbuf: Some(4 << 20),
-            ..Tune::default()
-        },
-    );
-    let pp = a.local_addr().unwrap().port();
-    let mut down = Gen::new(11);
-    // Grow the congestion window.
-    let ra = reader(a.try_clone().unwrap(), 0);
-    down.write(&mut m, 4_000_000);
-    thread::sleep(Duration::from_millis(50));
-    // ACKs from the peer are dropped from now on; data still reaches it.
-    lab.block(&lab.m1.clone(), pp, mp, true, false);
-    down.write_nb(&mut m, 400_000);
-    thread::sleep(Duration::from_millis(30));
-    lab.unblock(&lab.m1.clone());
-    lab.block(&lab.m1.clone(), pp, mp, true, true);
+    let LostAcks {
+        a: _peer,
+        m,
+        pp,
+        mut down,
+        ra,
+        ..
+    } = flight_with_lost_acks(&lab, mp, "reno", 11, 400_000);
     let (img, mut r) = hand_over(&mut lab, m, pp, mp, &RestoreOptions::default());
     eprintln!(
         "  in flight at capture: {} B ({} segments)",
@@ -1014,76 +995,15 @@ fn large_flight_with_lost_acks_moves() {
 fn large_flight_with_an_initial_window_that_covers_it(cc: &'static str, mp: u16) {
     let _g = serial();
     let mut lab = Lab::new(false);
-    let tune = Tune {
-        cc: Some(cc),
-        sndbuf: Some(4 << 20),
-        ..Tune::default()
-    };
-    let l = listen(&lab.m1, lab.msr_addr(mp), &tune);
-    let (a, mut m) = pair(
-        &lab,
-        &l,
-        mp,
-        &Tune {
-            rcvbuf: Some(4 << 20),
-            ..Tune::default()
-        },
-    );
-    let pp = a.local_addr().unwrap().port();
-    let mut down = Gen::new(12);
-    let ra = reader(a.try_clone().unwrap(), 0);
-    down.write(&mut m, 4_000_000);
-    thread::sleep(Duration::from_millis(50));
-    lab.block(&lab.m1.clone(), pp, mp, true, false);
-    down.write_nb(&mut m, 400_000);
-    thread::sleep(Duration::from_millis(30));
-    lab.unblock(&lab.m1.clone());
-    lab.block(&lab.m1.clone(), pp, mp, true, true);
-    let img = capture(m.as_fd()).unwrap();
+    let f = flight_with_lost_acks(&lab, mp, cc, 12, 400_000);
+    let img = capture(f.m.as_fd()).unwrap();
     let segs = first_flight(&img, img.options.mss as usize) + 1;
     eprintln!(
         "  in flight at capture: {} B ({segs} segments)",
         img.send.unacked.len()
     );
     assert!(segs > 20, "need a large flight");
-    delete(OwnedFd::from(m)).unwrap();
-    lab.block(&lab.m2.clone(), pp, mp, true, false);
-    lab.move_to_m2();
-    ip(
-        &lab.m2.clone(),
-        &format!(
-            "route replace {}/32 dev vm initcwnd {}",
-            lab.peer_ip(),
-            segs + 2
-        ),
-    );
-    let r = in_ns(&lab.m2.clone(), || {
-        restore(&img, &RestoreOptions::default())
-    })
-    .unwrap();
-    let mut r = TcpStream::from(r);
-    lab.unblock(&lab.m2.clone());
-    let t0 = Instant::now();
-    restart_in(&lab.m2, &r, &img, &RestoreOptions::default());
-    down.write(&mut r, 100_000);
-    r.shutdown(Shutdown::Write).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while !ra.is_finished() {
-        assert!(
-            Instant::now() < deadline,
-            "{cc}: the peer had not all {} B 5 s after the restart: it holds {} B unread, \
-             the restored socket {} B unacknowledged",
-            down.off,
-            ioctl_u32(&a, libc::FIONREAD),
-            ioctl_u32(&r, libc::TIOCOUTQ)
-        );
-        thread::sleep(Duration::from_millis(10));
-    }
-    let (got, _) = ra.join().unwrap().expect("peer read");
-    eprintln!("  {cc}: restart -> peer EOF: {:?}", t0.elapsed());
-    assert_eq!(got.len() as u64, down.off);
-    check(12, 0, &got, "whole stream");
-    assert_eq!(lab.peer_rsts(), 0);
+    restart_behind_flight_route(&mut lab, f, img, cc);
 }
 
 #[test]
@@ -1107,15 +1027,43 @@ fn a_large_flight_re_sent_with_cubic_reaches_the_peer() {
 fn bytes_the_peer_has_queued_as_unsent_do_not_stall_the_restored_socket() {
     let _g = serial();
     let mut lab = Lab::new(false);
-    let mp = 7023;
+    let f = flight_with_lost_acks(&lab, 7023, "bbr", 13, 300_000);
+    let mut img = capture(f.m.as_fd()).unwrap();
+    assert!(img.send.unsent.is_empty() && img.send.unacked.len() > 100_000);
+    // The last 32 segments' worth: sent (the peer has them), recorded as unsent.
+    let cut = img.send.unacked.len() - 32 * 1448;
+    img.send.unsent = img.send.unacked.split_off(cut);
+    restart_behind_flight_route(&mut lab, f, img, "bbr");
+}
+
+/// A connection (MSR side `m` on port `mp` with congestion control `cc`, seeded
+/// stream `seed`) whose window grew over 4 MB, then whose peer's ACKs were dropped
+/// while `flight` more bytes reached it: the peer has them all. The flow is blocked
+/// both ways at M1.
+struct LostAcks {
+    a: TcpStream,
+    m: TcpStream,
+    pp: u16,
+    mp: u16,
+    down: Gen,
+    ra: JoinHandle<io::Result<(Vec<u8>, Option<Instant>)>>,
+}
+
+fn flight_with_lost_acks(
+    lab: &Lab,
+    mp: u16,
+    cc: &'static str,
+    seed: u64,
+    flight: usize,
+) -> LostAcks {
     let tune = Tune {
-        cc: Some("bbr"),
+        cc: Some(cc),
         sndbuf: Some(4 << 20),
         ..Tune::default()
     };
     let l = listen(&lab.m1, lab.msr_addr(mp), &tune);
     let (a, mut m) = pair(
-        &lab,
+        lab,
         &l,
         mp,
         &Tune {
@@ -1124,24 +1072,43 @@ fn bytes_the_peer_has_queued_as_unsent_do_not_stall_the_restored_socket() {
         },
     );
     let pp = a.local_addr().unwrap().port();
-    let mut down = Gen::new(13);
+    let mut down = Gen::new(seed);
+    // Grow the congestion window.
     let ra = reader(a.try_clone().unwrap(), 0);
     down.write(&mut m, 4_000_000);
     thread::sleep(Duration::from_millis(50));
+    // ACKs from the peer are dropped from now on; data still reaches it.
     lab.block(&lab.m1.clone(), pp, mp, true, false);
-    down.write_nb(&mut m, 300_000);
+    down.write_nb(&mut m, flight);
     thread::sleep(Duration::from_millis(30));
     lab.unblock(&lab.m1.clone());
     lab.block(&lab.m1.clone(), pp, mp, true, true);
-    let mut img = capture(m.as_fd()).unwrap();
-    assert!(img.send.unsent.is_empty() && img.send.unacked.len() > 100_000);
-    // The last 32 segments' worth: sent (the peer has them), recorded as unsent.
-    let cut = img.send.unacked.len() - 32 * 1448;
-    img.send.unsent = img.send.unacked.split_off(cut);
+    LostAcks {
+        a,
+        m,
+        pp,
+        mp,
+        down,
+        ra,
+    }
+}
+
+/// Moves `f` to M2 as msrd would with image `img`: the original deleted, restored
+/// behind a route whose initial window is msrd's flight route's (the first flight and
+/// 2 more), restarted; then 100 kB more and the close. The peer must read the whole
+/// stream within 5 s, with no RST.
+fn restart_behind_flight_route(lab: &mut Lab, f: LostAcks, img: SocketImage, what: &str) {
+    let LostAcks {
+        a,
+        m,
+        pp,
+        mp,
+        mut down,
+        ra,
+    } = f;
     delete(OwnedFd::from(m)).unwrap();
     lab.block(&lab.m2.clone(), pp, mp, true, false);
     lab.move_to_m2();
-    // msrd's flight route: an initial window of the first flight, and 2 more.
     let segs = first_flight(&img, img.options.mss as usize) + 1;
     ip(
         &lab.m2.clone(),
@@ -1165,17 +1132,18 @@ fn bytes_the_peer_has_queued_as_unsent_do_not_stall_the_restored_socket() {
     while !ra.is_finished() {
         assert!(
             Instant::now() < deadline,
-            "the peer had not all {} B 5 s after the restart: the restored socket holds \
-             {} B unacknowledged",
+            "{what}: the peer had not all {} B 5 s after the restart: it holds {} B unread, \
+             the restored socket {} B unacknowledged",
             down.off,
+            ioctl_u32(&a, libc::FIONREAD),
             ioctl_u32(&r, libc::TIOCOUTQ)
         );
         thread::sleep(Duration::from_millis(10));
     }
     let (got, _) = ra.join().unwrap().expect("peer read");
-    eprintln!("  restart -> peer EOF: {:?}", t0.elapsed());
+    eprintln!("  {what}: restart -> peer EOF: {:?}", t0.elapsed());
     assert_eq!(got.len() as u64, down.off);
-    check(13, 0, &got, "whole stream");
+    check(down.seed, 0, &got, "whole stream");
     assert_eq!(lab.peer_rsts(), 0);
 }
 

@@ -1083,8 +1083,7 @@ fn http_on(mut s: TcpStream, opts: &Opts) -> HttpReport {
         Ok(h) => h,
         Err(e) => return http_refused(&mut s, opts, format!("request: {e}")),
     };
-    let mut lines = head.lines();
-    let mut request = lines.next().unwrap_or_default().split(' ');
+    let mut request = head.lines().next().unwrap_or_default().split(' ');
     let (method, path) = (request.next().unwrap_or(""), request.next().unwrap_or(""));
     let header = |name: &str| {
         head.lines().skip(1).find_map(|l| {

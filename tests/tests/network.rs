@@ -170,18 +170,12 @@ fn an_mh_that_runs_nothing_of_ours_keeps_its_transfers_and_its_ping_across_ten_m
         .spawn(Host::Fh, &ttcp, &["echo", "--listen", &lab::fh_addr(5003)])
         .unwrap();
     let (get_seed, put_seed, http_bytes) = (7u64, 8u64, 8u64 << 20);
-    let http = |port: u16, seed: u64| {
+    let mut http = |port: u16, seed: u64| {
         let (a, s) = (lab::fh_addr(port), seed.to_string());
-        ["http", "--listen", &a, "--seed", &s].map(String::from)
+        let args = ["http", "--listen", &a, "--seed", &s];
+        lab.spawn(Host::Fh, &ttcp, &args).unwrap()
     };
-    let args = http(5004, get_seed);
-    let fh_get = lab
-        .spawn(Host::Fh, &ttcp, &args.each_ref().map(|a| a.as_str()))
-        .unwrap();
-    let args = http(5005, put_seed);
-    let fh_put = lab
-        .spawn(Host::Fh, &ttcp, &args.each_ref().map(|a| a.as_str()))
-        .unwrap();
+    let (fh_get, fh_put) = (http(5004, get_seed), http(5005, put_seed));
     for port in 5001..=5005 {
         lab.wait_listening(Host::Fh, port).unwrap();
     }
@@ -206,37 +200,15 @@ fn an_mh_that_runs_nothing_of_ours_keeps_its_transfers_and_its_ping_across_ten_m
             ],
         )
         .unwrap();
-    let url = |port: u16, path: &str| format!("http://{}/{path}", lab::fh_addr(port));
-    let curl_get = lab
-        .spawn(
-            Host::Mh,
-            "curl",
-            &[
-                "-sS",
-                "--fail",
-                "--limit-rate",
-                "256k",
-                "-o",
-                got.to_str().unwrap(),
-                &url(5004, &http_bytes.to_string()),
-            ],
-        )
-        .unwrap();
-    let curl_put = lab
-        .spawn(
-            Host::Mh,
-            "curl",
-            &[
-                "-sS",
-                "--fail",
-                "--limit-rate",
-                "256k",
-                "-T",
-                sent.to_str().unwrap(),
-                &url(5005, "up"),
-            ],
-        )
-        .unwrap();
+    // curl at 256 KB/s: `-o FILE` for the download, `-T FILE` for the upload.
+    let mut curl = |how: &str, file: &std::path::Path, port: u16, path: &str| {
+        let url = format!("http://{}/{path}", lab::fh_addr(port));
+        let file = file.to_str().unwrap();
+        let args = ["-sS", "--fail", "--limit-rate", "256k", how, file, &url];
+        lab.spawn(Host::Mh, "curl", &args).unwrap()
+    };
+    let curl_get = curl("-o", &got, 5004, &http_bytes.to_string());
+    let curl_put = curl("-T", &sent, 5005, "up");
     let mh_recv = lab
         .spawn(Host::Mh, &ttcp, &["recv", "--connect", &down])
         .unwrap();
