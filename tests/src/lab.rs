@@ -1353,6 +1353,49 @@ impl Lab {
         Ok((get("rst_in")?, get("rst_out")?))
     }
 
+    /// Captures the FINs and RSTs host `h` sends and receives (tcpdump, text in
+    /// `<lab dir>/closes-<host>.txt`), for [`Lab::rsts_after_clean_close`].
+    pub fn watch_closes(&mut self, h: Host) -> io::Result<()> {
+        let out = self.dir.join(format!("closes-{}.txt", h.suffix()));
+        let err = self.dir.join(format!("closes-{}.log", h.suffix()));
+        let filter = "tcp[tcpflags] & (tcp-rst | tcp-fin) != 0 or (ip6 and ip6[6] == 6 and ip6[53] & 5 != 0)";
+        let child = self
+            .command(h, "tcpdump")?
+            .args(["-i", "any", "-nn", "-tt", "-S", "-l", "--immediate-mode"])
+            .args(["-s", "128", filter])
+            .stdout(File::create(&out)?)
+            .stderr(File::create(&err)?)
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot start tcpdump: {e}")))?;
+        self.children.push(child);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_to_string(&err)?.contains("listening on") {
+            if Instant::now() > deadline {
+                return Err(io::Error::other(format!(
+                    "tcpdump did not start in 10 s: {}",
+                    std::fs::read_to_string(&err)?
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
+    /// How many RSTs host `h` sent after its own clean close (see [`crate::closes`]),
+    /// from the capture [`Lab::watch_closes`] started; 0 without one.
+    pub fn rsts_after_clean_close(&self, h: Host) -> io::Result<u64> {
+        let path = self.dir.join(format!("closes-{}.txt", h.suffix()));
+        if !path.exists() {
+            return Ok(0);
+        }
+        // tcpdump writes each line as it sees the packet; give the last one time.
+        std::thread::sleep(Duration::from_millis(200));
+        let text = std::fs::read_to_string(path)?;
+        let segs: Vec<_> = text.lines().filter_map(crate::closes::parse_line).collect();
+        Ok(crate::closes::rsts_after_clean_close(&segs) as u64)
+    }
+
     /// Waits until something listens on TCP `port` in host `h` (checked with `ss`,
     /// without connecting to it).
     pub fn wait_listening(&self, h: Host, port: u16) -> io::Result<()> {

@@ -17,6 +17,7 @@
 //!   byte verified, RSTs attributed, msrd's state compared at start and end.
 pub mod baseline;
 pub mod bench;
+pub mod closes;
 pub mod dna;
 pub mod emu;
 pub mod firstbyte;
