@@ -1057,7 +1057,12 @@ fn peek_received(fd: BorrowedFd<'_>) -> io::Result<Vec<u8>> {
         set(i32::from(inline))?;
         n
     };
-    let (whole, mark) = (inq_with(true)?, inq_with(false)?);
+    let whole = inq_with(true)?;
+    if whole == 0 {
+        // Nothing queued, so no urgent mark to look for (three calls a socket saved).
+        return Ok(Vec::new());
+    }
+    let mark = inq_with(false)?;
     let peek = |buf: &mut [u8]| -> io::Result<()> {
         let n = repair::peek(fd, buf).map_err(|e| repair::ctx(e, "peek receive queue"))?;
         if n != buf.len() {

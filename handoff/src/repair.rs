@@ -427,9 +427,18 @@ pub fn outq_notsent(fd: BorrowedFd<'_>) -> io::Result<u32> {
     ioctl_int(fd, SIOCOUTQNSD, "SIOCOUTQNSD")
 }
 
-/// A socket's network namespace, as the (device, inode) of its nsfs file
-/// (`SIOCGSKNS`).
+/// `SO_NETNS_COOKIE` (Linux 5.14; not in every libc crate target).
+const SO_NETNS_COOKIE: c_int = 71;
+
+/// A socket's network namespace: its cookie (`SO_NETNS_COOKIE`, one call), or where
+/// the kernel lacks it the (device, inode) of its nsfs file (`SIOCGSKNS`, which makes
+/// and drops a descriptor: three calls, per replayed segment).
 pub fn netns_of(fd: BorrowedFd<'_>) -> io::Result<(u64, u64)> {
+    match getsockopt_raw::<u64>(fd.as_raw_fd(), libc::SOL_SOCKET, SO_NETNS_COOKIE) {
+        Ok(cookie) => return Ok((0, cookie)),
+        Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => {}
+        Err(e) => return Err(ctx(e, "getsockopt SO_NETNS_COOKIE")),
+    }
     use std::os::unix::fs::MetadataExt;
     // SAFETY: SIOCGSKNS takes no argument and returns a new descriptor.
     let ns = cvt(unsafe { libc::ioctl(fd.as_raw_fd(), SIOCGSKNS) })

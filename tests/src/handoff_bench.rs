@@ -325,9 +325,14 @@ pub fn latency(
         .filter(|r| r.role == Role::New)
         .map(|r| r.connections.iter().map(|c| c.queued_bytes).sum::<u64>() as f64)
         .collect();
-    if recs.iter().any(|r| r.connections.len() != n) {
+    if let Some(r) = recs.iter().find(|r| r.connections.len() != n) {
         return Err(io::Error::other(format!(
-            "a handoff moved a different number of connections than the {n} open"
+            "a handoff moved {} connections, not the {n} open ({} as the {:?} MSR, handoff {}; logs in {})",
+            r.connections.len(),
+            r.msr,
+            r.role,
+            r.handoff_id,
+            lab.dir.display()
         )));
     }
     let mut mh_ms: Vec<f64> = lab

@@ -1122,11 +1122,12 @@ fn bench_handoff(conns: Vec<usize>, moves: usize, gap: bool, tls: bool) -> Resul
          that MSR), and the FH's retransmission timeouts and loss probes over all the moves:"
     );
     println!(
-        "{:>6}  {:<6}  {:>5}  {:>22}  {:>10}  {:>9}  {:>9}  {:>12}  {:>7}  {:>9}",
+        "{:>6}  {:<6}  {:>5}  {:>22}  {:>8}  {:>10}  {:>9}  {:>9}  {:>12}  {:>7}  {:>9}",
         "conns",
         "queues",
         "moves",
         "new MSR ms",
+        "µs/conn",
         "capture ms",
         "MH ms",
         "MH 1st ms",
@@ -1136,13 +1137,14 @@ fn bench_handoff(conns: Vec<usize>, moves: usize, gap: bool, tls: bool) -> Resul
     );
     for r in &rows {
         println!(
-            "{:>6}  {:<6}  {:>5}  {:>8.2} ({:.2}–{:.2})  {:>10.2}  {:>9.2}  {:>9.2}  {:>12}  {:>7}  {:>9}",
+            "{:>6}  {:<6}  {:>5}  {:>8.2} ({:.2}–{:.2})  {:>8.0}  {:>10.2}  {:>9.2}  {:>9.2}  {:>12}  {:>7}  {:>9}",
             r.conns,
             r.queues.as_str(),
             r.moves,
             r.new_msr_ms.0,
             r.new_msr_ms.1,
             r.new_msr_ms.2,
+            r.new_msr_ms.0 * 1000.0 / r.conns.max(1) as f64,
             r.capture_ms,
             r.mh_ms,
             r.mh_first_visit_ms,
@@ -1151,6 +1153,10 @@ fn bench_handoff(conns: Vec<usize>, moves: usize, gap: bool, tls: bool) -> Resul
             r.fh_loss_probes
         );
     }
+    println!(
+        "µs/conn: the median new-MSR time over the connections moved, both sockets of each \
+         (the published figure for one TCP_REPAIR hand-off: 232 µs, Prism, NSDI 2021)"
+    );
     if gap {
         eprintln!("gap at the MH around one overlapped handoff (LAN profile, 2 MiB download)");
         let g = handoff_bench::gap(1).map_err(|e| e.to_string())?;
