@@ -414,6 +414,15 @@ fn de_version<'de, D: serde::Deserializer<'de>>(d: D) -> Result<u32, D::Error> {
 }
 
 impl SocketImage {
+    /// Nothing of ours unacknowledged or unsent (no FIN either), and the peer's window
+    /// open: a restart need not hear from the peer before the application writes.
+    pub fn nothing_to_send(&self) -> bool {
+        self.send.unacked.is_empty()
+            && self.send.unsent.is_empty()
+            && matches!(self.send.fin, SendFin::None | SendFin::Acked)
+            && self.window.snd_wnd > 0
+    }
+
     /// The image format this build writes and reads.
     pub const CURRENT: u32 = 1;
 
@@ -1837,7 +1846,16 @@ pub fn restart(fd: BorrowedFd<'_>, img: &SocketImage, opts: &RestoreOptions) -> 
         // Still in repair mode (the kernel answers segments all the same), so that a
         // failure leaves a socket that closes silently.
         send_current_ack(fd, img, opts)?;
-        RepairOff::WithProbe
+        if img.nothing_to_send() {
+            // The peer's answer to a probe would only say how far it acknowledged and
+            // how much it would take; with nothing of ours in flight or queued and its
+            // window open, neither matters until we write, and our ACK has told it all
+            // it needs. Two packets a socket fewer (a thousand idle connections move
+            // with 4000 fewer packets for the hosts' kernels to handle).
+            RepairOff::NoProbe
+        } else {
+            RepairOff::WithProbe
+        }
     };
     repair::repair_off(fd, how)?;
     // Leaving repair mode clears the socket's address reuse (SK_NO_REUSE): if the

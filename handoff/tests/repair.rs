@@ -1321,6 +1321,58 @@ fn a_partly_acknowledged_segment_moves_again() {
     assert_eq!(lab.peer_rsts(), 0);
 }
 
+/// An idle connection (everything sent both ways acknowledged) is restarted with one
+/// segment to the peer, its current ACK: with nothing of ours to send and the peer's
+/// window open, the answer to a window probe would tell the socket nothing, and a
+/// thousand such connections moving at once cost the hosts 2000 packets more. It used
+/// to send the probe too (2 segments at the peer). The connection then runs both ways.
+#[test]
+fn an_idle_restored_connection_sends_the_peer_only_its_ack() {
+    let _g = serial();
+    let mut lab = Lab::new(false);
+    let mp = 7031;
+    let seed = 23;
+    let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+    let (mut a, mut m) = pair(&lab, &l, mp, &Tune::default());
+    let pp = a.local_addr().unwrap().port();
+    let (mut up, mut down) = (Gen::new(seed), Gen::new(seed + 1));
+    up.write(&mut a, 5_000);
+    check(seed, 0, &read_n(&mut m, 5_000), "upload");
+    down.write(&mut m, 5_000);
+    check(seed + 1, 0, &read_n(&mut a, 5_000), "download");
+    wait_until("all acknowledged", Duration::from_secs(2), || {
+        ioctl_u32(&a, libc::TIOCOUTQ) == 0 && ioctl_u32(&m, libc::TIOCOUTQ) == 0
+    });
+    lab.block(&lab.m1.clone(), pp, mp, true, true);
+    let (img, mut r) = hand_over(&mut lab, m, pp, mp, &RestoreOptions::default());
+    assert!(img.nothing_to_send(), "{}", describe(&img));
+    lab.unblock(&lab.m2.clone());
+    let segs_in = || itcp_handoff::repair::tcp_info(a.as_fd()).unwrap().segs_in;
+    let before = segs_in();
+    restart_in(&lab.m2, &r, &img, &RestoreOptions::default());
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(
+        segs_in() - before,
+        1,
+        "segments the peer received from the restarted idle socket"
+    );
+    up.write(&mut a, 20_000);
+    check(
+        seed,
+        5_000,
+        &read_n(&mut r, 20_000),
+        "upload after the move",
+    );
+    down.write(&mut r, 20_000);
+    check(
+        seed + 1,
+        5_000,
+        &read_n(&mut a, 20_000),
+        "download after the move",
+    );
+    assert_eq!(lab.peer_rsts(), 0);
+}
+
 /// Test 4: rollback: capture, then unfreeze in place: the connection keeps working.
 #[test]
 fn rollback_unfreeze_keeps_the_connection() {
