@@ -24,7 +24,7 @@ use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Mutex, Once};
 use std::time::{Duration, Instant};
 
@@ -141,6 +141,19 @@ impl Host {
             _ => None,
         }
     }
+}
+
+/// Whether the labs this process makes run their emulator SCHED_FIFO (the default; see
+/// [`set_airlink_fifo`]).
+static AIRLINK_FIFO: AtomicBool = AtomicBool::new(true);
+
+/// Chooses the emulator's priority for the labs this process makes from now on. FIFO
+/// keeps the links' timing on a busy machine (the tests' default); but the receiving
+/// namespace's kernel handles each frame in the emulator's context, so at FIFO the
+/// emulated hosts' TCP work preempts the daemons under test, which on a real network
+/// would run on other machines. Benchmarks of msrd's own work may prefer `false`.
+pub fn set_airlink_fifo(on: bool) {
+    AIRLINK_FIFO.store(on, Ordering::Relaxed);
 }
 
 /// What to build.
@@ -904,11 +917,17 @@ impl Lab {
         let cfg = self.dir.join("airlink.json");
         std::fs::write(&cfg, serde_json::to_vec_pretty(&topo).unwrap())?;
         let log = File::create(self.dir.join("airlink.log"))?;
+        let priority = if AIRLINK_FIFO.load(Ordering::Relaxed) {
+            "fifo"
+        } else {
+            "normal"
+        };
         let mut child = Command::new(bin_path("airlink"))
             .arg("--config")
             .arg(&cfg)
             .arg("--control")
             .arg(&self.control)
+            .args(["--priority", priority])
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()

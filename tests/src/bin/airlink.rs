@@ -26,7 +26,7 @@ static SPEC: Spec = Spec {
     name: "airlink",
     version: env!("CARGO_PKG_VERSION"),
     about: "the I-TCP testbed's user-space link emulator",
-    synopsis: &["--config TOPOLOGY.json --control SOCKET"],
+    synopsis: &["--config TOPOLOGY.json --control SOCKET [--priority fifo|normal]"],
     description: "\
 airlink holds one TAP device per emulated port, created in the network namespaces of a
 testbed lab (itcp-lab(1) starts it), and carries frames between them through emulated
@@ -50,6 +50,14 @@ parent process.",
             "SOCKET",
             "Where to listen for control requests, a Unix socket path (required).",
         ),
+        Flag::value(
+            "priority",
+            "fifo|normal",
+            "fifo (default): run SCHED_FIFO, so that frames leave on time on a busy \
+             machine; normal: an ordinary process, so that the hosts' daemons are not \
+             preempted by the work done in the emulator's context (the receiving \
+             namespace's kernel processes each frame as it is written).",
+        ),
     ],
     commands: &[],
     sections: &[
@@ -65,27 +73,34 @@ parent process.",
     ],
 };
 
-fn parse(mut a: Args) -> itcp_cli::Result<(String, String)> {
-    let (mut config, mut control) = (None, None);
+fn parse(mut a: Args) -> itcp_cli::Result<(String, String, bool)> {
+    let (mut config, mut control, mut fifo) = (None, None, true);
     while let Some(arg) = a.next()? {
         match arg {
             Arg::Flag("config") => config = Some(a.value("config")?),
             Arg::Flag("control") => control = Some(a.value("control")?),
+            Arg::Flag("priority") => {
+                fifo = match a.value("priority")?.as_str() {
+                    "fifo" => true,
+                    "normal" => false,
+                    v => return Err(a.usage(format!("--priority: {v:?} is not fifo or normal"))),
+                }
+            }
             other => return Err(a.unexpected(other)),
         }
     }
     match (config, control) {
-        (Some(c), Some(s)) => Ok((c, s)),
+        (Some(c), Some(s)) => Ok((c, s, fifo)),
         _ => Err(a.usage("--config and --control are required")),
     }
 }
 
 fn main() -> ExitCode {
-    let (config, control) = match parse(Args::from_env(&SPEC)) {
+    let (config, control, fifo) = match parse(Args::from_env(&SPEC)) {
         Ok(a) => a,
         Err(stop) => return itcp_cli::exit(&SPEC, stop),
     };
-    match run(config, control) {
+    match run(config, control, fifo) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("airlink: {e}");
@@ -99,11 +114,11 @@ struct Client {
     buf: Vec<u8>,
 }
 
-fn run(config: String, control: String) -> Result<(), String> {
+fn run(config: String, control: String, fifo: bool) -> Result<(), String> {
     // The lab owns us: if it dies, so do we (and with us every TAP device).
     sys::die_with_parent(libc::SIGKILL);
     sys::set_fine_timer_slack();
-    if let Err(e) = sys::set_realtime() {
+    if let Err(e) = fifo.then(sys::set_realtime).transpose() {
         eprintln!("airlink: SCHED_FIFO refused ({e}): frames may be late on a busy machine");
     }
 

@@ -179,7 +179,7 @@ run's lab is removed by 'itcp-lab cleanup'.",
         },
         Command {
             name: "bench handoff",
-            synopsis: "[--conns 1,100,1000] [--moves N] [--gap yes|no] [--channel tls|psk]",
+            synopsis: "[--conns 1,100,1000] [--moves N] [--gap yes|no] [--channel tls|psk] [--airlink normal|fifo]",
             about: "Handoff latency (greeting → resumed) with empty, full and streaming queues, \
                     the fixed host's retransmission timeouts during the moves, and the gap in \
                     bytes at the MH around one overlapped handoff.",
@@ -195,6 +195,14 @@ run's lab is removed by 'itcp-lab cleanup'.",
                     "channel",
                     "tls|psk",
                     "The MSR-to-MSR channel: mutual TLS (default) or pre-shared keys.",
+                ),
+                Flag::value(
+                    "airlink",
+                    "normal|fifo",
+                    "The link emulator's priority: normal (default), so that the emulated \
+                     hosts' kernels, which handle each frame in the emulator's context, do \
+                     not preempt msrd as they could not on a real network; fifo as in the \
+                     tests (the links' timing kept, msrd preempted).",
                 ),
             ],
         },
@@ -358,7 +366,7 @@ enum Job {
     Relay(u64, usize, Option<String>),
     Paper(itcp_testbed::paper::PaperOpts),
     /// Connection counts, moves, the gap too, the channel over TLS.
-    Handoff(Vec<usize>, usize, bool, bool),
+    Handoff(Vec<usize>, usize, bool, bool, bool),
     Conns(usize, usize),
     Churn(usize, usize),
     FirstByte(FirstByteOpts),
@@ -547,9 +555,20 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
         }
         "bench handoff" => {
             let (mut conns, mut moves, mut gap) = (vec![1usize, 100, 1000], 6usize, true);
-            let mut tls = true;
+            let (mut tls, mut fifo) = (true, false);
             while let Some(arg) = a.next()? {
                 match arg {
+                    Arg::Flag("airlink") => {
+                        fifo = match a.value("airlink")?.as_str() {
+                            "normal" => false,
+                            "fifo" => true,
+                            v => {
+                                return Err(
+                                    a.usage(format!("--airlink: {v:?} is not normal or fifo"))
+                                )
+                            }
+                        }
+                    }
                     Arg::Flag("conns") => {
                         let v = a.value("conns")?;
                         conns = v
@@ -573,7 +592,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
                     other => return Err(a.unexpected(other)),
                 }
             }
-            Job::Handoff(conns, moves, gap, tls)
+            Job::Handoff(conns, moves, gap, tls, fifo)
         }
         "bench conns" => {
             let (mut count, mut bytes) = (10_000usize, 16_384usize);
@@ -763,7 +782,7 @@ fn main() -> ExitCode {
         Job::NoMoves(o) => bench_nomoves(o),
         Job::Relay(seconds, rounds, json_out) => bench_relay(seconds, rounds, json_out),
         Job::Paper(o) => bench_paper(o),
-        Job::Handoff(conns, moves, gap, tls) => bench_handoff(conns, moves, gap, tls),
+        Job::Handoff(conns, moves, gap, tls, fifo) => bench_handoff(conns, moves, gap, tls, fifo),
         Job::Conns(count, bytes) => bench_conns(count, bytes),
         Job::Churn(total, conc) => bench_churn(total, conc),
         Job::FirstByte(o) => bench_firstbyte(o),
@@ -1104,8 +1123,15 @@ fn bench_paper(o: itcp_testbed::paper::PaperOpts) -> Result<(), String> {
     Ok(())
 }
 
-fn bench_handoff(conns: Vec<usize>, moves: usize, gap: bool, tls: bool) -> Result<(), String> {
+fn bench_handoff(
+    conns: Vec<usize>,
+    moves: usize,
+    gap: bool,
+    tls: bool,
+    fifo: bool,
+) -> Result<(), String> {
     use itcp_testbed::handoff_bench;
+    itcp_testbed::lab::set_airlink_fifo(fifo);
     let mut rows = Vec::new();
     for &n in &conns {
         for q in handoff_bench::Queues::ALL {
@@ -1117,7 +1143,11 @@ fn bench_handoff(conns: Vec<usize>, moves: usize, gap: bool, tls: bool) -> Resul
         }
     }
     println!(
-        "\nHandoff latency, greeting → resumed at the new MSR (median of the moves; min–max), \
+        "\nlink emulator: {} priority",
+        if fifo { "SCHED_FIFO" } else { "normal" }
+    );
+    println!(
+        "Handoff latency, greeting → resumed at the new MSR (median of the moves; min–max), \
          the MH's greeting → moved (median; '1st': the first move, the MH's first visit to \
          that MSR), and the FH's retransmission timeouts and loss probes over all the moves:"
     );
