@@ -254,8 +254,13 @@ mod tests {
         let p = |a: &[&str]| parse(Args::new(&SPEC, a.iter().copied()));
         assert_eq!(
             p(&["--config", "t.json", "--control", "c.sock"]),
-            Ok(("t.json".into(), "c.sock".into()))
+            Ok(("t.json".into(), "c.sock".into(), true))
         );
+        assert_eq!(
+            p(&["--config", "t", "--control", "c", "--priority", "normal"]),
+            Ok(("t".into(), "c".into(), false))
+        );
+        assert!(p(&["--config", "t", "--control", "c", "--priority", "rt"]).is_err());
         assert!(p(&["--config", "t.json"]).is_err());
         assert!(p(&["--config", "t.json", "--control", "c", "--bogus"]).is_err());
     }
