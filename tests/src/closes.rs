@@ -58,8 +58,8 @@ pub fn parse_line(line: &str) -> Option<Seg> {
     })
 }
 
-/// The distinct RSTs (flow, sequence number) the capturing host sent after its own
-/// clean close, in capture order; see the module's comment.
+/// How many distinct RSTs (flow, sequence number) the capturing host sent after its
+/// own clean close; `segs` in capture order. See the module's comment.
 pub fn rsts_after_clean_close(segs: &[Seg]) -> usize {
     // Per flow (local, remote): the sequence number after our FIN, and whether the
     // peer's FIN came.

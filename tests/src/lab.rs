@@ -1372,32 +1372,53 @@ impl Lab {
         Ok((get("rst_in")?, get("rst_out")?))
     }
 
+    /// Starts tcpdump in host `h` with `args`, its standard output to `stdout` and its
+    /// messages to `log`, and waits until it captures ("listening on"): an error if it
+    /// exits first or takes over 10 s.
+    pub fn start_tcpdump(
+        &self,
+        h: Host,
+        args: &[&str],
+        stdout: Stdio,
+        log: &Path,
+    ) -> io::Result<Child> {
+        let mut child = self
+            .command(h, "tcpdump")?
+            .args(args)
+            .stdout(stdout)
+            .stderr(File::create(log)?)
+            .stdin(Stdio::null())
+            .spawn()
+            .map_err(|e| io::Error::new(e.kind(), format!("cannot start tcpdump: {e}")))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            if text.contains("listening on") {
+                return Ok(child);
+            }
+            let exited = child.try_wait()?;
+            if exited.is_some() || Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                let why = exited.map_or("did not start in 10 s".to_string(), |st| {
+                    format!("exited ({st})")
+                });
+                return Err(io::Error::other(format!("tcpdump {why}: {text}")));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Captures the FINs and RSTs host `h` sends and receives (tcpdump, text in
     /// `<lab dir>/closes-<host>.txt`), for [`Lab::rsts_after_clean_close`].
     pub fn watch_closes(&mut self, h: Host) -> io::Result<()> {
         let out = self.dir.join(format!("closes-{}.txt", h.suffix()));
-        let err = self.dir.join(format!("closes-{}.log", h.suffix()));
+        let log = self.dir.join(format!("closes-{}.log", h.suffix()));
         let filter = "tcp[tcpflags] & (tcp-rst | tcp-fin) != 0 or (ip6 and ip6[6] == 6 and ip6[53] & 5 != 0)";
-        let child = self
-            .command(h, "tcpdump")?
-            .args(["-i", "any", "-nn", "-tt", "-S", "-l", "--immediate-mode"])
-            .args(["-s", "128", filter])
-            .stdout(File::create(&out)?)
-            .stderr(File::create(&err)?)
-            .stdin(Stdio::null())
-            .spawn()
-            .map_err(|e| io::Error::new(e.kind(), format!("cannot start tcpdump: {e}")))?;
+        let args = ["-i", "any", "-nn", "-tt", "-S", "-l", "--immediate-mode"];
+        let args: Vec<&str> = args.into_iter().chain(["-s", "128", filter]).collect();
+        let child = self.start_tcpdump(h, &args, File::create(&out)?.into(), &log)?;
         self.children.push(child);
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !std::fs::read_to_string(&err)?.contains("listening on") {
-            if Instant::now() > deadline {
-                return Err(io::Error::other(format!(
-                    "tcpdump did not start in 10 s: {}",
-                    std::fs::read_to_string(&err)?
-                )));
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
         Ok(())
     }
 

@@ -2774,24 +2774,20 @@ fn only_the_operators_certificate_naming_the_peer_gets_a_frame_read() {
 /// Starts tcpdump writing whole packets of `ifname` in host `h` to `<lab dir>/<name>`.
 fn capture(lab: &Lab, h: Host, ifname: &str, name: &str) -> (std::process::Child, PathBuf) {
     let out = lab.dir.join(name);
-    let err = lab.dir.join(format!("{name}.log"));
+    let args = [
+        "-i",
+        ifname,
+        "-nn",
+        "-U",
+        "-s",
+        "0",
+        "-w",
+        out.to_str().unwrap(),
+    ];
+    let log = lab.dir.join(format!("{name}.log"));
     let child = lab
-        .command(h, "tcpdump")
-        .unwrap()
-        .args(["-i", ifname, "-nn", "-U", "-s", "0", "-w"])
-        .arg(&out)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&err).unwrap())
-        .spawn()
-        .expect("tcpdump");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !std::fs::read_to_string(&err)
-        .unwrap_or_default()
-        .contains("listening on")
-    {
-        assert!(Instant::now() < deadline, "tcpdump did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        .start_tcpdump(h, &args, std::process::Stdio::null(), &log)
+        .unwrap();
     (child, out)
 }
 

@@ -24,7 +24,7 @@ pub mod traffic;
 use std::io::{self, BufRead};
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::path::PathBuf;
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -203,50 +203,25 @@ fn start_capture(lab: &Lab, h: Host, ifname: &str) -> io::Result<Capture> {
     };
     let out = lab.dir.join(format!("rst-{name}.txt"));
     let err = lab.dir.join(format!("rst-{name}.log"));
-    let child = lab
-        .command(h, "tcpdump")?
-        .args([
-            "-i",
-            ifname,
-            "-nn",
-            "-tt",
-            "-e",
-            "-l",
-            "--immediate-mode",
-            "-s",
-            "128",
-            "tcp[tcpflags] & (tcp-rst | tcp-fin) != 0",
-        ])
-        .stdout(std::fs::File::create(&out)?)
-        .stderr(std::fs::File::create(&err)?)
-        .stdin(Stdio::null())
-        .spawn()
-        .map_err(|e| io::Error::new(e.kind(), format!("cannot start tcpdump: {e}")))?;
+    let args = [
+        "-i",
+        ifname,
+        "-nn",
+        "-tt",
+        "-e",
+        "-l",
+        "--immediate-mode",
+        "-s",
+        "128",
+        "tcp[tcpflags] & (tcp-rst | tcp-fin) != 0",
+    ];
+    let child = lab.start_tcpdump(h, &args, std::fs::File::create(&out)?.into(), &err)?;
     Ok(Capture {
         host: h,
         child,
         out,
         err,
     })
-}
-
-fn wait_capturing(c: &mut Capture) -> io::Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let log = std::fs::read_to_string(&c.err).unwrap_or_default();
-        if log.contains("listening on") {
-            return Ok(());
-        }
-        if let Some(st) = c.child.try_wait()? {
-            return Err(io::Error::other(format!("tcpdump exited ({st}): {log}")));
-        }
-        if Instant::now() > deadline {
-            return Err(io::Error::other(format!(
-                "tcpdump did not start in 10 s: {log}"
-            )));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// One RST (or FIN) packet seen at a host (tcpdump).
@@ -376,9 +351,6 @@ pub fn run(o: &SoakOpts, progress: &dyn Fn(&str)) -> io::Result<SoakReport> {
             h,
             if h == Host::Fh { "wan0" } else { "air0" },
         )?);
-    }
-    for c in &mut captures {
-        wait_capturing(c)?;
     }
     let msrds = Mutex::new(
         msrd_idx
