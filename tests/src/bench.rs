@@ -38,6 +38,39 @@ impl Peer {
         Peer::Socat,
     ];
 
+    /// The name `--peers` takes.
+    pub fn key(self) -> &'static str {
+        match self {
+            Peer::Direct => "direct",
+            Peer::Msrd => "msrd",
+            Peer::MsrdHandoff => "msrd-handoff",
+            Peer::Haproxy => "haproxy",
+            Peer::Socat => "socat",
+        }
+    }
+
+    /// Parses a `--peers` list (`msrd,haproxy`); an unknown name is an error that lists
+    /// the known ones.
+    pub fn parse_list(s: &str) -> Result<Vec<Peer>, String> {
+        let mut v = Vec::new();
+        for name in s.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            let Some(p) = Peer::ALL.iter().find(|p| p.key() == name) else {
+                let known: Vec<&str> = Peer::ALL.iter().map(|p| p.key()).collect();
+                return Err(format!(
+                    "unknown peer {name:?} (known: {})",
+                    known.join(", ")
+                ));
+            };
+            if !v.contains(p) {
+                v.push(*p);
+            }
+        }
+        if v.is_empty() {
+            return Err("no peer named".into());
+        }
+        Ok(v)
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             Peer::Direct => "direct (kernel forwarding)",
@@ -245,18 +278,22 @@ fn rr(lab: &mut Lab, peer: Peer, count: u64) -> io::Result<(f64, f64)> {
     Ok((r.p50_us, r.p99_us))
 }
 
-/// Runs the relay benchmark: `rounds` rounds, each measuring every peer once (in a
-/// rotated order, so no peer always runs first or last).
-pub fn relay(seconds: u64, rounds: usize, progress: impl Fn(&str)) -> io::Result<RelayBench> {
+/// Runs the relay benchmark: `rounds` rounds, each measuring every peer of `peers`
+/// once (in a rotated order, so no peer always runs first or last).
+pub fn relay(
+    seconds: u64,
+    rounds: usize,
+    peers: &[Peer],
+    progress: impl Fn(&str),
+) -> io::Result<RelayBench> {
     let (mut lab, mut msrd) = setup()?;
-    let mut gbps: Vec<(Peer, Vec<f64>)> = Peer::ALL.iter().map(|&p| (p, Vec::new())).collect();
+    let mut gbps: Vec<(Peer, Vec<f64>)> = peers.iter().map(|&p| (p, Vec::new())).collect();
     let mut gbps_up = gbps.clone();
-    let mut lat: Vec<(Peer, Vec<(f64, f64)>)> =
-        Peer::ALL.iter().map(|&p| (p, Vec::new())).collect();
+    let mut lat: Vec<(Peer, Vec<(f64, f64)>)> = peers.iter().map(|&p| (p, Vec::new())).collect();
     for round in 0..rounds {
-        for i in 0..Peer::ALL.len() {
-            let k = (i + round) % Peer::ALL.len();
-            let peer = Peer::ALL[k];
+        for i in 0..peers.len() {
+            let k = (i + round) % peers.len();
+            let peer = peers[k];
             msrd = msrd.for_peer(&mut lab, peer)?;
             let g = iperf(&mut lab, peer, seconds, true)?;
             let u = iperf(&mut lab, peer, seconds, false)?;
@@ -289,9 +326,13 @@ pub fn relay(seconds: u64, rounds: usize, progress: impl Fn(&str)) -> io::Result
 
 impl RelayBench {
     /// Markdown table with medians, ranges and ratios (to HAProxy for bulk, to direct
-    /// forwarding for latency), both directions.
+    /// forwarding for latency; "–" when that peer was not measured), both directions.
     pub fn render(&self) -> String {
-        let med = |v: &[(Peer, Vec<f64>)], p: Peer| median(&v.iter().find(|g| g.0 == p).unwrap().1);
+        let med =
+            |v: &[(Peer, Vec<f64>)], p: Peer| v.iter().find(|g| g.0 == p).map(|g| median(&g.1));
+        let ratio = |x: f64, base: Option<f64>| {
+            base.map_or("–".to_string(), |b| format!("{:.2}×", x / b))
+        };
         let mut s = format!(
             "Bulk iperf3, {} s each way (FH → MH with -R), median [min–max] of {} round(s); latency: \
              64-byte request/response, 2000 per round, median of the rounds' p50 and p99\n\n\
@@ -305,23 +346,23 @@ impl RelayBench {
             format!("{:.2} [{lo:.2}–{hi:.2}]", median(v))
         };
         let p99 = |p: Peer| {
-            let l = &self.rr.iter().find(|r| r.0 == p).unwrap().1;
-            median(&l.iter().map(|x| x.1).collect::<Vec<_>>())
+            let l = &self.rr.iter().find(|r| r.0 == p)?.1;
+            Some(median(&l.iter().map(|x| x.1).collect::<Vec<_>>()))
         };
         let direct_p99 = p99(Peer::Direct);
         for (p, v) in &self.gbps {
             let up = &self.gbps_up.iter().find(|g| g.0 == *p).unwrap().1;
             let l = &self.rr.iter().find(|r| r.0 == *p).unwrap().1;
             let p50 = median(&l.iter().map(|x| x.0).collect::<Vec<_>>());
+            let p99 = p99(*p).unwrap_or(f64::NAN);
             s += &format!(
-                "| {} | {} | {:.2}× | {} | {:.2}× | {p50:.1} | {:.1} | {:.2}× |\n",
+                "| {} | {} | {} | {} | {} | {p50:.1} | {p99:.1} | {} |\n",
                 p.name(),
                 range(v),
-                median(v) / med(&self.gbps, Peer::Haproxy),
+                ratio(median(v), med(&self.gbps, Peer::Haproxy)),
                 range(up),
-                median(up) / med(&self.gbps_up, Peer::Haproxy),
-                p99(*p),
-                p99(*p) / direct_p99,
+                ratio(median(up), med(&self.gbps_up, Peer::Haproxy)),
+                ratio(p99, direct_p99),
             );
         }
         s

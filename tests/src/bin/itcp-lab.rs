@@ -20,6 +20,7 @@ use std::time::Duration;
 use itcp_cli::{Arg, Args, Command, Flag, Section, Spec};
 use itcp_mh::mobility::Policy;
 use itcp_testbed::baseline::MobileIpOpts;
+use itcp_testbed::bench::Peer;
 use itcp_testbed::lab::{self, Host, Lab, LabConfig};
 use itcp_testbed::report::{self, Table};
 use itcp_testbed::scenario::{self, Cells, Detection, Mode, Net, Run, Traffic};
@@ -126,13 +127,19 @@ run's lab is removed by 'itcp-lab cleanup'.",
         },
         Command {
             name: "bench relay",
-            synopsis: "[--seconds S] [--rounds N] [--json FILE]",
+            synopsis: "[--seconds S] [--rounds N] [--peers LIST] [--json FILE]",
             about: "Relay engine on an un-emulated veth path FH → MSR → MH: msrd (handoff off and \
                     on) vs HAProxy with splice vs socat vs direct kernel forwarding (iperf3 bulk, \
                     ttcp rr latency).",
             flags: &[
                 Flag::value("seconds", "S", "Seconds per bulk measurement, at least 1 (default 5)."),
                 Flag::value("rounds", "N", "Rounds of every measurement, at least 1 (default 3)."),
+                Flag::value(
+                    "peers",
+                    "LIST",
+                    "Peers to measure, comma-separated: direct, msrd, msrd-handoff, haproxy, \
+                     socat (default all; ratios need haproxy and direct).",
+                ),
                 JSON_OUT,
             ],
         },
@@ -363,7 +370,7 @@ enum Job {
     Demo(u64),
     Baseline(Baseline),
     NoMoves(NoMoves),
-    Relay(u64, usize, Option<String>),
+    Relay(u64, usize, Vec<Peer>, Option<String>),
     Paper(itcp_testbed::paper::PaperOpts),
     /// Connection counts, moves, the gap too, the channel over TLS.
     Handoff(Vec<usize>, usize, bool, bool, bool),
@@ -496,15 +503,21 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
         }
         "bench relay" => {
             let (mut seconds, mut rounds, mut json_out) = (5u64, 3usize, None);
+            let mut peers = Peer::ALL.to_vec();
             while let Some(arg) = a.next()? {
                 match arg {
                     Arg::Flag("seconds") => seconds = a.int_in("seconds", 1, u64::MAX as i128)?,
                     Arg::Flag("rounds") => rounds = a.int_in("rounds", 1, usize::MAX as i128)?,
+                    Arg::Flag("peers") => {
+                        let v = a.value("peers")?;
+                        peers =
+                            Peer::parse_list(&v).map_err(|e| a.usage(format!("--peers: {e}")))?
+                    }
                     Arg::Flag("json") => json_out = Some(a.value("json")?),
                     other => return Err(a.unexpected(other)),
                 }
             }
-            Job::Relay(seconds, rounds, json_out)
+            Job::Relay(seconds, rounds, peers, json_out)
         }
         "bench paper" => {
             let mut o = PaperOpts {
@@ -780,7 +793,9 @@ fn main() -> ExitCode {
         Job::Demo(seed) => demo(seed),
         Job::Baseline(o) => bench_baseline(o),
         Job::NoMoves(o) => bench_nomoves(o),
-        Job::Relay(seconds, rounds, json_out) => bench_relay(seconds, rounds, json_out),
+        Job::Relay(seconds, rounds, peers, json_out) => {
+            bench_relay(seconds, rounds, &peers, json_out)
+        }
         Job::Paper(o) => bench_paper(o),
         Job::Handoff(conns, moves, gap, tls, fifo) => bench_handoff(conns, moves, gap, tls, fifo),
         Job::Conns(count, bytes) => bench_conns(count, bytes),
@@ -1027,8 +1042,13 @@ fn bench_baseline(o: Baseline) -> Result<(), String> {
     Ok(())
 }
 
-fn bench_relay(seconds: u64, rounds: usize, json_out: Option<String>) -> Result<(), String> {
-    let b = itcp_testbed::bench::relay(seconds, rounds, |l| eprintln!("{l}"))
+fn bench_relay(
+    seconds: u64,
+    rounds: usize,
+    peers: &[Peer],
+    json_out: Option<String>,
+) -> Result<(), String> {
+    let b = itcp_testbed::bench::relay(seconds, rounds, peers, |l| eprintln!("{l}"))
         .map_err(|e| e.to_string())?;
     println!("{}", b.render());
     if let Some(path) = json_out {
@@ -1373,8 +1393,13 @@ mod tests {
         ));
         assert!(matches!(
             p(&["bench", "relay", "--seconds", "1", "--rounds", "1"]),
-            Ok(Job::Relay(1, 1, None))
+            Ok(Job::Relay(1, 1, ref v, None)) if v.len() == 5
         ));
+        assert!(matches!(
+            p(&["bench", "relay", "--peers", "msrd,msrd-handoff"]),
+            Ok(Job::Relay(5, 3, ref v, None)) if v == &[Peer::Msrd, Peer::MsrdHandoff]
+        ));
+        assert!(p(&["bench", "relay", "--peers", "nginx"]).is_err());
         assert!(matches!(
             p(&["echo", "--listen", "10.0.0.1:9000"]),
             Ok(Job::Echo(_))
