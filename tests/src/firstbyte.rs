@@ -33,6 +33,10 @@ pub struct FirstBytes {
     pub ms: Vec<f64>,
     pub median_ms: f64,
     pub p95_ms: f64,
+    /// Per move with a handoff record at the new MSR: the greeting's (or, with network
+    /// detection, the MH's first frame's) arrival there → the first byte read at the
+    /// MH, ms: the MH's view of the handoff itself, without detection.
+    pub from_greeting_ms: Vec<f64>,
     /// Bytes read, every one verified.
     pub bytes: u64,
     /// RSTs (in, out) at the FH and at the MH.
@@ -175,11 +179,18 @@ pub fn run(
     if verbose {
         moves::print_phases(&lab, &joins, &ms);
     }
+    let from_greeting_ms = moves::phases(&lab, &joins)
+        .iter()
+        .zip(&ms)
+        .map(|(p, m)| m - p.greeting)
+        .filter(|d| d.is_finite())
+        .collect();
     let (median_ms, p95_ms) = moves::median_p95(&ms);
     Ok(FirstBytes {
         ms,
         median_ms,
         p95_ms,
+        from_greeting_ms,
         bytes,
         rsts,
     })

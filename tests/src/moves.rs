@@ -64,33 +64,58 @@ pub fn median_p95(v: &[f64]) -> (f64, f64) {
     (crate::report::median(&s), p95)
 }
 
-/// Prints, per join, where the time to the first byte went: the new MSRs' handoff
-/// records (greeting or detection, restored, resumed), from the join.
-pub fn print_phases(lab: &Lab, joins: &[u64], first: &[f64]) {
+/// Where one move's time went, in ms from the join: the new MSR's handoff record
+/// (greeting or detection there, restored, resumed; NaN when absent).
+#[derive(Debug, Clone, Copy)]
+pub struct MovePhases {
+    pub greeting: f64,
+    pub restored: f64,
+    pub resumed: f64,
+    pub bytes_moved: u64,
+}
+
+/// Per join, the phases of the new MSR's handoff record for it: the first record
+/// whose greeting (or detection) came at most 1 ms before the join or after it.
+pub fn phases(lab: &Lab, joins: &[u64]) -> Vec<MovePhases> {
     let wall_minus_mono_us = crate::scenario::wall_minus_mono_us();
     let news: Vec<Record> = (1..=lab.msrs())
         .flat_map(|k| lab.handoff_records(k))
         .filter(|r| r.role == Role::New)
         .collect();
-    for (i, (&t, m)) in joins.iter().zip(first).enumerate() {
-        let join_us = (t / 1000) as i64 + wall_minus_mono_us;
-        let rec = news
-            .iter()
-            .filter(|r| {
-                r.phases
-                    .greeting
-                    .is_some_and(|g| g as i64 >= join_us - 1000)
-            })
-            .min_by_key(|r| r.phases.greeting);
-        let since = |p: Option<u64>| p.map_or(f64::NAN, |p| (p as i64 - join_us) as f64 / 1e3);
-        let p = rec.map(|r| r.phases.clone()).unwrap_or_default();
+    joins
+        .iter()
+        .map(|&t| {
+            let join_us = (t / 1000) as i64 + wall_minus_mono_us;
+            let rec = news
+                .iter()
+                .filter(|r| {
+                    r.phases
+                        .greeting
+                        .is_some_and(|g| g as i64 >= join_us - 1000)
+                })
+                .min_by_key(|r| r.phases.greeting);
+            let since = |p: Option<u64>| p.map_or(f64::NAN, |p| (p as i64 - join_us) as f64 / 1e3);
+            let p = rec.map(|r| r.phases.clone()).unwrap_or_default();
+            MovePhases {
+                greeting: since(p.greeting),
+                restored: since(p.restored),
+                resumed: since(p.resumed),
+                bytes_moved: rec.and_then(|r| r.bytes_moved).unwrap_or(0),
+            }
+        })
+        .collect()
+}
+
+/// Prints, per join, where the time to the first byte went (see [`phases`]).
+pub fn print_phases(lab: &Lab, joins: &[u64], first: &[f64]) {
+    for (i, (p, m)) in phases(lab, joins).iter().zip(first).enumerate() {
         eprintln!(
             "move {}: from the join, ms: greeting/detection at the new MSR {:.1}, restored {:.1}, resumed {:.1}, first byte {m:.1} ({} KiB moved)",
             i + 1,
-            since(p.greeting),
-            since(p.restored),
-            since(p.resumed),
-            rec.and_then(|r| r.bytes_moved).unwrap_or(0) / 1024,
+            p.greeting,
+            p.restored,
+            p.resumed,
+            p.bytes_moved / 1024,
         );
     }
 }

@@ -872,8 +872,10 @@ fn bench_firstbyte(o: FirstByteOpts) -> Result<(), String> {
          network and detection mode, seed {}; an FH download (16 KB socket buffer, msrd at 64 KB)",
         o.moves, o.seed
     );
-    println!("\n| network | detection | median | p95 | min–max | RSTs FH/MH |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "\n| network | detection | median | p95 | min–max | greeting/detection at the new MSR → first byte, median [min–max] | RSTs FH/MH |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     let mut all = Vec::new();
     for net in &o.nets {
         for &d in &o.detections {
@@ -882,8 +884,19 @@ fn bench_firstbyte(o: FirstByteOpts) -> Result<(), String> {
             let lo = r.ms.iter().cloned().fold(f64::INFINITY, f64::min);
             let hi = r.ms.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
             let ((fi, fo), (mi, mo)) = r.rsts;
+            let g = &r.from_greeting_ms;
+            let from_greeting = match g.is_empty() {
+                true => "–".to_string(),
+                false => format!(
+                    "{:.1} [{:.1}–{:.1}] ({} moves)",
+                    itcp_testbed::report::median(g),
+                    g.iter().cloned().fold(f64::INFINITY, f64::min),
+                    g.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
+                    g.len()
+                ),
+            };
             println!(
-                "| {} | {} | {:.1} | {:.1} | {lo:.1}–{hi:.1} | {} / {} |",
+                "| {} | {} | {:.1} | {:.1} | {lo:.1}–{hi:.1} | {from_greeting} | {} / {} |",
                 net.name,
                 d.name(),
                 r.median_ms,
@@ -893,6 +906,7 @@ fn bench_firstbyte(o: FirstByteOpts) -> Result<(), String> {
             );
             all.push(serde_json::json!({
                 "net": net.name, "detection": d.name(), "ms": r.ms,
+                "from_greeting_ms": r.from_greeting_ms,
                 "median_ms": r.median_ms, "p95_ms": r.p95_ms, "bytes": r.bytes,
                 "rsts_fh": [fi, fo], "rsts_mh": [mi, mo],
             }));
