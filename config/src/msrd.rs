@@ -577,7 +577,8 @@ pub struct RelaySection {
     /// Zero-copy `splice(2)` relay (true); false copies through user space.
     #[serde(default = "default_true")]
     pub splice: bool,
-    /// Bytes per splice pipe, 4096..=67108864 (1048576).
+    /// Bytes per splice pipe, 4096..=67108864 (1048576): the most one read takes; the
+    /// relay reads again only once the pipe is written out.
     #[serde(default = "default_pipe_size")]
     pub pipe_size: usize,
     /// User-space copy buffer when splice is off, 1024..=67108864 (65536).

@@ -312,7 +312,11 @@ async fn pump_splice(
             break Ok(Some(Flow::Done));
         }
         let mut read_blocked = eof;
-        if !eof {
+        // Read only into an empty pipe: bytes wait in the source's receive queue, where
+        // TCP's window holds the sender back, not in the pipe (up to `pipe_size`, 1 MiB,
+        // per direction), which only grew msrd's queue towards a slow cell: more bytes
+        // for a handoff to move and for the MH to wait behind.
+        if !eof && in_pipe == 0 {
             if pipe.is_none() {
                 match PIPES.take(opts.pipe_size) {
                     Ok(p) => pipe = Some(p),
@@ -321,12 +325,10 @@ async fn pump_splice(
             }
             let p = pipe.as_ref().unwrap();
             let w = p.write.as_raw_fd();
-            // EAGAIN means "no data" or "pipe full" (a pipe holds at most 16..256
-            // buffers, so it can be full long before `p.size` bytes). Only an empty pipe
-            // proves the socket empty: only then may EAGAIN clear its readiness (through
-            // try_io). Clearing it on a full pipe would wait for an edge that never comes
-            // once the sender's window is shut (a full receive queue, e.g. a restored one).
-            let r = if in_pipe == 0 && !crossed {
+            // Into an empty pipe, EAGAIN proves the socket empty: it may clear its
+            // readiness (through try_io). Not just after an urgent byte was taken (see
+            // below), whose EAGAIN already spent it.
+            let r = if !crossed {
                 src.try_io(Interest::READABLE, || splice(sfd, w, p.size))
             } else {
                 splice(sfd, w, p.size)
@@ -704,6 +706,85 @@ mod tests {
     #[tokio::test]
     async fn copy_relay_drains_slow_destination_after_fin() {
         slow_reader_small_segments(false).await;
+    }
+
+    /// How many bytes a relay holds itself when its destination's reader drains at
+    /// 2 MB/s (a cell) and its source's writer is faster (a LAN): what went in and has
+    /// not come out, less what the four sockets' buffers can hold.
+    async fn held_by_the_relay(splice: bool) -> i64 {
+        let (mut app_src, relay_src) = pair().await;
+        let (relay_dst, mut app_dst) = pair().await;
+        let small = itcp_config::TcpTuning {
+            send_buffer: Some(65536),
+            recv_buffer: Some(65536),
+            ..Default::default()
+        };
+        for sock in [&app_src, &relay_src, &relay_dst, &app_dst] {
+            crate::sockopt::apply_pre_connect(sock, &small).unwrap();
+        }
+        let buffers: usize = [&app_src, &relay_src, &relay_dst, &app_dst]
+            .iter()
+            .map(|t| {
+                let s = socket2::SockRef::from(*t);
+                s.send_buffer_size().unwrap() + s.recv_buffer_size().unwrap()
+            })
+            .sum();
+        let opts = RelayOpts {
+            splice,
+            pipe_size: 1 << 20,
+            buffer_size: 65536,
+        };
+        let counters = Counters::default();
+        let pause = Pause::default();
+        let relay = relay(
+            &relay_src,
+            &relay_dst,
+            &opts,
+            &counters,
+            &pause,
+            Pending::default(),
+        );
+        let until = Instant::now() + Duration::from_secs(3);
+        let write = async {
+            let chunk = [7u8; 16384];
+            let mut written = 0;
+            while Instant::now() < until {
+                let left = until.saturating_duration_since(Instant::now());
+                if let Ok(Ok(n)) = tokio::time::timeout(left, app_src.write(&chunk)).await {
+                    written += n;
+                }
+            }
+            written
+        };
+        let read = async {
+            let mut buf = [0u8; 4096];
+            let mut got = 0;
+            while Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(2)).await;
+                got += app_dst.read(&mut buf).await.unwrap();
+            }
+            got
+        };
+        let (written, got) = tokio::select! {
+            wr = async { tokio::join!(write, read) } => wr,
+            _ = relay => panic!("the relay ended"),
+        };
+        written as i64 - got as i64 - buffers as i64
+    }
+
+    /// A destination slower than the source (a cell behind a LAN): the bytes wait in
+    /// the sockets, where TCP's windows hold the sender back, not in the relay's pipe.
+    /// With reads into a non-empty pipe, the relay took up to its 1 MiB more.
+    #[tokio::test]
+    async fn a_slow_destination_holds_the_source_back_not_the_relay() {
+        for splice in [true, false] {
+            let held = held_by_the_relay(splice).await;
+            // One read's worth (the source's receive queue) is all the relay may hold.
+            assert!(
+                held < 256 * 1024,
+                "splice {splice}: the relay held {held} bytes beyond the sockets' buffers"
+            );
+        }
     }
 
     #[tokio::test]
