@@ -55,6 +55,13 @@ const PAPER_DETECTION: Flag = Flag::value(
      runs nothing of ours (plain ttcp through transparent mode, the MSRs detect it from its \
      first frame in the cell), regular TCP with solicitation, the MH opening the connection.",
 );
+const AIRLINK: Flag = Flag::value(
+    "airlink",
+    "normal|fifo",
+    "The link emulator's priority: normal (default), so that the emulated hosts' kernels, \
+     which handle each frame in the emulator's context, do not preempt msrd as they could \
+     not on a real network; fifo as in the tests (the links' timing kept, msrd preempted).",
+);
 const JSON_OUT: Flag = Flag::value(
     "json",
     "FILE",
@@ -203,14 +210,7 @@ run's lab is removed by 'itcp-lab cleanup'.",
                     "tls|psk",
                     "The MSR-to-MSR channel: mutual TLS (default) or pre-shared keys.",
                 ),
-                Flag::value(
-                    "airlink",
-                    "normal|fifo",
-                    "The link emulator's priority: normal (default), so that the emulated \
-                     hosts' kernels, which handle each frame in the emulator's context, do \
-                     not preempt msrd as they could not on a real network; fifo as in the \
-                     tests (the links' timing kept, msrd preempted).",
-                ),
+                AIRLINK,
             ],
         },
         Command {
@@ -227,7 +227,7 @@ run's lab is removed by 'itcp-lab cleanup'.",
         Command {
             name: "bench firstbyte",
             synopsis: "[--moves 20] [--nets lan,wan] [--detection beacon,solicit,network]
-[--seed S] [--json FILE]",
+[--seed S] [--airlink normal|fifo] [--json FILE]",
             about: "Move → first byte at the MH: an FH download through I-TCP across non-overlapped \
                     moves (0.3-0.5 s gaps), per network and detection mode; prints the median, \
                     p95 and range over the moves (every byte verified, RSTs counted).",
@@ -242,6 +242,7 @@ run's lab is removed by 'itcp-lab cleanup'.",
                      the MSR from its first frame). Default: all three.",
                 ),
                 Flag::value("seed", "S", "Seed of the labs (default 1)."),
+                AIRLINK,
                 JSON_OUT,
             ],
         },
@@ -399,6 +400,7 @@ struct FirstByteOpts {
     nets: Vec<Net>,
     detections: Vec<Detection>,
     seed: u64,
+    fifo: bool,
     json_out: Option<String>,
 }
 
@@ -417,6 +419,15 @@ struct NoMoves {
     nets: Vec<Net>,
     scale: f64,
     wireless: String,
+}
+
+/// `--airlink normal|fifo`: true for fifo.
+fn airlink_fifo(a: &mut Args) -> itcp_cli::Result<bool> {
+    match a.value("airlink")?.as_str() {
+        "normal" => Ok(false),
+        "fifo" => Ok(true),
+        v => Err(a.usage(format!("--airlink: {v:?} is not normal or fifo"))),
+    }
 }
 
 fn yes_no(a: &mut Args, flag: &str) -> itcp_cli::Result<bool> {
@@ -571,17 +582,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
             let (mut tls, mut fifo) = (true, false);
             while let Some(arg) = a.next()? {
                 match arg {
-                    Arg::Flag("airlink") => {
-                        fifo = match a.value("airlink")?.as_str() {
-                            "normal" => false,
-                            "fifo" => true,
-                            v => {
-                                return Err(
-                                    a.usage(format!("--airlink: {v:?} is not normal or fifo"))
-                                )
-                            }
-                        }
-                    }
+                    Arg::Flag("airlink") => fifo = airlink_fifo(&mut a)?,
                     Arg::Flag("conns") => {
                         let v = a.value("conns")?;
                         conns = v
@@ -624,10 +625,12 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
                 nets: vec![Net::lan(), Net::wan()],
                 detections: Detection::ALL.to_vec(),
                 seed: 1,
+                fifo: false,
                 json_out: None,
             };
             while let Some(arg) = a.next()? {
                 match arg {
+                    Arg::Flag("airlink") => o.fifo = airlink_fifo(&mut a)?,
                     Arg::Flag("moves") => o.moves = a.int_in("moves", 1, 1000)?,
                     Arg::Flag("nets") => o.nets = nets(&mut a)?,
                     Arg::Flag("detection") => {
@@ -867,10 +870,14 @@ fn demo(seed: u64) -> Result<(), String> {
 }
 
 fn bench_firstbyte(o: FirstByteOpts) -> Result<(), String> {
+    itcp_testbed::lab::set_airlink_fifo(o.fifo);
     println!(
         "Move → first byte at the MH, ms: {} non-overlapped moves (0.3-0.5 s without a cell) per \
-         network and detection mode, seed {}; an FH download (16 KB socket buffer, msrd at 64 KB)",
-        o.moves, o.seed
+         network and detection mode, seed {}; an FH download (16 KB socket buffer, msrd at 64 KB); \
+         link emulator: {} priority",
+        o.moves,
+        o.seed,
+        if o.fifo { "SCHED_FIFO" } else { "normal" }
     );
     println!(
         "\n| network | detection | median | p95 | min–max | greeting/detection at the new MSR → first byte, median [min–max] | RSTs FH/MH |"
@@ -1389,6 +1396,19 @@ mod tests {
                 if detections == &[Detection::Network, Detection::Beacon]
         ));
         assert!(p(&["bench", "firstbyte", "--detection", "psychic"]).is_err());
+        assert!(matches!(
+            p(&["bench", "firstbyte"]),
+            Ok(Job::FirstByte(FirstByteOpts { fifo: false, .. }))
+        ));
+        assert!(matches!(
+            p(&["bench", "firstbyte", "--airlink", "fifo"]),
+            Ok(Job::FirstByte(FirstByteOpts { fifo: true, .. }))
+        ));
+        assert!(p(&["bench", "firstbyte", "--airlink", "realtime"]).is_err());
+        assert!(matches!(
+            p(&["bench", "handoff", "--airlink", "fifo"]),
+            Ok(Job::Handoff(_, _, _, _, true))
+        ));
         {
             use itcp_testbed::upload::{Kind, Move};
             assert!(matches!(
