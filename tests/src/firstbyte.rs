@@ -76,6 +76,12 @@ pub fn run(
     }
     lab.watch_rsts(Host::Fh)?;
     lab.watch_rsts(Host::Mh)?;
+    // ITCP_PCAP=1 (with ITCP_LAB_KEEP=1): what the MH and the MSRs see, to read a slow move.
+    if std::env::var_os("ITCP_PCAP").is_some() {
+        for h in [Host::Mh, Host::Msr(1), Host::Msr(2)] {
+            lab.record_packets(h)?;
+        }
+    }
     // Long enough for every move: 1.2 s in each cell, ≤ 0.5 s gaps, the moves' own time
     // (up to a beacon interval more without solicitation).
     let secs = 3 + moves_n as u64 * 3;

@@ -1409,6 +1409,29 @@ impl Lab {
         }
     }
 
+    /// Records host `h`'s TCP, ARP and ICMP headers (all interfaces, link-layer headers
+    /// too) in `<lab dir>/<host>.pcap` until the lab ends: for reading a slow or failed
+    /// run afterwards (with ITCP_LAB_KEEP=1).
+    pub fn record_packets(&mut self, h: Host) -> io::Result<()> {
+        let f = self.dir.join(format!("{}.pcap", h.suffix()));
+        let log = self.dir.join(format!("{}-pcap.log", h.suffix()));
+        let f = f.display().to_string();
+        let args = [
+            "-i",
+            "any",
+            "-U",
+            "-nn",
+            "-s",
+            "128",
+            "-w",
+            &f,
+            "tcp or arp or icmp or icmp6",
+        ];
+        let child = self.start_tcpdump(h, &args, Stdio::null(), &log)?;
+        self.children.push(child);
+        Ok(())
+    }
+
     /// Captures the FINs and RSTs host `h` sends and receives (tcpdump, text in
     /// `<lab dir>/closes-<host>.txt`), for [`Lab::rsts_after_clean_close`].
     pub fn watch_closes(&mut self, h: Host) -> io::Result<()> {
