@@ -2332,22 +2332,13 @@ fn a_handshake_whose_synack_was_lost_at_a_gap_completes_at_the_new_msr() {
     half_open_at_a_gap(93, "synack");
 }
 
-/// ITCP_PCAP=1 (with ITCP_LAB_KEEP=1) records the MH's and the FH's TCP headers in the
-/// lab directory, to see where a reset came from.
+/// ITCP_PCAP=1 (with ITCP_LAB_KEEP=1) records the MH's, the FH's and the MSRs' packet
+/// headers in the lab directory, to see where a reset came from.
 fn pcap(lab: &mut Lab) {
     if std::env::var_os("ITCP_PCAP").is_some() {
-        let hosts = [
-            (Host::Mh, "mh.pcap"),
-            (Host::Fh, "fh.pcap"),
-            (Host::Msr(1), "msr1.pcap"),
-            (Host::Msr(2), "msr2.pcap"),
-        ];
-        for (h, f) in hosts {
-            let f = lab.dir.join(f).display().to_string();
-            let args = ["-i", "any", "-U", "-nn", "-s", "128", "-w", &f, "tcp"];
-            lab.spawn(h, "tcpdump", &args).unwrap();
+        for h in [Host::Mh, Host::Fh, Host::Msr(1), Host::Msr(2)] {
+            lab.record_packets(h).unwrap();
         }
-        std::thread::sleep(Duration::from_millis(500));
     }
 }
 

@@ -221,20 +221,9 @@ fn an_mh_that_runs_nothing_of_ours_keeps_its_transfers_and_its_ping_across_ten_m
         .unwrap();
     // ITCP_PCAP=1 (with ITCP_LAB_KEEP=1) records what the MH and the MSRs see.
     if std::env::var_os("ITCP_PCAP").is_some() {
-        for (h, f) in [
-            (Host::Mh, "mh.pcap"),
-            (Host::Msr(1), "msr1.pcap"),
-            (Host::Msr(2), "msr2.pcap"),
-        ] {
-            let f = lab.dir.join(f).display().to_string();
-            lab.spawn(
-                h,
-                "tcpdump",
-                &["-i", "any", "-U", "-nn", "-e", "-s", "128", "-w", &f],
-            )
-            .unwrap();
+        for h in [Host::Mh, Host::Msr(1), Host::Msr(2)] {
+            lab.record_packets(h).unwrap();
         }
-        std::thread::sleep(Duration::from_millis(500));
     }
     let mh = addr::MH.to_string();
     assert!(
