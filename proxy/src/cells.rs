@@ -9,7 +9,8 @@ use itcp_config::IpPrefix;
 
 #[derive(Debug, Default)]
 pub struct CellMap {
-    prefixes: Vec<(IpPrefix, String)>,
+    /// (connected prefix, interface, the interface's address in it).
+    prefixes: Vec<(IpPrefix, String, IpAddr)>,
 }
 
 impl CellMap {
@@ -39,7 +40,7 @@ impl CellMap {
                 continue;
             };
             if let Some(net) = network(addr, mask) {
-                prefixes.push((net, ifa.interface_name));
+                prefixes.push((net, ifa.interface_name, addr));
             }
         }
         CellMap { prefixes }
@@ -49,9 +50,19 @@ impl CellMap {
     pub fn interface_for(&self, mh: IpAddr) -> Option<&str> {
         self.prefixes
             .iter()
-            .filter(|(p, _)| p.contains(mh))
-            .max_by_key(|(p, _)| p.prefix_len())
-            .map(|(_, n)| n.as_str())
+            .filter(|(p, ..)| p.contains(mh))
+            .max_by_key(|(p, ..)| p.prefix_len())
+            .map(|(_, n, _)| n.as_str())
+    }
+
+    /// Our address on `ifname` in the prefix that holds `mh` (longest match): the
+    /// gateway an MH there routes through.
+    pub fn gateway_for(&self, ifname: &str, mh: IpAddr) -> Option<IpAddr> {
+        self.prefixes
+            .iter()
+            .filter(|(p, n, _)| n == ifname && p.contains(mh))
+            .max_by_key(|(p, ..)| p.prefix_len())
+            .map(|(.., a)| *a)
     }
 }
 
@@ -87,6 +98,10 @@ mod tests {
         let m = CellMap::read(["lo"].into_iter());
         assert_eq!(m.interface_for("127.0.0.5".parse().unwrap()), Some("lo"));
         assert_eq!(m.interface_for("10.9.9.9".parse().unwrap()), None);
+        let lo = |a: &str| m.gateway_for("lo", a.parse().unwrap());
+        assert_eq!(lo("127.0.0.5"), Some("127.0.0.1".parse().unwrap()));
+        assert_eq!(lo("10.9.9.9"), None);
+        assert_eq!(m.gateway_for("cell9", "127.0.0.5".parse().unwrap()), None);
         assert_eq!(
             network("10.2.0.7".parse().unwrap(), 24)
                 .unwrap()

@@ -158,6 +158,11 @@ impl Daemon {
         self.cells.interface_for(mh).map(str::to_string)
     }
 
+    /// Our address on cell interface `ifname` that an MH at `mh` routes through.
+    pub fn cell_gateway(&self, ifname: &str, mh: IpAddr) -> Option<IpAddr> {
+        self.cells.gateway_for(ifname, mh)
+    }
+
     pub fn handoff_cfg(&self) -> &itcp_config::HandoffSection {
         &self.cfg.handoff
     }

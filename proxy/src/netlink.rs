@@ -245,8 +245,72 @@ pub(crate) fn bind_packet(fd: RawFd, ifindex: u32, protocol: u16) -> io::Result<
 /// through a packet socket bound to ifname (kept open: see `ARP_SOCKS`).
 pub fn send_garp(ifname: &str, ip: Ipv4Addr) -> io::Result<()> {
     let what = format!("garp: announce {ip} on {ifname}");
-    let ifindex = ifindex(ifname, &what)?;
-    let r = ARP_SOCKS.with(|socks| {
+    let frames = |mac| {
+        [ARPOP_REQUEST, ARPOP_REPLY].map(|op| {
+            let tha = if op == ARPOP_REPLY { mac } else { [0; 6] };
+            arp_frame(op, [0xff; 6], (mac, ip), (tha, ip))
+        })
+    };
+    send_arp(ifname, frames).map_err(|e| context(&what, e))
+}
+
+/// Asks `to` (at `to_mac` on `ifname`) for its link-layer address, from our address
+/// `from`: a unicast ARP request or neighbour solicitation carrying `ifname`'s MAC.
+/// The asked host enters the asker in its neighbour table (RFC 826's merge, RFC 4861
+/// §7.2.3), with no entry of its own needed first: this gives an MH its gateway's
+/// address after its OS flushed its entries (a carrier drop on a move) and before it
+/// has anything to send, so that its first ACKs do not wait for a resolution that
+/// would queue behind the restored connections' first flight in the cell.
+pub fn ask_neighbour(ifname: &str, from: IpAddr, to: IpAddr, to_mac: [u8; 6]) -> io::Result<()> {
+    let what = format!(
+        "ask {to} at {} on {ifname} from {from}",
+        itcp_proto::hex::mac(&to_mac)
+    );
+    match (from, to) {
+        (IpAddr::V4(from), IpAddr::V4(to)) => send_arp(ifname, |mac| {
+            [arp_frame(ARPOP_REQUEST, to_mac, (mac, from), ([0; 6], to))]
+        }),
+        (IpAddr::V6(from), IpAddr::V6(to)) => solicit(ifname, from, to),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "mixed families",
+        )),
+    }
+    .map_err(|e| context(&what, e))
+}
+
+/// A unicast neighbour solicitation for `to` from `from` (bound: the MH enters the
+/// address it routes through), source link-layer address option `ifname`'s MAC.
+fn solicit(ifname: &str, from: Ipv6Addr, to: Ipv6Addr) -> io::Result<()> {
+    let mac = link_mac(ifname)?;
+    let sock = socket(libc::AF_INET6, libc::SOCK_RAW, libc::IPPROTO_ICMPV6)?;
+    let s = socket2::SockRef::from(&sock);
+    // Neighbour discovery is only valid with hop limit 255.
+    s.set_unicast_hops_v6(255)?;
+    s.bind(&SocketAddr::from((from, 0)).into())?;
+    s.send_to(&ns_message(to, mac), &SocketAddr::from((to, 0)).into())?;
+    Ok(())
+}
+
+/// An ICMPv6 neighbour solicitation for `target` with a source link-layer address
+/// option `mac` (the kernel fills in the checksum of a raw ICMPv6 socket).
+fn ns_message(target: Ipv6Addr, mac: [u8; 6]) -> Vec<u8> {
+    let mut m = vec![135, 0, 0, 0, 0, 0, 0, 0];
+    m.extend_from_slice(&target.octets());
+    // Option 1 (source link-layer address), length 1 (8 bytes).
+    m.extend_from_slice(&[1, 1]);
+    m.extend_from_slice(&mac);
+    m
+}
+
+/// Sends the ARP frames `frames(ifname's MAC)` on `ifname` through a packet socket
+/// bound to it (kept open: see `ARP_SOCKS`).
+fn send_arp<const N: usize>(
+    ifname: &str,
+    frames: impl Fn([u8; 6]) -> [[u8; ETH_ZLEN]; N],
+) -> io::Result<()> {
+    let ifindex = ifindex(ifname, "ARP")?;
+    ARP_SOCKS.with(|socks| {
         let mut socks = socks.borrow_mut();
         let at = match socks.iter().position(|(i, _)| *i == ifindex) {
             Some(at) => at,
@@ -255,56 +319,55 @@ pub fn send_garp(ifname: &str, ip: Ipv4Addr) -> io::Result<()> {
                 socks.len() - 1
             }
         };
-        let r = announce(socks[at].1.as_raw_fd(), ifname, ifindex, ip);
+        let fd = socks[at].1.as_raw_fd();
+        // Read each time: the interface's address may have changed.
+        let r = hwaddr(fd, ifname).and_then(|mac| {
+            frames(mac)
+                .iter()
+                .try_for_each(|f| send_frame(fd, ifindex, f))
+        });
         if r.is_err() {
             // The interface may be gone or replaced: the next call binds afresh.
             socks.swap_remove(at);
         }
         r
-    });
-    r.map_err(|e| context(&what, e))
+    })
 }
 
-/// The two ARP frames of [`send_garp`] on a bound packet socket.
-fn announce(fd: RawFd, ifname: &str, ifindex: u32, ip: Ipv4Addr) -> io::Result<()> {
-    // Read each time: the interface's address may have changed.
-    let mac = hwaddr(fd, ifname)?;
+/// Sends one Ethernet frame (its own destination) on a bound packet socket.
+fn send_frame(fd: RawFd, ifindex: u32, frame: &[u8; ETH_ZLEN]) -> io::Result<()> {
     // SAFETY: sockaddr_ll is plain data; all-zero is a valid value.
     let mut sll: libc::sockaddr_ll = unsafe { zeroed() };
     sll.sll_family = libc::AF_PACKET as u16;
     sll.sll_ifindex = ifindex as libc::c_int;
     sll.sll_protocol = (libc::ETH_P_ARP as u16).to_be();
     sll.sll_halen = 6;
-    sll.sll_addr[..6].copy_from_slice(&[0xff; 6]);
-    for op in [ARPOP_REQUEST, ARPOP_REPLY] {
-        let frame = arp_frame(op, mac, ip);
-        // SAFETY: frame and sll are live for the call; their sizes are passed along.
-        let n = unsafe {
-            libc::sendto(
-                fd,
-                frame.as_ptr().cast(),
-                frame.len(),
-                0,
-                (&sll as *const libc::sockaddr_ll).cast(),
-                size_of::<libc::sockaddr_ll>() as libc::socklen_t,
-            )
+    sll.sll_addr[..6].copy_from_slice(&frame[..6]);
+    // SAFETY: frame and sll are live for the call; their sizes are passed along.
+    let n = unsafe {
+        libc::sendto(
+            fd,
+            frame.as_ptr().cast(),
+            frame.len(),
+            0,
+            (&sll as *const libc::sockaddr_ll).cast(),
+            size_of::<libc::sockaddr_ll>() as libc::socklen_t,
+        )
+    };
+    if n < 0 {
+        let kind = if frame[21] == ARPOP_REQUEST as u8 {
+            "request"
+        } else {
+            "reply"
         };
-        if n < 0 {
-            let kind = if op == ARPOP_REQUEST {
-                "request"
-            } else {
-                "reply"
-            };
-            return Err(context(
-                &format!("send ARP {kind}"),
-                io::Error::last_os_error(),
-            ));
-        }
+        return Err(context(
+            &format!("send ARP {kind}"),
+            io::Error::last_os_error(),
+        ));
     }
     Ok(())
 }
 
-/// Sets /proc/sys/net/ipv4/neigh/<ifname>/proxy_delay to 0 (proxied ARP replies are otherwise delayed up to 0.8 s).
 /// Announces on `ifname` that `ip` is reachable at this interface's MAC: an unsolicited
 /// neighbour advertisement (override flag, target link-layer address option) to all
 /// nodes, so neighbours (the GW) repoint an entry made for another MSR (RFC 4861 §7.2.6).
@@ -796,22 +859,27 @@ fn neigh_msg(add: bool, seq: u32, ifindex: u32, ip: IpAddr) -> Vec<u8> {
 /// A broadcast Ethernet frame carrying a gratuitous ARP `op` for `ip` at `mac`, padded
 /// to the Ethernet minimum. Replies carry target MAC = sender MAC, which Linux requires
 /// to treat a reply as gratuitous.
-fn arp_frame(op: u16, mac: [u8; 6], ip: Ipv4Addr) -> [u8; ETH_ZLEN] {
+/// An Ethernet/IPv4 ARP frame to `dst`: operation `op`, sender and target (hardware
+/// address, IP address).
+fn arp_frame(
+    op: u16,
+    dst: [u8; 6],
+    (sha, spa): ([u8; 6], Ipv4Addr),
+    (tha, tpa): ([u8; 6], Ipv4Addr),
+) -> [u8; ETH_ZLEN] {
     let mut f = [0u8; ETH_ZLEN];
-    f[0..6].copy_from_slice(&[0xff; 6]);
-    f[6..12].copy_from_slice(&mac);
+    f[0..6].copy_from_slice(&dst);
+    f[6..12].copy_from_slice(&sha);
     f[12..14].copy_from_slice(&(libc::ETH_P_ARP as u16).to_be_bytes());
     f[14..16].copy_from_slice(&libc::ARPHRD_ETHER.to_be_bytes());
     f[16..18].copy_from_slice(&(libc::ETH_P_IP as u16).to_be_bytes());
     f[18] = 6;
     f[19] = 4;
     f[20..22].copy_from_slice(&op.to_be_bytes());
-    f[22..28].copy_from_slice(&mac);
-    f[28..32].copy_from_slice(&ip.octets());
-    if op == ARPOP_REPLY {
-        f[32..38].copy_from_slice(&mac);
-    }
-    f[38..42].copy_from_slice(&ip.octets());
+    f[22..28].copy_from_slice(&sha);
+    f[28..32].copy_from_slice(&spa.octets());
+    f[32..38].copy_from_slice(&tha);
+    f[38..42].copy_from_slice(&tpa.octets());
     f
 }
 
@@ -1483,7 +1551,7 @@ mod tests {
     fn arp_frames() {
         let mac = [2, 0, 0, 0, 0, 1];
         let ip = Ipv4Addr::new(10, 9, 0, 100);
-        let f = arp_frame(ARPOP_REQUEST, mac, ip);
+        let f = arp_frame(ARPOP_REQUEST, [0xff; 6], (mac, ip), ([0; 6], ip));
         assert_eq!(&f[0..6], &[0xff; 6]);
         assert_eq!(&f[6..12], &mac);
         assert_eq!(&f[12..22], &[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 1]);
@@ -1492,9 +1560,27 @@ mod tests {
         assert_eq!(&f[32..38], &[0; 6]);
         assert_eq!(&f[38..42], &[10, 9, 0, 100]);
         assert!(f[42..].iter().all(|&b| b == 0));
-        let r = arp_frame(ARPOP_REPLY, mac, ip);
+        let r = arp_frame(ARPOP_REPLY, [0xff; 6], (mac, ip), (mac, ip));
         assert_eq!(&r[20..22], &[0, 2]);
         assert_eq!(&r[32..38], &mac);
+        // A unicast request: to the asked host's MAC, from our address to its.
+        let mh = [2, 0, 0, 0, 0, 0x64];
+        let gw = Ipv4Addr::new(10, 2, 0, 1);
+        let q = arp_frame(ARPOP_REQUEST, mh, (mac, gw), ([0; 6], ip));
+        assert_eq!(&q[0..6], &mh);
+        assert_eq!(&q[20..22], &[0, 1]);
+        assert_eq!(&q[28..32], &[10, 2, 0, 1]);
+        assert_eq!(&q[38..42], &[10, 9, 0, 100]);
+    }
+
+    #[test]
+    fn neighbour_solicitation_layout() {
+        let target: Ipv6Addr = "2001:db8:2::100".parse().unwrap();
+        let m = ns_message(target, [2, 0, 0x5e, 0, 1, 1]);
+        assert_eq!(m.len(), 32);
+        assert_eq!(&m[..8], &[135, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!(&m[8..24], &target.octets());
+        assert_eq!(&m[24..], &[1, 1, 2, 0, 0x5e, 0, 1, 1]);
     }
 
     fn error_msg(seq: u32, error: i32, flags: u16, tlvs: &[u8]) -> Vec<u8> {

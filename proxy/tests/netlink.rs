@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use itcp_proxy::netlink::{
-    host_route, link_mac, nft_set_element, proxy_delay_path, proxy_neigh, send_garp,
+    ask_neighbour, host_route, link_mac, nft_set_element, proxy_delay_path, proxy_neigh, send_garp,
     send_unsolicited_na, set_link_mac,
 };
 
@@ -304,6 +304,65 @@ fn unsolicited_na_updates_peer_neighbour() {
         }
         assert!(Instant::now() < deadline, "{sent:?}: {}", neigh());
     }
+}
+
+/// An MSR (`a`, gateway 10.9.0.1 / 2001:db8:9::1 on va) asks an MH (`b`) for its
+/// address: the MH, whose neighbour table is empty (its OS flushed it when its carrier
+/// dropped), enters the gateway at va's MAC from the request alone, with nothing of
+/// its own sent first. Before msrd asked, an MH's first ACKs after a move waited for
+/// its own resolution of the gateway.
+#[test]
+fn an_asked_mh_learns_its_gateway() {
+    let a = Netns::new();
+    let b = Netns::new();
+    a.sh(&[
+        "ip", "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b.name,
+    ]);
+    for (ns, dev) in [(&a, "va"), (&b, "vb")] {
+        ns.sh(&["sysctl", "-qw", "net.ipv6.conf.all.dad_transmits=0"]);
+        let dad = format!("net.ipv6.conf.{dev}.dad_transmits=0");
+        ns.sh(&["sysctl", "-qw", &dad]);
+        ns.sh(&["ip", "link", "set", dev, "up"]);
+    }
+    for (ns, dev, v4, v6) in [
+        (&a, "va", "10.9.0.1/24", "2001:db8:9::1/64"),
+        (&b, "vb", "10.9.0.100/24", "2001:db8:9::64/64"),
+    ] {
+        ns.sh(&["ip", "addr", "add", v4, "dev", dev]);
+        ns.sh(&["ip", "addr", "add", v6, "dev", dev, "nodad"]);
+    }
+    let (a_mac, b_mac) = (a.mac("va"), b.mac("vb"));
+    let b_hw: Vec<u8> = b_mac
+        .split(':')
+        .map(|h| u8::from_str_radix(h, 16).unwrap())
+        .collect();
+    let b_hw: [u8; 6] = b_hw.try_into().unwrap();
+    for (gw, mh) in [
+        ("10.9.0.1", "10.9.0.100"),
+        ("2001:db8:9::1", "2001:db8:9::64"),
+    ] {
+        b.sh(&["ip", "neigh", "flush", "dev", "vb"]);
+        let neigh = || b.sh(&["ip", "neigh", "show", gw, "dev", "vb"]);
+        assert!(!neigh().contains(&a_mac), "{}", neigh());
+        // The MSR knows the MH's MAC (from its frame): nothing to resolve on its side.
+        a.sh(&["ip", "neigh", "replace", mh, "lladdr", &b_mac, "dev", "va"]);
+        a.run(|| ask_neighbour("va", ip(gw), ip(mh), b_hw))
+            .unwrap_or_else(|e| panic!("{gw} asks {mh}: {e}"));
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while !neigh().contains(&a_mac) {
+            assert!(
+                Instant::now() < deadline,
+                "{mh} did not learn {gw} at {a_mac}: {:?}",
+                neigh()
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    // Mixed families are refused with a clear error.
+    let e = a
+        .run(|| ask_neighbour("va", ip("10.9.0.1"), ip("2001:db8:9::64"), b_hw))
+        .unwrap_err();
+    assert!(e.to_string().contains("mixed families"), "{e}");
 }
 
 #[test]

@@ -37,6 +37,9 @@ pub struct FirstBytes {
     /// detection, the MH's first frame's) arrival there → the first byte read at the
     /// MH, ms: the MH's view of the handoff itself, without detection.
     pub from_greeting_ms: Vec<f64>,
+    /// Per move: how long the MH withheld its first segment (an ACK) after the
+    /// first data reached it in the new cell, ms ([`moves::ack_waits`]).
+    pub ack_wait_ms: Vec<f64>,
     /// Bytes read, every one verified.
     pub bytes: u64,
     /// RSTs (in, out) at the FH and at the MH.
@@ -76,6 +79,7 @@ pub fn run(
     }
     lab.watch_rsts(Host::Fh)?;
     lab.watch_rsts(Host::Mh)?;
+    let mh_tcp = lab.watch_tcp(Host::Mh)?;
     // ITCP_PCAP=1 (with ITCP_LAB_KEEP=1): what the MH and the MSRs see, to read a slow move.
     if std::env::var_os("ITCP_PCAP").is_some() {
         for h in [Host::Mh, Host::Msr(1), Host::Msr(2)] {
@@ -192,11 +196,14 @@ pub fn run(
         .filter(|d| d.is_finite())
         .collect();
     let (median_ms, p95_ms) = moves::median_p95(&ms);
+    // Moves are 300 ms or more without a cell; nothing else pauses a download that long.
+    let ack_wait_ms = moves::ack_waits(&std::fs::read_to_string(&mh_tcp)?, 250.0);
     Ok(FirstBytes {
         ms,
         median_ms,
         p95_ms,
         from_greeting_ms,
+        ack_wait_ms,
         bytes,
         rsts,
     })

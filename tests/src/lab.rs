@@ -1432,6 +1432,27 @@ impl Lab {
         Ok(())
     }
 
+    /// Captures host `h`'s TCP headers as text (`<lab dir>/tcp-<host>.txt`, one line per
+    /// segment with its time and direction), for [`crate::moves::ack_waits`].
+    pub fn watch_tcp(&mut self, h: Host) -> io::Result<PathBuf> {
+        let out = self.dir.join(format!("tcp-{}.txt", h.suffix()));
+        let log = self.dir.join(format!("tcp-{}.log", h.suffix()));
+        let args = [
+            "-i",
+            "any",
+            "-nn",
+            "-tt",
+            "-l",
+            "--immediate-mode",
+            "-s",
+            "96",
+            "tcp",
+        ];
+        let child = self.start_tcpdump(h, &args, File::create(&out)?.into(), &log)?;
+        self.children.push(child);
+        Ok(out)
+    }
+
     /// Captures the FINs and RSTs host `h` sends and receives (tcpdump, text in
     /// `<lab dir>/closes-<host>.txt`), for [`Lab::rsts_after_clean_close`].
     pub fn watch_closes(&mut self, h: Host) -> io::Result<()> {

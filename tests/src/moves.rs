@@ -120,6 +120,45 @@ pub fn print_phases(lab: &Lab, joins: &[u64], first: &[f64]) {
     }
 }
 
+/// Per move seen in a capture of the MH's TCP (`tcpdump -i any -nn -tt`, as
+/// [`Lab::watch_tcp`] writes it): how long the MH withheld its first segment after
+/// the move, ms. A move is a data segment in after `gap_ms` or more with none in (the
+/// MH was in no cell); the wait runs from it to the MH's next segment out. An MH
+/// that ACKs at once shows a few ms (delayed ACK at most); one whose ACKs wait in its
+/// stack (for its gateway's address, say) shows the whole wait.
+pub fn ack_waits(capture: &str, gap_ms: f64) -> Vec<f64> {
+    let (mut last_in, mut pending, mut waits) = (None::<f64>, None::<f64>, Vec::new());
+    for line in capture.lines() {
+        let mut words = line.split_whitespace();
+        let Some(t) = words.next().and_then(|w| w.parse::<f64>().ok()) else {
+            continue;
+        };
+        let words: Vec<&str> = words.collect();
+        let dir = words.iter().find(|w| **w == "In" || **w == "Out");
+        let data = words
+            .windows(2)
+            .rev()
+            .find(|w| w[0] == "length")
+            .and_then(|w| w[1].trim_end_matches([',', ':']).parse::<u64>().ok())
+            .is_some_and(|n| n > 0);
+        match dir {
+            Some(&"In") if data => {
+                if last_in.is_some_and(|l| (t - l) * 1e3 >= gap_ms) && pending.is_none() {
+                    pending = Some(t);
+                }
+                last_in = Some(t);
+            }
+            Some(&"Out") => {
+                if let Some(p) = pending.take() {
+                    waits.push((t - p) * 1e3);
+                }
+            }
+            _ => {}
+        }
+    }
+    waits
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +183,32 @@ mod tests {
         assert_eq!(to_first_byte(&[4_000_000], &reads), [None]);
         let (m, p) = median_p95(&[3.0, 1.0, 2.0, 100.0]);
         assert_eq!((m, p), (2.5, 100.0));
+    }
+
+    /// Lines of a real capture (`bench firstbyte`, network detection, LAN profile; TCP
+    /// options cut): a move whose first ACK waited 294 ms for the gateway's address,
+    /// then one answered at once.
+    #[test]
+    fn ack_waits_after_moves() {
+        let cap = "\
+1795821695.797764 ifb0  In  IP 10.0.0.1.5001 > 10.2.0.100.60932: Flags [.], seq 1703499:1704947, ack 1, win 32580, length 1448
+1795821695.803782 ifb0  Out IP 10.2.0.100.60932 > 10.0.0.1.5001: Flags [.], ack 1706395, win 769, length 0
+1795821696.124988 ifb0  In  IP 10.0.0.1.5001 > 10.2.0.100.60932: Flags [.], seq 1706395:1707843, ack 1, win 32580, length 1448
+1795821696.130986 ifb0  In  IP 10.0.0.1.5001 > 10.2.0.100.60932: Flags [.], seq 1707843:1709291, ack 1, win 32580, length 1448
+1795821696.136994 ifb0  In  IP 10.0.0.1.5001 > 10.2.0.100.60932: Flags [.], seq 1709291:1710739, ack 1, win 32580, length 1448
+1795821696.419097 ifb0  Out IP 10.2.0.100.60932 > 10.0.0.1.5001: Flags [.], ack 1707843, win 769, length 0
+1795821697.100000 ifb0  Out IP 10.2.0.100.60932 > 10.0.0.1.5001: Flags [.], ack 1710739, win 769, length 0
+1795821697.100100 ifb0  Out IP 10.2.0.100.60932 > 10.0.0.1.5001: Flags [.], ack 1710739, win 769, length 0
+1795821697.500000 ifb0  In  IP 10.0.0.1.5001 > 10.2.0.100.60932: Flags [.], seq 1710739:1712187, ack 1, win 32580, length 1448
+1795821697.500020 ifb0  Out IP 10.2.0.100.60932 > 10.0.0.1.5001: Flags [.], ack 1712187, win 769, length 0
+";
+        let w = ack_waits(cap, 250.0);
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!((w[0] - 294.109).abs() < 0.01, "{w:?}");
+        assert!((w[1] - 0.02).abs() < 0.01, "{w:?}");
+        // Closer gaps are no moves; pure ACKs in are not data.
+        assert!(ack_waits(cap, 2000.0).is_empty());
+        let acks_in = "1.0 x In IP a > b: Flags [.], ack 1, length 0\n2.0 x In IP a > b: Flags [.], ack 2, length 0\n2.1 x Out IP b > a: Flags [.], ack 1, length 0\n";
+        assert!(ack_waits(acks_in, 250.0).is_empty());
     }
 }

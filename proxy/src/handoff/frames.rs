@@ -21,6 +21,8 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use socket2::{Domain, SockFilter, Socket, Type};
 
+use crate::daemon::Daemon;
+
 /// Frames remembered: a greeting is looked up right after its frame was queued, so
 /// a few are plenty; a flood of other datagrams to the port only pushes old ones out.
 const KEEP: usize = 32;
@@ -128,12 +130,22 @@ impl GreetFrames {
 
 /// Enters the MH's link-layer address (`link`: the cell interface and the MAC) in
 /// the neighbour table; without it the kernel resolves the address when it first
-/// sends to the MH, as before.
-pub fn learn_link(mh: IpAddr, link: &Option<(String, [u8; 6])>) {
-    if let Some((ifname, mac)) = link {
-        if let Err(e) = crate::netlink::neigh_learn(ifname, mh, *mac) {
-            tracing::debug!(%mh, error = %e, "MH's link-layer address not entered");
-        }
+/// sends to the MH, as before. Then asks the MH for its address from the gateway's
+/// (a unicast ARP request or neighbour solicitation), which enters the gateway in the
+/// MH's table: an MH's OS flushes its neighbour entries when its carrier drops, and
+/// otherwise its first ACKs after a move wait for a resolution whose reply queues
+/// behind the restored connections' first flight (~290 ms on a 2 Mbit/s cell).
+pub fn learn_link(d: &Daemon, mh: IpAddr, link: &Option<(String, [u8; 6])>) {
+    let Some((ifname, mac)) = link else { return };
+    if let Err(e) = crate::netlink::neigh_learn(ifname, mh, *mac) {
+        tracing::debug!(%mh, error = %e, "MH's link-layer address not entered");
+    }
+    let Some(gw) = d.cell_gateway(ifname, mh) else {
+        tracing::debug!(%mh, %ifname, "no address of ours in the MH's prefix: not asked");
+        return;
+    };
+    if let Err(e) = crate::netlink::ask_neighbour(ifname, gw, mh, *mac) {
+        tracing::debug!(%mh, error = %e, "MH not asked for its address");
     }
 }
 

@@ -233,7 +233,7 @@ async fn on_greeting(
         Decision::Attach { proven } => {
             if proven {
                 // Our answer goes out without resolving the MH's address first.
-                learn_link(mh, &link);
+                learn_link(d, mh, &link);
                 h.greeting_used(mh, g.ts_ms);
                 // Back with us: the MH's traffic comes here, nothing stays held.
                 h.hold_gen_bump(mh);

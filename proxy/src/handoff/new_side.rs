@@ -246,7 +246,7 @@ async fn run(
                     d.hold(mh);
                     // The old MSR verified the MH: our answer and the restarted
                     // connections go out without resolving its address first.
-                    learn_link(mh, &link);
+                    learn_link(&d, mh, &link);
                     // From here the MH may send through us: its segments are held.
                     Greeter::tell(&greeter, &d, mh, GreetStatus::Holding, None, 0).await;
                 }

@@ -880,9 +880,9 @@ fn bench_firstbyte(o: FirstByteOpts) -> Result<(), String> {
         if o.fifo { "SCHED_FIFO" } else { "normal" }
     );
     println!(
-        "\n| network | detection | median | p95 | min–max | greeting/detection at the new MSR → first byte, median [min–max] | RSTs FH/MH |"
+        "\n| network | detection | median | p95 | min–max | greeting/detection at the new MSR → first byte, median [min–max] | MH's first ACK withheld, median [max] | RSTs FH/MH |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     let mut all = Vec::new();
     for net in &o.nets {
         for &d in &o.detections {
@@ -902,8 +902,17 @@ fn bench_firstbyte(o: FirstByteOpts) -> Result<(), String> {
                     g.len()
                 ),
             };
+            let w = &r.ack_wait_ms;
+            let held = match w.is_empty() {
+                true => "–".to_string(),
+                false => format!(
+                    "{:.1} [{:.1}]",
+                    itcp_testbed::report::median(w),
+                    w.iter().cloned().fold(0.0, f64::max)
+                ),
+            };
             println!(
-                "| {} | {} | {:.1} | {:.1} | {lo:.1}–{hi:.1} | {from_greeting} | {} / {} |",
+                "| {} | {} | {:.1} | {:.1} | {lo:.1}–{hi:.1} | {from_greeting} | {held} | {} / {} |",
                 net.name,
                 d.name(),
                 r.median_ms,
@@ -913,7 +922,7 @@ fn bench_firstbyte(o: FirstByteOpts) -> Result<(), String> {
             );
             all.push(serde_json::json!({
                 "net": net.name, "detection": d.name(), "ms": r.ms,
-                "from_greeting_ms": r.from_greeting_ms,
+                "from_greeting_ms": r.from_greeting_ms, "ack_wait_ms": r.ack_wait_ms,
                 "median_ms": r.median_ms, "p95_ms": r.p95_ms, "bytes": r.bytes,
                 "rsts_fh": [fi, fo], "rsts_mh": [mi, mo],
             }));
