@@ -47,9 +47,11 @@
 //!     (measured: 8 kB lost, nothing else queued, 4.0–4.2 s). Unsent bytes written
 //!     behind them get SACKed and trigger fast recovery sooner.
 //!   - [`UnackedRestore::Auto`] (default) picks `AsNew` when the whole send queue fits
-//!     in the restored socket's congestion window and the peer's window
-//!     ([`first_flight`]: bytes counted unsent may be ones the peer has), `AsSent`
-//!     otherwise.
+//!     in the restored socket's congestion window ([`first_flight`]: bytes counted
+//!     unsent may be ones the peer has) and the bytes in flight fit in the peer's
+//!     window, `AsSent` otherwise. The rest of the queue need not fit the window: the
+//!     peer holds nothing beyond the window's right edge (it never moves back), which a
+//!     window-limited first flight reaches.
 //! * **Window** (`TCP_REPAIR_WINDOW`), **negotiated options** (MSS, window scale, SACK,
 //!   timestamps: `TCP_REPAIR_OPTIONS`), the **timestamp clock** (`TCP_TIMESTAMP`: our
 //!   TSval continues from where it was, so the peer's PAWS check passes), and the
@@ -1542,8 +1544,7 @@ fn choose_as_new(
         UnackedRestore::Auto => {
             let i = repair::tcp_info(fd)?;
             let segs = first_flight(img, i.snd_mss as usize);
-            let queued = unacked + img.send.unsent.len() as u64;
-            segs <= u64::from(i.snd_cwnd) && queued <= u64::from(img.window.snd_wnd)
+            segs <= u64::from(i.snd_cwnd) && unacked <= u64::from(img.window.snd_wnd)
         }
     })
 }

@@ -1036,6 +1036,87 @@ fn bytes_the_peer_has_queued_as_unsent_do_not_stall_the_restored_socket() {
     restart_behind_flight_route(&mut lab, f, img, "bbr");
 }
 
+/// A flight lost on the way (sent into the MH's old cell) behind which more is queued
+/// than the peer's window takes, restored as msrd restores it (behind a flight route
+/// whose initial window covers the queue): `Auto` re-sends the flight as new data and
+/// the peer has it within milliseconds. The flight was restored as sent whenever the
+/// whole queue exceeded the peer's window: it filled that window, the restored socket
+/// could send nothing new to draw the SACKs that repair it, and it waited for its
+/// retransmission timeout; on a slow cell with room in the window, the repair of the
+/// head queued behind the whole first flight (`bench firstbyte`: ~1 move in 20 read its
+/// first byte after ~300 ms). The peer cannot hold bytes beyond the window's right
+/// edge, which never moves back, so a first flight that reaches it is enough.
+#[test]
+fn a_lost_flight_behind_a_full_window_is_re_sent_at_once() {
+    let _g = serial();
+    let mut lab = Lab::new(false);
+    let mp = 7024;
+    let l = listen(&lab.m1, lab.msr_addr(mp), &msr_tune());
+    let peer = Tune {
+        rcvbuf: Some(32 << 10),
+        ..Tune::default()
+    };
+    let (mut a, mut m) = pair(&lab, &l, mp, &peer);
+    let pp = a.local_addr().unwrap().port();
+    let mut down = Gen::new(14);
+    down.write(&mut m, 100_000);
+    check(14, 0, &read_n(&mut a, 100_000), "warm-up");
+    // A window's worth is sent and lost; the rest waits behind it.
+    lab.lose(pp, mp);
+    down.write_nb(&mut m, 300_000);
+    thread::sleep(Duration::from_millis(20));
+    lab.block(&lab.m1.clone(), pp, mp, true, true);
+    lab.unlose();
+    let img = capture(m.as_fd()).unwrap();
+    let (unacked, unsent) = (img.send.unacked.len(), img.send.unsent.len());
+    eprintln!(
+        "  lost in flight {unacked} B, unsent {unsent} B, the peer's window {} B",
+        img.window.snd_wnd
+    );
+    assert!(unacked > 0, "nothing in flight");
+    assert!(
+        unacked + unsent > img.window.snd_wnd as usize,
+        "the queue must exceed the peer's window"
+    );
+    delete(OwnedFd::from(m)).unwrap();
+    lab.block(&lab.m2.clone(), pp, mp, true, false);
+    lab.move_to_m2();
+    let segs = first_flight(&img, img.options.mss as usize) + 1;
+    let route = format!(
+        "route replace {}/32 dev vm initcwnd {}",
+        lab.peer_ip(),
+        segs + 2
+    );
+    ip(&lab.m2.clone(), &route);
+    let r = in_ns(&lab.m2.clone(), || {
+        restore(&img, &RestoreOptions::default())
+    })
+    .unwrap();
+    let r = TcpStream::from(r);
+    lab.unblock(&lab.m2.clone());
+    let ra = reader_n(a.try_clone().unwrap(), unacked);
+    let t0 = Instant::now();
+    restart_in(&lab.m2, &r, &img, &RestoreOptions::default());
+    let (got, at) = ra.join().unwrap().unwrap();
+    check(14, 100_000, &got, "the lost flight");
+    let dt = at.duration_since(t0);
+    eprintln!("  restart -> the peer holds the lost flight: {dt:?}");
+    assert!(
+        dt < Duration::from_millis(100),
+        "the lost flight took {dt:?}"
+    );
+    // The rest follows, every byte once.
+    let rest = unacked + unsent;
+    let tail = read_n(&mut a, rest - unacked);
+    check(
+        14,
+        100_000 + unacked as u64,
+        &tail,
+        "the bytes queued behind it",
+    );
+    assert_eq!(lab.peer_rsts(), 0);
+}
+
 /// A connection (MSR side `m` on port `mp` with congestion control `cc`, seeded
 /// stream `seed`) whose window grew over 4 MB, then whose peer's ACKs were dropped
 /// while `flight` more bytes reached it: the peer has them all. The flow is blocked
