@@ -230,7 +230,9 @@ run's lab is removed by 'itcp-lab cleanup'.",
 [--seed S] [--airlink normal|fifo] [--json FILE]",
             about: "Move → first byte at the MH: an FH download through I-TCP across non-overlapped \
                     moves (0.3-0.5 s gaps), per network and detection mode; prints the median, \
-                    p95 and range over the moves (every byte verified, RSTs counted).",
+                    p95 and range over the moves, the part after the greeting or detection, and how \
+                    long the MH withheld its first ACK after a move (every byte verified, RSTs \
+                    counted).",
             flags: &[
                 Flag::value("moves", "N", "Moves per network and mode, at least 1 (default 20)."),
                 NETS,
