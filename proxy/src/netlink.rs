@@ -302,12 +302,19 @@ fn solicit(ifname: &str, from: Ipv6Addr, to: Ipv6Addr) -> io::Result<()> {
 }
 
 /// An ICMPv6 neighbour solicitation for `target` with a source link-layer address
-/// option `mac` (the kernel fills in the checksum of a raw ICMPv6 socket).
+/// option `mac`.
 fn ns_message(target: Ipv6Addr, mac: [u8; 6]) -> Vec<u8> {
-    let mut m = vec![135, 0, 0, 0, 0, 0, 0, 0];
+    nd_message(135, 0, target, 1, mac)
+}
+
+/// A neighbour discovery message of ICMPv6 type `kind` with flags byte `flags`, for
+/// `target`, with one link-layer address option (`option`: 1 source, 2 target) of
+/// `mac`. The kernel fills in the checksum of a raw ICMPv6 socket.
+fn nd_message(kind: u8, flags: u8, target: Ipv6Addr, option: u8, mac: [u8; 6]) -> Vec<u8> {
+    let mut m = vec![kind, 0, 0, 0, flags, 0, 0, 0];
     m.extend_from_slice(&target.octets());
-    // Option 1 (source link-layer address), length 1 (8 bytes).
-    m.extend_from_slice(&[1, 1]);
+    // The option's length is 1 (8 bytes).
+    m.extend_from_slice(&[option, 1]);
     m.extend_from_slice(&mac);
     m
 }
@@ -397,15 +404,10 @@ pub fn send_unsolicited_na(ifname: &str, ip: Ipv6Addr) -> io::Result<()> {
     Ok(())
 }
 
-/// An ICMPv6 neighbour advertisement for `target` at `mac`, override flag set (the
-/// kernel fills in the checksum of a raw ICMPv6 socket).
+/// An ICMPv6 neighbour advertisement for `target` at `mac`, override flag set, with a
+/// target link-layer address option.
 fn na_message(target: Ipv6Addr, mac: [u8; 6]) -> Vec<u8> {
-    let mut m = vec![136, 0, 0, 0, 0x20, 0, 0, 0];
-    m.extend_from_slice(&target.octets());
-    // Option 2 (target link-layer address), length 1 (8 bytes).
-    m.extend_from_slice(&[2, 1]);
-    m.extend_from_slice(&mac);
-    m
+    nd_message(136, 0x20, target, 2, mac)
 }
 
 /// `/proc/sys/net/ipv6/conf/<ifname>/proxy_ndp`, which proxy neighbour entries need

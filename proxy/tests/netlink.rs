@@ -106,6 +106,23 @@ impl Drop for Netns {
     }
 }
 
+/// Two namespaces joined by a veth pair (va in the first, vb in the second), both
+/// ends up, IPv6 duplicate address detection off (addresses usable at once).
+fn veth_pair() -> (Netns, Netns) {
+    let a = Netns::new();
+    let b = Netns::new();
+    a.sh(&[
+        "ip", "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b.name,
+    ]);
+    for (ns, dev) in [(&a, "va"), (&b, "vb")] {
+        ns.sh(&["sysctl", "-qw", "net.ipv6.conf.all.dad_transmits=0"]);
+        let dad = format!("net.ipv6.conf.{dev}.dad_transmits=0");
+        ns.sh(&["sysctl", "-qw", &dad]);
+        ns.sh(&["ip", "link", "set", dev, "up"]);
+    }
+    (a, b)
+}
+
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
 }
@@ -213,13 +230,7 @@ fn proxy_neigh_add_delete() {
 
 #[test]
 fn garp_updates_peer_neighbour() {
-    let a = Netns::new();
-    let b = Netns::new();
-    a.sh(&[
-        "ip", "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b.name,
-    ]);
-    a.sh(&["ip", "link", "set", "va", "up"]);
-    b.sh(&["ip", "link", "set", "vb", "up"]);
+    let (a, b) = veth_pair();
     b.sh(&["ip", "addr", "add", "10.9.0.1/24", "dev", "vb"]);
     let stale = "02:00:00:00:00:99";
     b.sh(&[
@@ -256,20 +267,7 @@ fn garp_updates_peer_neighbour() {
 
 #[test]
 fn unsolicited_na_updates_peer_neighbour() {
-    let a = Netns::new();
-    let b = Netns::new();
-    a.sh(&[
-        "ip", "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b.name,
-    ]);
-    for (ns, dev) in [(&a, "va"), (&b, "vb")] {
-        ns.sh(&["sysctl", "-qw", "net.ipv6.conf.all.dad_transmits=0"]);
-        ns.sh(&[
-            "sysctl",
-            "-qw",
-            &format!("net.ipv6.conf.{dev}.dad_transmits=0"),
-        ]);
-        ns.sh(&["ip", "link", "set", dev, "up"]);
-    }
+    let (a, b) = veth_pair();
     b.sh(&[
         "ip",
         "addr",
@@ -313,17 +311,7 @@ fn unsolicited_na_updates_peer_neighbour() {
 /// its own resolution of the gateway.
 #[test]
 fn an_asked_mh_learns_its_gateway() {
-    let a = Netns::new();
-    let b = Netns::new();
-    a.sh(&[
-        "ip", "link", "add", "va", "type", "veth", "peer", "name", "vb", "netns", &b.name,
-    ]);
-    for (ns, dev) in [(&a, "va"), (&b, "vb")] {
-        ns.sh(&["sysctl", "-qw", "net.ipv6.conf.all.dad_transmits=0"]);
-        let dad = format!("net.ipv6.conf.{dev}.dad_transmits=0");
-        ns.sh(&["sysctl", "-qw", &dad]);
-        ns.sh(&["ip", "link", "set", dev, "up"]);
-    }
+    let (a, b) = veth_pair();
     for (ns, dev, v4, v6) in [
         (&a, "va", "10.9.0.1/24", "2001:db8:9::1/64"),
         (&b, "vb", "10.9.0.100/24", "2001:db8:9::64/64"),

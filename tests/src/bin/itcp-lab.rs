@@ -890,28 +890,22 @@ fn bench_firstbyte(o: FirstByteOpts) -> Result<(), String> {
         for &d in &o.detections {
             let r = itcp_testbed::firstbyte::run(net, d, o.moves, o.seed, false)
                 .map_err(|e| format!("{} {}: {e}", net.name, d.name()))?;
-            let lo = r.ms.iter().cloned().fold(f64::INFINITY, f64::min);
-            let hi = r.ms.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let range = |v: &[f64]| {
+                let lo = v.iter().cloned().fold(f64::INFINITY, f64::min);
+                (lo, v.iter().cloned().fold(f64::NEG_INFINITY, f64::max))
+            };
+            let median = itcp_testbed::report::median;
+            let (lo, hi) = range(&r.ms);
             let ((fi, fo), (mi, mo)) = r.rsts;
-            let g = &r.from_greeting_ms;
+            let (g, w) = (&r.from_greeting_ms, &r.ack_wait_ms);
+            let (glo, ghi) = range(g);
             let from_greeting = match g.is_empty() {
                 true => "–".to_string(),
-                false => format!(
-                    "{:.1} [{:.1}–{:.1}] ({} moves)",
-                    itcp_testbed::report::median(g),
-                    g.iter().cloned().fold(f64::INFINITY, f64::min),
-                    g.iter().cloned().fold(f64::NEG_INFINITY, f64::max),
-                    g.len()
-                ),
+                false => format!("{:.1} [{glo:.1}–{ghi:.1}] ({} moves)", median(g), g.len()),
             };
-            let w = &r.ack_wait_ms;
             let held = match w.is_empty() {
                 true => "–".to_string(),
-                false => format!(
-                    "{:.1} [{:.1}]",
-                    itcp_testbed::report::median(w),
-                    w.iter().cloned().fold(0.0, f64::max)
-                ),
+                false => format!("{:.1} [{:.1}]", median(w), range(w).1),
             };
             println!(
                 "| {} | {} | {:.1} | {:.1} | {lo:.1}–{hi:.1} | {from_greeting} | {held} | {} / {} |",
