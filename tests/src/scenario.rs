@@ -360,6 +360,12 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
             itcp = true;
         }
     }
+    // ITCP_PCAP=1 (with ITCP_LAB_KEEP=1): what the FH and the first MSR see.
+    if std::env::var_os("ITCP_PCAP").is_some() {
+        for h in [Host::Fh, Host::Msr(1)] {
+            lab.record_packets(h)?;
+        }
+    }
     let ttcp = bin_path("ttcp");
     let port = 5001;
     let mut common: Vec<String> = vec![
