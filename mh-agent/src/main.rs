@@ -1,6 +1,7 @@
 //! `itcp-mh-agent`: the MH's mobility agent. Listens to MSR beacons, moves with the
 //! chosen policy, greets the new MSR and repoints the gateway; prints one JSON event
-//! per line on stdout (attached, moved, move_failed, refused, lost, regained).
+//! per line on stdout (attached, moved, move_failed, refused, lost, regained,
+//! other_address).
 //!
 //! ```text
 //! itcp-mh-agent --interface air0 --mh 10.2.0.100 [--config /etc/itcp/mh.toml]
@@ -45,7 +46,8 @@ beacon arrives first; the MSRs in the cell answer with their beacon at once. It 
 solicits when it starts on an interface that has carrier.
 
 It prints one JSON object per line on stdout for each event: attached, moved,
-move_failed, refused, lost, regained. Applications reach the gateway with the MH
+move_failed, refused, lost, regained; for a dual-stack MH, other_address reports the
+outcome of the greeting for its second address. Applications reach the gateway with the MH
 library (libitcp, itcp.h) or through the LD_PRELOAD shim; they and the agent share the
 MH's session token, which lets the MSRs recognise the MH after a move.
 

@@ -28,7 +28,7 @@ use itcp_proto::beacon::Solicitation;
 use itcp_proto::greeting::{GreetMsg, GreetReply, GreetStatus, Greeting};
 use serde::Serialize;
 
-use crate::answers::{self, Verdict};
+use crate::answers::{self, SiblingVerdict, Verdict};
 use crate::link::{LinkEvent, LinkWatch};
 use crate::mobility::{Beacon, Decision, Detector, Policy, Solicitor};
 use crate::socks::Token;
@@ -105,6 +105,17 @@ impl AgentConfig {
 pub enum Event {
     /// Attached to an MSR with nothing to move.
     Attached { msr: String, connections: usize },
+    /// The greeting for the MH's address of its other family (a dual-stack MH greets
+    /// once per address; the events above are the main address's) ended at `msr`:
+    /// `status` is the final answer (`attached`, `moved`, `failed`, `refused`), or
+    /// `unanswered` when none came within the greeting timeout.
+    OtherAddress {
+        mh: IpAddr,
+        msr: String,
+        status: String,
+        connections: usize,
+        reason: String,
+    },
     /// The MH's connections moved `from` → `to`; times from the greeting, in ms.
     Moved {
         from: String,
@@ -188,7 +199,7 @@ pub fn point_gateway(gateway: IpAddr, mac: &str, interface: &str) -> io::Result<
 }
 
 /// A greeting for one of the MH's other addresses, retransmitted alongside the main
-/// one until its MSR answers for good (its outcome is the main move's).
+/// one until its MSR answers for good (judged as the main one's answers are).
 struct Sibling {
     mh: IpAddr,
     to: String,
@@ -196,6 +207,10 @@ struct Sibling {
     nonce: String,
     t0: Instant,
     last_sent: Option<Instant>,
+    /// An untagged final answer kept aside ([`answers::SiblingVerdict::Fallback`]).
+    fallback: Option<GreetReply>,
+    /// A dropped answer was reported for this greeting (once is enough).
+    dropped: bool,
 }
 
 /// The agent: call [`Agent::run`] on a thread of its own.
@@ -402,6 +417,8 @@ impl Agent {
                         nonce,
                         t0: Instant::now(),
                         last_sent: None,
+                        fallback: None,
+                        dropped: false,
                     });
                 }
                 self.pending = Some(Pending {
@@ -429,10 +446,21 @@ impl Agent {
         }
     }
 
-    /// Sends the siblings' greetings that are due; drops those that timed out.
-    fn retransmit_siblings(&mut self) {
+    /// Sends the siblings' greetings that are due; ends those whose main move has
+    /// ended with an answer kept aside, and those that timed out.
+    fn retransmit_siblings(&mut self, on_event: &mut impl FnMut(Event)) {
         let (retry, timeout) = (self.cfg.greet_retry, self.cfg.greet_timeout);
-        self.siblings.retain(|s| s.t0.elapsed() <= timeout);
+        let main_done = self.pending.is_none();
+        let mut i = 0;
+        while i < self.siblings.len() {
+            let sib = &self.siblings[i];
+            if (main_done && sib.fallback.is_some()) || sib.t0.elapsed() > timeout {
+                let sib = self.siblings.remove(i);
+                on_event(sib.outcome());
+            } else {
+                i += 1;
+            }
+        }
         let ifindex = ifindex(&self.cfg.interface);
         for sib in &mut self.siblings {
             if sib.last_sent.is_some_and(|t| t.elapsed() < retry) {
@@ -459,7 +487,7 @@ impl Agent {
     }
 
     fn retransmit(&mut self, on_event: &mut impl FnMut(Event)) -> io::Result<()> {
-        self.retransmit_siblings();
+        self.retransmit_siblings(on_event);
         let Some(p) = &mut self.pending else {
             return Ok(());
         };
@@ -508,14 +536,32 @@ impl Agent {
     }
 
     fn on_reply(&mut self, r: GreetReply, on_event: &mut impl FnMut(Event)) -> io::Result<()> {
-        // A sibling's answer: only a final one ends it (holding means: wait).
+        // A sibling's answer: only a genuine final one ends it (holding means: wait).
         if let Some(i) = self
             .siblings
             .iter()
             .position(|s| s.nonce == r.nonce && s.msr_is(&r.msr))
         {
-            if r.status != GreetStatus::Holding {
-                self.siblings.remove(i);
+            let attached = self.attached.is_some();
+            match answers::judge_sibling(&r, &self.cfg.token.0, attached) {
+                SiblingVerdict::Wait => {}
+                SiblingVerdict::Final => {
+                    let mut sib = self.siblings.remove(i);
+                    sib.fallback = Some(r);
+                    on_event(sib.outcome());
+                }
+                SiblingVerdict::Fallback => {
+                    self.siblings[i].fallback.get_or_insert(r);
+                }
+                SiblingVerdict::Drop(reason) => {
+                    let sib = &mut self.siblings[i];
+                    if !std::mem::replace(&mut sib.dropped, true) {
+                        on_event(Event::AnswerDropped {
+                            msr: r.msr,
+                            reason: reason.into(),
+                        });
+                    }
+                }
             }
             return Ok(());
         }
@@ -655,6 +701,28 @@ impl Agent {
 impl Sibling {
     fn msr_is(&self, msr: &str) -> bool {
         self.to == msr
+    }
+
+    /// The event that ends it: its final answer (or the one kept aside), or none.
+    fn outcome(self) -> Event {
+        let (status, connections, reason) = match self.fallback {
+            Some(r) => (
+                serde_json::to_value(r.status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(String::from))
+                    .unwrap_or_default(),
+                r.connections,
+                r.reason.unwrap_or_default(),
+            ),
+            None => ("unanswered".into(), 0, String::new()),
+        };
+        Event::OtherAddress {
+            mh: self.mh,
+            msr: self.to,
+            status,
+            connections,
+            reason,
+        }
     }
 }
 

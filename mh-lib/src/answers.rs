@@ -56,6 +56,34 @@ pub fn judge(r: &GreetReply, token: &[u8], attached: bool) -> Verdict {
     }
 }
 
+/// What to do with an answer to the greeting for the MH's address of its other family
+/// (a dual-stack MH greets once per address; the main greeting moves the gateway).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SiblingVerdict {
+    /// The MSR is at work (`holding`): keep the greeting going.
+    Wait,
+    /// Its final answer: stop greeting and report it.
+    Final,
+    /// Untagged `attached`, `failed` or `refused` once attached: keep greeting (a
+    /// tagged answer may still come) and report it when the main move has ended, as
+    /// the main greeting's own such answers wait for better ones.
+    Fallback,
+    /// Forged or untagged where a tag is due: keep greeting (the reason, for the log).
+    Drop(&'static str),
+}
+
+/// Judges the answer `r` to a sibling greeting by the main greeting's rules
+/// ([`judge`]): a station on the cell that read the greeting's nonce must not stop it
+/// with a forged final answer, or the MH's connections of that family stay behind.
+pub fn judge_sibling(r: &GreetReply, token: &[u8], attached: bool) -> SiblingVerdict {
+    match judge(r, token, attached) {
+        Verdict::Act if r.status == GreetStatus::Holding => SiblingVerdict::Wait,
+        Verdict::Act => SiblingVerdict::Final,
+        Verdict::Fallback => SiblingVerdict::Fallback,
+        Verdict::Drop(why) => SiblingVerdict::Drop(why),
+    }
+}
+
 /// Whether to greet afresh (a new timestamp and nonce, the same MSRs) instead of
 /// judging answer `r` (a refusal or a failure) to a greeting sent `sends` times,
 /// `refreshed` before or not.
@@ -95,6 +123,55 @@ mod tests {
             mac: Some("02:00:00:00:02:01".into()),
             tag: None,
         }
+    }
+
+    #[test]
+    fn a_siblings_greeting_ends_only_on_a_genuine_final_answer() {
+        let sealed = |s: GreetStatus, key: &[u8]| {
+            let mut r = reply(s);
+            r.seal(key);
+            r
+        };
+        // Tagged under the MH's token: holding waits, the rest ends the greeting.
+        assert_eq!(
+            judge_sibling(&sealed(GreetStatus::Holding, TOKEN), TOKEN, true),
+            SiblingVerdict::Wait
+        );
+        for s in [
+            GreetStatus::Moved,
+            GreetStatus::Attached,
+            GreetStatus::Failed,
+            GreetStatus::Refused,
+        ] {
+            assert_eq!(
+                judge_sibling(&sealed(s, TOKEN), TOKEN, true),
+                SiblingVerdict::Final,
+                "{s:?}"
+            );
+            // A station's forgery (another key) or an untagged answer once attached
+            // does not end it.
+            assert!(
+                matches!(
+                    judge_sibling(&sealed(s, b"not the token"), TOKEN, true),
+                    SiblingVerdict::Drop(_)
+                ),
+                "{s:?}"
+            );
+            assert_ne!(
+                judge_sibling(&reply(s), TOKEN, true),
+                SiblingVerdict::Final,
+                "{s:?}"
+            );
+        }
+        assert_eq!(
+            judge_sibling(&reply(GreetStatus::Refused), TOKEN, true),
+            SiblingVerdict::Fallback
+        );
+        // First contact: nobody can tag yet.
+        assert_eq!(
+            judge_sibling(&reply(GreetStatus::Attached), TOKEN, false),
+            SiblingVerdict::Final
+        );
     }
 
     #[test]

@@ -63,38 +63,40 @@ enum Dir {
 /// Starts a transfer of `bytes` in `dir`, the MH connecting out through I-TCP.
 /// Returns (sender index, receiver index).
 fn start_transfer(lab: &mut Lab, dir: Dir, bytes: u64, port: u16) -> (usize, usize) {
+    start_transfer_in(lab, dir, bytes, port, false)
+}
+
+/// [`start_transfer`] over IPv6 when `v6` (the lab's `ipv6` on): the FH's IPv6
+/// address, and the MH's I-TCP gateway at the cells' IPv6 gateway address.
+fn start_transfer_in(lab: &mut Lab, dir: Dir, bytes: u64, port: u16, v6: bool) -> (usize, usize) {
     let ttcp = bin_path("ttcp");
-    let fh = lab::fh_addr(port);
+    let fh = if v6 {
+        std::net::SocketAddr::new(lab::addr6::FH.into(), port).to_string()
+    } else {
+        lab::fh_addr(port)
+    };
+    let gw6 = std::net::SocketAddr::new(lab::addr6::CELL_GW.into(), 1080).to_string();
+    let env: &[(&str, &str)] = if v6 { &[("ITCP_GATEWAY", &gw6)] } else { &[] };
     let n = bytes.to_string();
+    let (fh_role, mh_role) = match dir {
+        Dir::Down => ("send", "recv"),
+        Dir::Up => ("recv", "send"),
+    };
+    let at_fh = lab
+        .spawn(Host::Fh, &ttcp, &[fh_role, "--listen", &fh, "--bytes", &n])
+        .unwrap();
+    lab.wait_listening(Host::Fh, port).unwrap();
+    let at_mh = lab
+        .spawn_env(
+            Host::Mh,
+            &ttcp,
+            &[mh_role, "--connect", &fh, "--bytes", &n, "--itcp"],
+            env,
+        )
+        .unwrap();
     match dir {
-        Dir::Down => {
-            let s = lab
-                .spawn(Host::Fh, &ttcp, &["send", "--listen", &fh, "--bytes", &n])
-                .unwrap();
-            lab.wait_listening(Host::Fh, port).unwrap();
-            let r = lab
-                .spawn(
-                    Host::Mh,
-                    &ttcp,
-                    &["recv", "--connect", &fh, "--bytes", &n, "--itcp"],
-                )
-                .unwrap();
-            (s, r)
-        }
-        Dir::Up => {
-            let r = lab
-                .spawn(Host::Fh, &ttcp, &["recv", "--listen", &fh, "--bytes", &n])
-                .unwrap();
-            lab.wait_listening(Host::Fh, port).unwrap();
-            let s = lab
-                .spawn(
-                    Host::Mh,
-                    &ttcp,
-                    &["send", "--connect", &fh, "--bytes", &n, "--itcp"],
-                )
-                .unwrap();
-            (s, r)
-        }
+        Dir::Down => (at_fh, at_mh),
+        Dir::Up => (at_mh, at_fh),
     }
 }
 
@@ -135,6 +137,31 @@ fn crossing(lab: &Lab, from: usize, to: usize, overlap: Duration, gap: Duration)
 }
 
 /// Waits until the agent reports `n` moves (or fails on a failed move or timeout).
+/// Waits for the agent's report that the greeting for the MH's IPv6 address moved
+/// its connections to `msr`.
+fn wait_other_address_moved(lab: &Lab, msr: &str, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let ev = lab.agent_events();
+        let mine = |e: &&serde_json::Value| {
+            e["event"] == "other_address"
+                && e["mh"] == lab::addr6::MH.to_string()
+                && e["msr"] == msr
+        };
+        if let Some(e) = ev.iter().find(mine) {
+            assert_eq!(e["status"], "moved", "{e}\n{}", diag(lab));
+            assert_eq!(e["connections"], 1, "{e}");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no report for the MH's IPv6 address in {timeout:?}: {ev:?}\n{}",
+            diag(lab)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn wait_moves(lab: &Lab, n: usize, timeout: Duration) {
     let deadline = Instant::now() + timeout;
     loop {
@@ -1398,10 +1425,23 @@ fn a_new_msr_restarted_mid_handoff_gets_the_connections_at_once() {
 /// (found by the chaos soak, seed 29: MH 7 at 315 s and 596 s).
 #[test]
 fn downloads_that_end_as_the_mh_moves_draw_no_reset() {
+    downloads_that_end_as_the_mh_moves(59, false);
+}
+
+/// The same over IPv6 (issue 10): a connection half closed at the freeze is restored
+/// with the MH's FIN replayed over IPv6.
+#[test]
+fn downloads_that_end_as_the_mh_moves_draw_no_reset_over_ipv6() {
+    downloads_that_end_as_the_mh_moves(61, true);
+}
+
+fn downloads_that_end_as_the_mh_moves(seed: u64, v6: bool) {
     // A long fixed-side round trip (200 ms): the FH's ACK comes after the handoff.
     let wan = lab::link(100_000_000, 100.0, 0.0);
     let cell = lab::link(10_000_000, 2.0, 0.0);
-    let mut lab = Lab::new(LabConfig::links(2, 59, wan, cell)).unwrap();
+    let mut cfg = LabConfig::links(2, seed, wan, cell);
+    cfg.ipv6 = v6;
+    let mut lab = Lab::new(cfg).unwrap();
     lab.start_itcp_mobility(FAST_BEACONS, FAST_AGENT).unwrap();
     watch_resets(&mut lab);
     pcap(&mut lab);
@@ -1413,7 +1453,7 @@ fn downloads_that_end_as_the_mh_moves_draw_no_reset() {
     };
     let mut at = 1;
     for i in 1..=6u16 {
-        let (s, r) = start_transfer(&mut lab, Dir::Down, 300_000, 5000 + i);
+        let (s, r) = start_transfer_in(&mut lab, Dir::Down, 300_000, 5000 + i, v6);
         let (_, rout, rerr) = lab.wait(r, Duration::from_secs(30)).unwrap();
         // The MH closed: move at once (a straight switch, announced by its carrier).
         let to = 3 - at;
@@ -1532,7 +1572,14 @@ fn the_fixed_host_loses_nothing_when_the_old_msr_lets_go_late() {
 /// Two MSRs on `wan` and `cell` links, fast beacons, MSR2 with test hook `fault`
 /// delayed 150 ms; RSTs counted.
 fn slow_handoff_lab(seed: u64, wan: LinkParams, cell: LinkParams, fault: &str) -> Lab {
-    let mut lab = Lab::new(LabConfig::links(2, seed, wan, cell)).unwrap();
+    slow_handoff_lab_in(seed, wan, cell, fault, false)
+}
+
+/// [`slow_handoff_lab`], dual-stack when `v6`.
+fn slow_handoff_lab_in(seed: u64, wan: LinkParams, cell: LinkParams, fault: &str, v6: bool) -> Lab {
+    let mut cfg = LabConfig::links(2, seed, wan, cell);
+    cfg.ipv6 = v6;
+    let mut lab = Lab::new(cfg).unwrap();
     let env = [(2, "MSRD_FAULT", fault), (2, "MSRD_FAULT_DELAY_MS", "150")];
     lab.start_itcp_mobility_env(FAST_BEACONS, FAST_AGENT, &env)
         .unwrap();
@@ -1540,18 +1587,35 @@ fn slow_handoff_lab(seed: u64, wan: LinkParams, cell: LinkParams, fault: &str) -
     lab
 }
 
+/// The same over IPv6 (issue 10): the FH's segments held over the freeze go through
+/// msrd's `ip6` hold queue, and the old MSR sends them on over IPv6.
+#[test]
+fn the_fixed_host_loses_nothing_in_a_slow_handoff_over_ipv6() {
+    fixed_host_loses_nothing_in(51, "slow_restore,slow_ack", true);
+}
+
 fn fixed_host_loses_nothing(seed: u64, fault: &str) {
+    fixed_host_loses_nothing_in(seed, fault, false)
+}
+
+fn fixed_host_loses_nothing_in(seed: u64, fault: &str, v6: bool) {
     let wan = lab::link(20_000_000, 1.0, 0.0);
     let cell = lab::link(100_000_000, 1.0, 0.0);
-    let mut lab = slow_handoff_lab(seed, wan, cell, fault);
+    let mut lab = slow_handoff_lab_in(seed, wan, cell, fault, v6);
     pcap(&mut lab);
     let bytes = 12 << 20;
-    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    let t = start_transfer_in(&mut lab, Dir::Down, bytes, 5001, v6);
     std::thread::sleep(Duration::from_millis(1500));
     let fh_tcp_ext = |lab: &Lab| itcp_testbed::handoff_bench::tcp_ext_all(lab, Host::Fh).unwrap();
     let before = fh_tcp_ext(&lab);
     crossing(&lab, 1, 2, Duration::from_millis(300), Duration::ZERO);
-    wait_moves(&lab, 1, Duration::from_secs(10));
+    if v6 {
+        // The agent greets for the MH's IPv4 address (nothing to move) and its IPv6
+        // one, whose answer it reports as the other address's.
+        wait_other_address_moved(&lab, "msr2", Duration::from_secs(10));
+    } else {
+        wait_moves(&lab, 1, Duration::from_secs(10));
+    }
     // A retransmission caused by the move has happened by now.
     std::thread::sleep(Duration::from_millis(1000));
     let after = fh_tcp_ext(&lab);

@@ -341,6 +341,25 @@ fn a_dual_stack_agent_moves_its_ipv4_and_ipv6_connections_together() {
     );
     let rsts = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
     assert_eq!(rsts, ((0, 0), (0, 0)), "RSTs at FH and MH\n{}", log(&lab));
+    // The agent reports its IPv6 address's moves too (its events are otherwise the
+    // IPv4 address's): one per move, to the MSR it moved to.
+    let other: Vec<(String, String)> = lab
+        .agent_events()
+        .iter()
+        .filter(|e| e["event"] == "other_address" && e["mh"] == addr6::MH.to_string())
+        .map(|e| {
+            (
+                e["msr"].as_str().unwrap_or("").into(),
+                e["status"].as_str().unwrap_or("").into(),
+            )
+        })
+        .collect();
+    let moves: Vec<_> = other.iter().filter(|(_, s)| s == "moved").collect();
+    assert_eq!(
+        moves.iter().map(|(m, _)| m.as_str()).collect::<Vec<_>>(),
+        ["msr2", "msr1"],
+        "the agent's reports for its IPv6 address: {other:?}"
+    );
     // Each move: one handoff per address, both moved.
     let recs = lab.handoff_records(2);
     for ip in [

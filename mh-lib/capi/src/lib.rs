@@ -437,8 +437,11 @@ impl EventMapper {
                 e.reason = reason;
                 out.push(e);
             }
-            // For the agent's log: nothing changed for the app.
-            Event::AnswerDropped { .. } | Event::GreetedAfresh { .. } => {}
+            // For the agent's log: nothing changed for the app (an app's connections
+            // go through the main address's gateway).
+            Event::AnswerDropped { .. }
+            | Event::GreetedAfresh { .. }
+            | Event::OtherAddress { .. } => {}
             Event::Lost { from } => {
                 self.disconnected = true;
                 let mut e = OwnedEvent::new(ITCP_EVENT_DISCONNECTED);
