@@ -180,7 +180,13 @@ pub fn fill_checksums(packet: &mut [u8]) -> bool {
 /// soon enough (the new copy draws its ACKs). Data, window and timestamps stay. False
 /// (unchanged) for anything but an IPv4 or IPv6 TCP segment with ACK set, or one that
 /// needs no change.
-pub fn forget_acks(packet: &mut [u8], una: u32) -> bool {
+///
+/// `past_fin`: one past our FIN, when the socket re-sent one. An ACK of exactly that
+/// stays: it acknowledges everything, the FIN included, so the socket sends nothing
+/// more and no estimate it would spoil matters, and a peer that closes next (it gets
+/// our ACK of its own FIN) may never say it again: rewritten, our FIN went
+/// unacknowledged, and its retransmissions met the closed peer's RSTs.
+pub fn forget_acks(packet: &mut [u8], una: u32, past_fin: Option<u32>) -> bool {
     let at = match packet.first().map(|b| b >> 4) {
         Some(4) if packet.len() >= 20 && packet[9] == 6 => usize::from(packet[0] & 0x0f) * 4,
         Some(6) if packet.len() >= 40 && packet[6] == 6 => 40,
@@ -194,7 +200,7 @@ pub fn forget_acks(packet: &mut [u8], una: u32) -> bool {
     }
     let mut changed = false;
     let ack = u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]);
-    if (ack.wrapping_sub(una) as i32) > 0 {
+    if (ack.wrapping_sub(una) as i32) > 0 && past_fin != Some(ack) {
         tcp[8..12].copy_from_slice(&una.to_be_bytes());
         changed = true;
     }
@@ -254,7 +260,7 @@ mod tests {
     fn a_held_ack_forgets_what_it_said_of_bytes_in_flight() {
         let mut p = sacking_ack(5000);
         let ts = p[40..52].to_vec();
-        assert!(forget_acks(&mut p, 1000));
+        assert!(forget_acks(&mut p, 1000, Some(5001)));
         assert_eq!(u32::from_be_bytes(p[28..32].try_into().unwrap()), 1000);
         assert!(p[52..72].iter().all(|b| *b == 1), "SACK blocks are NOPs");
         assert_eq!(p[40..52], ts[..], "timestamps stay");
@@ -262,18 +268,34 @@ mod tests {
         let mut q = p.clone();
         fill_checksums(&mut q);
         assert_eq!(p, q);
-        assert!(!forget_acks(&mut p, 1000), "nothing left to forget");
+        assert!(!forget_acks(&mut p, 1000, None), "nothing left to forget");
         // An ACK behind `una` (across the wrap) stays.
         let mut p = sacking_ack(10);
-        forget_acks(&mut p, 0xffff_fff0u32.wrapping_add(100));
+        forget_acks(&mut p, 0xffff_fff0u32.wrapping_add(100), None);
         assert_eq!(u32::from_be_bytes(p[28..32].try_into().unwrap()), 10);
         // Not TCP with ACK: untouched.
         let mut p = sacking_ack(5000);
         p[33] &= !TCP_ACK;
         let q = p.clone();
-        assert!(!forget_acks(&mut p, 1000));
+        assert!(!forget_acks(&mut p, 1000, None));
         assert_eq!(p, q);
-        assert!(!forget_acks(&mut [0x45, 0, 0], 1));
+        assert!(!forget_acks(&mut [0x45, 0, 0], 1, None));
+    }
+
+    #[test]
+    fn a_held_ack_of_our_re_sent_fin_stays() {
+        let mut p = sacking_ack(5000);
+        // 5000 is one past our FIN: the ACK stays, its SACK blocks still go.
+        assert!(forget_acks(&mut p, 1000, Some(5000)));
+        assert_eq!(u32::from_be_bytes(p[28..32].try_into().unwrap()), 5000);
+        assert!(p[52..72].iter().all(|b| *b == 1), "SACK blocks are NOPs");
+        let mut q = p.clone();
+        fill_checksums(&mut q);
+        assert_eq!(p, q, "checksums are right");
+        // Short of the FIN: forgotten as before.
+        let mut p = sacking_ack(4999);
+        assert!(forget_acks(&mut p, 1000, Some(5000)));
+        assert_eq!(u32::from_be_bytes(p[28..32].try_into().unwrap()), 1000);
     }
 
     fn seg(src: &str, dst: &str, ts: bool) -> Segment {

@@ -415,13 +415,14 @@ impl Holding {
     /// late ACK meeting a closed socket was routed on to the FH, which reset it).
     ///
     /// `resent`: the sockets, by (peer, socket's end), that re-sent their bytes in
-    /// flight as new data at their restart, with their `snd_una`; the held segments
-    /// their peers sent them are rewritten so as to acknowledge nothing of those bytes
+    /// flight as new data at their restart, with their `snd_una` and, if they re-sent
+    /// a FIN, one past it; the held segments their peers sent them are rewritten so as
+    /// to acknowledge nothing of those bytes, unless they acknowledge the FIN
     /// ([`itcp_handoff::packet::forget_acks`]).
     pub fn deliver_restarted(
         &self,
         flows: &[(SocketAddr, SocketAddr)],
-        resent: &HashMap<(SocketAddr, SocketAddr), u32>,
+        resent: &HashMap<(SocketAddr, SocketAddr), (u32, Option<u32>)>,
     ) {
         // The hold is lifted: nothing more is queued for them, but what was may not
         // have been read yet.
@@ -444,8 +445,9 @@ impl Holding {
         let msgs: Vec<Vec<u8>> = go
             .into_iter()
             .map(|mut h| {
-                let una = h.ends.and_then(|e| resent.get(&(e.src, e.dst)));
-                let rewritten = una.is_some_and(|u| forget_acks(&mut h.packet, *u));
+                let sent = h.ends.and_then(|e| resent.get(&(e.src, e.dst)));
+                let rewritten =
+                    sent.is_some_and(|&(una, fin)| forget_acks(&mut h.packet, una, fin));
                 let payload = rewritten.then_some(&h.packet[..]);
                 let mark = Some(self.pass_mark);
                 verdict_msg_with(self.queue, h.id, Verdict::Repeat, false, mark, payload)

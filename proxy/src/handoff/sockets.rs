@@ -799,9 +799,12 @@ fn revert_backoff(d: &Daemon, r: &Restored) {
     }
 }
 
-/// Restarts one connection. Returns its sockets that re-sent their bytes in flight as
-/// new data, as ((peer, socket's end), snd_una) (see `Holding::deliver_restarted`).
-fn restart_one(r: &Restored) -> io::Result<Vec<((SocketAddr, SocketAddr), u32)>> {
+/// Sockets that re-sent their bytes in flight as new data, as ((peer, socket's end),
+/// (snd_una, one past the FIN they re-sent)) (see `Holding::deliver_restarted`).
+type Resent = Vec<((SocketAddr, SocketAddr), (u32, Option<u32>))>;
+
+/// Restarts one connection. Returns its sockets that re-sent their bytes in flight.
+fn restart_one(r: &Restored) -> io::Result<Resent> {
     // Test hook (README, testing): a restart that fails, to show the connection is
     // kept at the old MSR and on record, never lost silently.
     if let Some(port) = fault_restart() {
@@ -825,7 +828,14 @@ fn restart_one(r: &Restored) -> io::Result<Vec<((SocketAddr, SocketAddr), u32)>>
         .chain(r.fixed.as_ref().map(|(fd, img)| (fd, img)));
     for (fd, img) in sockets {
         if itcp_handoff::restart(fd.as_fd(), img, &r.opts)? {
-            resent.push(((canonical(img.remote), canonical(img.local)), img.send.una));
+            let s = &img.send;
+            // A FIN sent before the freeze (the peer may have acknowledged it).
+            let past_fin = (s.fin == itcp_handoff::image::SendFin::Sent).then(|| {
+                let n = s.unacked.len() + s.unsent.len() + 1;
+                s.una.wrapping_add(n as u32)
+            });
+            let ends = (canonical(img.remote), canonical(img.local));
+            resent.push((ends, (s.una, past_fin)));
         }
     }
     Ok(resent)
