@@ -136,74 +136,69 @@ fn crossing(lab: &Lab, from: usize, to: usize, overlap: Duration, gap: Duration)
     lab.assoc(&[to]).unwrap();
 }
 
-/// Waits until the agent has reported `n` moves of the MH's IPv6 address after its
-/// first attachment (`attached` when it had no connection open at that moment).
-fn wait_other_address_moves(lab: &Lab, n: usize, timeout: Duration) {
+/// Polls the agent's events every 20 ms until `done` returns something, failing with
+/// `what` (and the events) after `timeout`.
+fn wait_agent<R>(
+    lab: &Lab,
+    timeout: Duration,
+    what: &str,
+    mut done: impl FnMut(&[serde_json::Value]) -> Option<R>,
+) -> R {
     let deadline = Instant::now() + timeout;
     loop {
         let ev = lab.agent_events();
-        let other = || ev.iter().filter(|e| e["event"] == "other_address");
-        if let Some(bad) = other().find(|e| e["status"] != "moved" && e["status"] != "attached") {
-            panic!("the IPv6 address's greeting: {bad}\n{}", diag(lab));
-        }
-        if other().count() > n {
-            return;
+        if let Some(r) = done(&ev) {
+            return r;
         }
         assert!(
             Instant::now() < deadline,
-            "{n} moves of the IPv6 address not seen in {timeout:?}: {ev:?}\n{}",
+            "{what} not seen in {timeout:?}: {ev:?}\n{}",
             diag(lab)
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Waits until the agent has reported `n` moves of the MH's IPv6 address after its
+/// first attachment (`attached` when it had no connection open at that moment).
+fn wait_other_address_moves(lab: &Lab, n: usize, timeout: Duration) {
+    let what = format!("{n} moves of the IPv6 address");
+    wait_agent(lab, timeout, &what, |ev| {
+        let other = || ev.iter().filter(|e| e["event"] == "other_address");
+        if let Some(bad) = other().find(|e| e["status"] != "moved" && e["status"] != "attached") {
+            panic!("the IPv6 address's greeting: {bad}\n{}", diag(lab));
+        }
+        (other().count() > n).then_some(())
+    })
 }
 
 /// Waits for the agent's report that the greeting for the MH's IPv6 address moved
 /// its connections to `msr`.
 fn wait_other_address_moved(lab: &Lab, msr: &str, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let ev = lab.agent_events();
-        let mine = |e: &&serde_json::Value| {
-            e["event"] == "other_address"
-                && e["mh"] == lab::addr6::MH.to_string()
-                && e["msr"] == msr
-        };
-        if let Some(e) = ev.iter().find(mine) {
-            assert_eq!(e["status"], "moved", "{e}\n{}", diag(lab));
-            assert_eq!(e["connections"], 1, "{e}");
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no report for the MH's IPv6 address in {timeout:?}: {ev:?}\n{}",
-            diag(lab)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let e = wait_agent(lab, timeout, "a report for the MH's IPv6 address", |ev| {
+        ev.iter()
+            .find(|e| {
+                e["event"] == "other_address"
+                    && e["mh"] == lab::addr6::MH.to_string()
+                    && e["msr"] == msr
+            })
+            .cloned()
+    });
+    assert_eq!(e["status"], "moved", "{e}\n{}", diag(lab));
+    assert_eq!(e["connections"], 1, "{e}");
 }
 
 /// Waits until the agent reports `n` moves (or fails on a failed move or timeout).
 fn wait_moves(lab: &Lab, n: usize, timeout: Duration) {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let ev = lab.agent_events();
+    wait_agent(lab, timeout, &format!("{n} moves"), |ev| {
         if let Some(bad) = ev
             .iter()
             .find(|e| e["event"] == "move_failed" || e["event"] == "refused")
         {
             panic!("handoff failed: {bad}\n{}", diag(lab));
         }
-        if ev.iter().filter(|e| e["event"] == "moved").count() >= n {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "{n} moves not seen in {timeout:?}: {ev:?}\n{}",
-            diag(lab)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+        (ev.iter().filter(|e| e["event"] == "moved").count() >= n).then_some(())
+    })
 }
 
 fn assert_clean(lab: &Lab, send: &SendReport, recv: &RecvReport, bytes: u64) {

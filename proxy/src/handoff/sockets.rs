@@ -828,14 +828,11 @@ fn restart_one(r: &Restored) -> io::Result<Resent> {
         .chain(r.fixed.as_ref().map(|(fd, img)| (fd, img)));
     for (fd, img) in sockets {
         if itcp_handoff::restart(fd.as_fd(), img, &r.opts)? {
-            let s = &img.send;
             // A FIN sent before the freeze (the peer may have acknowledged it).
-            let past_fin = (s.fin == itcp_handoff::image::SendFin::Sent).then(|| {
-                let n = s.unacked.len() + s.unsent.len() + 1;
-                s.una.wrapping_add(n as u32)
-            });
+            let past_fin =
+                (img.send.fin == itcp_handoff::image::SendFin::Sent).then(|| img.snd_nxt());
             let ends = (canonical(img.remote), canonical(img.local));
-            resent.push((ends, (s.una, past_fin)));
+            resent.push((ends, (img.send.una, past_fin)));
         }
     }
     Ok(resent)
