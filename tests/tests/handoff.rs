@@ -2204,6 +2204,9 @@ fn a_crash_resets_the_relayed_stream_and_nothing_is_left_behind() {
     // SIGKILL: the MH must see a reset, not a clean end of a truncated stream.
     // SAFETY: signalling our own child.
     unsafe { libc::kill(lab.pid(msrds[0]) as i32, libc::SIGKILL) };
+    // Its sockets close only as its last thread exits: a start before that finds the
+    // request port still taken (CI, stop 40).
+    wait_exit(&mut lab, msrds[0]);
     let (_, rout, rerr) = lab.wait(r, Duration::from_secs(30)).unwrap();
     let recv: RecvReport = serde_json::from_str(rout.trim())
         .unwrap_or_else(|e| panic!("receiver: {e}: {rerr}\n{}", diag(&lab)));
