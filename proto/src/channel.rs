@@ -240,24 +240,47 @@ impl fmt::Display for WireError {
 impl std::error::Error for WireError {}
 
 /// The images' bytes, in order: per image, four length-prefixed fields.
+/// The images' byte fields in attachment order (each goes length-prefixed).
+fn attached_fields(body: &Message) -> impl Iterator<Item = &[u8]> {
+    let images = match body {
+        Message::Images { images, .. } => &images[..],
+        _ => &[],
+    };
+    images
+        .iter()
+        .flat_map(|i| [&i.wireless, &i.fixed, &i.up_pending, &i.down_pending].map(|f| &f[..]))
+}
+
+fn attachment_len(body: &Message) -> usize {
+    attached_fields(body).map(|f| 4 + f.len()).sum()
+}
+
 fn attachment(body: &Message) -> Vec<u8> {
-    let mut out = Vec::new();
-    if let Message::Images { images, .. } = body {
-        let n: usize = images
-            .iter()
-            .map(|i| {
-                16 + i.wireless.len() + i.fixed.len() + i.up_pending.len() + i.down_pending.len()
-            })
-            .sum();
-        out.reserve(n);
-        for i in images {
-            for f in [&i.wireless, &i.fixed, &i.up_pending, &i.down_pending] {
-                out.extend_from_slice(&(f.len() as u32).to_be_bytes());
-                out.extend_from_slice(f);
-            }
-        }
+    let mut out = Vec::with_capacity(attachment_len(body));
+    for f in attached_fields(body) {
+        out.extend_from_slice(&(f.len() as u32).to_be_bytes());
+        out.extend_from_slice(f);
     }
     out
+}
+
+/// Image fields at least this long are written from where they are, not copied into
+/// the frame ([`Session::seal_pieces`]).
+const BORROW_MIN: usize = 16 << 10;
+
+/// A piece of a frame: bytes made for it, or an image's bytes as they are.
+pub enum Piece<'a> {
+    Owned(Vec<u8>),
+    Borrowed(&'a [u8]),
+}
+
+impl Piece<'_> {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Piece::Owned(v) => v,
+            Piece::Borrowed(b) => b,
+        }
+    }
 }
 
 /// Puts the attachment's bytes back into the images.
@@ -554,16 +577,51 @@ impl Session {
         self.seal_raw(&env, &att)
     }
 
+    /// Seals `body` into pieces to write in order; their concatenation is the frame
+    /// [`Session::seal`] makes. Over TLS the images' queues (tens of MB with many
+    /// connections) are borrowed, not copied twice into one fresh buffer first (~75 ms
+    /// for 47 MB on the lab's 2 cores); with a pre-shared key the body is encrypted, so
+    /// it is one piece.
+    pub fn seal_pieces<'a>(&mut self, body: &'a Message) -> Vec<Piece<'a>> {
+        if self.key.is_some() {
+            return vec![Piece::Owned(self.seal(body))];
+        }
+        let env = serde_json::to_vec(body).expect("messages serialize");
+        let mut cur = self.frame_start(env.len(), attachment_len(body));
+        cur.extend_from_slice(&[0; TAG]);
+        cur.extend_from_slice(&env);
+        let mut pieces = Vec::new();
+        for f in attached_fields(body) {
+            cur.extend_from_slice(&(f.len() as u32).to_be_bytes());
+            if f.len() < BORROW_MIN {
+                cur.extend_from_slice(f);
+            } else {
+                pieces.push(Piece::Owned(std::mem::take(&mut cur)));
+                pieces.push(Piece::Borrowed(f));
+            }
+        }
+        cur.extend_from_slice(&[0; TAG]);
+        pieces.push(Piece::Owned(cur));
+        pieces
+    }
+
+    /// The next frame's header up to its tag: magic, sequence number, lengths.
+    fn frame_start(&mut self, env: usize, att: usize) -> Vec<u8> {
+        self.send_seq += 1;
+        let mut out = Vec::with_capacity(HEADER + env + att.min(BORROW_MIN) + TAG);
+        out.extend_from_slice(FRAME_MAGIC);
+        out.extend_from_slice(&self.send_seq.to_be_bytes());
+        out.extend_from_slice(&(env as u32).to_be_bytes());
+        out.extend_from_slice(&(att as u32).to_be_bytes());
+        out
+    }
+
     /// Seals any envelope bytes and attachment (fuzzing reaches the parsers behind the
     /// tags with it). Not part of the API.
     #[doc(hidden)]
     pub fn seal_raw(&mut self, env: &[u8], att: &[u8]) -> Vec<u8> {
-        self.send_seq += 1;
-        let mut out = Vec::with_capacity(HEADER + env.len() + att.len() + TAG);
-        out.extend_from_slice(FRAME_MAGIC);
-        out.extend_from_slice(&self.send_seq.to_be_bytes());
-        out.extend_from_slice(&(env.len() as u32).to_be_bytes());
-        out.extend_from_slice(&(att.len() as u32).to_be_bytes());
+        let mut out = self.frame_start(env.len(), att.len());
+        out.reserve(env.len() + att.len() + 2 * TAG);
         let Some(key) = &self.key else {
             out.extend_from_slice(&[0; TAG]);
             out.extend_from_slice(env);
@@ -914,9 +972,30 @@ mod tests {
             }],
             mac: Some("02:00:00:00:00:64".into()),
         };
-        let f = c.seal(&m);
+        let f = c.clone().seal(&m);
         // Bytes are not hex-encoded into the JSON.
         assert!(f.len() < 160_000, "{}", f.len());
+        // In pieces, the same frame; over TLS the large field is borrowed (not copied).
+        let joined = |p: Vec<Piece>| {
+            p.iter()
+                .flat_map(|p| p.bytes())
+                .copied()
+                .collect::<Vec<u8>>()
+        };
+        assert_eq!(joined(c.seal_pieces(&m)), f);
+        let mut tls = Session::over_tls("msr2", "msr1");
+        let whole = tls.clone().seal(&m);
+        let pieces = tls.seal_pieces(&m);
+        let Message::Images { images, .. } = &m else {
+            unreachable!()
+        };
+        let big = images[0].wireless.as_ptr();
+        assert!(pieces
+            .iter()
+            .any(|p| matches!(p, Piece::Borrowed(b) if b.as_ptr() == big)));
+        assert_eq!(joined(pieces), whole);
+        let mut rx = Session::over_tls("msr1", "msr2");
+        assert_eq!(rx.open(&whole).unwrap().unwrap().0, m);
         assert_eq!(s.open(&f).unwrap().unwrap().0, m);
         // The detection messages travel the same way.
         for m in [

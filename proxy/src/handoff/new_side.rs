@@ -346,6 +346,7 @@ async fn run(
                     };
                     let dev = d.cell_interface(mh);
                     let few = images.len() <= FEW;
+                    let t = std::time::Instant::now();
                     let (ok, failed, es, route) = socket_work(few, move || {
                         let route = FlightRoute::install(mh, dev, &images);
                         let (ok, failed, es) = restore_all(&images, &cx);
@@ -353,6 +354,7 @@ async fn run(
                     })
                     .await;
                     flight_route = route;
+                    debug!(restore_us = t.elapsed().as_micros() as u64, "restored");
                     entries = es;
                     moving = ok.iter().flat_map(Restored::flows).collect();
                     // The old MSR may have called the handoff off meanwhile (a slow

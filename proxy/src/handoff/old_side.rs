@@ -323,8 +323,12 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                             tokio::time::sleep(ms).await;
                         }
                     }
+                    let t = std::time::Instant::now();
                     if let Err(e) = ch.send(&msg).await {
                         warn!(peer = %from, error = %e, "handoff message not sent");
+                    }
+                    if matches!(msg, Message::Images { .. }) {
+                        debug!(send_us = t.elapsed().as_micros() as u64, "images sent");
                     }
                 }
                 Action::SendAhead(mh) => {
