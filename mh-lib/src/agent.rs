@@ -166,6 +166,9 @@ struct Pending {
     fallback: Option<(GreetReply, Instant)>,
     /// A dropped answer was reported for this greeting (once is enough).
     dropped: bool,
+    /// `to` answered a greeting for another of the MH's addresses genuinely (tagged)
+    /// with its connections: its untagged `attached` to this one is acted on at once.
+    vouched: bool,
 }
 
 /// How long an untagged answer waits for a tagged one before it may act.
@@ -435,6 +438,7 @@ impl Agent {
                     holding_ms: None,
                     fallback: None,
                     dropped: false,
+                    vouched: false,
                 });
                 self.retransmit(on_event)
             }
@@ -547,8 +551,14 @@ impl Agent {
                 SiblingVerdict::Wait => {}
                 SiblingVerdict::Final => {
                     let mut sib = self.siblings.remove(i);
+                    let genuine = r.tag.is_some()
+                        && matches!(r.status, GreetStatus::Moved | GreetStatus::Attached);
+                    let msr = r.msr.clone();
                     sib.fallback = Some(r);
                     on_event(sib.outcome());
+                    if genuine {
+                        return self.vouch(&msr, on_event);
+                    }
                 }
                 SiblingVerdict::Fallback => {
                     self.siblings[i].fallback.get_or_insert(r);
@@ -591,6 +601,9 @@ impl Agent {
         }
         match answers::judge(&r, &self.cfg.token.0, self.attached.is_some()) {
             Verdict::Act => self.act(r, on_event),
+            Verdict::Fallback if p.vouched && r.status == GreetStatus::Attached => {
+                self.act(r, on_event)
+            }
             Verdict::Fallback => {
                 p.fallback.get_or_insert((r, Instant::now()));
                 Ok(())
@@ -603,6 +616,30 @@ impl Agent {
                         reason: reason.into(),
                     });
                 }
+                Ok(())
+            }
+        }
+    }
+
+    /// `msr` moved (or holds) the connections of another of the MH's addresses, and
+    /// proved it with a tag. The main address may have nothing there, and so no MSR
+    /// that could tag its answers (its token is bound under the other family's
+    /// address): its untagged `attached` from `msr` would wait for the MSR it left to
+    /// fall silent, and the gateways, both families', would stay pointed there. Found
+    /// with IPv6-only connections of a dual-stack MH: its IPv6 packets went to the
+    /// previous MSR's MAC and connects took 3 s. So that answer is taken now (or as
+    /// it comes).
+    fn vouch(&mut self, msr: &str, on_event: &mut impl FnMut(Event)) -> io::Result<()> {
+        let Some(p) = self.pending.as_mut().filter(|p| p.to == msr) else {
+            return Ok(());
+        };
+        p.vouched = true;
+        match p.fallback.take() {
+            Some((r, _)) if r.msr == msr && r.status == GreetStatus::Attached => {
+                self.act(r, on_event)
+            }
+            other => {
+                p.fallback = other;
                 Ok(())
             }
         }

@@ -172,6 +172,31 @@ fn wait_other_address_moves(lab: &Lab, n: usize, timeout: Duration) {
     })
 }
 
+/// Waits until the MH's neighbour entries for its gateways (both families) name MSR
+/// `k`'s cell MAC.
+fn wait_gateways_at(lab: &Lab, k: usize, timeout: Duration) {
+    let mac = lab::addr::msr_cell_mac(k);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let neigh = sh(lab, Host::Mh, &["ip", "neigh", "show", "dev", "air0"])
+            + &sh(lab, Host::Mh, &["ip", "-6", "neigh", "show", "dev", "air0"]);
+        let at = |gw: &str| {
+            neigh
+                .lines()
+                .any(|l| l.starts_with(&format!("{gw} ")) && l.contains(&mac))
+        };
+        if at(&lab::addr::CELL_GW.to_string()) && at(&lab::addr6::CELL_GW.to_string()) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the MH's gateways are not at msr{k} ({mac}) {timeout:?} after its move:\n{neigh}\n{}",
+            diag(lab)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 /// Waits for the agent's report that the greeting for the MH's IPv6 address moved
 /// its connections to `msr`.
 fn wait_other_address_moved(lab: &Lab, msr: &str, timeout: Duration) {
@@ -2586,6 +2611,10 @@ fn short_connections_through_handoffs_in(
         if v6 {
             // The IPv4 address has nothing to move: count the IPv6 address's moves.
             wait_other_address_moves(&lab, i, Duration::from_secs(10));
+            // Its IPv4 address holds nothing (no MSR has its token under it): the MH's
+            // gateways must follow the IPv6 connections all the same, or its IPv6
+            // packets go to the MSR it left (3 s connects; found with this test).
+            wait_gateways_at(&lab, to, Duration::from_secs(1));
         } else {
             wait_moves(&lab, i, Duration::from_secs(10));
         }
