@@ -551,8 +551,7 @@ impl Agent {
                 SiblingVerdict::Wait => {}
                 SiblingVerdict::Final => {
                     let mut sib = self.siblings.remove(i);
-                    let genuine = r.tag.is_some()
-                        && matches!(r.status, GreetStatus::Moved | GreetStatus::Attached);
+                    let genuine = answers::vouches(&r, &self.cfg.token.0);
                     let msr = r.msr.clone();
                     sib.fallback = Some(r);
                     on_event(sib.outcome());
@@ -599,11 +598,9 @@ impl Agent {
             on_event(Event::GreetedAfresh { msr: to, reason });
             return self.retransmit(on_event);
         }
-        match answers::judge(&r, &self.cfg.token.0, self.attached.is_some()) {
+        let attached = self.attached.is_some();
+        match answers::judge_vouched(&r, &self.cfg.token.0, attached, p.vouched) {
             Verdict::Act => self.act(r, on_event),
-            Verdict::Fallback if p.vouched && r.status == GreetStatus::Attached => {
-                self.act(r, on_event)
-            }
             Verdict::Fallback => {
                 p.fallback.get_or_insert((r, Instant::now()));
                 Ok(())

@@ -84,6 +84,26 @@ pub fn judge_sibling(r: &GreetReply, token: &[u8], attached: bool) -> SiblingVer
     }
 }
 
+/// Whether answer `r` to the greeting for the MH's other address vouches for its MSR:
+/// tagged under the MH's token and saying that MSR holds the address's connections
+/// (`moved`, `attached`). The main address may hold nothing at any MSR, so that none
+/// can tag its answers (the token is bound under the other family's address): its
+/// untagged `attached` from a vouched-for MSR is taken at once ([`judge_vouched`]).
+pub fn vouches(r: &GreetReply, token: &[u8]) -> bool {
+    r.tag.is_some()
+        && r.verify(token)
+        && matches!(r.status, GreetStatus::Moved | GreetStatus::Attached)
+}
+
+/// [`judge`] for the main greeting's answer `r` when its MSR was `vouched` for
+/// ([`vouches`]): an untagged `attached` acts; nothing else changes.
+pub fn judge_vouched(r: &GreetReply, token: &[u8], attached: bool, vouched: bool) -> Verdict {
+    match judge(r, token, attached) {
+        Verdict::Fallback if vouched && r.status == GreetStatus::Attached => Verdict::Act,
+        v => v,
+    }
+}
+
 /// Whether to greet afresh (a new timestamp and nonce, the same MSRs) instead of
 /// judging answer `r` (a refusal or a failure) to a greeting sent `sends` times,
 /// `refreshed` before or not.
@@ -172,6 +192,38 @@ mod tests {
             judge_sibling(&reply(GreetStatus::Attached), TOKEN, false),
             SiblingVerdict::Final
         );
+    }
+
+    #[test]
+    fn only_a_genuine_move_of_the_other_address_vouches_and_only_for_attached() {
+        for s in [
+            GreetStatus::Holding,
+            GreetStatus::Moved,
+            GreetStatus::Attached,
+            GreetStatus::Failed,
+            GreetStatus::Refused,
+        ] {
+            let holds = matches!(s, GreetStatus::Moved | GreetStatus::Attached);
+            let mut r = reply(s);
+            assert!(!vouches(&r, TOKEN), "untagged {s:?}");
+            r.seal(b"a station's own token");
+            assert!(!vouches(&r, TOKEN), "forged {s:?}");
+            r.seal(TOKEN);
+            assert_eq!(vouches(&r, TOKEN), holds, "{s:?}");
+            // The main greeting's untagged answers from a vouched-for MSR: only
+            // `attached` acts (a `failed` would send the gateway back; `holding` and
+            // `moved` are tagged by any MSR that moves connections).
+            let main = reply(s);
+            let want = match s {
+                GreetStatus::Attached => Verdict::Act,
+                _ => judge(&main, TOKEN, true),
+            };
+            assert_eq!(judge_vouched(&main, TOKEN, true, true), want, "{s:?}");
+            assert_eq!(
+                judge_vouched(&main, TOKEN, true, false),
+                judge(&main, TOKEN, true)
+            );
+        }
     }
 
     #[test]
