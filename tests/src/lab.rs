@@ -476,6 +476,66 @@ pub struct Lab {
     pub msrd_bin: Option<PathBuf>,
     /// Number of MHs (1 unless built with [`Lab::with_mhs`]).
     mhs: usize,
+    /// This lab's turn ([`Turn`]); dropped last, after the teardown.
+    _turn: Turn,
+}
+
+/// Labs in one process run one at a time unless [`labs_in_parallel`] was called (the
+/// benchmarks' runner does): a test binary runs its tests on both cores, and two labs
+/// at once put their hosts' kernels, emulators and msrds on the same two cores, so
+/// tests that measure timing (a spurious retransmission at the FH, a handoff's
+/// deadline) failed now and then for want of CPU, not of correctness. A thread may
+/// hold several labs at once; one that waits longer than [`TURN_WAIT`] (a test that
+/// builds labs on several threads) goes ahead anyway.
+static PARALLEL: AtomicBool = AtomicBool::new(false);
+static TURNS: Mutex<(Option<std::thread::ThreadId>, usize)> = Mutex::new((None, 0));
+static TURN_FREED: std::sync::Condvar = std::sync::Condvar::new();
+const TURN_WAIT: Duration = Duration::from_secs(600);
+
+/// Lets labs of this process run at the same time (see [`Turn`]).
+pub fn labs_in_parallel() {
+    PARALLEL.store(true, Ordering::Relaxed);
+}
+
+/// A lab's turn to run (see [`PARALLEL`]).
+struct Turn(bool);
+
+impl Turn {
+    fn take() -> Turn {
+        if PARALLEL.load(Ordering::Relaxed) {
+            return Turn(false);
+        }
+        let me = std::thread::current().id();
+        let until = Instant::now() + TURN_WAIT;
+        let mut t = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+        while t.0.is_some_and(|holder| holder != me) {
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                eprintln!("lab: waited {TURN_WAIT:?} for another lab of this process: going ahead");
+                return Turn(false);
+            }
+            t = TURN_FREED
+                .wait_timeout(t, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        *t = (Some(me), t.1 + 1);
+        Turn(true)
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        if !self.0 {
+            return;
+        }
+        let mut t = TURNS.lock().unwrap_or_else(|e| e.into_inner());
+        t.1 -= 1;
+        if t.1 == 0 {
+            t.0 = None;
+            TURN_FREED.notify_all();
+        }
+    }
 }
 
 /// Where to find the testbed's binaries: `ITCP_BIN_DIR`, else next to the running
@@ -613,6 +673,7 @@ impl Lab {
                 format!("msrs must be 1..=200, got {}", config.msrs),
             ));
         }
+        let turn = Turn::take();
         install_signal_cleanup();
         // Orphans of the lab's processes (the new msrd of an upgrade, once the old one
         // exits) become our children, so that teardown can reap them: no zombie is
@@ -658,6 +719,7 @@ impl Lab {
             beacon_offsets: false,
             msrd_bin: None,
             mhs,
+            _turn: turn,
         };
         lab.build(&namespaces)?;
         Ok(lab)

@@ -790,6 +790,8 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
 }
 
 fn main() -> ExitCode {
+    // `bench paper --parallel N` runs labs side by side on purpose.
+    itcp_testbed::lab::labs_in_parallel();
     let job = match parse(Args::from_env(&SPEC)) {
         Ok(j) => j,
         Err(stop) => return itcp_cli::exit(&SPEC, stop),
