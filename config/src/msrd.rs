@@ -119,6 +119,11 @@ pub struct HandoffSection {
     /// after a minute, and a peer closes one left idle for 90 s.
     #[serde(default = "default_true")]
     pub keep_channels: bool,
+    /// Old MSR: send the images of an MH's many connections (512 or more) in parts
+    /// as they are captured, so that the new MSR restores them meanwhile (true), to a
+    /// new MSR that takes parts. False: in one message after the last capture.
+    #[serde(default = "default_true")]
+    pub images_in_parts: bool,
     /// An MH that is gone for this long without coming back has its connections
     /// closed (the fixed side with FIN), in seconds (120; 0: never).
     #[serde(default = "default_linger")]
@@ -176,6 +181,7 @@ impl Default for HandoffSection {
             closed_window_s: default_closed_window(),
             detect_hold_ms: default_detect_hold(),
             keep_channels: true,
+            images_in_parts: true,
             linger_s: default_linger(),
             unacked: UnackedPolicy::default(),
             revert_backoff: true,

@@ -59,8 +59,12 @@ pub enum Action {
     /// Close these frozen copies while still in repair mode (no FIN, no RST).
     Delete(Vec<u64>),
     /// Restore these connections in repair mode (the daemon answers with
-    /// [`NewEvent::Restored`]).
+    /// [`NewEvent::Restored`], for these and those of every [`Action::RestoreAhead`]).
     Restore(Vec<ConnImage>),
+    /// Restore these connections in repair mode now, as their part of the images came
+    /// (`ImagesPart`), while the old MSR captures the rest: no answer; the results
+    /// come with those of the final [`Action::Restore`].
+    RestoreAhead(Vec<ConnImage>),
     /// Close these restored connections without a packet, still in repair mode: the
     /// old MSR called the handoff off before their restart and keeps them.
     Discard(Vec<u64>),
@@ -182,6 +186,9 @@ pub struct NewSide {
     asked: Vec<String>,
     /// Where the old MSR says the MH's other connections went (`Accepted.also_at`).
     also_at: Option<String>,
+    /// Connections restored ahead of the images' final message (`ImagesPart`): a
+    /// handoff given up before it discards them.
+    ahead: std::collections::HashSet<u64>,
 }
 
 /// How many `MovedOn` answers one pull follows: one per pull that completed after the
@@ -201,6 +208,7 @@ impl NewSide {
         let msg = Message::HandoffRequest {
             handoff_id,
             greeting: greeting.clone(),
+            parts: true,
         };
         Self::begin(handoff_id, me, Trigger::Greeting(greeting), msg, now_us, t)
     }
@@ -220,6 +228,7 @@ impl NewSide {
             handoff_id,
             mh,
             mac: itcp_proto::hex::mac(&mac),
+            parts: true,
         };
         Self::begin(
             handoff_id,
@@ -264,6 +273,7 @@ impl NewSide {
             ack: None,
             asked: Vec::new(),
             also_at: None,
+            ahead: Default::default(),
         };
         (s, vec![Action::Send(request)])
     }
@@ -355,6 +365,10 @@ impl NewSide {
         let held = self.holding();
         self.state = NewState::Done;
         let mut acts = Vec::new();
+        if !self.ahead.is_empty() {
+            // Parts restored before the images' final message: nothing runs here.
+            acts.push(Action::Discard(self.ahead.drain().collect()));
+        }
         if held {
             // The old MSR had accepted: the MH was told to send through us, and may
             // go on doing so until it hears of the failure (or greets again at once).
@@ -383,6 +397,7 @@ impl NewSide {
             Action::Send(Message::HandoffRequest {
                 handoff_id: self.handoff_id,
                 greeting: g,
+                parts: true,
             }),
         ]
     }
@@ -492,6 +507,17 @@ impl NewSide {
             }
             (
                 NewState::WaitingImages,
+                NewEvent::Message(Message::ImagesPart { handoff_id, images }),
+            ) if handoff_id == id => {
+                // Ids already seen (a misbehaving peer) would be restored twice.
+                let fresh: Vec<ConnImage> = images
+                    .into_iter()
+                    .filter(|i| self.ahead.insert(i.id))
+                    .collect();
+                vec![Action::RestoreAhead(fresh)]
+            }
+            (
+                NewState::WaitingImages,
                 NewEvent::Message(Message::Images {
                     handoff_id,
                     images,
@@ -501,6 +527,12 @@ impl NewSide {
                 }),
             ) if handoff_id == id => {
                 self.phases.images_sent = Some(now_us);
+                // From here the restore's results account for the parts too.
+                let ahead = std::mem::take(&mut self.ahead);
+                let images = images
+                    .into_iter()
+                    .filter(|i| !ahead.contains(&i.id))
+                    .collect();
                 if token.is_some() {
                     self.token = token;
                 }
@@ -1051,6 +1083,121 @@ mod tests {
             .expect("a log record")
     }
 
+    /// A new side that asked msr1 and heard `accepted`: waiting for the images.
+    fn waiting_images() -> NewSide {
+        let (mut new, acts) = NewSide::start(9, "msr2", greeting(), 100, T);
+        assert!(
+            matches!(sent(&acts), Message::HandoffRequest { parts: true, .. }),
+            "the request takes parts"
+        );
+        let accepted = Message::Accepted {
+            handoff_id: 9,
+            token: None,
+            also_at: None,
+        };
+        new.handle(NewEvent::Message(accepted), 101);
+        new
+    }
+
+    fn part(ids: &[u64]) -> NewEvent {
+        NewEvent::Message(Message::ImagesPart {
+            handoff_id: 9,
+            images: ids.iter().map(|&i| img(i)).collect(),
+        })
+    }
+
+    fn images(ids: &[u64]) -> NewEvent {
+        NewEvent::Message(Message::Images {
+            handoff_id: 9,
+            images: ids.iter().map(|&i| img(i)).collect(),
+            token: None,
+            closed: vec![],
+            staying: vec![],
+            mac: None,
+        })
+    }
+
+    #[test]
+    fn parts_of_the_images_are_restored_as_they_come_and_the_rest_with_the_last() {
+        let mut new = waiting_images();
+        assert_eq!(
+            new.handle(part(&[1, 2]), 102),
+            vec![Action::RestoreAhead(vec![img(1), img(2)])]
+        );
+        // An id seen before is not restored twice; another part's handoff is not ours.
+        assert_eq!(
+            new.handle(part(&[2, 3]), 103),
+            vec![Action::RestoreAhead(vec![img(3)])]
+        );
+        let other = NewEvent::Message(Message::ImagesPart {
+            handoff_id: 8,
+            images: vec![img(7)],
+        });
+        assert_eq!(new.handle(other, 103), vec![]);
+        // The last message repeats none of them (an old MSR's may: not restored twice).
+        assert_eq!(
+            new.handle(images(&[3, 4]), 104),
+            vec![Action::Restore(vec![img(4)])]
+        );
+        // A part after the last message changes nothing.
+        assert_eq!(new.handle(part(&[5]), 105), vec![]);
+        let acts = new.handle(
+            NewEvent::Restored {
+                restored: vec![1, 2, 3, 4],
+                failed: vec![],
+            },
+            106,
+        );
+        assert_eq!(acts.last(), Some(&Action::Restart(vec![1, 2, 3, 4])));
+        assert!(
+            !acts.iter().any(|a| matches!(a, Action::Discard(_))),
+            "{acts:?}"
+        );
+    }
+
+    #[test]
+    fn a_handoff_given_up_before_the_last_part_discards_those_restored_ahead() {
+        let ids = |a: &[Action]| {
+            let mut d: Vec<u64> = a
+                .iter()
+                .find_map(|a| match a {
+                    Action::Discard(d) => Some(d.clone()),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("no discard: {a:?}"));
+            d.sort();
+            d
+        };
+        // Called off by the old MSR (a connection changed while it was captured).
+        let mut new = waiting_images();
+        new.handle(part(&[1, 2]), 102);
+        let abort = Message::Abort {
+            handoff_id: 9,
+            reason: "could not capture".into(),
+        };
+        let acts = new.handle(NewEvent::Message(abort), 103);
+        assert_eq!(ids(&acts), vec![1, 2]);
+        assert!(
+            acts.contains(&Action::Quarantine(greeting().mh)),
+            "{acts:?}"
+        );
+        // The channel lost.
+        let mut new = waiting_images();
+        new.handle(part(&[3]), 102);
+        assert_eq!(ids(&new.handle_channel_lost("reset")), vec![3]);
+        // No final message in time.
+        let mut new = waiting_images();
+        new.handle(part(&[4, 5]), 102);
+        assert_eq!(ids(&new.handle_timeout(100 + T.images_us)), vec![4, 5]);
+        // Nothing came ahead: nothing to discard.
+        let mut new = waiting_images();
+        let acts = new.handle_channel_lost("reset");
+        assert!(
+            !acts.iter().any(|a| matches!(a, Action::Discard(_))),
+            "{acts:?}"
+        );
+    }
+
     #[test]
     fn both_sides_complete_a_handoff_with_every_phase_stamped_where_it_happens() {
         let mh = greeting().mh;
@@ -1063,6 +1210,7 @@ mod tests {
         let Message::HandoffRequest {
             handoff_id,
             greeting: g,
+            ..
         } = sent(&acts)
         else {
             panic!()
@@ -1393,6 +1541,7 @@ mod tests {
         let request = Message::HandoffRequest {
             handoff_id: 7,
             greeting: g.clone(),
+            parts: true,
         };
         assert_eq!(
             acts,

@@ -68,7 +68,15 @@ pub const MAX_ATTACHMENT: usize = (1 << 31) - 1;
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Message {
     /// New MSR → old MSR (paper step 4–5): the MH is here; send me its connections.
-    HandoffRequest { handoff_id: u64, greeting: Greeting },
+    /// `parts`: the new MSR takes the images in parts ([`Message::ImagesPart`]), so
+    /// the old MSR may send each as soon as it is captured (an older peer leaves the
+    /// field out and gets them in one message).
+    HandoffRequest {
+        handoff_id: u64,
+        greeting: Greeting,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        parts: bool,
+    },
     /// New MSR → each peer (network detection, no greeting): MH `mh` appeared in my
     /// cell sending from link-layer address `mac` (`xx:xx:…`). The peer serving it
     /// hands its connections over (`Accepted`, as for a greeting) only if `mac` is the
@@ -77,6 +85,9 @@ pub enum Message {
         handoff_id: u64,
         mh: IpAddr,
         mac: String,
+        /// As in `HandoffRequest`.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        parts: bool,
     },
     /// Peer → new MSR: no connection of that MH here (an idle MH's presence here,
     /// if any, ends: it is in the other cell now).
@@ -105,7 +116,17 @@ pub enum Message {
     /// they wait here and reach the sockets when they restart, before anything the
     /// FH sends here after the takeover.
     Holding { handoff_id: u64 },
-    /// Old MSR → new MSR (step 8): the frozen connections.
+    /// Old MSR → new MSR, before `Images`, only if the request said `parts`: some of
+    /// the frozen connections, sent while the rest are still being captured, so the
+    /// new MSR restores them (in repair mode: nothing is sent) while they come. They
+    /// belong to the handoff's `Images`, which follows with the rest; a handoff called
+    /// off before it discards them with the others.
+    ImagesPart {
+        handoff_id: u64,
+        images: Vec<ConnImage>,
+    },
+    /// Old MSR → new MSR (step 8): the frozen connections (those not sent ahead in
+    /// `ImagesPart`s).
     Images {
         handoff_id: u64,
         images: Vec<ConnImage>,
@@ -243,7 +264,7 @@ impl std::error::Error for WireError {}
 /// The images' byte fields in attachment order (each goes length-prefixed).
 fn attached_fields(body: &Message) -> impl Iterator<Item = &[u8]> {
     let images = match body {
-        Message::Images { images, .. } => &images[..],
+        Message::Images { images, .. } | Message::ImagesPart { images, .. } => &images[..],
         _ => &[],
     };
     images
@@ -286,7 +307,7 @@ impl Piece<'_> {
 /// Puts the attachment's bytes back into the images.
 fn distribute(body: &mut Message, mut att: &[u8]) -> Result<(), WireError> {
     let bad = |what: &str| WireError::Malformed(format!("attachment: {what}"));
-    if let Message::Images { images, .. } = body {
+    if let Message::Images { images, .. } | Message::ImagesPart { images, .. } = body {
         for i in images.iter_mut() {
             for f in [
                 &mut i.wireless,
@@ -1003,6 +1024,7 @@ mod tests {
                 handoff_id: 4,
                 mh: "10.2.0.100".parse().unwrap(),
                 mac: "02:00:00:00:00:64".into(),
+                parts: true,
             },
             Message::NotHere { handoff_id: 4 },
             Message::MovedOn {
@@ -1010,8 +1032,32 @@ mod tests {
                 to: "msr3".into(),
             },
             Message::Holding { handoff_id: 4 },
+            // A part of the images: its bytes travel in the attachment too.
+            Message::ImagesPart {
+                handoff_id: 4,
+                images: vec![img(5, 40_000), img(6, 3)],
+            },
         ] {
             assert_eq!(s.open(&c.seal(&m)).unwrap().unwrap().0, m);
         }
+    }
+
+    /// A request from an msrd that does not know parts has no `parts` field: it gets
+    /// the images in one message. One that takes parts says so; `false` is not sent.
+    #[test]
+    fn only_a_request_that_says_so_takes_the_images_in_parts() {
+        let d = |parts: bool| Message::Detected {
+            handoff_id: 9,
+            mh: "10.2.0.100".parse().unwrap(),
+            mac: "02:00:00:00:00:64".into(),
+            parts,
+        };
+        let old =
+            r#"{"type":"detected","handoff_id":9,"mh":"10.2.0.100","mac":"02:00:00:00:00:64"}"#;
+        assert_eq!(serde_json::from_str::<Message>(old).unwrap(), d(false));
+        assert_eq!(serde_json::to_string(&d(false)).unwrap(), old);
+        let new = serde_json::to_string(&d(true)).unwrap();
+        assert!(new.contains(r#""parts":true"#), "{new}");
+        assert_eq!(serde_json::from_str::<Message>(&new).unwrap(), d(true));
     }
 }

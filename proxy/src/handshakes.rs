@@ -246,6 +246,12 @@ impl Recent {
         }
     }
 
+    /// What [`Handshakes::take_replayed`] would take, left in place.
+    pub fn replayed(&self, mh: IpAddr) -> Vec<(SocketAddr, SocketAddr, Vec<u8>)> {
+        let r = self.replayed.lock().unwrap();
+        r.get(&mh).cloned().unwrap_or_default()
+    }
+
     /// The handshakes of `mh` completed here by a replayed ACK: (our end, the MH's
     /// end, the SYN-ACK sent). Taken: a handoff carries them once.
     pub fn take_replayed(&self, mh: IpAddr) -> Vec<(SocketAddr, SocketAddr, Vec<u8>)> {

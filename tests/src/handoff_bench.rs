@@ -101,12 +101,15 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-const MSRD_EXTRA: &str = "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n\
+/// msrd's settings in the bench (and the tests that move many connections).
+pub const MSRD_EXTRA: &str = "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n\
 [wireless]\nsend_buffer = 65536\nrecv_buffer = 65536\n\
 [fixed]\nsend_buffer = 65536\nrecv_buffer = 65536\n";
-const AGENT: &[&str] = &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"];
+/// The agent's arguments in the bench.
+pub const AGENT: &[&str] = &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"];
 
-fn lab(seed: u64) -> io::Result<Lab> {
+/// The bench's lab: two MSRs, fast clean links, the MH in cell 1; no msrd yet.
+pub fn lab(seed: u64) -> io::Result<Lab> {
     let fast = lab::link(200_000_000, 1.0, 0.0);
     Lab::new(LabConfig {
         msrs: 2,
@@ -123,7 +126,7 @@ fn lab(seed: u64) -> io::Result<Lab> {
 
 /// Moves the MH from `at` to the other MSR through a short overlap and waits until the
 /// agent reports the move; returns the number of moves seen so far.
-fn move_once(lab: &Lab, at: usize, seen: usize) -> io::Result<usize> {
+pub fn move_once(lab: &Lab, at: usize, seen: usize) -> io::Result<usize> {
     let to = 3 - at;
     lab.assoc(&[at, to])?;
     std::thread::sleep(Duration::from_millis(300));
@@ -149,12 +152,14 @@ fn move_once(lab: &Lab, at: usize, seen: usize) -> io::Result<usize> {
 }
 
 /// Handoff latency for an MH with `conns` connections carrying `queues`, the MSR⇄MSR
-/// channel over mutual TLS (`tls`) or pre-shared keys.
+/// channel over mutual TLS (`tls`) or pre-shared keys, the images in parts (`parts`,
+/// `[handoff] images_in_parts`) or not.
 pub fn latency(
     conns: usize,
     queues: Queues,
     moves: usize,
     tls: bool,
+    parts: bool,
     progress: impl Fn(&str),
 ) -> io::Result<LatencyResult> {
     use std::sync::mpsc;
@@ -163,6 +168,9 @@ pub fn latency(
     let full = queues == Queues::Full;
     let mut lab = lab(conns as u64 + queues as u64)?;
     lab.channel_tls = tls;
+    if !parts {
+        lab.handoff_extra = "images_in_parts = false\n".into();
+    }
     let n = conns.max(1) + 16;
     lab.access_extra =
         format!("max_connections_per_mh = {n}\nmax_handshakes = {n}\nmax_handshakes_per_mh = {n}");

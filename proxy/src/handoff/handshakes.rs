@@ -92,13 +92,23 @@ fn time_wait_ack(ack: &itcp_handoff::packet::Segment) {
 /// Old MSR: the images of `mh`'s connections completed here by a replayed ACK carry
 /// the SYN-ACK sent (rare: the images are decoded only then).
 pub fn attach(d: &Daemon, mh: IpAddr, images: &mut [itcp_proto::channel::ConnImage]) {
-    for (local, remote, packet) in d.handshakes.take_replayed(mh) {
+    attach_from(&d.handshakes.take_replayed(mh), images)
+}
+
+/// [`attach`] with the replayed handshakes given (`Handshakes::replayed`), for the
+/// images' parts sent ahead of the last message: those are left for it.
+pub fn attach_from(
+    replayed: &[(SocketAddr, SocketAddr, Vec<u8>)],
+    images: &mut [itcp_proto::channel::ConnImage],
+) {
+    for (local, remote, packet) in replayed {
+        let (local, remote) = (*local, *remote);
         let found = images.iter_mut().find(|c| {
             itcp_handoff::SocketImage::from_bytes(&c.wireless)
                 .is_ok_and(|w| w.local == local && w.remote == remote)
         });
         if let Some(c) = found {
-            c.synack = Some(itcp_proto::hex::hex(&packet));
+            c.synack = Some(itcp_proto::hex::hex(packet));
         }
     }
 }

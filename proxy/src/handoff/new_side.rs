@@ -212,6 +212,9 @@ async fn run(
     // The flows of the connections restored here (live: none of the strays).
     let mut moving: std::collections::HashSet<(SocketAddr, SocketAddr)> = Default::default();
     let mut flight_route: Option<FlightRoute> = None;
+    // Parts of the images being restored ahead of their last message
+    // (`Action::RestoreAhead`): joined at the last restore, or at a discard.
+    let mut ahead: Vec<tokio::task::JoinHandle<Restoration>> = Vec::new();
     let mut entries: Vec<ConnEntry> = Vec::new();
     let mut moved = 0usize;
     let mut moved_any = false;
@@ -338,23 +341,31 @@ async fn run(
                     }
                     h.adopt_token(mh, m.token());
                     super::handshakes::expect(&d, &images);
-                    let cx = RestoreContext {
-                        policy: unacked(h.cfg.unacked),
-                        fwmark: d.cfg.interception.fwmark,
-                        began: Some(began),
-                        acks: d.holding.acks(mh),
-                    };
+                    let cx = restore_context(&d, mh, began);
                     let dev = d.cell_interface(mh);
                     let few = images.len() <= FEW;
                     let t = std::time::Instant::now();
-                    let (ok, failed, es, route) = socket_work(few, move || {
-                        let route = FlightRoute::install(mh, dev, &images);
+                    let route = flight_route.take();
+                    let (mut ok, mut failed, mut es, route) = socket_work(few, move || {
+                        let route = FlightRoute::cover(route, mh, dev, &images);
                         let (ok, failed, es) = restore_all(&images, &cx);
                         (ok, failed, es, route)
                     })
                     .await;
                     flight_route = route;
-                    debug!(restore_us = t.elapsed().as_micros() as u64, "restored");
+                    let restore_us = t.elapsed().as_micros() as u64;
+                    let parts = ahead.len();
+                    for (o, f, e) in join_ahead(&mut ahead).await {
+                        ok.extend(o);
+                        failed.extend(f);
+                        es.extend(e);
+                    }
+                    debug!(
+                        restore_us,
+                        parts,
+                        waited_us = t.elapsed().as_micros() as u64 - restore_us,
+                        "restored"
+                    );
                     entries = es;
                     moving = ok.iter().flat_map(Restored::flows).collect();
                     // The old MSR may have called the handoff off meanwhile (a slow
@@ -372,7 +383,20 @@ async fn run(
                     });
                     restored = ok;
                 }
+                Action::RestoreAhead(images) => {
+                    super::handshakes::expect(&d, &images);
+                    let cx = restore_context(&d, mh, began);
+                    // Installed before the restore: a socket takes its route's window.
+                    let dev = d.cell_interface(mh);
+                    flight_route = FlightRoute::cover(flight_route.take(), mh, dev, &images);
+                    ahead.push(tokio::task::spawn_blocking(move || {
+                        restore_all(&images, &cx)
+                    }));
+                }
                 Action::Discard(ids) => {
+                    for (o, _, _) in join_ahead(&mut ahead).await {
+                        restored.extend(o);
+                    }
                     let (gone, keep): (Vec<Restored>, Vec<Restored>) =
                         std::mem::take(&mut restored)
                             .into_iter()
@@ -516,6 +540,12 @@ async fn run(
             continue;
         }
         if m.done() {
+            if !ahead.is_empty() {
+                // Not restarted (the machine discards them first): nothing is left.
+                for (o, _, _) in join_ahead(&mut ahead).await {
+                    discard_all(o);
+                }
+            }
             if lifted {
                 d.holding.settle(mh, &[]);
             }
@@ -542,6 +572,30 @@ async fn run(
             Ok(Err(e)) => m.handle_channel_lost(&e.to_string()),
             Err(_) => m.handle_timeout(now_us()),
         };
+    }
+}
+
+/// What restoring some images came to ([`restore_all`]).
+type Restoration = (Vec<Restored>, Vec<(u64, String)>, Vec<ConnEntry>);
+
+/// The restores of parts started ahead, once each is done.
+async fn join_ahead(ahead: &mut Vec<tokio::task::JoinHandle<Restoration>>) -> Vec<Restoration> {
+    let mut out = Vec::new();
+    for j in ahead.drain(..) {
+        out.push(j.await.expect("restore task"));
+    }
+    out
+}
+
+/// What restoring `mh`'s images here needs besides them: the ACKs held for its flows
+/// so far, among others.
+fn restore_context(d: &Daemon, mh: IpAddr, began: std::time::Instant) -> RestoreContext {
+    let h = d.handoff.as_ref().expect("handoffs are on");
+    RestoreContext {
+        policy: unacked(h.cfg.unacked),
+        fwmark: d.cfg.interception.fwmark,
+        began: Some(began),
+        acks: d.holding.acks(mh),
     }
 }
 

@@ -2,6 +2,7 @@
 //! machine (`itcp_handoff::machine::OldSide`) checks the greeting's proof and decides;
 //! this file carries out its actions against the relays and sockets.
 
+use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tracing::{debug, warn, Instrument};
 
 use super::channel::{Channel, ChannelError};
-use super::sockets::{capture_all, delete, freeze, resume, settle, socket_work, FEW};
+use super::sockets::{capture_all, delete, freeze, resume, settle, socket_work, Captured, FEW};
 use super::spares::IDLE_LIMIT;
 use crate::clock::now_us;
 use crate::daemon::Daemon;
@@ -115,17 +116,19 @@ async fn serve_one(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
         Err(ChannelError::Wire(e)) => return d.rejected(peer, &e),
         Err(e) => return debug!(addr = %peer, error = %e, "handoff channel closed"),
     };
-    let (handoff_id, req) = match first {
+    let (handoff_id, req, parts) = match first {
         Message::HandoffRequest {
             handoff_id,
             greeting,
-        } => (handoff_id, Asked::Greeting(greeting)),
+            parts,
+        } => (handoff_id, Asked::Greeting(greeting), parts),
         Message::Detected {
             handoff_id,
             mh,
             mac,
+            parts,
         } => match itcp_proto::hex::parse_mac(&mac) {
-            Some(mac) => (handoff_id, Asked::Detected { mh, mac }),
+            Some(mac) => (handoff_id, Asked::Detected { mh, mac }, parts),
             None => {
                 let e = format!("{:?} sent a detection with bad MAC {mac:?}", ch.peer());
                 return d.rejected(peer, &e);
@@ -147,7 +150,7 @@ async fn serve_one(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
     };
     let span =
         tracing::info_span!("handoff", handoff = handoff_id, %mh, role = "old", peer = %ch.peer());
-    old_side(d.clone(), ch, peer, handoff_id, req)
+    old_side(d.clone(), ch, peer, handoff_id, req, parts)
         .instrument(span)
         .await
 }
@@ -158,7 +161,15 @@ enum Asked {
     Detected { mh: std::net::IpAddr, mac: [u8; 6] },
 }
 
-async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id: u64, req: Asked) {
+/// `parts`: the new MSR takes the images in parts ([`capture_in_parts`]).
+async fn old_side(
+    d: Arc<Daemon>,
+    mut ch: Channel,
+    peer: SocketAddr,
+    handoff_id: u64,
+    req: Asked,
+    parts: bool,
+) {
     let h = d.handoff.as_ref().unwrap();
     let from = ch.peer().to_string();
     let req = match &req {
@@ -196,6 +207,8 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
     // Frozen connections that cannot be captured: they stay here.
     let mut stuck: Vec<(u64, String)> = Vec::new();
     let mut entries: Vec<ConnEntry> = Vec::new();
+    // Connections whose images went ahead in parts: left out of the last message.
+    let mut sent_ahead: HashSet<u64> = HashSet::new();
     // However this handoff ends, the MH's connections in setup stop waiting for it.
     struct Thaw<'a>(&'a Daemon, std::net::IpAddr);
     impl Drop for Thaw<'_> {
@@ -227,11 +240,19 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                     let fwmark = d.cfg.interception.fwmark;
                     let few = frozen.len() <= FEW;
                     let fs = std::mem::take(&mut frozen);
-                    let (fs, captured) = socket_work(few, move || {
-                        let c = capture_all(&fs, fwmark);
-                        (fs, c)
-                    })
-                    .await;
+                    let in_parts = parts && h.cfg.images_in_parts;
+                    let (fs, captured) = if in_parts && fs.len() >= PARTS_FROM {
+                        let replayed = d.handshakes.replayed(mh);
+                        let c = capture_in_parts(&mut ch, fs, fwmark, handoff_id, &replayed).await;
+                        sent_ahead = c.2;
+                        (c.0, c.1)
+                    } else {
+                        socket_work(few, move || {
+                            let c = capture_all(&fs, fwmark);
+                            (fs, c)
+                        })
+                        .await
+                    };
                     for (f, c) in fs.into_iter().zip(captured) {
                         if failure.is_some() {
                             // Captured or not, it resumes here (Unfreeze follows).
@@ -314,6 +335,8 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                             })
                             .collect();
                         super::handshakes::attach(&d, mh, images);
+                        // Sent ahead in parts already.
+                        images.retain(|i| !sent_ahead.contains(&i.id));
                         // Test hook: images held up after the acceptance
                         // (`MSRD_FAULT_DELAY_MS`, default 100 ms), as by a channel
                         // outage, to show what a pull failing after it leaves behind.
@@ -328,7 +351,11 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
                         warn!(peer = %from, error = %e, "handoff message not sent");
                     }
                     if matches!(msg, Message::Images { .. }) {
-                        debug!(send_us = t.elapsed().as_micros() as u64, "images sent");
+                        debug!(
+                            send_us = t.elapsed().as_micros() as u64,
+                            ahead = sent_ahead.len(),
+                            "images sent"
+                        );
                     }
                 }
                 Action::SendAhead(mh) => {
@@ -424,6 +451,91 @@ async fn old_side(d: Arc<Daemon>, mut ch: Channel, peer: SocketAddr, handoff_id:
             Err(_) => m.handle_timeout(now_us()),
         };
     }
+}
+
+/// Connections captured and sent per part ([`capture_in_parts`]).
+const PART: usize = 256;
+/// Fewer connections than this go in one message: two parts at least, or nothing
+/// overlaps.
+const PARTS_FROM: usize = 2 * PART;
+
+/// Captures `frozen` in parts of [`PART`] and sends each part's images to the new MSR
+/// (`ImagesPart`) while the next is captured, so that it restores them meanwhile: a
+/// handoff of many connections takes about the longest of capture, transfer and
+/// restore instead of their sum. The last part goes with the images' last message, as
+/// does every image of a `closing` connection (an ACK held at the new MSR until its
+/// restore may complete its close there: restored ahead, it would miss it). After a
+/// capture that calls the handoff off (a connection changed), nothing more goes
+/// ahead: the new MSR discards what did when the call-off reaches it. Returns the
+/// connections and what their capture came to, as [`capture_all`] does, and the ids
+/// of the connections sent ahead.
+async fn capture_in_parts(
+    ch: &mut Channel,
+    frozen: Vec<Frozen>,
+    mark: u32,
+    handoff_id: u64,
+    replayed: &[(SocketAddr, SocketAddr, Vec<u8>)],
+) -> (Vec<Frozen>, Vec<Captured>, HashSet<u64>) {
+    let mut chunks: std::collections::VecDeque<Vec<Frozen>> = Default::default();
+    let mut rest = frozen.into_iter();
+    loop {
+        let c: Vec<Frozen> = rest.by_ref().take(PART).collect();
+        if c.is_empty() {
+            break;
+        }
+        chunks.push_back(c);
+    }
+    let capture = |c: Vec<Frozen>| {
+        tokio::task::spawn_blocking(move || {
+            let r = capture_all(&c, mark);
+            (c, r)
+        })
+    };
+    let (mut fs, mut cs, mut ahead) = (Vec::new(), Vec::new(), HashSet::new());
+    let mut sending = true;
+    let mut next = chunks.pop_front().map(&capture);
+    while let Some(task) = next.take() {
+        let (f, mut c) = task.await.expect("capture task");
+        next = chunks.pop_front().map(&capture);
+        let changed =
+            |r: &Captured| matches!(r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock);
+        sending &= !c.iter().any(changed);
+        if sending && next.is_some() {
+            // The images move into the message and back: their queues are not copied.
+            let mut at = Vec::new();
+            let mut images = Vec::new();
+            for (i, (fz, r)) in f.iter().zip(c.iter_mut()).enumerate() {
+                if fz.session.kind == crate::sessions::Kind::Closing {
+                    continue;
+                }
+                if let Ok(Some((img, _))) = r {
+                    at.push(i);
+                    images.push(std::mem::take(img));
+                }
+            }
+            super::handshakes::attach_from(replayed, &mut images);
+            let msg = Message::ImagesPart { handoff_id, images };
+            if let Err(e) = ch.send(&msg).await {
+                // The last message will not go either: the handoff fails as it would.
+                warn!(error = %e, "images' part not sent");
+                sending = false;
+            }
+            let Message::ImagesPart { images, .. } = msg else {
+                unreachable!()
+            };
+            for (i, img) in at.into_iter().zip(images) {
+                if let Ok(Some((slot, _))) = &mut c[i] {
+                    if sending {
+                        ahead.insert(img.id);
+                    }
+                    *slot = img;
+                }
+            }
+        }
+        fs.extend(f);
+        cs.extend(c);
+    }
+    (fs, cs, ahead)
 }
 
 /// Waits until none of the MH's TCP handshakes is half-open here (SYN_RECV), at most

@@ -620,27 +620,45 @@ pub fn restore_one(c: &ConnImage, cx: &RestoreContext) -> io::Result<Restored> {
 pub struct FlightRoute {
     mh: IpAddr,
     dev: String,
+    cwnd: u32,
 }
 
 impl FlightRoute {
     pub fn install(mh: IpAddr, dev: Option<String>, images: &[ConnImage]) -> Option<FlightRoute> {
-        let dev = dev?;
+        Self::cover(None, mh, dev, images)
+    }
+
+    /// The route `now` (if any), widened if need be to cover `images` too: the images
+    /// of one handoff may come in parts, each restored as it comes.
+    pub fn cover(
+        now: Option<FlightRoute>,
+        mh: IpAddr,
+        dev: Option<String>,
+        images: &[ConnImage],
+    ) -> Option<FlightRoute> {
+        let Some(dev) = dev else { return now };
         let segs = images
             .iter()
             .filter_map(|c| SocketImage::from_bytes(&c.wireless).ok())
             .map(|w| itcp_handoff::first_flight(&w, w.options.mss.max(536) as usize) + 1)
-            .max()?;
+            .max()
+            .unwrap_or(0);
         if segs <= 10 {
-            return None; // The default initial window covers it.
+            return now; // The default initial window covers it.
         }
         let cwnd = (segs + 2).min(1000) as u32;
+        if now.as_ref().is_some_and(|r| r.cwnd >= cwnd) {
+            return now;
+        }
         // Marked as msrd's (proto): flushed after a crash (footprint).
         let proto = crate::footprint::ROUTE_PROTO;
         if let Err(e) = crate::netlink::host_route(mh, &dev, cwnd, proto, true) {
             warn!(%mh, %dev, error = %e, "no initcwnd route for the restore: bytes in flight wait for a timeout");
-            return None;
+            return now;
         }
-        Some(FlightRoute { mh, dev })
+        // The same host route, replaced in place: the narrower one is not removed.
+        std::mem::forget(now);
+        Some(FlightRoute { mh, dev, cwnd })
     }
 }
 

@@ -193,7 +193,7 @@ run's lab is removed by 'itcp-lab cleanup'.",
         },
         Command {
             name: "bench handoff",
-            synopsis: "[--conns 1,100,1000] [--moves N] [--gap yes|no] [--channel tls|psk] [--airlink normal|fifo]",
+            synopsis: "[--conns 1,100,1000] [--moves N] [--gap yes|no] [--channel tls|psk] [--parts yes|no] [--airlink normal|fifo]",
             about: "Handoff latency (greeting → resumed) with empty, full and streaming queues, \
                     the fixed host's retransmission timeouts during the moves, and the gap in \
                     bytes at the MH around one overlapped handoff.",
@@ -209,6 +209,12 @@ run's lab is removed by 'itcp-lab cleanup'.",
                     "channel",
                     "tls|psk",
                     "The MSR-to-MSR channel: mutual TLS (default) or pre-shared keys.",
+                ),
+                Flag::value(
+                    "parts",
+                    "yes|no",
+                    "The old MSR sends the images of 512 connections or more in parts as \
+                     it captures them ([handoff] images_in_parts; default yes).",
                 ),
                 AIRLINK,
             ],
@@ -376,7 +382,8 @@ enum Job {
     Relay(u64, usize, Vec<Peer>, Option<String>),
     Paper(itcp_testbed::paper::PaperOpts),
     /// Connection counts, moves, the gap too, the channel over TLS.
-    Handoff(Vec<usize>, usize, bool, bool, bool),
+    /// Connection counts, moves, gap, TLS, images in parts, SCHED_FIFO airlink.
+    Handoff(Vec<usize>, usize, bool, bool, bool, bool),
     Conns(usize, usize),
     Churn(usize, usize),
     FirstByte(FirstByteOpts),
@@ -581,7 +588,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
         }
         "bench handoff" => {
             let (mut conns, mut moves, mut gap) = (vec![1usize, 100, 1000], 6usize, true);
-            let (mut tls, mut fifo) = (true, false);
+            let (mut tls, mut parts, mut fifo) = (true, true, false);
             while let Some(arg) = a.next()? {
                 match arg {
                     Arg::Flag("airlink") => fifo = airlink_fifo(&mut a)?,
@@ -598,6 +605,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
                     }
                     Arg::Flag("moves") => moves = a.int("moves")?,
                     Arg::Flag("gap") => gap = yes_no(&mut a, "gap")?,
+                    Arg::Flag("parts") => parts = yes_no(&mut a, "parts")?,
                     Arg::Flag("channel") => {
                         tls = match a.value("channel")?.as_str() {
                             "tls" => true,
@@ -608,7 +616,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
                     other => return Err(a.unexpected(other)),
                 }
             }
-            Job::Handoff(conns, moves, gap, tls, fifo)
+            Job::Handoff(conns, moves, gap, tls, parts, fifo)
         }
         "bench conns" => {
             let (mut count, mut bytes) = (10_000usize, 16_384usize);
@@ -804,7 +812,9 @@ fn main() -> ExitCode {
             bench_relay(seconds, rounds, &peers, json_out)
         }
         Job::Paper(o) => bench_paper(o),
-        Job::Handoff(conns, moves, gap, tls, fifo) => bench_handoff(conns, moves, gap, tls, fifo),
+        Job::Handoff(conns, moves, gap, tls, parts, fifo) => {
+            bench_handoff(conns, moves, gap, tls, parts, fifo)
+        }
         Job::Conns(count, bytes) => bench_conns(count, bytes),
         Job::Churn(total, conc) => bench_churn(total, conc),
         Job::FirstByte(o) => bench_firstbyte(o),
@@ -1176,6 +1186,7 @@ fn bench_handoff(
     moves: usize,
     gap: bool,
     tls: bool,
+    parts: bool,
     fifo: bool,
 ) -> Result<(), String> {
     use itcp_testbed::handoff_bench;
@@ -1184,15 +1195,20 @@ fn bench_handoff(
     for &n in &conns {
         for q in handoff_bench::Queues::ALL {
             eprintln!("handoff latency: {n} connection(s), {} queues", q.as_str());
-            let r = handoff_bench::latency(n, q, moves, tls, |l| eprintln!("  {l}"))
+            let r = handoff_bench::latency(n, q, moves, tls, parts, |l| eprintln!("  {l}"))
                 .map_err(|e| format!("{n} connections ({}): {e}", q.as_str()))?;
             println!("{}", serde_json::to_string(&r).unwrap());
             rows.push(r);
         }
     }
     println!(
-        "\nlink emulator: {} priority",
-        if fifo { "SCHED_FIFO" } else { "normal" }
+        "\nlink emulator: {} priority; images {}",
+        if fifo { "SCHED_FIFO" } else { "normal" },
+        if parts {
+            "in parts ([handoff] images_in_parts)"
+        } else {
+            "in one message"
+        }
     );
     println!(
         "Handoff latency, greeting → resumed at the new MSR (median of the moves; min–max), \
@@ -1414,7 +1430,11 @@ mod tests {
         assert!(p(&["bench", "firstbyte", "--airlink", "realtime"]).is_err());
         assert!(matches!(
             p(&["bench", "handoff", "--airlink", "fifo"]),
-            Ok(Job::Handoff(_, _, _, _, true))
+            Ok(Job::Handoff(_, _, _, _, true, true))
+        ));
+        assert!(matches!(
+            p(&["bench", "handoff", "--parts", "no"]),
+            Ok(Job::Handoff(_, _, _, _, false, false))
         ));
         {
             use itcp_testbed::upload::{Kind, Move};
