@@ -538,6 +538,17 @@ impl Drop for Turn {
     }
 }
 
+/// `ITCP_LAB_PIN_MSRD=1`: MSR `k`'s msrd runs on CPU `(k - 1) % cpus` alone, as if
+/// each MSR were a router of its own (a one-core one): the benchmarks then see what
+/// one MSR's work overlaps with the other's, which on shared cores it cannot.
+fn msrd_cpu(k: usize) -> Option<usize> {
+    if std::env::var("ITCP_LAB_PIN_MSRD").ok()? != "1" {
+        return None;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    Some((k - 1) % cpus)
+}
+
 /// Where to find the testbed's binaries: `ITCP_BIN_DIR`, else next to the running
 /// executable (or one level up, for `cargo test` binaries in `target/*/deps`).
 pub fn bin_path(name: &str) -> PathBuf {
@@ -1271,6 +1282,20 @@ impl Lab {
         let mut cmd = self.command(Host::Msr(k), bin)?;
         for (_, n, v) in self.msrd_env.iter().filter(|(j, ..)| *j == k) {
             cmd.env(n, v);
+        }
+        if let Some(cpu) = msrd_cpu(k) {
+            // SAFETY: sched_setaffinity on the child itself, between fork and exec;
+            // every thread msrd starts inherits it.
+            unsafe {
+                cmd.pre_exec(move || {
+                    let mut set: libc::cpu_set_t = std::mem::zeroed();
+                    libc::CPU_SET(cpu, &mut set);
+                    if libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
         }
         cmd.args(["--config", &cfg])
             .stdout(f.try_clone()?)
