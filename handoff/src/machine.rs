@@ -799,11 +799,16 @@ impl OldSide {
         // A greeting for an MH whose connections left for another peer: the MH never
         // heard of that move (it still names us). The peer is sent there.
         if let (Request::Greeting(_), 0, Some(to)) = (req, known.local, known.moved_to) {
+            s.state = OldState::Done;
             if to != from {
-                s.state = OldState::Done;
                 let to = to.to_string();
                 return (s, vec![Action::Send(Message::MovedOn { handoff_id, to })]);
             }
+            // They all went to the peer asking: a fresh greeting the MH sent it while
+            // the move was on its way (a slow handoff). Accepted, it froze nothing here
+            // and held the MH's running connections there for a pull that moved none,
+            // logged as `moved` with no connection.
+            return (s, vec![Action::Send(Message::NotHere { handoff_id })]);
         }
         // A greeting for an MH that has nothing here (no connection, and so no token
         // to check a proof with): nothing to move, nothing changes here.
@@ -1578,6 +1583,25 @@ mod tests {
             log(&new.handle(NewEvent::Message(to_me), 1)).outcome,
             Outcome::Rejected
         );
+    }
+
+    #[test]
+    fn a_greeting_for_connections_already_at_the_asking_msr_moves_nothing() {
+        // Every connection of the MH left msr1 for msr2; the MH greets msr2 again,
+        // afresh, naming msr1 (it had not heard of the move yet).
+        let g = Greeting::new(TOKEN, greeting().mh, "msr1", "msr2", 20, [3; 16]);
+        let gone = MhKnown {
+            local: 0,
+            moved_to: Some("msr2"),
+            ..known()
+        };
+        let (old, acts) = OldSide::start("msr1", "msr2", 6, Request::Greeting(&g), gone, 0, T);
+        assert_eq!(acts, vec![Action::Send(Message::NotHere { handoff_id: 6 })]);
+        assert!(old.done());
+        // msr2 holds nothing for it and tells the MH it is attached there.
+        let (mut new, _) = NewSide::start(6, "msr2", g, 0, T);
+        let acts = new.handle(NewEvent::Message(sent(&acts)), 1);
+        assert_eq!(acts, vec![Action::Attached]);
     }
 
     #[test]
