@@ -624,10 +624,6 @@ pub struct FlightRoute {
 }
 
 impl FlightRoute {
-    pub fn install(mh: IpAddr, dev: Option<String>, images: &[ConnImage]) -> Option<FlightRoute> {
-        Self::cover(None, mh, dev, images)
-    }
-
     /// The route `now` (if any), widened if need be to cover `images` too: the images
     /// of one handoff may come in parts, each restored as it comes.
     pub fn cover(
