@@ -1569,6 +1569,19 @@ impl Lab {
 
     /// Waits until something listens on TCP `port` in host `h` (checked with `ss`,
     /// without connecting to it).
+    /// Starts `itcp-lab echo` at the FH on `port` (log `echo.log`) and waits until it
+    /// listens.
+    pub fn start_fh_echo(&mut self, port: u16) -> io::Result<()> {
+        let listen = fh_addr(port);
+        self.spawn_logged(
+            Host::Fh,
+            bin_path("itcp-lab"),
+            &["echo", "--listen", &listen],
+            "echo.log",
+        )?;
+        self.wait_listening(Host::Fh, port)
+    }
+
     pub fn wait_listening(&self, h: Host, port: u16) -> io::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {

@@ -3556,14 +3556,7 @@ fn many_connections_move_in_parts_and_lose_no_byte() {
         format!("max_connections_per_mh = {n}\nmax_handshakes = {n}\nmax_handshakes_per_mh = {n}");
     lab.start_itcp_mobility(hb::MSRD_EXTRA, hb::AGENT).unwrap();
     watch_resets(&mut lab);
-    lab.spawn_logged(
-        Host::Fh,
-        bin_path("itcp-lab"),
-        &["echo", "--listen", "10.0.0.1:9000"],
-        "echo.log",
-    )
-    .unwrap();
-    lab.wait_listening(Host::Fh, 9000).unwrap();
+    lab.start_fh_echo(9000).unwrap();
     let (ready_tx, ready_rx) = mpsc::channel::<Result<usize, String>>();
     let (go_tx, go_rx) = mpsc::channel::<()>();
     let (mh_ns, token) = (lab.ns(Host::Mh), lab.dir.join("mh-token"));

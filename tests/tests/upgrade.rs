@@ -711,14 +711,7 @@ fn an_upgrade_moves_a_thousand_connections_intact() {
         ),
     );
     let msrd = lab.start_msrd(1, &cfg).unwrap();
-    lab.spawn_logged(
-        Host::Fh,
-        bin_path("itcp-lab"),
-        &["echo", "--listen", "10.0.0.1:9000"],
-        "echo.log",
-    )
-    .unwrap();
-    lab.wait_listening(Host::Fh, 9000).unwrap();
+    lab.start_fh_echo(9000).unwrap();
     // The MH: N connections, each echoes 1 KiB before the upgrade and 64 KiB after.
     let (opened_tx, opened_rx) = std::sync::mpsc::channel::<usize>();
     let (go_tx, go_rx) = std::sync::mpsc::channel::<()>();
