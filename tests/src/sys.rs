@@ -78,6 +78,58 @@ const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 
 /// Creates a TAP device (Ethernet frames, no packet-info header) in the current network
 /// namespace, non-blocking. It disappears when the returned fd is closed.
+/// Sends `packet`, a whole IPv4 or IPv6 packet, as it is (a raw socket: the tests'
+/// stray or forged segments), from the calling thread's namespace.
+pub fn send_raw(packet: &[u8]) -> io::Result<()> {
+    let v6 = packet.first().is_some_and(|b| b >> 4 == 6);
+    let (family, dst_at, len) = if v6 {
+        (libc::AF_INET6, 24, 16)
+    } else {
+        (libc::AF_INET, 16, 4)
+    };
+    if packet.len() < dst_at + len {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, "short packet"));
+    }
+    // SAFETY: a new socket; closed below.
+    let fd = check(unsafe { libc::socket(family, libc::SOCK_RAW, libc::IPPROTO_RAW) })?;
+    // SAFETY: zeroed sockaddr_storage is a valid "any" address to fill in.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    let sa_len = if v6 {
+        // SAFETY: sockaddr_storage is large enough for sockaddr_in6.
+        let sin6 = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in6) };
+        sin6.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+        sin6.sin6_addr
+            .s6_addr
+            .copy_from_slice(&packet[dst_at..dst_at + len]);
+        std::mem::size_of::<libc::sockaddr_in6>()
+    } else {
+        // SAFETY: sockaddr_storage is large enough for sockaddr_in.
+        let sin = unsafe { &mut *(&mut ss as *mut _ as *mut libc::sockaddr_in) };
+        sin.sin_family = libc::AF_INET as libc::sa_family_t;
+        sin.sin_addr.s_addr = u32::from_ne_bytes(packet[dst_at..dst_at + len].try_into().unwrap());
+        std::mem::size_of::<libc::sockaddr_in>()
+    };
+    // SAFETY: the buffer and the address are valid for the lengths given.
+    let n = unsafe {
+        libc::sendto(
+            fd,
+            packet.as_ptr().cast(),
+            packet.len(),
+            0,
+            &ss as *const _ as *const libc::sockaddr,
+            sa_len as libc::socklen_t,
+        )
+    };
+    let sent = if n < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    };
+    // SAFETY: our own fd.
+    unsafe { libc::close(fd) };
+    sent
+}
+
 pub fn open_tap(ifname: &str) -> io::Result<OwnedFd> {
     let path = CString::new("/dev/net/tun").unwrap();
     // SAFETY: path is NUL-terminated; the returned fd is owned below.

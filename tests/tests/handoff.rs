@@ -1304,6 +1304,122 @@ fn a_relay_frozen_between_the_mhs_fin_and_ours_ends_without_a_reset_two_moves_la
     );
 }
 
+/// A closing connection (the MH's FIN taken, our last bytes and FIN not yet
+/// acknowledged) restarted at the new MSR ends there on the MH's first ACK; a segment
+/// of the MH's on that flow after it (a duplicate, or an older ACK copied on by the old
+/// MSR from the MH's old cell) met no socket and drew an RST, when it came before the
+/// connection's task had marked the flow ended (found by the overlapped
+/// short-connections test: 1 run in 12 with a CPU hog beside it; the MH's ACK of our
+/// FIN reached MSR1 from its new cell, the older ACK sent a moment before from its old
+/// one came 0.1 ms later through MSR2). The hook delays that task as a busy runtime
+/// would; the test's own stray ACK stands for the late one.
+#[test]
+fn a_closing_connection_that_ends_as_it_restarts_draws_no_reset() {
+    use std::sync::mpsc;
+    const PORT: u16 = 5023;
+    let lab = fast_lab_on(
+        clean_lab(2, 93),
+        &[
+            (2, "MSRD_FAULT", "slow_moved_start"),
+            (2, "MSRD_FAULT_DELAY_MS", "6000"),
+        ],
+        "",
+    );
+    // The FH reads the MH's request to its end, then answers and closes.
+    let (go_tx, go_rx) = mpsc::channel::<()>();
+    let fh_ns = lab.ns(Host::Fh);
+    let fh = std::thread::spawn(move || {
+        itcp_testbed::sys::in_netns(&fh_ns, || {
+            let l = std::net::TcpListener::bind(("10.0.0.1", PORT))?;
+            let (mut s, _) = l.accept()?;
+            let mut req = Vec::new();
+            s.read_to_end(&mut req)?;
+            go_rx
+                .recv_timeout(Duration::from_secs(20))
+                .map_err(|e| std::io::Error::other(e.to_string()))?;
+            s.write_all(&[7u8; 3000])?;
+            s.shutdown(std::net::Shutdown::Write)?;
+            Ok(req.len())
+        })
+    });
+    lab.wait_listening(Host::Fh, PORT).unwrap();
+    let (port_tx, port_rx) = mpsc::channel::<u16>();
+    let (mh_ns, token) = (lab.ns(Host::Mh), lab.mh_token_file(1));
+    let mh = std::thread::spawn(move || {
+        itcp_testbed::sys::in_netns(&mh_ns, || {
+            let mut s = itcp_to_fh(token, PORT)?.into_inner();
+            s.write_all(b"request")?;
+            s.shutdown(std::net::Shutdown::Write)?;
+            let _ = port_tx.send(s.local_addr()?.port());
+            s.set_read_timeout(Some(Duration::from_secs(20)))?;
+            let mut got = Vec::new();
+            s.read_to_end(&mut got)?;
+            Ok(got)
+        })
+    });
+    let mh_port = port_rx
+        .recv_timeout(Duration::from_secs(10))
+        .unwrap_or_else(|_| panic!("the MH's connection did not open\n{}", diag(&lab)));
+    // The MH's FIN reaches the FH; from now on the air loses the MH's ACKs.
+    std::thread::sleep(Duration::from_millis(300));
+    let flow = format!("ip daddr 10.2.0.1 tcp dport 1080 tcp sport {mh_port}");
+    lab.nft(
+        Host::Mh,
+        &format!("table inet noacks {{\n  chain o {{ type filter hook output priority 0; {flow} drop; }}\n}}\n"),
+    )
+    .unwrap();
+    go_tx.send(()).unwrap();
+    let got = mh
+        .join()
+        .unwrap()
+        .unwrap_or_else(|e| panic!("the MH's answer: {e}\n{}", diag(&lab)));
+    assert_eq!(got, vec![7u8; 3000]);
+    assert_eq!(fh.join().unwrap().unwrap(), 7);
+    // MSR1's relay has ended with our bytes and FIN unacknowledged: it moves as closing.
+    std::thread::sleep(Duration::from_millis(200));
+    crossing(&lab, 1, 2, Duration::ZERO, Duration::ZERO);
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    let kinds: Vec<String> = lab
+        .handoff_records(2)
+        .iter()
+        .flat_map(|r| r.connections.iter())
+        .filter(|c| c.mh.port() == mh_port)
+        .map(|c| c.kind.clone())
+        .collect();
+    assert_eq!(kinds, ["closing"], "{}", diag(&lab));
+    // The MH's ACKs go through again: MSR2's restored socket ends on the first.
+    lab.nft(Host::Mh, "delete table inet noacks\n").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(4);
+    let filter = format!("( dport = :{mh_port} )");
+    while !sh(&lab, Host::Msr(2), &["ss", "-tanH", &filter])
+        .trim()
+        .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "MSR2's socket did not end\n{}",
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // A late segment of the MH's on that flow meets no socket at MSR2.
+    let stray = itcp_handoff::packet::Segment {
+        src: std::net::SocketAddr::from(([10, 2, 0, 100], mh_port)),
+        dst: std::net::SocketAddr::from(([10, 2, 0, 1], 1080)),
+        seq: 1,
+        ack: 1,
+        window: 64,
+        fin: false,
+        timestamps: None,
+    };
+    itcp_testbed::sys::in_netns(&lab.ns(Host::Mh), || {
+        itcp_testbed::sys::send_raw(&stray.to_ip_packet())
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_no_rsts(&lab);
+}
+
 /// Beacons every 200 ms (lifetime 600 ms) so that many moves fit in one test.
 const FAST_BEACONS: &str = "[beacon]\ninterval_ms = 200\nlifetime_ms = 600\n";
 const FAST_AGENT: &[&str] = &["--hysteresis-ms", "0", "--beacon-interval-ms", "200"];

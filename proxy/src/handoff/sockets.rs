@@ -378,7 +378,14 @@ pub fn spawn_service(d: &Arc<Daemon>, f: Frozen) {
             return;
         }
         Kind::Closing => {
-            tokio::spawn(async move { d2.drain(f.session, f.wireless, f.fixed, f.admitted).await });
+            tokio::spawn(async move {
+                // Test hook: a busy runtime, slow to start the moved connection's task.
+                if crate::faults::fault("slow_moved_start") {
+                    let ms = crate::faults::fault_delay().unwrap_or(Duration::from_millis(100));
+                    tokio::time::sleep(ms).await;
+                }
+                d2.drain(f.session, f.wireless, f.fixed, f.admitted).await
+            });
             return;
         }
         _ => {}
@@ -739,6 +746,7 @@ fn fault_capture() -> Option<Option<u16>> {
 /// time keep a running socket gated well under a millisecond.
 fn restart_group(d: &Daemon, rs: &[Restored]) -> Vec<io::Result<()>> {
     let gates = &d.handoff.as_ref().expect("handoffs are on").gates;
+    end_closing(d, rs);
     let mut resent = HashMap::new();
     let results: Vec<_> = rs
         .iter()
@@ -770,6 +778,30 @@ fn restart_group(d: &Daemon, rs: &[Restored]) -> Vec<io::Result<()>> {
         }
     }
     results
+}
+
+/// Marks the flows of the closing connections among `rs` ended gracefully, before they
+/// restart: the MH's first ACK of our FIN ends such a socket at once, and a segment of
+/// the MH's after it (a duplicate, an older ACK the old MSR copied on) must meet
+/// silence, not an RST. Their task marks them too (`Daemon::drain`), but only once it
+/// runs, which a busy runtime may not do before that ACK comes through the open gate.
+fn end_closing(d: &Daemon, rs: &[Restored]) {
+    let window = Duration::from_secs(d.handoff_cfg().closed_window_s);
+    if window.is_zero() {
+        return;
+    }
+    let flows: Vec<_> = rs
+        .iter()
+        .filter(|r| r.kind == Kind::Closing && !r.finished)
+        .flat_map(Restored::flows)
+        .map(|(a, z)| (a, z, window))
+        .collect();
+    if flows.is_empty() {
+        return;
+    }
+    if let Err(e) = d.rules.end_flows(&flows) {
+        warn!(error = %e, "ended flows of closing connections not recorded: a stray segment may draw an RST");
+    }
 }
 
 /// Tells the MH's TCP that what it sent on `r` during the move was lost to it, once
