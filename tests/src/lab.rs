@@ -318,6 +318,24 @@ fn netns_pids(ns: &str) -> Vec<i32> {
         .collect()
 }
 
+/// Whether child `pid` has exited, every thread of it (it may be a zombie: not reaped
+/// here, its `Child` may still be waited for), or is no child of ours any more.
+fn exited(pid: i32) -> bool {
+    // SAFETY: a zeroed siginfo_t for waitid to fill in.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: waitid on one pid; WNOWAIT leaves the zombie to be reaped by its owner.
+    let r = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOHANG | libc::WNOWAIT,
+        )
+    };
+    // SAFETY: waitid filled in (or zeroed) the siginfo's pid.
+    r != 0 || unsafe { info.si_pid() } == pid
+}
+
 fn kill_netns_pids(ns: &str) {
     let pids = netns_pids(ns);
     for &pid in &pids {
@@ -458,6 +476,8 @@ pub struct Lab {
     children: Vec<Child>,
     /// Extra environment of msrd processes: (MSR, name, value).
     msrd_env: Vec<(usize, String, String)>,
+    /// Every msrd this lab started: (MSR, pid).
+    msrd_pids: Mutex<Vec<(usize, i32)>>,
     /// Lines added to msrd's `[access]` by [`Lab::msrd_config`].
     pub access_extra: String,
     /// Lines added to msrd's `[msr]`, and to its `[[cell]]` for `cell0`.
@@ -721,6 +741,7 @@ impl Lab {
             airlink: None,
             children: Vec::new(),
             msrd_env: Vec::new(),
+            msrd_pids: Mutex::new(Vec::new()),
             access_extra: String::new(),
             msr_extra: String::new(),
             cell_extra: String::new(),
@@ -1259,6 +1280,10 @@ impl Lab {
     /// Waits (at most 5 s) until no msrd runs in MSR `k`'s namespace: one still
     /// exiting holds its listening sockets, and a new one would fail to bind them
     /// (seen in CI: a restart 10 ms after an msrd's exit, "Address already in use").
+    /// An exiting process leaves the namespace before its last sockets close (the
+    /// kernel releases its files after its namespaces), so those this lab started are
+    /// waited for until they have exited whole (seen under load: a restart 34 ms after
+    /// the exit, the old listener still there).
     fn wait_msrd_gone(&self, k: usize) {
         let deadline = Instant::now() + Duration::from_secs(5);
         let running = || {
@@ -1269,6 +1294,19 @@ impl Lab {
         };
         while running() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
+        }
+        let ours: Vec<i32> = self
+            .msrd_pids
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(j, _)| *j == k)
+            .map(|&(_, pid)| pid)
+            .collect();
+        for pid in ours {
+            while !exited(pid) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
     }
 
@@ -1297,10 +1335,13 @@ impl Lab {
                 });
             }
         }
-        cmd.args(["--config", &cfg])
+        let child = cmd
+            .args(["--config", &cfg])
             .stdout(f.try_clone()?)
             .stderr(f)
-            .spawn()
+            .spawn()?;
+        self.msrd_pids.lock().unwrap().push((k, child.id() as i32));
+        Ok(child)
     }
 
     fn wait_msrd_up(&self, k: usize, child: &mut Child) -> io::Result<()> {
