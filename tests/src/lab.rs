@@ -1608,8 +1608,6 @@ impl Lab {
         Ok(crate::closes::rsts_after_clean_close(&segs) as u64)
     }
 
-    /// Waits until something listens on TCP `port` in host `h` (checked with `ss`,
-    /// without connecting to it).
     /// Starts `itcp-lab echo` at the FH on `port` (log `echo.log`) and waits until it
     /// listens.
     pub fn start_fh_echo(&mut self, port: u16) -> io::Result<()> {
@@ -1623,6 +1621,8 @@ impl Lab {
         self.wait_listening(Host::Fh, port)
     }
 
+    /// Waits until something listens on TCP `port` in host `h` (checked with `ss`,
+    /// without connecting to it).
     pub fn wait_listening(&self, h: Host, port: u16) -> io::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {

@@ -76,8 +76,6 @@ fn ifname_bytes(name: &str) -> io::Result<[libc::c_char; libc::IFNAMSIZ]> {
 
 const TUNSETIFF: libc::c_ulong = 0x4004_54ca;
 
-/// Creates a TAP device (Ethernet frames, no packet-info header) in the current network
-/// namespace, non-blocking. It disappears when the returned fd is closed.
 /// Sends `packet`, a whole IPv4 or IPv6 packet, as it is (a raw socket: the tests'
 /// stray or forged segments), from the calling thread's namespace.
 pub fn send_raw(packet: &[u8]) -> io::Result<()> {
@@ -90,8 +88,14 @@ pub fn send_raw(packet: &[u8]) -> io::Result<()> {
     if packet.len() < dst_at + len {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, "short packet"));
     }
-    // SAFETY: a new socket; closed below.
-    let fd = check(unsafe { libc::socket(family, libc::SOCK_RAW, libc::IPPROTO_RAW) })?;
+    // SAFETY: a new socket, owned (and closed) by `fd`.
+    let fd = unsafe {
+        OwnedFd::from_raw_fd(check(libc::socket(
+            family,
+            libc::SOCK_RAW,
+            libc::IPPROTO_RAW,
+        ))?)
+    };
     // SAFETY: zeroed sockaddr_storage is a valid "any" address to fill in.
     let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
     let sa_len = if v6 {
@@ -112,7 +116,7 @@ pub fn send_raw(packet: &[u8]) -> io::Result<()> {
     // SAFETY: the buffer and the address are valid for the lengths given.
     let n = unsafe {
         libc::sendto(
-            fd,
+            fd.as_raw_fd(),
             packet.as_ptr().cast(),
             packet.len(),
             0,
@@ -120,16 +124,14 @@ pub fn send_raw(packet: &[u8]) -> io::Result<()> {
             sa_len as libc::socklen_t,
         )
     };
-    let sent = if n < 0 {
-        Err(io::Error::last_os_error())
-    } else {
-        Ok(())
-    };
-    // SAFETY: our own fd.
-    unsafe { libc::close(fd) };
-    sent
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
+/// Creates a TAP device (Ethernet frames, no packet-info header) in the current network
+/// namespace, non-blocking. It disappears when the returned fd is closed.
 pub fn open_tap(ifname: &str) -> io::Result<OwnedFd> {
     let path = CString::new("/dev/net/tun").unwrap();
     // SAFETY: path is NUL-terminated; the returned fd is owned below.

@@ -872,7 +872,7 @@ impl ReusedPort {
         let fh_ns = lab.ns(Host::Fh);
         let fh = std::thread::spawn(move || {
             itcp_testbed::sys::in_netns(&fh_ns, || {
-                let l = std::net::TcpListener::bind(("10.0.0.1", PORT))?;
+                let l = std::net::TcpListener::bind((lab::addr::FH, PORT))?;
                 for _ in 0..n {
                     // Echoes each message; a lone `Q` ends the connection, the FH first.
                     let (mut s, _) = l.accept()?;
@@ -1330,7 +1330,7 @@ fn a_closing_connection_that_ends_as_it_restarts_draws_no_reset() {
     let fh_ns = lab.ns(Host::Fh);
     let fh = std::thread::spawn(move || {
         itcp_testbed::sys::in_netns(&fh_ns, || {
-            let l = std::net::TcpListener::bind(("10.0.0.1", PORT))?;
+            let l = std::net::TcpListener::bind((lab::addr::FH, PORT))?;
             let (mut s, _) = l.accept()?;
             let mut req = Vec::new();
             s.read_to_end(&mut req)?;
@@ -1362,7 +1362,8 @@ fn a_closing_connection_that_ends_as_it_restarts_draws_no_reset() {
         .unwrap_or_else(|_| panic!("the MH's connection did not open\n{}", diag(&lab)));
     // The MH's FIN reaches the FH; from now on the air loses the MH's ACKs.
     std::thread::sleep(Duration::from_millis(300));
-    let flow = format!("ip daddr 10.2.0.1 tcp dport 1080 tcp sport {mh_port}");
+    let gw = lab::addr::CELL_GW;
+    let flow = format!("ip daddr {gw} tcp dport 1080 tcp sport {mh_port}");
     lab.nft(
         Host::Mh,
         &format!("table inet noacks {{\n  chain o {{ type filter hook output priority 0; {flow} drop; }}\n}}\n"),
@@ -1404,8 +1405,8 @@ fn a_closing_connection_that_ends_as_it_restarts_draws_no_reset() {
     }
     // A late segment of the MH's on that flow meets no socket at MSR2.
     let stray = itcp_handoff::packet::Segment {
-        src: std::net::SocketAddr::from(([10, 2, 0, 100], mh_port)),
-        dst: std::net::SocketAddr::from(([10, 2, 0, 1], 1080)),
+        src: std::net::SocketAddr::from((lab::addr::MH, mh_port)),
+        dst: std::net::SocketAddr::from((lab::addr::CELL_GW, 1080)),
         seq: 1,
         ack: 1,
         window: 64,
@@ -3387,7 +3388,7 @@ fn a_fin_whose_ack_was_lost_in_the_move_is_acknowledged_by_the_new_msr() {
     let fh_ns = lab.ns(Host::Fh);
     let fh = std::thread::spawn(move || {
         itcp_testbed::sys::in_netns(&fh_ns, || {
-            let l = std::net::TcpListener::bind(("10.0.0.1", PORT))?;
+            let l = std::net::TcpListener::bind((lab::addr::FH, PORT))?;
             let (mut s, _) = l.accept()?;
             s.write_all(b"bye")?;
             Ok(())
@@ -3484,7 +3485,7 @@ fn a_fin_for_a_connection_left_at_the_old_msr_is_not_acknowledged_by_the_new_one
     let fh_ns = lab.ns(Host::Fh);
     let fh = std::thread::spawn(move || {
         itcp_testbed::sys::in_netns(&fh_ns, || {
-            let l = std::net::TcpListener::bind(("10.0.0.1", PORT))?;
+            let l = std::net::TcpListener::bind((lab::addr::FH, PORT))?;
             let (mut s, _) = l.accept()?;
             s.set_read_timeout(Some(Duration::from_secs(30)))?;
             let mut got = Vec::new();
@@ -3549,7 +3550,7 @@ fn a_connection_moved_onto_a_closed_flow_still_dropped_there_runs() {
     let fh_ns = lab.ns(Host::Fh);
     let fh = std::thread::spawn(move || {
         itcp_testbed::sys::in_netns(&fh_ns, || {
-            let l = std::net::TcpListener::bind(("10.0.0.1", PORT))?;
+            let l = std::net::TcpListener::bind((lab::addr::FH, PORT))?;
             for _ in 0..2 {
                 // Echoes each message; a lone `Q` ends the connection, the FH first.
                 let (mut s, _) = l.accept()?;
@@ -3809,12 +3810,8 @@ fn many_connections_move_in_parts_and_lose_no_byte() {
 /// that moved none. The transfer at MSR2 goes on untouched.
 #[test]
 fn a_fresh_greeting_for_connections_already_at_the_asking_msr_moves_nothing() {
-    let mut lab = Lab::new(LabConfig::clean(2, 137)).unwrap();
-    let (_msrds, _agent) = lab
-        .start_itcp_mobility("", &["--hysteresis-ms", "0"])
-        .unwrap();
+    let mut lab = mobile_lab(2, 137);
     let certs = lab.channel_certs().unwrap();
-    watch_resets(&mut lab);
     let bytes = 8 << 20;
     let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
     std::thread::sleep(Duration::from_millis(300));
