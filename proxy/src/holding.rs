@@ -284,6 +284,13 @@ pub struct Holding {
     /// Held while reports are read and taken in (its buffer): a restart that reads
     /// the queue's pending reports first waits for one being taken in.
     reading: Mutex<Vec<u8>>,
+    /// Held while packets go on to a new MSR (taken before `st`): those of a moved
+    /// flow leave in the order they came, the backlog `send_ahead` and `forward` send
+    /// before any packet that arrives meanwhile.
+    sending: Mutex<()>,
+    /// Where frames go instead of the LAN (unit tests).
+    #[cfg(test)]
+    sink: Option<Box<dyn Fn(&[u8]) -> bool + Send + Sync>>,
 }
 
 /// What reading the queue's pending reports came to.
@@ -311,6 +318,9 @@ impl Holding {
             fd: Mutex::new(None),
             st: Mutex::new(State::default()),
             reading: Mutex::new(Vec::new()),
+            sending: Mutex::new(()),
+            #[cfg(test)]
+            sink: None,
         }
     }
 
@@ -462,6 +472,9 @@ impl Holding {
     /// held here: [`Holding::forward`] drops them once the move is acknowledged,
     /// [`Holding::settle`] delivers them here after a rollback.
     pub fn send_ahead(&self, mh: IpAddr, via: IpAddr, flows: &[(SocketAddr, SocketAddr)]) {
+        // Taken before the forward is set: a packet that arrives meanwhile finds it
+        // set and waits for the backlog to be out.
+        let _order = self.sending.lock().unwrap();
         let f = Forward {
             via,
             mac: None,
@@ -513,6 +526,7 @@ impl Holding {
         flows: &[(SocketAddr, SocketAddr)],
         window: Duration,
     ) {
+        let _order = self.sending.lock().unwrap();
         let f = Forward {
             via,
             mac: None,
@@ -542,7 +556,7 @@ impl Holding {
     }
 
     /// Sends packets of `mh`'s moved flows on to the new MSR (but not again those
-    /// copied there already).
+    /// copied there already). The caller holds `sending`.
     fn dispose(&self, mh: IpAddr, held: &[Held]) {
         for h in held.iter().filter(|h| !h.copied) {
             self.count_sent(self.send_on(mh, &h.packet));
@@ -564,6 +578,10 @@ impl Holding {
     /// Sends `packet` to the new MSR of `mh`, as a router would: an Ethernet frame to
     /// its link-layer address on the fixed LAN. False if that cannot be done.
     fn send_on(&self, mh: IpAddr, packet: &[u8]) -> bool {
+        #[cfg(test)]
+        if let Some(sink) = &self.sink {
+            return self.st.lock().unwrap().forward.contains_key(&mh) && sink(packet);
+        }
         let Some(lan) = &self.lan else { return false };
         let (via, mac) = {
             let st = self.st.lock().unwrap();
@@ -655,10 +673,12 @@ impl Holding {
         match moved {
             Some((mh, false)) => {
                 drop(st);
+                let _order = self.sending.lock().unwrap();
                 self.dispose(mh, std::slice::from_ref(&h));
             }
             Some((mh, true)) => {
                 drop(st);
+                let _order = self.sending.lock().unwrap();
                 h.copied = self.count_copy(self.send_on(mh, &h.packet));
                 self.st.lock().unwrap().held.push(h);
             }
@@ -1005,6 +1025,66 @@ mod tests {
             (0, 0, 5)
         );
         assert_eq!(h.st.lock().unwrap().max_seen, Some(6));
+    }
+
+    /// A TCP segment of the flow 10.1.0.1:5001 → 10.2.0.100:40000 whose sequence
+    /// number is `n`.
+    fn numbered(n: u32) -> Vec<u8> {
+        let mut p = tcp4([10, 1, 0, 1], 5001, [10, 2, 0, 100], 40000);
+        p[24..28].copy_from_slice(&n.to_be_bytes());
+        p
+    }
+
+    #[test]
+    fn copies_to_the_new_msr_leave_in_the_order_their_packets_came() {
+        use std::sync::mpsc;
+        // The sink notes each copy's number once it is out; the first one it is given
+        // (the backlog `send_ahead` sends) takes until the test lets it go.
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let (started, is_started) = mpsc::channel();
+        let (go, wait_go) = mpsc::channel::<()>();
+        let wait_go = Mutex::new(Some(wait_go));
+        let o = out.clone();
+        let mut h = Holding::new(4954, None, 0x80004954, Arc::default());
+        h.sink = Some(Box::new(move |p: &[u8]| {
+            let first = wait_go.lock().unwrap().take();
+            if let Some(w) = first {
+                started.send(()).unwrap();
+                w.recv().unwrap();
+            }
+            o.lock().unwrap().push(u32_at_be(p, 24));
+            true
+        }));
+        let h = Arc::new(h);
+        let mh: IpAddr = "10.2.0.100".parse().unwrap();
+        let flow = (
+            "10.2.0.100:40000".parse().unwrap(),
+            "10.1.0.1:5001".parse().unwrap(),
+        );
+        let pkt = |id, n| Queued {
+            id,
+            packet: numbered(n),
+        };
+        h.on_packet(pkt(1, 1));
+        h.on_packet(pkt(2, 2));
+        let h2 = h.clone();
+        let ahead = std::thread::spawn(move || {
+            h2.send_ahead(mh, "10.1.0.12".parse().unwrap(), &[flow]);
+        });
+        is_started.recv().unwrap();
+        // Segment 3 reaches the queue while the backlog is going out.
+        let h3 = h.clone();
+        let arrival = std::thread::spawn(move || h3.on_packet(pkt(3, 3)));
+        std::thread::sleep(Duration::from_millis(100));
+        go.send(()).unwrap();
+        ahead.join().unwrap();
+        arrival.join().unwrap();
+        assert_eq!(*out.lock().unwrap(), vec![1, 2, 3]);
+        assert_eq!(h.held(), 3, "copies all: the packets stay held here");
+    }
+
+    fn u32_at_be(b: &[u8], at: usize) -> u32 {
+        u32::from_be_bytes(b[at..at + 4].try_into().unwrap())
     }
 
     #[test]
