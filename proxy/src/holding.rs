@@ -420,9 +420,10 @@ impl Holding {
     /// `flows` (MH's end, other end) belong to connections that just restarted here,
     /// their gate still closed: their held packets go to the sockets now, marked to
     /// get past the gate, before any newer packet of theirs can (what arrives until
-    /// they are marked running is dropped by the gate; delivered by the final
-    /// [`Holding::settle`] instead, the held ones would come after the newer ones: a
-    /// late ACK meeting a closed socket was routed on to the FH, which reset it).
+    /// they are marked running is held by the gate: called again after the mark for
+    /// those; delivered by the final [`Holding::settle`] instead, the held ones would
+    /// come after the newer ones: a late ACK meeting a closed socket was routed on to
+    /// the FH, which reset it).
     ///
     /// `resent`: the sockets, by (peer, socket's end), that re-sent their bytes in
     /// flight as new data at their restart, with their `snd_una` and, if they re-sent

@@ -229,6 +229,9 @@ impl Rules {
         // A new MSR restarting an MH's restored connections gates the MH's inbound TCP:
         // only flows marked running (restarted) get through. A socket still in repair
         // mode would take and acknowledge segments, lost if its restart then failed.
+        // The others are held (queued for msrd): a restarted connection's go to its
+        // socket, after those held before them (`Holding::deliver_restarted`); the
+        // rest are dropped when the gate opens (`Holding::settle`), as they were here.
         // Marks only expire (a delete costs the kernel far more than an add).
         s += "  set gated4 {\n    type ipv4_addr;\n  }\n  set gated6 {\n    type ipv6_addr;\n  }\n";
         for (set, ty) in [("running4", "ipv4_addr"), ("running6", "ipv6_addr")] {
@@ -318,8 +321,8 @@ impl Rules {
                 s += "    tcp flags & (syn | ack) == syn ip saddr @nosyn4 drop\n    tcp flags & (syn | ack) == syn ip6 saddr @nosyn6 drop\n";
                 for (ip, v) in [("ip", "4"), ("ip6", "6")] {
                     s += &format!(
-                        "    meta l4proto tcp {ip} saddr @gated{v} {ip} saddr . tcp sport . {ip} daddr . tcp dport != @running{v} drop\n\
-                         \x20   meta l4proto tcp {ip} daddr @gated{v} {ip} daddr . tcp dport . {ip} saddr . tcp sport != @running{v} drop\n"
+                        "    meta l4proto tcp {ip} saddr @gated{v} {ip} saddr . tcp sport . {ip} daddr . tcp dport != @running{v} jump held\n\
+                         \x20   meta l4proto tcp {ip} daddr @gated{v} {ip} daddr . tcp dport . {ip} saddr . tcp sport != @running{v} jump held\n"
                     );
                 }
             }
@@ -905,6 +908,11 @@ mod tests {
             .expect("pass rule");
         assert!(pass > hin.find("@held4 jump held").unwrap(), "{hin}");
         assert!(pass < hin.find("@gated4").unwrap(), "{hin}");
+        // What the gate stops is held, not dropped.
+        for ip in ["ip", "ip6"] {
+            let v = if ip == "ip" { "4" } else { "6" };
+            assert!(hin.contains(&format!("    meta l4proto tcp {ip} saddr @gated{v} {ip} saddr . tcp sport . {ip} daddr . tcp dport != @running{v} jump held\n")), "{hin}");
+        }
     }
 
     #[test]

@@ -1728,6 +1728,16 @@ fn the_fixed_host_loses_nothing_when_the_old_msr_lets_go_late() {
     fixed_host_loses_nothing(49, "slow_restore,slow_ack");
 }
 
+/// The new MSR takes the MH's address over, then restarts its connection 150 ms late
+/// (as behind a thousand others): what the FH sends straight to it meanwhile waits at
+/// its gate and reaches the socket after the held segments. The gate used to drop
+/// those segments (the FH retransmitted them), and it still must not let them reach
+/// the socket before its restart.
+#[test]
+fn the_fixed_host_loses_nothing_while_the_new_msr_restarts_late() {
+    fixed_host_loses_nothing(53, "slow_restart");
+}
+
 /// Two MSRs on `wan` and `cell` links, fast beacons, MSR2 with test hook `fault`
 /// delayed 150 ms; RSTs counted.
 fn slow_handoff_lab(seed: u64, wan: LinkParams, cell: LinkParams, fault: &str) -> Lab {

@@ -2,7 +2,8 @@
 //! the release of the MH's hold until the restart is over, its inbound TCP gets
 //! through only on flows that restarted here. A socket still in repair mode takes
 //! and acknowledges what it is sent; had its restart then failed, those bytes would
-//! be lost.
+//! be lost. What the gate stops is held (`crate::holding`): a restarted connection's
+//! segments go to its socket, the others are dropped once the restart is over.
 //!
 //! A restarted connection's flows are *marked* running for a while ([`MARK_TTL`])
 //! and the mark is left to expire: the kernel deletes a set element at a far higher
@@ -136,7 +137,7 @@ impl Gates {
     /// Lifts `mh`'s gate (the restart is over).
     pub fn open(&self, rules: &Rules, mh: IpAddr) {
         if let Err(e) = rules.gate(mh, false) {
-            warn!(%mh, error = %e, "gate not lifted: the MH's TCP stays dropped here");
+            warn!(%mh, error = %e, "gate not lifted: the MH's TCP stays held, then dropped, here");
         }
     }
 }

@@ -437,6 +437,12 @@ async fn run(
                         .filter(|r| ids.contains(&r.id))
                         .collect();
                     let flows: Vec<_> = rs.iter().flat_map(Restored::flows).collect();
+                    // Test hook: the MH's address taken over and its hold lifted, the
+                    // restart comes `MSRD_FAULT_DELAY_MS` late, as behind many others.
+                    if crate::faults::fault("slow_restart") {
+                        let ms = crate::faults::fault_delay().unwrap_or(Duration::from_millis(100));
+                        tokio::time::sleep(ms).await;
+                    }
                     let d2 = d.clone();
                     let few = rs.len() <= FEW;
                     let (resumed, failed, unstarted) =

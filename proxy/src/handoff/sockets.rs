@@ -765,9 +765,11 @@ fn restart_group(d: &Daemon, rs: &[Restored]) -> Vec<io::Result<()>> {
         .filter(|(r, ok)| ok.is_ok() && !r.finished)
         .flat_map(|(r, _)| r.flows())
         .collect();
-    // What was held for them first, then what comes through the opened gate.
+    // What was held for them first, then what comes through the opened gate, and
+    // then what the gate held between the two.
     d.holding.deliver_restarted(&flows, &resent);
     gates.mark(&d.rules, &flows);
+    d.holding.deliver_restarted(&flows, &resent);
     if d.handoff_cfg().revert_backoff {
         let started = rs
             .iter()
