@@ -133,6 +133,42 @@ pub fn tcp_ack(p: &[u8]) -> Option<u32> {
     (flags & 0x16 == 0x10).then(|| u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]))
 }
 
+/// The sequence number of a TCP segment, IPv4 or IPv6 (TCP right after the fixed
+/// header).
+pub fn tcp_seq(p: &[u8]) -> Option<u32> {
+    let l4 = match p.first()? >> 4 {
+        4 if p.len() >= 20 && p[9] == libc::IPPROTO_TCP as u8 => usize::from(p[0] & 0x0f) * 4,
+        6 if p.len() >= 40 && p[6] == libc::IPPROTO_TCP as u8 => 40,
+        _ => return None,
+    };
+    let tcp = p.get(l4..l4 + 8)?;
+    Some(u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]))
+}
+
+/// Puts each flow direction's held packets in sequence order (stable: pure ACKs and
+/// duplicates keep the order they came in). They do not always come in order: the
+/// old MSR's copies of segments the FH sent it just before the takeover reach the
+/// new MSR after the FH's newer ones sent straight here, and wait behind them at the
+/// gate; delivered so, the socket saw a hole and the FH went into recovery.
+fn in_sequence(held: Vec<Held>) -> Vec<Held> {
+    // Each direction's sequence numbers, relative to the first that came (wrapping).
+    let mut first: HashMap<(SocketAddr, SocketAddr), u32> = HashMap::new();
+    let mut keyed: Vec<_> = held
+        .into_iter()
+        .map(|h| {
+            let dir = h.ends.map(|e| (e.src, e.dst));
+            let rel = match (dir, tcp_seq(&h.packet)) {
+                (Some(d), Some(seq)) => seq.wrapping_sub(*first.entry(d).or_insert(seq)) as i32,
+                _ => 0,
+            };
+            ((dir, rel), h)
+        })
+        .collect();
+    // Stable.
+    keyed.sort_by_key(|(k, _)| *k);
+    keyed.into_iter().map(|(_, h)| h).collect()
+}
+
 /// Binds queue `queue`, full packets copied, at most [`QUEUE_MAXLEN`] kept.
 fn config_msgs(queue: u16, seq: u32) -> [Vec<u8>; 2] {
     let ty = (NFNL_SUBSYS_QUEUE << 8) | NFQNL_MSG_CONFIG;
@@ -445,7 +481,7 @@ impl Holding {
                 .into_iter()
                 .partition(|h| h.ends.is_some_and(|e| of_flows(&flows, &e)));
             st.held = keep;
-            go
+            in_sequence(go)
         };
         if go.is_empty() {
             return;
@@ -579,6 +615,11 @@ impl Holding {
     /// Sends `packet` to the new MSR of `mh`, as a router would: an Ethernet frame to
     /// its link-layer address on the fixed LAN. False if that cannot be done.
     fn send_on(&self, mh: IpAddr, packet: &[u8]) -> bool {
+        // Test hook: each packet goes on `MSRD_FAULT_DELAY_MS` late, as from a busy
+        // router (it blocks the queue's reader, so they stay in order).
+        if crate::faults::fault("slow_copy") {
+            std::thread::sleep(crate::faults::fault_delay().unwrap_or(Duration::from_millis(1)));
+        }
         #[cfg(test)]
         if let Some(sink) = &self.sink {
             return self.st.lock().unwrap().forward.contains_key(&mh) && sink(packet);
@@ -1082,6 +1123,42 @@ mod tests {
         arrival.join().unwrap();
         assert_eq!(*out.lock().unwrap(), vec![1, 2, 3]);
         assert_eq!(h.held(), 3, "copies all: the packets stay held here");
+    }
+
+    #[test]
+    fn held_segments_are_delivered_in_each_directions_sequence() {
+        let held = |id, p: Vec<u8>| Held {
+            id,
+            at: Instant::now(),
+            ends: ends(&p),
+            packet: p,
+            copied: false,
+        };
+        let mut up = tcp4([10, 2, 0, 100], 40000, [10, 1, 0, 1], 5001);
+        up[24..28].copy_from_slice(&7u32.to_be_bytes());
+        // Down, from u32::MAX - 999 (across the wrap): +0, +2000 (straight here),
+        // +1000 (a late copy), the MH's segment (the other direction, left out below),
+        // +2000 again (a duplicate: after the first), +3000.
+        let near_wrap = u32::MAX - 999;
+        let seqs = [
+            near_wrap,
+            near_wrap.wrapping_add(2000),
+            near_wrap.wrapping_add(1000),
+        ];
+        let mut v: Vec<Held> = seqs
+            .iter()
+            .zip(1..)
+            .map(|(&s, id)| held(id, numbered(s)))
+            .collect();
+        v.push(held(4, up));
+        v.push(held(5, numbered(near_wrap.wrapping_add(2000))));
+        v.push(held(6, numbered(near_wrap.wrapping_add(3000))));
+        let down: Vec<u32> = in_sequence(v)
+            .iter()
+            .filter(|h| h.ends.unwrap().dst.port() == 40000)
+            .map(|h| h.id)
+            .collect();
+        assert_eq!(down, vec![1, 3, 2, 5, 6]);
     }
 
     fn u32_at_be(b: &[u8], at: usize) -> u32 {
