@@ -75,6 +75,10 @@ pub const QUEUE_MAXLEN: u32 = 4096;
 /// packets are dropped as they always were.
 pub const MAX_HELD: Duration = Duration::from_secs(5);
 
+/// Where a unit test's frames go (see `Holding::sink`).
+#[cfg(test)]
+type Sink = Box<dyn Fn(&[u8]) -> bool + Send + Sync>;
+
 /// One queued packet, as the kernel reported it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Queued {
@@ -326,7 +330,7 @@ pub struct Holding {
     sending: Mutex<()>,
     /// Where frames go instead of the LAN (unit tests).
     #[cfg(test)]
-    sink: Option<Box<dyn Fn(&[u8]) -> bool + Send + Sync>>,
+    sink: Option<Sink>,
 }
 
 /// What reading the queue's pending reports came to.
