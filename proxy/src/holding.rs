@@ -123,29 +123,28 @@ pub fn ends(p: &[u8]) -> Option<Ends> {
     })
 }
 
-/// The acknowledgement number of a TCP segment with ACK set (not SYN, not RST), IPv4
-/// or IPv6 (TCP right after the fixed header).
-pub fn tcp_ack(p: &[u8]) -> Option<u32> {
+/// The first `len` bytes of a TCP segment's header, IPv4 or IPv6 (TCP right after the
+/// fixed header).
+fn tcp_header(p: &[u8], len: usize) -> Option<&[u8]> {
     let l4 = match p.first()? >> 4 {
         4 if p.len() >= 20 && p[9] == libc::IPPROTO_TCP as u8 => usize::from(p[0] & 0x0f) * 4,
         6 if p.len() >= 40 && p[6] == libc::IPPROTO_TCP as u8 => 40,
         _ => return None,
     };
-    let tcp = p.get(l4..l4 + 14)?;
+    p.get(l4..l4 + len)
+}
+
+/// The acknowledgement number of a TCP segment with ACK set (not SYN, not RST).
+pub fn tcp_ack(p: &[u8]) -> Option<u32> {
+    let tcp = tcp_header(p, 14)?;
     let flags = tcp[13];
     // ACK, and neither SYN nor RST.
     (flags & 0x16 == 0x10).then(|| u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]))
 }
 
-/// The sequence number of a TCP segment, IPv4 or IPv6 (TCP right after the fixed
-/// header).
+/// The sequence number of a TCP segment.
 pub fn tcp_seq(p: &[u8]) -> Option<u32> {
-    let l4 = match p.first()? >> 4 {
-        4 if p.len() >= 20 && p[9] == libc::IPPROTO_TCP as u8 => usize::from(p[0] & 0x0f) * 4,
-        6 if p.len() >= 40 && p[6] == libc::IPPROTO_TCP as u8 => 40,
-        _ => return None,
-    };
-    let tcp = p.get(l4..l4 + 8)?;
+    let tcp = tcp_header(p, 8)?;
     Some(u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]))
 }
 
