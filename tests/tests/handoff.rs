@@ -1761,7 +1761,7 @@ fn the_fixed_host_loses_nothing_when_the_old_msrs_copies_come_late() {
 }
 
 /// Keeps the FH's congestion window within what the WAN link's queue (64 KB) and path
-/// hold (32 segments, locked on its routes): its CUBIC would otherwise fill the queue
+/// hold (40 segments, locked on its routes): its CUBIC would otherwise fill the queue
 /// now and then, and a drop there is congestion, not the handoff (once seen 137 ms
 /// after a restart: one segment lost in the emulated WAN, one fast retransmit).
 fn clamp_fh_window(lab: &Lab) {
