@@ -10,17 +10,25 @@ const FLAG_COL: usize = 26;
 
 /// Paragraphs of a text: `(literal, lines)`. A paragraph whose lines all start with two
 /// spaces is literal (kept as is, minus that indentation); others are words to fill.
+/// So is one of several lines whose lines after the first do: a string that opens with
+/// a `\` line continuation (`body: "\` then the lines) has lost its first line's
+/// indentation to it.
 fn paragraphs(text: &str) -> Vec<(bool, Vec<&str>)> {
+    let indented = |l: &&str| l.starts_with("  ") || l.is_empty();
     text.split("\n\n")
         .map(|p| p.trim_matches('\n'))
         .filter(|p| !p.trim().is_empty())
         .map(|p| {
             let lines: Vec<&str> = p.lines().collect();
-            let literal = lines.iter().all(|l| l.starts_with("  ") || l.is_empty());
+            let literal = lines.iter().all(indented)
+                || (lines.len() > 1 && lines.iter().skip(1).all(indented));
             if literal {
                 (
                     true,
-                    lines.iter().map(|l| l.get(2..).unwrap_or("")).collect(),
+                    lines
+                        .iter()
+                        .map(|l| l.strip_prefix("  ").unwrap_or(l))
+                        .collect(),
                 )
             } else {
                 (false, lines.iter().map(|l| l.trim()).collect())
