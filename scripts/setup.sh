@@ -15,10 +15,11 @@ fi
 # iputils-ping, iputils-arping: an unmodified MH's ping across moves and its announcement
 # on association (tests/tests/network.rs);
 # dpkg-dev, binutils: scripts/deb (dpkg-shlibdeps, strip) and its test;
+# man-db, groff-base: the man pages in docs/man render as man shows them (tests/tests/docs.rs);
 # prometheus: promtool checks msrd's /metrics; chromium: loads msrd's status page
 # headless (tests/tests/metrics.rs). Those two add ~150 MB of downloads, ~750 MB on
 # disk and ~30 s of installing.
-packages=(iproute2 nftables iptables iperf3 socat haproxy tcpdump iputils-ping iputils-arping openssl curl ca-certificates build-essential pkg-config procps kmod dpkg-dev binutils prometheus chromium)
+packages=(iproute2 nftables iptables iperf3 socat haproxy tcpdump iputils-ping iputils-arping openssl curl ca-certificates build-essential pkg-config procps kmod dpkg-dev binutils man-db groff-base prometheus chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
