@@ -27,7 +27,7 @@
 //!   `TCP_QUEUE_SEQ` = `send.una` (minus one when our FIN had already been acknowledged,
 //!   see [`SendFin::Acked`]): the queue is rebuilt from the acknowledged point, so every
 //!   byte keeps its original sequence number whichever way it is put back:
-//!   - [`UnackedRestore::AsNew`] (DESIGN.md §4): the unacknowledged bytes are written
+//!   - [`UnackedRestore::AsNew`] (docs/architecture.md §4): the unacknowledged bytes are written
 //!     with plain `send()` after repair mode is left, together with the unsent ones. They
 //!     leave at once: the peer held 8 kB of them 0.13–0.16 ms after `restart` here.
 //!     Safe only if the restored socket's first flight (its initial congestion window,
@@ -1646,7 +1646,7 @@ fn send_current_ack(
 /// Creates a socket connected as the image says, without sending a packet, and leaves
 /// it in repair mode. Call [`restart`] once the new host may talk to the peer.
 ///
-/// Order (DESIGN.md §4, refined): socket → buffers, IP_TRANSPARENT, congestion control
+/// Order (docs/architecture.md §4, refined): socket → buffers, IP_TRANSPARENT, congestion control
 /// and other options → TCP_REPAIR on (forced port reuse) → bind → TCP_QUEUE_SEQ (receive:
 /// `recv.seq`; send: the acknowledged point `send.una`) → TCP_MAXSEG = mss → connect
 /// (repair mode: no SYN) → TCP_REPAIR_OPTIONS → TCP_TIMESTAMP → receive queue bytes →

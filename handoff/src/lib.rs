@@ -4,7 +4,7 @@
 //! complete state with TCP_REPAIR, carry it as a versioned, serde-serializable image
 //! (or a compact binary encoding), restore it on another host without the peer's
 //! cooperation, restart it, and delete the original without FIN or RST. See
-//! DESIGN.md §4 and the [`image`] module documentation for the restore order and the
+//! docs/architecture.md §4 and the [`image`] module documentation for the restore order and the
 //! sequence-number rules.
 //!
 //! The rest of issue 4 (the MSR⇄MSR handoff protocol, flow holds, handoff log records)

@@ -12,7 +12,7 @@
 //! cell: it watches the interface's carrier ([`crate::link`], rtnetlink) and, when it
 //! comes up, broadcasts a [`Solicitation`] to the greeting port at once and twice more
 //! 20 ms apart unless a beacon arrives first ([`Solicitor`]); the MSRs in the cell
-//! answer with their beacon at once (DESIGN.md §7). [`AgentConfig::solicit`] turns it
+//! answer with their beacon at once (docs/architecture.md §7). [`AgentConfig::solicit`] turns it
 //! off.
 //!
 //! Applications see [`Event`]s: attached, moved, move failed, lost (no MSR heard),

@@ -13,7 +13,7 @@
 //! not ping-pong); an expired current MSR always allows a move.
 //!
 //! An MH need not wait for the next beacon: when its link comes up in a new cell the
-//! agent solicits one ([`Solicitor`], DESIGN.md §7), and the answer goes through the
+//! agent solicits one ([`Solicitor`], docs/architecture.md §7), and the answer goes through the
 //! same [`Detector`].
 
 use std::collections::HashMap;
@@ -172,7 +172,7 @@ impl Detector {
     }
 }
 
-/// When to solicit an advertisement (DESIGN.md §7): on link-up, at once and then
+/// When to solicit an advertisement (docs/architecture.md §7): on link-up, at once and then
 /// `repeats` more times `spacing` apart, until any beacon is heard or the link goes
 /// down again. A lost solicitation or a lost answer costs `spacing`, not a beacon
 /// interval.

@@ -1,5 +1,5 @@
 //! An MSR's advertisement on its cell (paper §5.2) and an MH's solicitation of one
-//! (DESIGN.md §7): UDP broadcast, JSON.
+//! (docs/architecture.md §7): UDP broadcast, JSON.
 
 use serde::{Deserialize, Serialize};
 

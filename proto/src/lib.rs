@@ -1,5 +1,5 @@
 //! `itcp-proto`: the wire formats that the mobile host and the MSRs speak, with no I/O
-//! (DESIGN.md §9; smoltcp's `wire/` is the model). Both `msrd` and `mh-lib` depend on
+//! (docs/architecture.md §2; smoltcp's `wire/` is the model). Both `msrd` and `mh-lib` depend on
 //! this crate and never on each other, so an app linking mh-lib links no TCP_REPAIR
 //! code.
 //!

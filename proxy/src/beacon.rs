@@ -4,7 +4,7 @@
 //!
 //! An MH whose link has just come up need not wait for the next one: its agent
 //! broadcasts a [`Solicitation`] to the greeting port, and the MSR answers with its
-//! beacon on that cell at once ([`Advertiser::solicited`], DESIGN.md §7). Answers are
+//! beacon on that cell at once ([`Advertiser::solicited`], docs/architecture.md §7). Answers are
 //! rate-limited per source address and per cell.
 
 use std::io;

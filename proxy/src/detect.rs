@@ -1,4 +1,4 @@
-//! Network detection (DESIGN.md §7): an MSR learns that an MH arrived in one of its
+//! Network detection (docs/architecture.md §7): an MSR learns that an MH arrived in one of its
 //! `detect = "network"` cells from the MH's first IPv4 packet there, with no greeting,
 //! agent or library on the MH.
 //!

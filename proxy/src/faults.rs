@@ -1,4 +1,4 @@
-//! msrd's test hooks (`MSRD_FAULT`, `MSRD_FAULT_DELAY_MS`; README, testing): faults
+//! msrd's test hooks (`MSRD_FAULT`, `MSRD_FAULT_DELAY_MS`; docs/testing.md): faults
 //! and delays the end-to-end tests inject at chosen points. Never set on a router.
 
 /// Whether the test hook `name` is among the comma-separated `MSRD_FAULT` ones

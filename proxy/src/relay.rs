@@ -263,7 +263,7 @@ async fn pump(
     Ok(flow)
 }
 
-/// Test hook (`MSRD_FAULT=slow_fin`, README testing): a relay slow to pass an end of
+/// Test hook (`MSRD_FAULT=slow_fin`, docs/testing.md): a relay slow to pass an end of
 /// stream on (a busy runtime), for at most `MSRD_FAULT_DELAY_MS`, so that a handoff's
 /// freeze can come between the MH's FIN and ours to the FH. True if paused meanwhile.
 async fn slow_fin(pause: &Pause) -> bool {

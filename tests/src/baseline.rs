@@ -11,7 +11,7 @@
 //! tunnel; the links, losses and timing are the very ones I-TCP is measured on.
 //!
 //! With [`MobileIpOpts::solicit`] the MH does not wait for the next advertisement, as
-//! the I-TCP agent does not (DESIGN.md §7): when its air0 gets carrier (it joined a
+//! the I-TCP agent does not (docs/architecture.md §7): when its air0 gets carrier (it joined a
 //! cell; mh-lib's [`LinkWatch`] over rtnetlink) it broadcasts a solicitation to
 //! [`SOLICIT_PORT`] at once and twice more 20 ms apart until an advertisement arrives
 //! (mh-lib's [`Solicitor`]), and each MSR answers one heard on its cell with its

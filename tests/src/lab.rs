@@ -1,4 +1,4 @@
-//! The lab: the topology of DESIGN.md §1 built from network namespaces.
+//! The lab: the topology of docs/architecture.md §1 built from network namespaces.
 //!
 //! ```text
 //!  FH ─wan0═══(airlink: WAN)═══wan0─ GW ─br0─┬─veth─ lan0 MSR1 cell0 ═╗

@@ -1,7 +1,7 @@
 //! `itcp-testbed`: the emulated mobile network every end-to-end test and benchmark of
 //! I-TCP runs on.
 //!
-//! * [`lab`] builds the topology of DESIGN.md §1 out of network namespaces and tears it
+//! * [`lab`] builds the topology of docs/architecture.md §1 out of network namespaces and tears it
 //!   down again (also on panic, SIGINT/SIGTERM, or — via a sweep — after SIGKILL).
 //! * [`emu`] is the sans-IO core of the `airlink` link emulator: link directions with
 //!   rate, delay, drop-tail queue, seeded loss and delivery traces, and the air

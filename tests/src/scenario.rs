@@ -125,7 +125,7 @@ impl Cells {
     }
 }
 
-/// How the MH notices that it moved (DESIGN.md §7). A comparison uses the same for
+/// How the MH notices that it moved (docs/architecture.md §7). A comparison uses the same for
 /// both modes: the I-TCP agent and the baseline's Mobile-IP-like agent detect alike.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -1,4 +1,4 @@
-//! Mobile hosts that run nothing of ours (DESIGN.md §7), end to end on the lab: every
+//! Mobile hosts that run nothing of ours (docs/architecture.md §7), end to end on the lab: every
 //! MSR's cell answers for the gateway with one shared MAC, msrd learns an MH's arrival
 //! from its first packet in the cell (`detect = "network"`) and pulls its connections
 //! from whichever peer serves them. The MH runs plain programs: no agent, no mh-lib.
@@ -589,7 +589,7 @@ fn network_detection_moves_reach_the_first_byte_quickly() {
     // waited behind the restored socket's first flight in the cell's queue (~290 ms at
     // 2 Mbit/s, in 14 of 20 moves); a loss at the head of that flight went unrepaired
     // as long. The new MSR now asks the MH for its address from the gateway's
-    // (DESIGN.md §7), which gives the MH the gateway's before the flight.
+    // (docs/architecture.md §7), which gives the MH the gateway's before the flight.
     eprintln!(
         "MH's first ACK after each move withheld (ms): {:.1?}",
         r.ack_wait_ms

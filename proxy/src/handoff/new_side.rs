@@ -322,7 +322,7 @@ async fn run(
                 }
                 Action::Restore(images) => {
                     // Test hook: die between receiving the images and restoring them,
-                    // to show the old MSR keeps every connection (README, testing).
+                    // to show the old MSR keeps every connection (docs/testing.md).
                     if std::env::var("MSRD_FAULT").as_deref() == Ok("exit_before_restore") {
                         tracing::error!("MSRD_FAULT=exit_before_restore: exiting mid-handoff");
                         std::process::exit(70);

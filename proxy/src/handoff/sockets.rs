@@ -256,7 +256,7 @@ pub fn capture_all(frozen: &[Frozen], mark: u32) -> Vec<Captured> {
 /// capture fails, so the common case costs nothing more.
 /// `mark`: msrd's fwmark, for the segment a rollback replays ([`itcp_handoff::unfreeze`]).
 pub fn capture_one(f: &Frozen, mark: u32) -> Captured {
-    // Test hook (README, testing): a connection that cannot be captured stays here
+    // Test hook (docs/testing.md): a connection that cannot be captured stays here
     // while the MH's others move.
     if let Some(port) = fault_capture() {
         let hit = |p: u16| {
@@ -853,7 +853,7 @@ type Resent = Vec<((SocketAddr, SocketAddr), (u32, Option<u32>))>;
 
 /// Restarts one connection. Returns its sockets that re-sent their bytes in flight.
 fn restart_one(r: &Restored) -> io::Result<Resent> {
-    // Test hook (README, testing): a restart that fails, to show the connection is
+    // Test hook (docs/testing.md): a restart that fails, to show the connection is
     // kept at the old MSR and on record, never lost silently.
     if let Some(port) = fault_restart() {
         let ends = std::iter::once(&r.wireless.1)

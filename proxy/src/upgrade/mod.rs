@@ -766,7 +766,7 @@ struct Staged {
 /// anything.
 pub async fn adopt(d: &Arc<Daemon>, ch: OwnedFd, services: &Services) -> io::Result<()> {
     let ch = Arc::new(ch);
-    // Test hook (README, testing): a new process that never says it is ready.
+    // Test hook (docs/testing.md): a new process that never says it is ready.
     if std::env::var("MSRD_FAULT").as_deref() == Ok("upgrade_hang_ready") {
         tracing::error!("MSRD_FAULT=upgrade_hang_ready: hanging before ready");
         tokio::time::sleep(Duration::from_secs(3600)).await;
@@ -798,7 +798,7 @@ pub async fn adopt(d: &Arc<Daemon>, ch: OwnedFd, services: &Services) -> io::Res
             return Err(io::Error::other(e));
         }
     };
-    // Test hooks (README, testing): a new process that dies, or hangs, holding the
+    // Test hooks (docs/testing.md): a new process that dies, or hangs, holding the
     // whole state, adopted; the old one must serve on.
     match std::env::var("MSRD_FAULT").as_deref() {
         Ok("upgrade_exit") => {

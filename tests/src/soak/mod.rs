@@ -1,4 +1,4 @@
-//! `itcp-lab bench soak`: the chaos soak of DESIGN.md §8.
+//! `itcp-lab bench soak`: the chaos soak of docs/architecture.md §8.
 //!
 //! One lab with three MSRs (or more) and several MHs ([`Lab::with_mhs`]: each MH is a
 //! namespace of its own with its own address, token and `itcp-mh-agent`, all sharing
