@@ -199,14 +199,30 @@ pub struct ConnImage {
     /// if the MH retransmits its SYN (that SYN-ACK was lost instead).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub synack: Option<String>,
-    /// Milliseconds since the old MSR last received data from the MH on this
-    /// connection, at its capture: how long the MH's TCP may have been retransmitting
-    /// into the move (the new MSR tells it they were lost: `itcp_handoff::backoff`).
-    /// None when the MH has sent no data on it there: its socket may not even be
-    /// connected (a handshake the MSR completed by replaying the MH's ACK), and an ICMP
-    /// unreachable aborts a connecting socket.
+    /// Milliseconds since an MSR last received data from the MH on this connection, at
+    /// its capture: how long the MH's TCP may have been retransmitting into the move
+    /// (the new MSR tells it they were lost: `itcp_handoff::backoff`). Carried across
+    /// moves: a connection that reached the old MSR in a move and got no data there
+    /// since counts from the data its previous MSR last saw. None when no MSR has seen
+    /// data from the MH on it: its socket may not even be connected (a handshake the
+    /// MSR completed by replaying the MH's ACK), and an ICMP unreachable aborts a
+    /// connecting socket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub up_idle_ms: Option<u32>,
+    /// When the connection was opened, µs since the UNIX epoch, and the bytes relayed
+    /// so far each way: the new MSR's session table continues them (an operator sees
+    /// the connection's age and totals, not the time since its last move). Zero from
+    /// an msrd that does not send them.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub started_us: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_up: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub bytes_down: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Why a channel's bytes were rejected. Each says who and what, for the log.
@@ -976,6 +992,9 @@ mod tests {
             kx: None,
             synack: (id == 2).then(|| "4500".into()),
             up_idle_ms: Some(700),
+            started_us: 1_700_000_000_000_000,
+            bytes_up: 5,
+            bytes_down: 0,
         };
         let m = Message::Images {
             handoff_id: 3,

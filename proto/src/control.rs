@@ -273,9 +273,16 @@ pub struct SessionInfo {
     pub fh: SocketAddr,
     /// msrd's end of the wireless-side connection.
     pub wireless_local: SocketAddr,
+    /// Since the connection was opened, wherever that was.
     pub age_s: f64,
+    /// Relayed since the connection was opened, at every MSR it was served by.
     pub bytes_up: u64,
     pub bytes_down: u64,
+    /// Of `bytes_up` and `bytes_down`, what earlier MSRs relayed (a moved connection).
+    #[serde(default)]
+    pub bytes_up_before: u64,
+    #[serde(default)]
+    pub bytes_down_before: u64,
     /// Frozen for a handoff.
     #[serde(default)]
     pub frozen: bool,
@@ -432,6 +439,8 @@ mod tests {
             age_s: 1.5,
             bytes_up: 1,
             bytes_down: 2,
+            bytes_up_before: 1,
+            bytes_down_before: 0,
             frozen: false,
             moved_in: true,
         };

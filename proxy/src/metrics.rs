@@ -212,7 +212,13 @@ pub fn render_parts(
     let mut e = Exposition(String::new());
     let (live_up, live_down) = live
         .iter()
-        .fold((0, 0), |a, s| (a.0 + s.bytes_up, a.1 + s.bytes_down));
+        // This msrd's bytes only: a moved connection's counts began at earlier MSRs.
+        .fold((0, 0), |a, s| {
+            (
+                a.0 + s.bytes_up.saturating_sub(s.bytes_up_before),
+                a.1 + s.bytes_down.saturating_sub(s.bytes_down_before),
+            )
+        });
     e.single(
         "connections_active",
         "gauge",
@@ -487,6 +493,8 @@ mod tests {
             age_s: 1.0,
             bytes_up: 10 * id,
             bytes_down: 100 * id,
+            bytes_up_before: 0,
+            bytes_down_before: 0,
             frozen,
             moved_in: false,
         }
@@ -539,6 +547,26 @@ mod tests {
         }
         assert_eq!(m.recent().len(), RECENT_HANDOFFS);
         assert!(m.recent().iter().all(|r| r.role == Role::Old));
+    }
+
+    #[test]
+    fn bytes_total_counts_what_this_msrd_relayed_not_what_a_moved_connection_brought() {
+        let mut moved = session(4, Kind::Connect, "10.2.0.100", false);
+        (moved.bytes_up, moved.bytes_up_before) = (1000, 900);
+        (moved.bytes_down, moved.bytes_down_before) = (50, 50);
+        let pipes = PipeStats::default();
+        let t = render_parts(
+            &Stats::default(),
+            &[moved],
+            &HandoffMetrics::default(),
+            &pipes,
+        );
+        for line in [
+            "msrd_bytes_total{direction=\"up\"} 100",
+            "msrd_bytes_total{direction=\"down\"} 0",
+        ] {
+            assert!(t.lines().any(|l| l == line), "no {line:?} in\n{t}");
+        }
     }
 
     #[test]

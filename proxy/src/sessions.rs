@@ -36,6 +36,12 @@ pub struct Session {
     pub frozen: AtomicBool,
     /// Arrived here in a handoff.
     pub moved_in: bool,
+    /// For a connection that arrived in a handoff: how long the MH had sent no data on
+    /// it when its previous MSR captured it (`ConnImage::up_idle_ms`).
+    pub up_idle_at_move: Option<u32>,
+    /// Bytes (up, down) earlier MSRs relayed on a moved connection: `counters` include
+    /// them, this MSR's totals do not.
+    pub before: (u64, u64),
 }
 
 impl Session {
@@ -154,6 +160,18 @@ pub struct Adopted {
     pub bytes_up: u64,
     pub bytes_down: u64,
     pub moved_in: bool,
+    pub up_idle_at_move: Option<u32>,
+    pub before: (u64, u64),
+}
+
+/// What a connection that moved here brings from its previous MSR.
+#[derive(Debug, Clone, Copy)]
+pub struct MovedIn {
+    pub started: SystemTime,
+    pub bytes_up: u64,
+    pub bytes_down: u64,
+    /// See [`Session::up_idle_at_move`].
+    pub up_idle_ms: Option<u32>,
 }
 
 impl Sessions {
@@ -164,18 +182,19 @@ impl Sessions {
         fh: SocketAddr,
         wireless_local: SocketAddr,
     ) -> Arc<Session> {
-        self.insert(kind, mh, fh, wireless_local, false)
+        self.insert(kind, mh, fh, wireless_local, None)
     }
 
-    /// A connection that moved here in a handoff.
+    /// A connection that moved here in a handoff: it keeps its age and byte counts.
     pub fn open_moved(
         &self,
         kind: Kind,
         mh: SocketAddr,
         fh: SocketAddr,
         wireless_local: SocketAddr,
+        from: MovedIn,
     ) -> Arc<Session> {
-        self.insert(kind, mh, fh, wireless_local, true)
+        self.insert(kind, mh, fh, wireless_local, Some(from))
     }
 
     fn insert(
@@ -184,7 +203,7 @@ impl Sessions {
         mh: SocketAddr,
         fh: SocketAddr,
         wireless_local: SocketAddr,
-        moved_in: bool,
+        moved: Option<MovedIn>,
     ) -> Arc<Session> {
         let id = self.next.fetch_add(1, Ordering::Relaxed) + 1;
         let s = Arc::new(Session {
@@ -193,14 +212,18 @@ impl Sessions {
             mh,
             fh,
             wireless_local,
-            started: SystemTime::now(),
+            started: moved.map_or_else(SystemTime::now, |m| m.started),
             counters: Counters::default(),
             pause: crate::relay::Pause::default(),
             frozen_to: Mutex::new(None),
             frozen: AtomicBool::new(false),
-            moved_in,
+            moved_in: moved.is_some(),
+            up_idle_at_move: moved.and_then(|m| m.up_idle_ms),
+            before: moved.map_or((0, 0), |m| (m.bytes_up, m.bytes_down)),
         });
-        if moved_in {
+        if let Some(m) = moved {
+            s.counters.up.store(m.bytes_up, Ordering::Relaxed);
+            s.counters.down.store(m.bytes_down, Ordering::Relaxed);
             self.stats
                 .connections_moved_in
                 .fetch_add(1, Ordering::Relaxed);
@@ -226,6 +249,8 @@ impl Sessions {
             frozen_to: Mutex::new(None),
             frozen: AtomicBool::new(false),
             moved_in: a.moved_in,
+            up_idle_at_move: a.up_idle_at_move,
+            before: a.before,
         });
         s.counters.up.store(a.bytes_up, Ordering::Relaxed);
         s.counters.down.store(a.bytes_down, Ordering::Relaxed);
@@ -254,10 +279,11 @@ impl Sessions {
     pub fn close(&self, s: &Session) {
         self.map.lock().unwrap().remove(&s.id);
         let st = &self.stats;
+        let here = |c: &AtomicU64, before: u64| c.load(Ordering::Relaxed).saturating_sub(before);
         st.bytes_up
-            .fetch_add(s.counters.up.load(Ordering::Relaxed), Ordering::Relaxed);
+            .fetch_add(here(&s.counters.up, s.before.0), Ordering::Relaxed);
         st.bytes_down
-            .fetch_add(s.counters.down.load(Ordering::Relaxed), Ordering::Relaxed);
+            .fetch_add(here(&s.counters.down, s.before.1), Ordering::Relaxed);
     }
 
     /// Whether session `id` is still in the table (its relay or drain runs).
@@ -307,6 +333,8 @@ impl Sessions {
                     .unwrap_or(0.0),
                 bytes_up: s.counters.up.load(Ordering::Relaxed),
                 bytes_down: s.counters.down.load(Ordering::Relaxed),
+                bytes_up_before: s.before.0,
+                bytes_down_before: s.before.1,
                 frozen: s.frozen.load(Ordering::Relaxed),
                 moved_in: s.moved_in,
             })

@@ -46,6 +46,11 @@ pub enum Kind {
     Bulk,
     /// 1000 bytes every 100 ms (TCP_NODELAY), below the cell's rate.
     Paced,
+    /// 1000 bytes at the start, then 1000 bytes as the cell fades on every second move
+    /// only (TCP_NODELAY): the connection reaches each odd move's old MSR in a move
+    /// and gets no data there, and what the MH writes into the fade waits for its
+    /// backed-off timer. Only the odd moves are measured.
+    Interactive,
 }
 
 impl Kind {
@@ -53,6 +58,7 @@ impl Kind {
         match self {
             Kind::Bulk => "bulk",
             Kind::Paced => "paced",
+            Kind::Interactive => "interactive",
         }
     }
 }
@@ -168,7 +174,19 @@ pub fn run(
             let until = Instant::now() + Duration::from_secs(secs);
             Sender::Paced(std::thread::spawn(move || paced(s, seed, until)))
         }
+        Kind::Interactive => {
+            let s = in_netns(&lab.ns(Host::Mh), || TcpStream::connect(fh))?;
+            s.set_nodelay(true)?;
+            let mut w = Writer {
+                s,
+                gen: crate::stream::StreamGen::new(seed),
+                sent: 0,
+            };
+            w.message()?;
+            Sender::Interactive(w)
+        }
     };
+    let mut sender = sender;
     std::thread::sleep(Duration::from_millis(1500));
     let moved = |lab: &Lab| -> usize {
         (1..=2)
@@ -183,6 +201,7 @@ pub fn run(
         match shape {
             Move::Gap(_) => {
                 lab.assoc(&[])?;
+                sender.on_fade(i)?;
                 std::thread::sleep(Duration::from_millis(out_ms));
                 lab.assoc(&[to])?;
             }
@@ -197,6 +216,7 @@ pub fn run(
                     ..net.cell.clone()
                 };
                 lab.emu(cell(dead))?;
+                sender.on_fade(i)?;
                 std::thread::sleep(Duration::from_millis(out_ms));
                 lab.assoc(&[to])?;
                 lab.emu(cell(net.cell.clone()))?;
@@ -231,6 +251,9 @@ pub fn run(
             .join()
             .map_err(|_| io::Error::other("the MH's writer panicked"))?
             .map_err(|e| io::Error::other(format!("the MH's writer: {e}")))?,
+        Sender::Interactive(w) => w
+            .finish()
+            .map_err(|e| io::Error::other(format!("the MH's writer: {e}")))?,
     };
     let (bytes, reads) = reader
         .join()
@@ -243,7 +266,10 @@ pub fn run(
         )));
     }
     let rsts = (lab.rsts(Host::Fh)?, lab.rsts(Host::Mh)?);
-    let ms = resumes_to_reads(&lab, &reads)?;
+    let mut ms = resumes_to_reads(&lab, &reads)?;
+    if kind == Kind::Interactive {
+        ms = ms.into_iter().skip(1).step_by(2).collect();
+    }
     let (median_ms, p95_ms) = crate::moves::median_p95(&ms);
     Ok(UploadResumes {
         ms,
@@ -254,10 +280,48 @@ pub fn run(
     })
 }
 
-/// The MH's sending side: a `ttcp` process, or a paced writer thread.
+/// The MH's sending side: a `ttcp` process, a paced writer thread, or an interactive
+/// writer driven by the moves.
 enum Sender {
     Ttcp(usize),
     Paced(std::thread::JoinHandle<io::Result<u64>>),
+    Interactive(Writer),
+}
+
+impl Sender {
+    /// What the MH writes as its cell goes on move `i`: the interactive writer, on
+    /// every odd move.
+    fn on_fade(&mut self, i: usize) -> io::Result<()> {
+        match self {
+            Sender::Interactive(w) if i % 2 == 1 => w.message(),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The interactive MH's connection: one message of the seeded stream at a time.
+struct Writer {
+    s: TcpStream,
+    gen: crate::stream::StreamGen,
+    sent: u64,
+}
+
+impl Writer {
+    fn message(&mut self) -> io::Result<()> {
+        let mut buf = [0u8; 1000];
+        self.gen.fill(&mut buf);
+        self.s.write_all(&buf)?;
+        self.sent += buf.len() as u64;
+        Ok(())
+    }
+
+    /// Ends the stream and waits for the FH to close. Returns the bytes written.
+    fn finish(mut self) -> io::Result<u64> {
+        self.s.shutdown(std::net::Shutdown::Write)?;
+        let mut rest = Vec::new();
+        self.s.read_to_end(&mut rest)?;
+        Ok(self.sent)
+    }
 }
 
 /// Writes the seeded stream on `s`, 1000 bytes every 100 ms, until `until`; then ends

@@ -643,3 +643,35 @@ fn a_paced_upload_resumes_at_once_after_a_fade() {
     // of a second): the scenario does exercise the backoff.
     assert!(off.median_ms > 200.0, "revert off: {:.1?}", off.ms);
 }
+
+/// An interactive MH (a chat: a message now and then) writes as its cell fades, after a
+/// move in which it wrote nothing: the connection's old MSR restored it in that move
+/// and has received no data on it since. The new MSR still knows how long the MH has
+/// been silent (the idle time travels with the connection) and reverts its backoff,
+/// as for a connection that got data at its last MSR. Per odd move: the restart → the
+/// FH's first read of the message written into the fade.
+#[test]
+fn an_interactive_upload_resumes_at_once_after_a_move_without_data() {
+    let _serial = serial();
+    use itcp_testbed::scenario::Net;
+    use itcp_testbed::upload::{self, Kind, Move};
+
+    let bound = upload::bound_ms(&Net::lan());
+    let r = upload::run(
+        &Net::lan(),
+        Kind::Interactive,
+        Move::Fade(1000),
+        true,
+        8,
+        113,
+    )
+    .unwrap();
+    eprintln!(
+        "restart → the FH's read of a message written into the fade, after a move without \
+         data: median {:.1} ms ({:.1?}); one wireless and one fixed round trip {bound:.1} ms",
+        r.median_ms, r.ms
+    );
+    assert_eq!(r.rsts, ((0, 0), (0, 0)), "RSTs at FH and MH");
+    assert_eq!(r.ms.len(), 4, "measured moves: {:.1?}", r.ms);
+    assert!(r.median_ms < 4.0 * bound, "resumes: {:.1?}", r.ms);
+}

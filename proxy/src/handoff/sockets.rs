@@ -341,14 +341,31 @@ pub fn capture_one(f: &Frozen, mark: u32) -> Captured {
             listen: f.listen.map(|a| a.to_string()),
             kx: pending.kx.map(|k| itcp_proto::hex::hex(&k)),
             synack: None,
-            // Only when the MH has sent data here: it is connected then (see the field).
-            up_idle_ms: itcp_handoff::repair::tcp_info(f.wireless.as_fd())
-                .ok()
-                .filter(|i| i.data_segs_in > 0)
-                .map(|i| i.last_data_recv_ms),
+            up_idle_ms: up_idle_ms(f),
+            started_us: f
+                .session
+                .started
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64),
+            bytes_up: f.session.counters.up.load(Ordering::Relaxed),
+            bytes_down: f.session.counters.down.load(Ordering::Relaxed),
         },
         entry,
     )))
+}
+
+/// How long the MH has sent no data on `f`'s connection, if it is known to be connected
+/// (see `ConnImage::up_idle_ms`): the kernel's count once this socket has received data
+/// from the MH; else, for a connection that moved here, what it arrived with plus the
+/// time since (a restored socket's `last_data_recv` counts from its restore).
+fn up_idle_ms(f: &Frozen) -> Option<u32> {
+    let i = itcp_handoff::repair::tcp_info(f.wireless.as_fd()).ok()?;
+    if i.data_segs_in > 0 {
+        return Some(i.last_data_recv_ms);
+    }
+    f.session
+        .up_idle_at_move
+        .map(|before| before.saturating_add(i.last_data_recv_ms))
 }
 
 /// Restarts a frozen connection's service task here (rollback, or a move in).
@@ -479,6 +496,9 @@ pub struct Restored {
     finished: bool,
     /// How long the MH had sent no data on it when the old MSR captured it.
     up_idle_ms: Option<u32>,
+    /// Its age and byte counts, continued here.
+    started: std::time::SystemTime,
+    before: (u64, u64),
 }
 
 fn decode(b: &[u8]) -> io::Result<SocketImage> {
@@ -616,6 +636,11 @@ pub fn restore_one(c: &ConnImage, cx: &RestoreContext) -> io::Result<Restored> {
         opts,
         finished,
         up_idle_ms: c.up_idle_ms,
+        started: match c.started_us {
+            0 => std::time::SystemTime::now(),
+            us => std::time::UNIX_EPOCH + Duration::from_micros(us),
+        },
+        before: (c.bytes_up, c.bytes_down),
     })
 }
 
@@ -1024,7 +1049,13 @@ pub fn restart_or_keep(
                 (None, a, a)
             }
         };
-        let s = d.sessions.open_moved(r.kind, mh, fh, wl);
+        let from = crate::sessions::MovedIn {
+            started: r.started,
+            bytes_up: r.before.0,
+            bytes_down: r.before.1,
+            up_idle_ms: r.up_idle_ms,
+        };
+        let s = d.sessions.open_moved(r.kind, mh, fh, wl, from);
         // One line per connection would cost the handoff ~25 µs each; the handoff log
         // lists every connection moved.
         debug!(conn = s.id, from_conn = r.id, kind = r.kind.as_str(), mh = %mh.ip(), mh_port = mh.port(), %fh, "connection moved in");

@@ -719,6 +719,8 @@ fn handover(d: &Daemon, services: &Services, q: &Quiesced) -> Handover<RawFd> {
                     bytes_up: s.counters.up.load(Ordering::Relaxed),
                     bytes_down: s.counters.down.load(Ordering::Relaxed),
                     moved_in: s.moved_in,
+                    up_idle_at_move: s.up_idle_at_move,
+                    before: s.before,
                     listen: f.listen,
                     admitted: f.admitted.is_some(),
                     fixed: f.fixed.is_some(),
@@ -905,6 +907,8 @@ fn stage(d: &Arc<Daemon>, h: Handover<OwnedFd>) -> Result<Staged, String> {
             bytes_up: m.bytes_up,
             bytes_down: m.bytes_down,
             moved_in: m.moved_in,
+            up_idle_at_move: m.up_idle_at_move,
+            before: m.before,
         });
         let admitted = m.admitted.then(|| d.admit_moved(session.mh_ip()));
         frozen.push(Frozen {

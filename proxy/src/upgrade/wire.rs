@@ -112,6 +112,11 @@ pub struct ConnMeta {
     pub bytes_up: u64,
     pub bytes_down: u64,
     pub moved_in: bool,
+    /// See `Session::up_idle_at_move` and `Session::before`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub up_idle_at_move: Option<u32>,
+    #[serde(default)]
+    pub before: (u64, u64),
     /// The MH listener it belongs to (LISTEN, waiting ACCEPT).
     pub listen: Option<SocketAddr>,
     /// Counted by admission.
@@ -547,6 +552,8 @@ mod tests {
                 bytes_up: 5,
                 bytes_down: 7,
                 moved_in: id == 3,
+                up_idle_at_move: (id == 3).then_some(700),
+                before: (id, 0),
                 listen: listen.map(|a| a.parse().unwrap()),
                 admitted: kind != Kind::Listen,
                 fixed: false,
