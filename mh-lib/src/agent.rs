@@ -28,7 +28,7 @@ use itcp_proto::beacon::Solicitation;
 use itcp_proto::greeting::{GreetMsg, GreetReply, GreetStatus, Greeting};
 use serde::Serialize;
 
-use crate::answers::{self, SiblingVerdict, Verdict};
+use crate::answers::{self, AfterFailure, SiblingVerdict, Verdict};
 use crate::link::{LinkEvent, LinkWatch};
 use crate::mobility::{Beacon, Decision, Detector, Policy, Solicitor};
 use crate::socks::Token;
@@ -517,9 +517,8 @@ impl Agent {
             let p = self.pending.take().unwrap();
             // Nobody answered: nothing moved, and the next move starts from where the
             // connections are.
-            if let Some(a) = &self.attached {
-                self.det.set_current(a);
-            }
+            let mac = p.mac.clone();
+            self.after_failure(&p, &mac)?;
             on_event(Event::MoveFailed {
                 from: p.from,
                 to: p.to,
@@ -642,6 +641,38 @@ impl Agent {
         }
     }
 
+    /// Points the gateway after the move `p` failed ([`answers::after_failure`]): back
+    /// to the previous MSR while its cell is in reach (at the MAC it answered with; a
+    /// beacon naming it could be anyone's), else at the new one (`new_mac`). The next
+    /// greeting still names the previous MSR, which holds the connections.
+    fn after_failure(&mut self, p: &Pending, new_mac: &str) -> io::Result<()> {
+        let now = self.now_ns();
+        let heard = |m: &str| !m.is_empty() && self.det.alive(m, now);
+        match answers::after_failure(heard(&p.from), heard(&p.to)) {
+            AfterFailure::Back => {
+                let back = match &self.attached_mac {
+                    Some(m) if self.attached.as_deref() == Some(p.from.as_str()) => Some(m),
+                    _ => self.macs.get(&p.from),
+                };
+                if let Some(mac) = back.cloned() {
+                    self.point_gateways(&mac)?;
+                    self.det.set_current(&p.from);
+                }
+            }
+            AfterFailure::Here if !new_mac.is_empty() => {
+                self.point_gateways(new_mac)?;
+                self.attached_mac = None;
+                self.det.set_current(&p.to);
+            }
+            AfterFailure::Here | AfterFailure::Keep => {
+                if let Some(a) = &self.attached {
+                    self.det.set_current(a);
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Points every gateway address (both families of a dual-stack MH) at `mac`.
     fn point_gateways(&self, mac: &str) -> io::Result<()> {
         for &gw in std::iter::once(&self.cfg.gateway).chain(&self.cfg.more_gateways) {
@@ -690,16 +721,7 @@ impl Agent {
             }
             GreetStatus::Failed => {
                 let p = self.pending.take().unwrap();
-                // The connections stayed with the previous MSR: go back to it, at the
-                // MAC it answered with (a beacon naming it could be anyone's).
-                let back = match &self.attached_mac {
-                    Some(m) if self.attached.as_deref() == Some(p.from.as_str()) => Some(m),
-                    _ => self.macs.get(&p.from),
-                };
-                if let Some(mac) = back.filter(|_| !p.from.is_empty()) {
-                    self.point_gateways(mac)?;
-                    self.det.set_current(&p.from);
-                }
+                self.after_failure(&p, &mac)?;
                 on_event(Event::MoveFailed {
                     from: p.from,
                     to: p.to,

@@ -127,9 +127,43 @@ pub fn gateway_mac(r: &GreetReply, beacon_mac: &str) -> String {
     }
 }
 
+/// Where the MH's gateway goes when its move from one MSR to another failed (the new
+/// MSR answered `failed`, or nobody answered).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// Back to the previous MSR: its cell is still in range, and the connections
+    /// stayed there.
+    Back,
+    /// To the new MSR: the MH is in its cell and no longer in the previous one's, so
+    /// no other gateway can carry its packets. Connections left at the previous MSR
+    /// can follow only by network detection; new ones work at once.
+    Here,
+    /// Neither MSR is heard: leave the gateway; the next beacon decides.
+    Keep,
+}
+
+/// Decides [`AfterFailure`] from whether the previous and the new MSR are heard now
+/// (a beacon within its lifetime). A gateway never points at an MSR whose cell the MH
+/// has left while another MSR is in reach.
+pub fn after_failure(previous_heard: bool, new_heard: bool) -> AfterFailure {
+    match (previous_heard, new_heard) {
+        (true, _) => AfterFailure::Back,
+        (false, true) => AfterFailure::Here,
+        (false, false) => AfterFailure::Keep,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_failed_move_never_leaves_the_gateway_at_a_cell_the_mh_left() {
+        assert_eq!(after_failure(true, true), AfterFailure::Back);
+        assert_eq!(after_failure(true, false), AfterFailure::Back);
+        assert_eq!(after_failure(false, true), AfterFailure::Here);
+        assert_eq!(after_failure(false, false), AfterFailure::Keep);
+    }
 
     const TOKEN: &[u8] = b"0123456789abcdef";
 

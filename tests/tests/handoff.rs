@@ -679,6 +679,56 @@ fn an_mh_with_no_connection_attaches_to_the_next_msr() {
     assert!(lab.handoff_records(1).is_empty() && lab.handoff_records(2).is_empty());
 }
 
+/// An MH whose agent runs but whose only connection was opened without a session
+/// token (transparent mode: a plain connect, intercepted at its MSR) moves to a cell
+/// without network detection. The old MSR cannot move that connection on a greeting
+/// (nothing proves the MH owns it), so the move fails; the MH's gateway must still
+/// follow it to the cell it is in, where new connections work. It used to go back to
+/// the MSR of the cell the MH had left, cutting the MH off.
+#[test]
+fn a_failed_move_leaves_the_agents_gateway_in_the_mhs_cell() {
+    let mut lab = fast_lab_with(29, &[], "[transparent]\nenabled = true\nports = [5009]\n");
+    let fh = lab::fh_addr(5009);
+    lab.spawn(Host::Fh, bin_path("ttcp"), &["echo", "--listen", &fh])
+        .unwrap();
+    lab.wait_listening(Host::Fh, 5009).unwrap();
+    let rr = spawn_rr(&mut lab, &fh, 10, false);
+    rr_done(&mut lab, rr, "transparent, before the move", 10);
+    // A connection that stays open through the move, opened without a token.
+    let held = spawn_rr(&mut lab, &fh, 400, false);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(mh_gateway_mac(&lab), lab.msr_cell_mac_now(1).unwrap());
+    lab.assoc(&[]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    lab.assoc(&[2]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while !lab
+        .agent_events()
+        .iter()
+        .any(|e| e["event"] == "move_failed")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "no move_failed: {:?}\n{}",
+            lab.agent_events(),
+            diag(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let msr2 = lab.msr_cell_mac_now(2).unwrap();
+    assert_eq!(
+        mh_gateway_mac(&lab),
+        msr2,
+        "the gateway after the failed move: {:?}",
+        lab.agent_events()
+    );
+    // New connections work through MSR2.
+    let rr = spawn_rr(&mut lab, &fh, 10, false);
+    rr_done(&mut lab, rr, "transparent, after the move", 10);
+    lab.terminate(held);
+}
+
 /// Counts the ARP requests MSR `k` sends for the MH's address (an nftables table of
 /// its own in the MSR's namespace); read with [`arp_requests_for_mh`].
 fn watch_arp_for_mh(lab: &Lab, k: usize) {
