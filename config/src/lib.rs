@@ -59,7 +59,7 @@ pub use mh::{parse_gateway, MhConfig, MhSection, MobilityPolicy, MobilitySection
 pub use msrd::{
     parse_mac, AccessSection, BeaconSection, CellSection, ChannelTls, Detect, HandoffSection,
     InterceptionSection, LogFormat, LogLevel, MetricsSection, MsrSection, MsrdConfig, PeerSection,
-    RelaySection, TcpTuning, TransparentSection, UnackedPolicy, DEFAULT_SOCKS_PORT,
+    RelaySection, Sizing, TcpTuning, TransparentSection, UnackedPolicy, DEFAULT_SOCKS_PORT,
 };
 pub use prefix::{IpPrefix, ParsePrefixError};
 

@@ -657,7 +657,8 @@ fn default_resolve_timeout_ms() -> u64 {
 }
 
 /// TCP tuning of one side of the relay (`[wireless]`, `[fixed]`, or a `[[cell]]`).
-/// Every field is optional: unset means "leave the kernel default".
+/// Every field is optional. Unset on the fixed side means "leave the kernel default";
+/// on the wireless side, what `sizing` says.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TcpTuning {
@@ -681,12 +682,28 @@ pub struct TcpTuning {
     pub keepalive_count: Option<u32>,
     /// TCP_USER_TIMEOUT in milliseconds.
     pub user_timeout_ms: Option<u32>,
+    /// Wireless side only: who sizes what the keys above leave unset (`cell`).
+    pub sizing: Option<Sizing>,
+}
+
+/// Who sizes the wireless side's keys that the configuration leaves unset.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Sizing {
+    /// msrd, for the cell: its choice of congestion control, a small unsent queue on
+    /// each wireless socket, and the fixed side's window following how fast the
+    /// wireless side drains, so that bytes wait at the FH rather than at the MSR.
+    #[default]
+    Cell,
+    /// The kernel's defaults, as a plain proxy has them.
+    Kernel,
 }
 
 impl TcpTuning {
     /// Every key set in `self` wins; the rest come from `base`.
     pub fn merged_over(&self, base: &TcpTuning) -> TcpTuning {
         TcpTuning {
+            sizing: self.sizing.or(base.sizing),
             congestion_control: self
                 .congestion_control
                 .clone()
@@ -752,6 +769,7 @@ struct RawCell {
     keepalive_interval_s: Option<u32>,
     keepalive_count: Option<u32>,
     user_timeout_ms: Option<u32>,
+    sizing: Option<Sizing>,
 }
 
 impl From<RawCell> for CellSection {
@@ -760,6 +778,7 @@ impl From<RawCell> for CellSection {
             interface: c.interface,
             detect: c.detect,
             tuning: TcpTuning {
+                sizing: c.sizing,
                 congestion_control: c.congestion_control,
                 send_buffer: c.send_buffer,
                 recv_buffer: c.recv_buffer,
@@ -898,6 +917,13 @@ impl MsrdConfig {
             self.wireless.keepalive_idle_s,
         )?;
         validate_tuning(src, "fixed", &self.fixed, self.fixed.keepalive_idle_s)?;
+        if self.fixed.sizing.is_some() {
+            return Err(src.invalid(
+                "fixed.sizing",
+                "sizing belongs to [wireless] (or a [[cell]]): it sizes the fixed side from \
+                 the wireless side's rate; set [fixed] keys to fix them instead",
+            ));
+        }
         let mut seen = HashSet::new();
         for (i, cell) in self.cells.iter().enumerate() {
             let path = format!("cell[{i}]");

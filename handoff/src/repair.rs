@@ -135,6 +135,12 @@ pub struct TcpInfo {
     pub last_data_recv_ms: u32,
     /// Segments with data received so far (`tcpi_data_segs_in`).
     pub data_segs_in: u32,
+    /// The latest delivery rate sample, bytes/s (`tcpi_delivery_rate`).
+    pub delivery_rate: u64,
+    /// The smallest round trip seen, µs (`tcpi_min_rtt`; 0 before any sample).
+    pub min_rtt_us: u32,
+    /// Bytes queued and not yet sent (`tcpi_notsent_bytes`).
+    pub notsent_bytes: u32,
 }
 
 fn cvt(ret: c_int) -> io::Result<c_int> {
@@ -401,6 +407,9 @@ pub fn tcp_info(fd: BorrowedFd<'_>) -> io::Result<TcpInfo> {
         segs_in: i.tcpi_segs_in,
         last_data_recv_ms: i.tcpi_last_data_recv,
         data_segs_in: i.tcpi_data_segs_in,
+        delivery_rate: i.tcpi_delivery_rate,
+        min_rtt_us: i.tcpi_min_rtt,
+        notsent_bytes: i.tcpi_notsent_bytes,
     })
 }
 

@@ -49,6 +49,8 @@ pub struct Daemon {
     noisy: Mutex<itcp_handoff::greet::PerAddr>,
     cells: CellMap,
     relay_opts: RelayOpts,
+    /// The wireless side's congestion control when msrd sizes it for the cell.
+    wireless_cc: Option<String>,
     /// msrd's nftables table and policy route (flow holds live here).
     pub rules: Rules,
     /// Handoff state, when `[handoff]` is on.
@@ -114,7 +116,10 @@ impl Daemon {
             splice: cfg.relay.splice,
             pipe_size: cfg.relay.pipe_size,
             buffer_size: cfg.relay.buffer_size,
+            size_fixed: false,
+            unpace_after: None,
         };
+        let wireless_cc = crate::sizing::pick_congestion();
         let cells = CellMap::read(cfg.cells.iter().map(|c| c.interface.as_str()));
         let handoff = if cfg.handoff.enabled() {
             Some(Handoffs::new(&cfg.msr.id, &cfg.handoff)?)
@@ -144,6 +149,7 @@ impl Daemon {
             listeners: Listeners::default(),
             cells,
             relay_opts,
+            wireless_cc,
             rules: crate::intercept::rules_of(&cfg),
             handoff,
             inflight: Arc::default(),
@@ -215,8 +221,27 @@ impl Daemon {
         Ok(Admitted::new(&self.admission, ip))
     }
 
+    /// Whether msrd sizes the wireless side of an MH at `mh` for its cell
+    /// ([`crate::sizing`]).
+    fn sized_for_cell(&self, mh: IpAddr) -> bool {
+        let t = self.cfg.wireless_tuning_for(self.cells.interface_for(mh));
+        t.sizing.unwrap_or_default() == itcp_config::Sizing::Cell
+    }
+
+    /// How to relay a connection of the MH at `mh` (`moved_in`: restored here).
+    fn relay_opts_for(&self, mh: IpAddr, moved_in: bool) -> RelayOpts {
+        RelayOpts {
+            size_fixed: crate::sizing::sizes_fixed(self.sized_for_cell(mh), &self.cfg.fixed),
+            unpace_after: moved_in.then_some(crate::sizing::UNPACE_AFTER),
+            ..self.relay_opts.clone()
+        }
+    }
+
     fn wireless_tuning(&self, mh: IpAddr) -> TcpTuning {
         let mut t = self.cfg.wireless_tuning_for(self.cells.interface_for(mh));
+        if t.sizing.unwrap_or_default() == itcp_config::Sizing::Cell {
+            crate::sizing::fill_wireless(&mut t, self.wireless_cc.as_deref());
+        }
         // [handoff] linger_s: an MH that went away for good (out of every cell, never
         // greeting another MSR) has its connections closed after the linger, idle ones
         // too (keepalive), unless [wireless] says otherwise.
@@ -372,16 +397,10 @@ impl Daemon {
         sockopt::abort_on_close(&wireless);
         sockopt::abort_on_close(&fixed);
         let span = tracing::info_span!("conn", conn = s.id, mh = %s.mh.ip());
-        let end = relay::relay(
-            &wireless,
-            &fixed,
-            &self.relay_opts,
-            &s.counters,
-            &s.pause,
-            pending,
-        )
-        .instrument(span)
-        .await;
+        let opts = self.relay_opts_for(s.mh_ip(), s.moved_in);
+        let end = relay::relay(&wireless, &fixed, &opts, &s.counters, &s.pause, pending)
+            .instrument(span)
+            .await;
         match end {
             End::Paused(pending) => {
                 let f = Frozen {

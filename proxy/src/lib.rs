@@ -55,6 +55,7 @@ pub mod relay;
 pub mod run;
 pub mod sessions;
 pub mod setup;
+pub(crate) mod sizing;
 pub mod sockdiag;
 pub mod sockopt;
 pub mod splice;

@@ -33,6 +33,12 @@ pub struct RelayOpts {
     pub splice: bool,
     pub pipe_size: usize,
     pub buffer_size: usize,
+    /// The fixed side's receive buffer follows the wireless side
+    /// ([`crate::sizing::FixedWindow`]).
+    pub size_fixed: bool,
+    /// Lift a restored wireless socket's pacing cap after this long
+    /// ([`crate::sizing::UNPACE_AFTER`]).
+    pub unpace_after: Option<std::time::Duration>,
 }
 
 /// Bytes moved, per direction. Updated as bytes are delivered to the destination socket.
@@ -553,6 +559,40 @@ async fn pump_copy(
     }
 }
 
+/// Applies the fixed-side receive buffer that `window` computes from the sockets'
+/// TCP_INFO. Best effort: a socket that cannot say keeps the buffer it has.
+fn size_fixed_window(
+    wireless: &TcpStream,
+    fixed: &TcpStream,
+    window: &mut crate::sizing::FixedWindow,
+) {
+    use itcp_handoff::repair::tcp_info;
+    use std::os::fd::AsFd;
+    let (Ok(w), Ok(f)) = (tcp_info(wireless.as_fd()), tcp_info(fixed.as_fd())) else {
+        return;
+    };
+    // A receiver's smoothed RTT is the handshake's; its minimum is the path's.
+    let rtt_us = if f.min_rtt_us > 0 {
+        f.min_rtt_us
+    } else {
+        f.rtt_us
+    };
+    let rtt = std::time::Duration::from_micros(rtt_us.into());
+    let waiting = itcp_handoff::repair::inq(fixed.as_fd()).unwrap_or(1);
+    let sample = crate::sizing::Sample {
+        rate: w.delivery_rate,
+        rtt,
+        starved: w.notsent_bytes == 0
+            && waiting == 0
+            && u128::from(f.last_data_recv_ms) * 1000 < 2 * rtt.as_micros(),
+    };
+    if let Some(bytes) = window.next(tokio::time::Instant::now().into_std(), sample) {
+        if let Err(e) = sockopt::fix_recv_buffer(fixed, bytes) {
+            tracing::debug!(error = %e, "fixed-side receive buffer not resized");
+        }
+    }
+}
+
 /// Relays until both directions have ended, one side aborts, or `pause` turns true.
 /// The sockets stay open: the caller closes them (or resets the other side after an
 /// abort, or freezes them after a pause). `pending` bytes are written first.
@@ -577,10 +617,27 @@ pub async fn relay(
     let (mut up_done, mut down_done) = (false, false);
     let mut paused = Pending::default();
     let mut was_paused = false;
+    let mut window = crate::sizing::FixedWindow::default();
+    let unpace = tokio::time::sleep(opts.unpace_after.unwrap_or_default());
+    tokio::pin!(unpace);
+    let mut paced = opts.unpace_after.is_some();
+    let mut resize = tokio::time::interval(crate::sizing::EVERY);
+    resize.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         let (res, from_wireless) = tokio::select! {
             r = &mut up, if !up_done => { up_done = true; (r, true) }
             r = &mut down, if !down_done => { down_done = true; (r, false) }
+            _ = resize.tick(), if opts.size_fixed && !down_done => {
+                size_fixed_window(wireless, fixed, &mut window);
+                continue;
+            }
+            _ = &mut unpace, if paced => {
+                paced = false;
+                if let Err(e) = sockopt::set_max_pacing_rate(wireless, u64::MAX) {
+                    tracing::debug!(error = %e, "restored socket's pacing cap not lifted");
+                }
+                continue;
+            }
         };
         if let Err(Failure::Src(e) | Failure::Dst(e)) = &res {
             tracing::debug!(error = %e, up = from_wireless, "relay direction failed");
@@ -651,6 +708,8 @@ mod tests {
             splice,
             pipe_size: 1 << 20,
             buffer_size: 65536,
+            size_fixed: false,
+            unpace_after: None,
         };
         let counters = Counters::default();
         let writer = tokio::spawn(async move {
@@ -733,6 +792,8 @@ mod tests {
             splice,
             pipe_size: 1 << 20,
             buffer_size: 65536,
+            size_fixed: false,
+            unpace_after: None,
         };
         let counters = Counters::default();
         let pause = Pause::default();
@@ -796,6 +857,8 @@ mod tests {
             splice: true,
             pipe_size: 1 << 16,
             buffer_size: 4096,
+            size_fixed: false,
+            unpace_after: None,
         };
         let counters = Counters::default();
         let std_src = app_src.into_std().unwrap();
@@ -834,6 +897,8 @@ mod tests {
             splice,
             pipe_size: 1 << 20,
             buffer_size: 65536,
+            size_fixed: false,
+            unpace_after: None,
         };
         const N: usize = 4 << 20;
         let writer = tokio::spawn(async move {
@@ -897,6 +962,8 @@ mod tests {
                 splice,
                 pipe_size: 1 << 16,
                 buffer_size: 4096,
+                size_fixed: false,
+                unpace_after: None,
             };
             let (counters, pause) = (Counters::default(), std::sync::Arc::new(Pause::default()));
             let asker = {
@@ -940,6 +1007,8 @@ mod tests {
             splice: true,
             pipe_size: 1 << 16,
             buffer_size: 4096,
+            size_fixed: false,
+            unpace_after: None,
         };
         let (counters, pause) = (Counters::default(), Pause::default());
         let f = relay(&a, &b, &opts, &counters, &pause, Pending::default());

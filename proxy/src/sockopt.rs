@@ -79,7 +79,7 @@ pub fn apply_post_connect(fd: impl AsFd, t: &TcpTuning) -> io::Result<()> {
         set_congestion(&fd, cc)?;
     }
     if let Some(c) = t.window_clamp.filter(|&c| c > 0) {
-        set_window_clamp(s.as_raw_fd(), c as i64)?;
+        set_window_clamp(&fd, c)?;
     }
     if let Some(l) = t.notsent_lowat {
         s.set_tcp_notsent_lowat(l)
@@ -108,8 +108,10 @@ pub fn apply_post_connect(fd: impl AsFd, t: &TcpTuning) -> io::Result<()> {
     Ok(())
 }
 
-/// TCP_WINDOW_CLAMP, which socket2 does not cover.
-fn set_window_clamp(fd: RawFd, v: i64) -> io::Result<()> {
+/// TCP_WINDOW_CLAMP, which socket2 does not cover: the most receive window the socket
+/// offers (it may be changed on an established socket, down as well as up).
+pub fn set_window_clamp(fd: impl AsFd, v: u32) -> io::Result<()> {
+    let fd = fd.as_fd().as_raw_fd();
     let v = libc::c_int::try_from(v).map_err(|_| {
         io::Error::new(
             io::ErrorKind::InvalidInput,
@@ -128,6 +130,49 @@ fn set_window_clamp(fd: RawFd, v: i64) -> io::Result<()> {
     };
     if r != 0 {
         return Err(named("TCP_WINDOW_CLAMP")(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+/// Sets the socket's receive buffer to `bytes` as SO_RCVBUF does (the kernel doubles
+/// it for its overhead), past `net.core.rmem_max` where allowed (SO_RCVBUFFORCE, with
+/// CAP_NET_ADMIN). A buffer set by hand is no longer autotuned.
+pub fn fix_recv_buffer(fd: impl AsFd, bytes: u32) -> io::Result<()> {
+    let raw = fd.as_fd().as_raw_fd();
+    let v = libc::c_int::try_from(bytes).unwrap_or(libc::c_int::MAX);
+    for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
+        // SAFETY: v is a live c_int and its size is passed along.
+        let r = unsafe {
+            libc::setsockopt(
+                raw,
+                libc::SOL_SOCKET,
+                opt,
+                (&v as *const libc::c_int).cast(),
+                size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            return Ok(());
+        }
+    }
+    Err(named("SO_RCVBUF")(io::Error::last_os_error()))
+}
+
+/// SO_MAX_PACING_RATE in bytes/s (`u64::MAX`: no cap). Setting it also turns on the
+/// kernel's own TCP pacing where no qdisc paces.
+pub fn set_max_pacing_rate(fd: impl AsFd, bytes_per_s: u64) -> io::Result<()> {
+    // SAFETY: the u64 is live and its size is passed along (Linux takes 4 or 8 bytes).
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_fd().as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_MAX_PACING_RATE,
+            (&bytes_per_s as *const u64).cast(),
+            size_of::<u64>() as libc::socklen_t,
+        )
+    };
+    if r != 0 {
+        return Err(named("SO_MAX_PACING_RATE")(io::Error::last_os_error()));
     }
     Ok(())
 }

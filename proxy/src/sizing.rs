@@ -1,0 +1,279 @@
+//! The wireless side sized for its cell (`[wireless] sizing = "cell"`, the default).
+//!
+//! msrd sits where the cell's rate becomes visible: its wireless sockets measure it
+//! (`TCP_INFO`'s delivery rate). Three choices follow, for every key the operator
+//! leaves unset:
+//!
+//! * **Congestion control chosen by msrd**, never inherited from the router's default:
+//!   the first of [`PREFERRED`] the kernel offers. BBR models the path's rate and
+//!   round trip instead of reading every loss as congestion, so random loss on a cell
+//!   does not halve its rate, and it keeps the cell's queue near empty.
+//! * **A small unsent queue** on each wireless socket (`TCP_NOTSENT_LOWAT`,
+//!   [`NOTSENT_LOWAT`]): what the wireless side cannot send yet stays on the fixed
+//!   side, where the window below bounds it.
+//! * **The fixed side's receive buffer follows the wireless side** ([`FixedWindow`]):
+//!   twice what the wireless side delivers in one fixed-side round trip. The buffer,
+//!   not a window clamp, bounds what waits at the MSR: the window a receiver offers is
+//!   its free buffer space, so a clamp caps the bytes in flight but lets unread bytes
+//!   pile up to the (autotuned, megabytes) buffer. With the buffer sized so, the FH
+//!   can keep the wireless side busy with a round trip of headroom, its bytes wait at
+//!   the FH rather than in the MSR's receive queue, interactive data is not stuck
+//!   behind megabytes, and a handoff moves little.
+//!
+//! Pure code: the rules and their numbers. The relay applies them
+//! ([`crate::relay`]), the daemon picks the congestion control once at start.
+
+use std::time::{Duration, Instant};
+
+use itcp_config::TcpTuning;
+
+/// Congestion controls msrd picks from for the wireless side, in order.
+pub(crate) const PREFERRED: [&str; 2] = ["bbr", "cubic"];
+
+/// Unsent bytes a wireless socket may hold (`TCP_NOTSENT_LOWAT`): a few ms of a fast
+/// cell, so the relay refills it well before it runs dry.
+pub(crate) const NOTSENT_LOWAT: u32 = 32 * 1024;
+
+/// The fixed side's buffer never goes below this (the kernel's default start): a
+/// connection starts, or its wireless side is idle, and the FH must still be able to
+/// send a burst.
+pub(crate) const MIN_BUFFER: u32 = 64 * 1024;
+
+/// How often the relay resizes a connection's fixed-side window.
+pub(crate) const EVERY: Duration = Duration::from_millis(100);
+
+/// How long the highest delivery rate seen stands for the wireless side's rate: a
+/// sample that is app-limited or taken while BBR probes its round trip is lower than
+/// the cell's rate, and must not shrink the window.
+const RATE_MEMORY: Duration = Duration::from_secs(10);
+
+/// How long a restored wireless socket stays paced at its connection's old rate
+/// ([`first_flight_pace`]): a few of the new cell's round trips, for its congestion
+/// control to measure the cell.
+pub(crate) const UNPACE_AFTER: Duration = Duration::from_millis(500);
+
+/// The pacing rate (bytes/s) for a restored wireless socket whose first flight is
+/// `flight` segments, from its connection's delivery rate at capture: a quarter above
+/// it, as BBR probes. None (unpaced) for a flight an initial window covers (an
+/// interactive exchange must not wait) or an unknown rate.
+pub(crate) fn first_flight_pace(flight: u64, rate: u64) -> Option<u64> {
+    (flight > 10 && rate > 0).then(|| rate + rate / 4)
+}
+
+/// Fills in msrd's choices for the wireless keys `t` leaves unset: congestion control
+/// `cc` (see [`PREFERRED`]) and the unsent queue.
+pub(crate) fn fill_wireless(t: &mut TcpTuning, cc: Option<&str>) {
+    if t.congestion_control.is_none() {
+        t.congestion_control = cc.map(str::to_string);
+    }
+    t.notsent_lowat.get_or_insert(NOTSENT_LOWAT);
+}
+
+/// The wireless congestion control msrd picks: the first of [`PREFERRED`] that a
+/// socket here accepts (the kernel loads its module for a process with
+/// CAP_NET_ADMIN); None leaves the kernel's default, with a warning.
+pub(crate) fn pick_congestion() -> Option<String> {
+    let probe = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).ok()?;
+    for cc in PREFERRED {
+        if probe.set_tcp_congestion(cc.as_bytes()).is_ok() {
+            tracing::info!(congestion_control = cc, "wireless side: congestion control chosen for the cells ([wireless] congestion_control overrides)");
+            return Some(cc.to_string());
+        }
+    }
+    tracing::warn!(tried = ?PREFERRED, "wireless side: none of msrd's congestion controls is available; the kernel's default stays");
+    None
+}
+
+/// The fixed side's receive buffer (SO_RCVBUF's value; the kernel doubles it for its
+/// own overhead) for a wireless side delivering `rate` bytes/s over a fixed path of
+/// round trip `rtt`: twice the bytes that path carries at that rate, at least
+/// [`MIN_BUFFER`].
+pub(crate) fn buffer_for(rate: u64, rtt: Duration) -> u32 {
+    let bdp = rate as u128 * rtt.as_micros() / 1_000_000;
+    (2 * bdp).clamp(MIN_BUFFER as u128, (i32::MAX / 2) as u128) as u32
+}
+
+/// Whether the relay sizes a connection's fixed side: msrd sizes the wireless side
+/// for the cell, and the operator fixed neither `[fixed] recv_buffer` nor
+/// `window_clamp`.
+pub(crate) fn sizes_fixed(for_cell: bool, fixed: &TcpTuning) -> bool {
+    for_cell && fixed.recv_buffer.is_none() && fixed.window_clamp.is_none()
+}
+
+/// What the relay samples each [`EVERY`] for [`FixedWindow::next`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sample {
+    /// The wireless side's latest delivery rate, bytes/s.
+    pub rate: u64,
+    /// The fixed path's round trip.
+    pub rtt: Duration,
+    /// The wireless side ran dry while the FH was sending: nothing unsent on it,
+    /// nothing waiting in the fixed socket, and data from the FH within two round
+    /// trips. The FH is held back by the window, not idle.
+    pub starved: bool,
+}
+
+/// At most this many times [`buffer_for`] the best rate: a wireless side that keeps
+/// running dry grows the buffer by half each time, but not without end.
+const MAX_GROWTH: u32 = 16;
+
+/// One connection's fixed-side buffer, following its wireless side's delivery rate.
+#[derive(Debug, Default)]
+pub(crate) struct FixedWindow {
+    /// The highest delivery rate seen (bytes/s) and when.
+    best: Option<(u64, Instant)>,
+    /// A buffer grown because the wireless side ran dry, and when: it stands as a floor
+    /// as long as a best rate does.
+    grown: Option<(u32, Instant)>,
+    /// The buffer last applied.
+    applied: Option<u32>,
+}
+
+impl FixedWindow {
+    /// The buffer to apply at `now` for sample `s`; None when the one applied is
+    /// within an eighth of it (no syscall for noise). A rate sample taken while the
+    /// wireless side was app-limited is lower than the cell's rate; the highest of the
+    /// last [`RATE_MEMORY`] stands for it, and a wireless side that ran dry grows the
+    /// buffer by half.
+    pub(crate) fn next(&mut self, now: Instant, s: Sample) -> Option<u32> {
+        let fresh = |at: Instant| now.duration_since(at) < RATE_MEMORY;
+        let best = match self.best {
+            Some((r, at)) if r >= s.rate && fresh(at) => r,
+            _ => {
+                self.best = Some((s.rate, now));
+                s.rate
+            }
+        };
+        let by_rate = buffer_for(best, s.rtt);
+        if self.grown.is_some_and(|(_, at)| !fresh(at)) {
+            self.grown = None;
+        }
+        if s.starved {
+            let from = self.applied.unwrap_or(by_rate).max(by_rate);
+            let cap = by_rate.saturating_mul(MAX_GROWTH);
+            self.grown = Some(((from + from / 2).min(cap), now));
+        }
+        let w = by_rate.max(self.grown.map_or(0, |(g, _)| g));
+        match self.applied {
+            Some(a) if a.abs_diff(w) <= a / 8 => None,
+            _ => {
+                self.applied = Some(w);
+                Some(w)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_buffer_is_two_fixed_path_round_trips_of_the_wireless_rate() {
+        // 20 Mbit/s over an 80 ms fixed path: 200 kB in flight, 400 kB of buffer.
+        assert_eq!(buffer_for(2_500_000, 80 * MS), 400_000);
+        // A slow cell or a short path: the floor.
+        assert_eq!(buffer_for(250_000, 10 * MS), MIN_BUFFER);
+        assert_eq!(buffer_for(0, 80 * MS), MIN_BUFFER);
+        // Never past what setsockopt takes once doubled.
+        assert_eq!(
+            buffer_for(u64::MAX, Duration::from_secs(100)),
+            (i32::MAX / 2) as u32
+        );
+    }
+
+    fn sample(rate: u64, starved: bool) -> Sample {
+        Sample {
+            rate,
+            rtt: 80 * MS,
+            starved,
+        }
+    }
+
+    #[test]
+    fn a_lower_sample_does_not_shrink_the_buffer_until_the_best_one_is_old() {
+        let t0 = Instant::now();
+        let mut w = FixedWindow::default();
+        assert_eq!(w.next(t0, sample(2_500_000, false)), Some(400_000));
+        // Same rate: nothing to do.
+        assert_eq!(w.next(t0 + 100 * MS, sample(2_500_000, false)), None);
+        // An app-limited sample: the best one stands.
+        assert_eq!(w.next(t0 + 200 * MS, sample(100_000, false)), None);
+        // Faster: the buffer grows at once.
+        assert_eq!(
+            w.next(t0 + 300 * MS, sample(5_000_000, false)),
+            Some(800_000)
+        );
+        // Past RATE_MEMORY the latest sample counts.
+        let late = t0 + 300 * MS + RATE_MEMORY;
+        assert_eq!(w.next(late, sample(1_000_000, false)), Some(160_000));
+    }
+
+    #[test]
+    fn a_wireless_side_that_runs_dry_grows_the_buffer_by_half_up_to_a_bound() {
+        let t0 = Instant::now();
+        let mut w = FixedWindow::default();
+        assert_eq!(w.next(t0, sample(1_000_000, false)), Some(160_000));
+        assert_eq!(
+            w.next(t0 + 100 * MS, sample(1_000_000, true)),
+            Some(240_000)
+        );
+        assert_eq!(
+            w.next(t0 + 200 * MS, sample(1_000_000, true)),
+            Some(360_000)
+        );
+        // Not starved: the grown buffer stands.
+        assert_eq!(w.next(t0 + 300 * MS, sample(1_000_000, false)), None);
+        for i in 4..100 {
+            w.next(t0 + i * 100 * MS, sample(1_000_000, true));
+        }
+        assert_eq!(w.applied, Some(160_000 * MAX_GROWTH));
+        // Once it is old, the rate rules again.
+        let late = t0 + 100 * 100 * MS + RATE_MEMORY;
+        assert_eq!(w.next(late, sample(1_000_000, false)), Some(160_000));
+    }
+
+    #[test]
+    fn only_a_flight_past_an_initial_window_is_paced() {
+        assert_eq!(first_flight_pace(10, 1_000_000), None);
+        assert_eq!(first_flight_pace(700, 0), None);
+        assert_eq!(first_flight_pace(700, 1_000_000), Some(1_250_000));
+    }
+
+    #[test]
+    fn the_operators_fixed_keys_win() {
+        let none = TcpTuning::default();
+        assert!(sizes_fixed(true, &none));
+        assert!(!sizes_fixed(false, &none));
+        for t in [
+            TcpTuning {
+                recv_buffer: Some(65536),
+                ..TcpTuning::default()
+            },
+            TcpTuning {
+                window_clamp: Some(98304),
+                ..TcpTuning::default()
+            },
+        ] {
+            assert!(!sizes_fixed(true, &t), "{t:?}");
+        }
+    }
+
+    #[test]
+    fn msrd_fills_only_what_the_operator_left_unset() {
+        let mut t = TcpTuning::default();
+        fill_wireless(&mut t, Some("bbr"));
+        assert_eq!(t.congestion_control.as_deref(), Some("bbr"));
+        assert_eq!(t.notsent_lowat, Some(NOTSENT_LOWAT));
+        let mut t = TcpTuning {
+            congestion_control: Some("cubic".into()),
+            notsent_lowat: Some(1 << 20),
+            ..TcpTuning::default()
+        };
+        fill_wireless(&mut t, Some("bbr"));
+        assert_eq!(t.congestion_control.as_deref(), Some("cubic"));
+        assert_eq!(t.notsent_lowat, Some(1 << 20));
+    }
+}
