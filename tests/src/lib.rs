@@ -34,3 +34,4 @@ pub mod svg;
 pub mod sys;
 pub mod ttcp;
 pub mod upload;
+pub mod wireless;

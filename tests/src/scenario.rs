@@ -310,6 +310,17 @@ pub fn run(r: &Run) -> io::Result<Outcome> {
 /// [`run`] with per-cell link parameters replacing the network's (cell number, both
 /// directions), set before the transfer starts (e.g. a slow second cell).
 pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::Result<Outcome> {
+    run_observed(r, cell_links, false).map(|(o, _)| o)
+}
+
+/// [`run_with`], and with `queues` the bytes queued in the MSRs' TCP sockets (receive
+/// and send queues of every established socket in every MSR's namespace, summed) every
+/// 200 ms while the transfer runs. Bytes inside msrd's splice pipes are not seen.
+pub fn run_observed(
+    r: &Run,
+    cell_links: &[(usize, crate::emu::LinkParams)],
+    queues: bool,
+) -> io::Result<(Outcome, Vec<u64>)> {
     let mut lab = Lab::new(LabConfig {
         msrs: r.msrs,
         seed: r.seed,
@@ -450,7 +461,12 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
     } else {
         (first, second)
     };
+    let sampler = queues.then(|| {
+        let nss: Vec<String> = (1..=r.msrs).map(|k| lab.ns(Host::Msr(k))).collect();
+        QueueSampler::start(nss)
+    });
     let (_, rout, rerr) = lab.wait(recv, r.timeout)?;
+    let queued = sampler.map(QueueSampler::stop).unwrap_or_default();
     let (_, sout, _) = lab.wait(send, Duration::from_secs(10))?;
     let status = lab.emu_status()?;
     let counters = lab.counters()?.links;
@@ -484,7 +500,7 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
     let events: Vec<AssocEvent> = status.events;
     let end_ns = recv.t0_mono_ns + (recv.duration_s * 1e9) as u64;
     let coverage = coverage(&events, start_ns.min(recv.t0_mono_ns), end_ns);
-    Ok(Outcome {
+    let outcome = Outcome {
         net: r.net.name.clone(),
         cells: r.cells.clone(),
         seed: r.seed,
@@ -497,7 +513,55 @@ pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::
         coverage,
         wall_minus_mono_us: Some(wall_minus_mono_us()),
         counters,
-    })
+    };
+    Ok((outcome, queued))
+}
+
+/// Samples the bytes queued in the TCP sockets of some namespaces, in a thread.
+struct QueueSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<Vec<u64>>,
+}
+
+impl QueueSampler {
+    fn start(nss: Vec<String>) -> QueueSampler {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut v = Vec::new();
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                v.push(nss.iter().map(|ns| queued_in(ns)).sum());
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            v
+        });
+        QueueSampler { stop, thread }
+    }
+
+    fn stop(self) -> Vec<u64> {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.thread.join().unwrap_or_default()
+    }
+}
+
+/// Receive plus send queue bytes of the established TCP sockets in namespace `ns`
+/// (`ss`; 0 if it cannot say).
+fn queued_in(ns: &str) -> u64 {
+    let Ok(o) = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "ss", "-tnH", "state", "established"])
+        .output()
+    else {
+        return 0;
+    };
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| {
+            l.split_whitespace()
+                .take(2)
+                .filter_map(|w| w.parse::<u64>().ok())
+                .sum::<u64>()
+        })
+        .sum()
 }
 
 fn strs(v: &[String]) -> Vec<&str> {

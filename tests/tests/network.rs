@@ -675,3 +675,45 @@ fn an_interactive_upload_resumes_at_once_after_a_move_without_data() {
     assert_eq!(r.ms.len(), 4, "measured moves: {:.1?}", r.ms);
     assert!(r.median_ms < 4.0 * bound, "resumes: {:.1?}", r.ms);
 }
+
+/// The wireless side sized for its cell (`[wireless] sizing = "cell"`, the default): a
+/// download from an FH behind a 40 ms WAN to an MH on a 10 Mbit/s cell with bursty
+/// loss. The FH's bytes wait at the FH: what the MSR holds stays within twice the
+/// cell's plus the fixed path's bandwidth-delay product, and the cell stays full.
+/// With the kernel's defaults (the peer, same test) the fixed side's receive queue
+/// grows to megabytes.
+#[test]
+fn bytes_wait_at_the_fixed_host_not_at_the_msr() {
+    let _serial = serial();
+    use itcp_testbed::wireless::{self, CellSpec, Peer};
+    let cell = CellSpec {
+        rate_bps: 10_000_000,
+        delay_ms: 5.0,
+        loss: 0.005,
+        burst: true,
+        queue_bytes: 64_000,
+        wan_ms: 40.0,
+    };
+    let defaults = wireless::run(&cell, Peer::MsrdDefaults, false, 10, 115).unwrap();
+    let kernel = wireless::run(&cell, Peer::MsrdKernel, false, 10, 115).unwrap();
+    // Bytes per second of the cell times each path's round trip.
+    let rate = cell.rate_bps / 8;
+    let bdp = rate * (2 * cell.delay_ms as u64) / 1000 + rate * (2 * cell.wan_ms as u64) / 1000;
+    eprintln!(
+        "{}: held at the MSR (median) {} KB with msrd's sizing, {} KB with the kernel's; \
+         bound 2 x {} KB; goodput {:.3} and {:.3} of the cell",
+        cell.name(),
+        defaults.held_bytes / 1000,
+        kernel.held_bytes / 1000,
+        bdp / 1000,
+        defaults.goodput,
+        kernel.goodput
+    );
+    assert!(
+        defaults.held_bytes <= 2 * bdp,
+        "held {} bytes, bound {}",
+        defaults.held_bytes,
+        2 * bdp
+    );
+    assert!(defaults.goodput >= 0.85, "goodput {:.3}", defaults.goodput);
+}

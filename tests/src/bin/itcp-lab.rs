@@ -3,7 +3,7 @@
 //! ```text
 //! itcp-lab demo [--seed S]                  the README's main job
 //! itcp-lab bench baseline [options]         the paper's regular-TCP columns, as a table
-//! itcp-lab bench {nomoves,relay,paper,handoff,conns,churn} [options]
+//! itcp-lab bench {nomoves,relay,paper,handoff,conns,churn,wireless} [options]
 //! itcp-lab bench soak --minutes M [--seed S] [--mhs N] [--msrs 3]   chaos soak
 //! itcp-lab up [--msrs N]                    build a lab and keep it until Ctrl-C
 //! itcp-lab echo --listen ADDR:PORT          tokio echo server for load benchmarks
@@ -287,6 +287,29 @@ run's lab is removed by 'itcp-lab cleanup'.",
             ],
         },
         Command {
+            name: "bench wireless",
+            synopsis: "[--full] [--moves no|yes|both] [--secs S] [--seed S] [--json FILE]",
+            about: "The wireless side against its cell: for each cell of a grid (rate, delay, \
+                    random or bursty loss, queue, behind a WAN) a verified download to an MH that \
+                    runs nothing of ours, through msrd with its defaults, msrd with the kernel's \
+                    defaults (`[wireless] sizing = \"kernel\"`), end-to-end cubic and end-to-end \
+                    bbr, one after the other. Prints per cell and peer: goodput over the cell's \
+                    rate, cell queue drops per second, bytes queued at the MSRs, bytes moved per \
+                    handoff; then the grid's medians.",
+            flags: &[
+                Flag::switch("full", "Eight cells instead of four."),
+                Flag::value(
+                    "moves",
+                    "no|yes|both",
+                    "Without moves, with a move every 5 s (0.5 s without a cell), or both \
+                     (default both).",
+                ),
+                Flag::value("secs", "S", "Seconds of the cell's rate per download, 5..=600 (default 20)."),
+                Flag::value("seed", "S", "Seed of the labs (default 1)."),
+                JSON_OUT,
+            ],
+        },
+        Command {
             name: "bench churn",
             synopsis: "[--total N] [--concurrency C]",
             about: "N short I-TCP connections (default 100000), C at a time (default 500); msrd \
@@ -388,11 +411,20 @@ enum Job {
     Churn(usize, usize),
     FirstByte(FirstByteOpts),
     Upload(UploadOpts),
+    Wireless(WirelessOpts),
     Soak(itcp_testbed::soak::SoakOpts, Option<String>),
     Up(Box<LabConfig>),
     Echo(std::net::SocketAddr),
     Ctl(String, String),
     Cleanup(bool),
+}
+
+struct WirelessOpts {
+    full: bool,
+    moves: Vec<bool>,
+    secs: u64,
+    seed: u64,
+    json_out: Option<String>,
 }
 
 struct UploadOpts {
@@ -716,6 +748,37 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
             }
             Job::Upload(o)
         }
+        "bench wireless" => {
+            let mut o = WirelessOpts {
+                full: false,
+                moves: vec![false, true],
+                secs: 20,
+                seed: 1,
+                json_out: None,
+            };
+            while let Some(arg) = a.next()? {
+                match arg {
+                    Arg::Flag("full") => o.full = true,
+                    Arg::Flag("moves") => {
+                        o.moves = match a.value("moves")?.as_str() {
+                            "no" => vec![false],
+                            "yes" => vec![true],
+                            "both" => vec![false, true],
+                            v => {
+                                return Err(
+                                    a.usage(format!("--moves: {v:?} is not no, yes or both"))
+                                )
+                            }
+                        }
+                    }
+                    Arg::Flag("secs") => o.secs = a.int_in("secs", 5, 600)?,
+                    Arg::Flag("seed") => o.seed = a.int("seed")?,
+                    Arg::Flag("json") => o.json_out = Some(a.value("json")?),
+                    other => return Err(a.unexpected(other)),
+                }
+            }
+            Job::Wireless(o)
+        }
         "bench churn" => {
             let (mut total, mut conc) = (100_000usize, 500usize);
             while let Some(arg) = a.next()? {
@@ -819,6 +882,7 @@ fn main() -> ExitCode {
         Job::Churn(total, conc) => bench_churn(total, conc),
         Job::FirstByte(o) => bench_firstbyte(o),
         Job::Upload(o) => bench_upload(o),
+        Job::Wireless(o) => bench_wireless(o),
         Job::Soak(o, json_out) => bench_soak(o, json_out),
         Job::Up(cfg) => up(*cfg),
         Job::Echo(addr) => itcp_testbed::bench::echo_server(addr).map_err(|e| e.to_string()),
@@ -935,6 +999,76 @@ fn bench_firstbyte(o: FirstByteOpts) -> Result<(), String> {
                 "rsts_fh": [fi, fo], "rsts_mh": [mi, mo],
             }));
         }
+    }
+    if let Some(path) = o.json_out {
+        std::fs::write(&path, serde_json::to_vec_pretty(&all).unwrap())
+            .map_err(|e| format!("{path}: {e}"))?;
+    }
+    Ok(())
+}
+
+fn bench_wireless(o: WirelessOpts) -> Result<(), String> {
+    use itcp_testbed::wireless::{self, Peer};
+    println!(
+        "The wireless side against its cell: a {} s download per cell and peer, seed {}; an MH \
+         that runs nothing of ours; the FH runs cubic except end to end bbr",
+        o.secs, o.seed
+    );
+    println!("\n| cell | moves | peer | goodput / cell | cell drops/s | held at MSRs | moved per handoff |");
+    println!("|---|---|---|---|---|---|---|");
+    let mut all = Vec::new();
+    // Per moves and peer: goodput, drops/s, held KB, moved KB, over the grid.
+    let mut medians: std::collections::BTreeMap<(bool, usize), [Vec<f64>; 4]> = Default::default();
+    for cell in wireless::grid(!o.full) {
+        for &moves in &o.moves {
+            for (i, peer) in Peer::ALL.into_iter().enumerate() {
+                let f = wireless::run(&cell, peer, moves, o.secs, o.seed)
+                    .map_err(|e| format!("{} {}: {e}", cell.name(), peer.name()))?;
+                let kb = |b: u64| b as f64 / 1000.0;
+                println!(
+                    "| {} | {} | {} | {:.3} | {:.1} | {:.0} KB | {} |",
+                    cell.name(),
+                    if moves { "every 5 s" } else { "none" },
+                    peer.name(),
+                    f.goodput,
+                    f.drops_per_s,
+                    kb(f.held_bytes),
+                    f.moved_per_handoff
+                        .map_or("-".into(), |m| format!("{:.0} KB", kb(m)))
+                );
+                let m = medians.entry((moves, i)).or_default();
+                m[0].push(f.goodput);
+                m[1].push(f.drops_per_s);
+                m[2].push(kb(f.held_bytes));
+                if let Some(b) = f.moved_per_handoff {
+                    m[3].push(kb(b));
+                }
+                all.push(serde_json::json!({
+                    "cell": cell.name(), "moves": moves, "peer": peer.name(),
+                    "goodput_over_cell": f.goodput, "cell_drops_per_s": f.drops_per_s,
+                    "held_bytes": f.held_bytes, "moved_per_handoff": f.moved_per_handoff,
+                }));
+            }
+        }
+    }
+    println!("\nMedians over the grid:\n");
+    println!("| moves | peer | goodput / cell | cell drops/s | held at MSRs | moved per handoff |");
+    println!("|---|---|---|---|---|---|");
+    for ((moves, i), mut m) in medians {
+        let [g, d, h, mv] = &mut m;
+        println!(
+            "| {} | {} | {:.3} | {:.1} | {:.0} KB | {} |",
+            if moves { "every 5 s" } else { "none" },
+            Peer::ALL[i].name(),
+            wireless::median(g),
+            wireless::median(d),
+            wireless::median(h),
+            if mv.is_empty() {
+                "-".to_string()
+            } else {
+                format!("{:.0} KB", wireless::median(mv))
+            }
+        );
     }
     if let Some(path) = o.json_out {
         std::fs::write(&path, serde_json::to_vec_pretty(&all).unwrap())
