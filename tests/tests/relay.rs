@@ -464,6 +464,9 @@ fn itcpctl_shows_live_sessions_and_sigterm_drains() {
         text.contains("1 session(s)") && text.contains("connect") && text.contains("10.0.0.1:7004"),
         "{text}"
     );
+    // Every row says what its connection does, an ordinary one too.
+    let row = text.lines().find(|l| l.contains("10.0.0.1:7004")).unwrap();
+    assert!(row.trim_end().ends_with("  relaying"), "no state: {text}");
     // SIGTERM: no new connections, but the open one keeps working until it ends.
     lab.terminate(msrd);
     std::thread::sleep(Duration::from_millis(300));
