@@ -79,12 +79,13 @@ pub fn header(cols: &[Column], widths: &[usize]) -> String {
 }
 
 /// `text` filled into lines of at most `width` columns, each starting with `indent`
-/// spaces (a word longer than a line gets a line of its own).
+/// spaces (a word longer than a line gets a line of its own). Lines break at ASCII
+/// spaces and newlines only: a no-break space keeps a figure with its unit.
 pub fn wrap(text: &str, indent: usize, width: usize) -> Vec<String> {
     let room = width.saturating_sub(indent).max(1);
     let mut out = Vec::new();
     let mut cur = String::new();
-    for w in text.split_whitespace() {
+    for w in text.split([' ', '\n', '\t']).filter(|w| !w.is_empty()) {
         if !cur.is_empty() && chars(&cur) + 1 + chars(w) > room {
             out.push(format!("{:indent$}{cur}", ""));
             cur.clear();

@@ -882,21 +882,47 @@ fn demo(seed: u64) -> Result<(), String> {
         msrs: 2,
         timeout: Duration::from_secs(300),
     };
+    // A line per step with the time so far: each transfer runs for a minute or more.
+    let t0 = std::time::Instant::now();
+    let step = |what: &str| {
+        println!("[demo {:3.0}s] {what}", t0.elapsed().as_secs_f64());
+        let _ = std::io::stdout().flush();
+    };
     println!("== I-TCP: msrd on both MSRs splits the connection; the MH's agent greets the new");
     println!("   MSR, which fetches the connection (TCP_REPAIR) from the old one.");
+    step("building the lab, starting msrd and the agent, then 3 MiB to the MH (20-40 s)");
     // Both modes detect moves the same way: by the MSRs' beacons, as in the paper.
     let [regular_mode, itcp_mode] = Detection::Beacon.modes(Policy::Eager, "", &[]);
     let itcp = scenario::run(&run(itcp_mode)).map_err(|e| e.to_string())?;
+    step("I-TCP transfer done");
     print!("{}", report::describe(&itcp));
     println!("\n== Regular TCP, same network and moves: plain routers, Mobile-IP-like rerouting.");
+    step("the same 3 MiB over regular TCP (20-40 s)");
     let regular = scenario::run(&run(regular_mode)).map_err(|e| e.to_string())?;
+    step("regular TCP transfer done");
     print!("{}", report::describe(&regular));
     println!(
-        "\nI-TCP {:.1} KB/s vs regular TCP {:.1} KB/s: ratio {:.2}",
+        "\nI-TCP {:.1} KB/s vs regular TCP {:.1} KB/s: ratio {:.2}\n",
         itcp.kbytes_per_s(),
         regular.kbytes_per_s(),
         itcp.kbytes_per_s() / regular.kbytes_per_s()
     );
+    let figures = report::DemoFigures {
+        itcp_kbs: itcp.kbytes_per_s(),
+        regular_kbs: regular.kbytes_per_s(),
+        itcp_stall_s: itcp.recv.longest_stall_s,
+        regular_stall_s: regular.recv.longest_stall_s,
+        coverage: itcp.coverage,
+        handoff_ms: itcp
+            .handoffs
+            .iter()
+            .filter_map(report::greeting_to_resumed_ms)
+            .collect(),
+        handoffs_failed: itcp.handoffs.iter().filter(|h| !h.ok()).count(),
+        verified: itcp.recv.ok && regular.recv.ok,
+        rsts: itcp.rsts.map_or(0, |(a, b, c, d)| a + b + c + d),
+    };
+    print!("{}", report::explain_demo(&figures));
     if !itcp.recv.ok || !regular.recv.ok {
         return Err("a transfer failed verification".into());
     }
