@@ -4,6 +4,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# One line per step with the time since the start, so that a first run (minutes of
+# downloads and compiling) never looks hung.
+start=$SECONDS
+step() { printf '[setup %3ds] %s\n' $((SECONDS - start)) "$*"; }
+
 if [ "$(id -u)" != 0 ]; then
   echo "setup: run as root (the testbed creates network namespaces and TAP devices)" >&2
   exit 1
@@ -25,8 +30,9 @@ for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
+  step "installing ${#missing[@]} Debian package(s): ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
+  step "apt-get update"
   apt-get update -qq
   # Packages with services (prometheus) must not start them here: a policy-rc.d that
   # refuses every start, for the time of the install only (unless one exists already).
@@ -37,19 +43,25 @@ if [ ${#missing[@]} -gt 0 ]; then
     own_policy=1
   fi
   rc=0
+  step "apt-get install (downloads and unpacks; chromium and prometheus take longest)"
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || rc=$?
   [ -z "$own_policy" ] || rm -f /usr/sbin/policy-rc.d
   [ "$rc" = 0 ] || { echo "setup: apt-get install failed ($rc)" >&2; exit "$rc"; }
+else
+  step "Debian packages: all ${#packages[@]} present"
 fi
 
 # The Rust toolchain (rustup's stable), unless one is already there.
 export PATH="$HOME/.cargo/bin:$PATH"
 if ! command -v cargo >/dev/null 2>&1; then
-  echo "setup: installing the Rust toolchain with rustup"
+  step "installing the Rust toolchain with rustup"
   curl --proto '=https' --tlsv1.2 -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal --component clippy,rustfmt
 fi
 
 # TAP devices for the link emulator.
 [ -e /dev/net/tun ] || modprobe tun || { echo "setup: /dev/net/tun is missing and the tun module cannot be loaded" >&2; exit 1; }
 
-cargo build --release --workspace --bins --quiet
+# Not --quiet: a first build compiles some 200 crates for minutes, each one a line.
+step "building the workspace (cargo build --release; a first build takes a few minutes)"
+cargo build --release --workspace --bins
+step "setup done"

@@ -52,6 +52,7 @@ use std::process::ExitCode;
 use std::str::FromStr;
 
 mod render;
+pub mod table;
 
 /// One flag: `--long` (and optionally `-s`), a switch or a flag with one value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -36,6 +36,7 @@ use itcp_proto::control::{Kind, SessionInfo, Stats};
 use serde::Serialize;
 
 use crate::relay::PipeStats;
+use crate::upgrade::wire::{HandoffHistory, HistogramState};
 
 /// Upper bounds of the handoff duration buckets, in µs (5 ms … 30 s).
 pub const DURATION_BUCKETS_US: [u64; 12] = [
@@ -83,6 +84,29 @@ impl Histogram {
     pub fn sum_seconds(&self) -> f64 {
         self.sum_us.load(Ordering::Relaxed) as f64 / 1e6
     }
+
+    fn state(&self) -> HistogramState {
+        HistogramState {
+            counts: self
+                .counts
+                .iter()
+                .map(|c| c.load(Ordering::Relaxed))
+                .collect(),
+            sum_us: self.sum_us.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Adds a handed-over histogram's counts. One with other buckets (a build that
+    /// changed them) is left out rather than counted in the wrong buckets.
+    fn restore(&self, s: &HistogramState) {
+        if s.counts.len() != self.counts.len() {
+            return;
+        }
+        for (c, n) in self.counts.iter().zip(&s.counts) {
+            c.fetch_add(*n, Ordering::Relaxed);
+        }
+        self.sum_us.fetch_add(s.sum_us, Ordering::Relaxed);
+    }
 }
 
 /// Handoff durations by role and the last [`RECENT_HANDOFFS`] records.
@@ -125,6 +149,28 @@ impl HandoffMetrics {
     /// The recent records, newest first.
     pub fn recent(&self) -> Vec<Record> {
         self.recent.lock().unwrap().iter().rev().cloned().collect()
+    }
+
+    /// What an upgrade hands to the new process.
+    pub fn history(&self) -> HandoffHistory {
+        HandoffHistory {
+            new: self.new.state(),
+            old: self.old.state(),
+            recent: self.recent.lock().unwrap().iter().cloned().collect(),
+        }
+    }
+
+    /// Takes over what the old process of an upgrade had, before anything is observed
+    /// here.
+    pub fn restore(&self, h: &HandoffHistory) {
+        self.new.restore(&h.new);
+        self.old.restore(&h.old);
+        let mut q = self.recent.lock().unwrap();
+        let skip = h.recent.len().saturating_sub(RECENT_HANDOFFS);
+        q.extend(h.recent.iter().skip(skip).cloned());
+        while q.len() > RECENT_HANDOFFS {
+            q.pop_front();
+        }
     }
 }
 
@@ -547,6 +593,40 @@ mod tests {
         }
         assert_eq!(m.recent().len(), RECENT_HANDOFFS);
         assert!(m.recent().iter().all(|r| r.role == Role::Old));
+    }
+
+    #[test]
+    fn an_upgrade_carries_the_histograms_and_recent_handoffs() {
+        let old = HandoffMetrics::default();
+        let p = Phases {
+            greeting: Some(1_000_000),
+            resumed: Some(1_030_000),
+            ..Default::default()
+        };
+        old.observe(&record(Role::New, Outcome::Moved, p.clone()));
+        old.observe(&record(Role::Old, Outcome::RolledBack, p.clone()));
+        // Through the hand-over's JSON, as the new process gets it.
+        let json = serde_json::to_string(&old.history()).unwrap();
+        let new = HandoffMetrics::default();
+        new.restore(&serde_json::from_str(&json).unwrap());
+        assert_eq!(new.new.cumulative(), old.new.cumulative());
+        assert_eq!(new.old.count(), 1);
+        assert_eq!(new.new.sum_seconds(), old.new.sum_seconds());
+        assert_eq!(new.recent(), old.recent());
+        // The new process goes on counting on top.
+        new.observe(&record(Role::New, Outcome::Moved, p));
+        assert_eq!(new.new.count(), 2);
+        assert_eq!(new.recent().len(), 3);
+        // Buckets of another build are left out, not misplaced.
+        let odd = HandoffHistory {
+            new: HistogramState {
+                counts: vec![1],
+                sum_us: 5,
+            },
+            ..Default::default()
+        };
+        new.restore(&odd);
+        assert_eq!(new.new.count(), 2);
     }
 
     #[test]

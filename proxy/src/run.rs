@@ -31,33 +31,57 @@ pub fn run(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<()> {
     Ok(())
 }
 
-/// Caps the connection limit to what the fd limit can serve (each relayed connection
-/// holds two sockets; splice pipes come from a pool that falls back to copying when
-/// no fd is left), warning when the configuration asks for more. Connections in setup
-/// are bounded by `max_handshakes` on top.
-fn fit_to_fd_limit(mut cfg: MsrdConfig, nofile: u64) -> MsrdConfig {
+/// What the fd limit leaves of `[access] max_connections`.
+#[derive(Debug, PartialEq, Eq)]
+enum FdFit {
+    /// The limits at their maximum fit.
+    Enough,
+    /// Lowered to `to`; `warn` when the operator asked for more than that (the default
+    /// is a ceiling, not a demand: lowering it is routine outside systemd, whose unit
+    /// raises the limit), or when the limit leaves no room for connections at all.
+    Lowered { to: u32, warn: bool },
+}
+
+/// Each relayed connection holds two sockets, connections in setup up to
+/// `max_handshakes` more, and `RESERVE` covers listeners, channels, pipes' fallbacks and
+/// the rest (splice pipes come from a pool that falls back to copying when no fd is
+/// left).
+fn fd_fit(a: &itcp_config::AccessSection, nofile: u64) -> FdFit {
     const RESERVE: u64 = 128;
-    let a = &mut cfg.access;
-    let budget = nofile.saturating_sub(RESERVE) / 2;
-    if 2 * u64::from(a.max_connections) + u64::from(a.max_handshakes) + RESERVE > nofile {
-        warn!(
-            max_connections = a.max_connections,
-            max_handshakes = a.max_handshakes,
-            nofile,
-            "connection limits at their maximum would need more fds than msrd may open; \
-             accept backs off when fds run out"
-        );
+    let budget = nofile.saturating_sub(RESERVE + u64::from(a.max_handshakes)) / 2;
+    if u64::from(a.max_connections) <= budget {
+        return FdFit::Enough;
     }
-    if u64::from(a.max_connections) > budget {
-        let fit = budget.max(1) as u32;
-        warn!(
-            configured = a.max_connections,
-            nofile,
-            using = fit,
-            "access.max_connections is more than the fd limit can serve: lowered"
-        );
-        a.max_connections = fit;
-        a.max_connections_per_mh = a.max_connections_per_mh.min(fit);
+    let default = itcp_config::AccessSection::default().max_connections;
+    FdFit::Lowered {
+        to: budget.clamp(1, u64::from(u32::MAX)) as u32,
+        warn: a.max_connections != default || budget == 0,
+    }
+}
+
+/// Caps the connection limit to what the fd limit (already raised to the hard limit)
+/// can serve, in one log line: a warning only when the configuration asked for more.
+fn fit_to_fd_limit(mut cfg: MsrdConfig, nofile: u64) -> MsrdConfig {
+    let a = &mut cfg.access;
+    if let FdFit::Lowered { to, warn } = fd_fit(a, nofile) {
+        if warn {
+            warn!(
+                configured = a.max_connections,
+                max_handshakes = a.max_handshakes,
+                nofile,
+                using = to,
+                "access.max_connections is more than the fd limit can serve: lowered \
+                 (raise LimitNOFILE, or the hard limit, to serve more)"
+            );
+        } else {
+            info!(
+                nofile,
+                max_connections = to,
+                "connection limit set by the fd limit"
+            );
+        }
+        a.max_connections = to;
+        a.max_connections_per_mh = a.max_connections_per_mh.min(to);
     }
     cfg
 }
@@ -370,4 +394,49 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
     let _ = std::fs::remove_file(&cfg.msr.control_socket);
     drop(undo);
     Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fd_fit, FdFit};
+    use itcp_config::AccessSection;
+
+    #[test]
+    fn the_default_limits_are_lowered_quietly_to_what_the_fd_limit_serves() {
+        let a = AccessSection::default();
+        // A shell's usual hard limit, outside systemd.
+        assert_eq!(
+            fd_fit(&a, 20_000),
+            FdFit::Lowered {
+                to: (20_000 - 128 - 1024) / 2,
+                warn: false
+            }
+        );
+        assert_eq!(fd_fit(&a, 1 << 20), FdFit::Enough);
+    }
+
+    #[test]
+    fn limits_the_operator_set_too_high_are_lowered_with_a_warning() {
+        let a = AccessSection {
+            max_connections: 50_000,
+            ..AccessSection::default()
+        };
+        assert_eq!(
+            fd_fit(&a, 20_000),
+            FdFit::Lowered {
+                to: 9424,
+                warn: true
+            }
+        );
+        let small = AccessSection {
+            max_connections: 5_000,
+            ..AccessSection::default()
+        };
+        assert_eq!(fd_fit(&small, 20_000), FdFit::Enough);
+        // No room at all: even the default is worth a warning.
+        assert_eq!(
+            fd_fit(&AccessSection::default(), 1024),
+            FdFit::Lowered { to: 1, warn: true }
+        );
+    }
 }

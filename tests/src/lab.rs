@@ -143,6 +143,19 @@ impl Host {
     }
 }
 
+/// The names people use: FH, GW, MSR1, MH (MH2, … in a lab of several MHs).
+impl std::fmt::Display for Host {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Host::Fh => f.write_str("FH"),
+            Host::Gw => f.write_str("GW"),
+            Host::Msr(k) => write!(f, "MSR{k}"),
+            Host::Mh | Host::MhN(1) => f.write_str("MH"),
+            Host::MhN(j) => write!(f, "MH{j}"),
+        }
+    }
+}
+
 /// Whether the labs this process makes run their emulator SCHED_FIFO (the default; see
 /// [`set_airlink_fifo`]).
 static AIRLINK_FIFO: AtomicBool = AtomicBool::new(true);

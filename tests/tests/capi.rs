@@ -75,6 +75,48 @@ fn compile_demo(dir: &Path, static_link: bool) -> PathBuf {
     out
 }
 
+/// `readelf -d` of an ELF file: its dynamic section.
+fn dynamic_section(f: &Path) -> String {
+    let o = std::process::Command::new("readelf")
+        .arg("-d")
+        .arg(f)
+        .output()
+        .expect("readelf (binutils) is needed");
+    assert!(o.status.success(), "readelf -d {}", f.display());
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// libitcp.so names its ABI (SONAME `libitcp.so.MAJOR`), a program linked against it
+/// records that name, and finds it next to libitcp.so in cargo's output directory.
+#[test]
+fn libitcp_has_a_soname_that_programs_record_and_find() {
+    let major = env!("CARGO_PKG_VERSION_MAJOR");
+    let soname = format!("libitcp.so.{major}");
+    let lib = dynamic_section(&lib_dir().join("libitcp.so"));
+    assert!(
+        lib.contains(&format!("(SONAME)             Library soname: [{soname}]")),
+        "libitcp.so has no SONAME {soname}:\n{lib}"
+    );
+    let dir = std::env::temp_dir().join(format!("itcp-soname-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let demo = compile_demo(&dir, false);
+    let needed = dynamic_section(&demo);
+    assert!(
+        needed.contains(&format!("Shared library: [{soname}]")),
+        "the program does not record {soname}:\n{needed}"
+    );
+    let ldd = std::process::Command::new("ldd")
+        .arg(&demo)
+        .output()
+        .unwrap();
+    let ldd = String::from_utf8_lossy(&ldd.stdout);
+    assert!(
+        ldd.contains(&soname) && !ldd.contains("not found"),
+        "the program does not find {soname}:\n{ldd}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 // ---------------------------------------------------------------------------------
 // Running programs in the lab
 

@@ -59,11 +59,67 @@ fn now_us() -> u64 {
         .as_micros() as u64
 }
 
+/// Without --wide the table fits 120 columns: the phases and the id go, a handoff
+/// that did not simply move gets a second line with its id and reason.
+#[test]
+fn the_default_table_fits_120_columns() {
+    let (m1, m2) = (fixture("msr1.jsonl"), fixture("msr2.jsonl"));
+    let (m1, m2) = (m1.to_str().unwrap(), m2.to_str().unwrap());
+    let (lines, _) = ok_lines(&["handoffs", m1, m2]);
+    let long: Vec<&String> = lines.iter().filter(|l| l.chars().count() > 120).collect();
+    assert!(long.is_empty(), "lines over 120 columns: {long:#?}");
+    assert_eq!(
+        cells(&lines[0]),
+        [
+            "time (UTC)",
+            "mh",
+            "role",
+            "old → new",
+            "outcome",
+            "moved",
+            "failed",
+            "bytes",
+            "total ms"
+        ]
+    );
+    assert_eq!(
+        cells(&lines[1]),
+        [
+            "2026-11-23T03:51:26.170Z",
+            "10.2.0.100",
+            "both",
+            "msr1 → msr2",
+            "rolled_back",
+            "0",
+            "1",
+            "0 B",
+            "40.9"
+        ]
+    );
+    // The reason, wrapped under its row, with the id to grep msrd's logs for.
+    assert!(
+        lines[2].starts_with("  ↳ handoff 1795405884909242: old: no connection resumed"),
+        "{lines:#?}"
+    );
+    let moved = lines
+        .iter()
+        .position(|l| l.starts_with("2026-11-23T03:51:39.244Z"))
+        .unwrap();
+    assert!(lines[moved].ends_with("7.1 MiB      74.8"), "{lines:#?}");
+    assert!(
+        lines[moved + 1].starts_with("2026-11-23T03:51:43.188Z"),
+        "{lines:#?}"
+    );
+    // --wide: every column, as wide as it takes.
+    let (wide, _) = ok_lines(&["handoffs", "--wide", m1, m2]);
+    assert!(wide.iter().any(|l| l.chars().count() > 200), "{wide:#?}");
+}
+
 #[test]
 fn two_msrs_logs_merge_into_one_timeline() {
     let (m1, m2) = (fixture("msr1.jsonl"), fixture("msr2.jsonl"));
     let (m1, m2) = (m1.to_str().unwrap(), m2.to_str().unwrap());
-    let (lines, err) = ok_lines(&["handoffs", m1, m2]);
+    let (lines, err) = ok_lines(&["handoffs", "--wide", m1, m2]);
     // The line cut short is skipped with a warning naming file and line; the rest is read.
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(
@@ -147,13 +203,14 @@ fn two_msrs_logs_merge_into_one_timeline() {
     assert_eq!(rows[3][8..12], ["-", "11.5", "-", "-"]);
 
     // One MSR's log alone: its own role on each line.
-    let (one, _) = ok_lines(&["--log", m2, "handoffs"]);
+    let (one, _) = ok_lines(&["--log", m2, "handoffs", "--wide"]);
     let roles: Vec<&str> = one[1..].iter().map(|l| cells(l)[2]).collect();
     assert_eq!(roles, ["new", "new", "old"]);
 
     // Filters: the time window (both ends included), failures, the MH.
     let (w, _) = ok_lines(&[
         "handoffs",
+        "--wide",
         m1,
         m2,
         "--since",
@@ -163,7 +220,7 @@ fn two_msrs_logs_merge_into_one_timeline() {
     ]);
     let ids: Vec<&str> = w[1..].iter().map(|l| cells(l)[14]).collect();
     assert_eq!(ids, ["1795405896199814", "1795405896158739"]);
-    let (f, _) = ok_lines(&["handoffs", m1, m2, "--failed"]);
+    let (f, _) = ok_lines(&["handoffs", "--wide", m1, m2, "--failed"]);
     assert!(
         f[1..].iter().all(|l| l.contains("rolled_back")) && f.len() == 3,
         "{f:#?}"
@@ -318,6 +375,11 @@ fn follow_prints_records_as_they_come_across_rotation_and_truncation() {
     let f = Follow::start(&[log.to_str().unwrap()]);
     assert!(f.line().starts_with("time (UTC)"));
     assert!(f.line().contains(" old   msr1 → msr2  rolled_back"));
+    let why = f.line();
+    assert!(
+        why.starts_with(&format!("  ↳ handoff {RESTART_FAILED}: ")),
+        "{why}"
+    );
     f.quiet_for(Duration::from_millis(600));
 
     // Appended: shown at once.
@@ -430,7 +492,7 @@ fn a_live_handoff_reads_as_one_line_from_both_msrs_logs() {
 
     let (l1, l2) = (lab.handoff_log(1), lab.handoff_log(2));
     let (l1, l2) = (l1.to_str().unwrap(), l2.to_str().unwrap());
-    let (lines, err) = ok_lines(&["handoffs", l1, l2]);
+    let (lines, err) = ok_lines(&["handoffs", "--wide", l1, l2]);
     assert!(err.is_empty(), "{err}");
     for l in &lines {
         eprintln!("{l}");

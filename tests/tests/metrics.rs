@@ -3,8 +3,12 @@
 //! text must pass `promtool check metrics` (Debian's prometheus package) and show the
 //! handoff; the endpoint must not answer on the cell gateway address; headless
 //! Chromium (Debian's chromium) loads the status page from the GW and must show the
-//! handoff. A screenshot of the page is kept under target/tmp. Needs root, promtool
-//! and chromium (scripts/setup.sh installs them); never skipped.
+//! handoff. A second test draws rolled-back and moved handoffs and measures the page's
+//! labels in the DOM (no overlap, no "resumed" for a rollback, repeats counted), then
+//! upgrades msrd in place and checks that the histogram and the recent handoffs stay.
+//! Screenshots of the page are kept under target/tmp. Needs root, promtool and
+//! chromium (scripts/setup.sh installs them; chromium runs with --no-sandbox as root);
+//! never skipped.
 
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -414,4 +418,269 @@ fn fds_of(pid: u32) -> (usize, (usize, usize)) {
         .map(|v| v.parse().unwrap())
         .collect();
     (n, (v[0], v[1]))
+}
+
+/// Injected into a copy of the status page: once the page has drawn, measures every
+/// timeline label (`getBoundingClientRect`) and writes what it found into the DOM as
+/// JSON: overlapping pairs, each handoff entry's outcome, repeat count and labels, and
+/// the MH rows' state.
+const LAYOUT_CHECK: &str = r#"<script>
+window.addEventListener("load", () => setTimeout(() => {
+  const res = { overlaps: [], handoffs: [], mh_states: [] };
+  for (const h of document.querySelectorAll(".handoff")) {
+    const ls = [...h.querySelectorAll(".tl-label, svg.timeline text")]
+      .map(l => ({ t: l.textContent, r: l.getBoundingClientRect() }));
+    for (let i = 0; i < ls.length; i++) for (let j = i + 1; j < ls.length; j++) {
+      const a = ls[i].r, b = ls[j].r;
+      if (a.left < b.right && b.left < a.right && a.top < b.bottom && b.top < a.bottom)
+        res.overlaps.push([h.id, ls[i].t, ls[j].t]);
+    }
+    const c = h.querySelector("[data-count]");
+    res.handoffs.push({ id: h.id, outcome: h.dataset.outcome || "", count: c ? Number(c.dataset.count) : 1,
+      labels: ls.map(l => l.t) });
+  }
+  for (const r of document.querySelectorAll("tr.mh")) res.mh_states.push(r.children[3].textContent);
+  const pre = document.createElement("pre");
+  pre.id = "layout-check";
+  pre.textContent = JSON.stringify(res);
+  document.body.append(pre);
+}, 300));
+</script>
+</body>"#;
+
+#[derive(Debug, Deserialize)]
+struct LayoutCheck {
+    overlaps: Vec<Vec<String>>,
+    handoffs: Vec<DrawnHandoff>,
+    mh_states: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+struct DrawnHandoff {
+    id: String,
+    outcome: String,
+    count: usize,
+    labels: Vec<String>,
+}
+
+/// The status page of MSR `k` as served now, measured in headless Chromium from a
+/// copy with [`LAYOUT_CHECK`] in it (loaded from a file: the copy draws the status
+/// embedded in it, as the page does before its first poll).
+fn layout_of_status_page(lab: &mut Lab, k: usize) -> LayoutCheck {
+    let (st, page) = http(&lab.ns(Host::Gw), metrics_addr(k), "GET", "/").unwrap();
+    assert_eq!(st, 200);
+    assert!(page.contains("</body>"));
+    let copy = lab.dir.join(format!("status-msr{k}-checked.html"));
+    std::fs::write(&copy, page.replace("</body>", LAYOUT_CHECK)).unwrap();
+    let profile = lab.dir.join("chromium-layout");
+    let url = format!("file://{}", copy.display());
+    let dom = chromium(
+        lab,
+        &profile,
+        &[
+            "--virtual-time-budget=2000",
+            "--window-size=1200,900",
+            "--dump-dom",
+            &url,
+        ],
+    );
+    let json = dom
+        .split_once("<pre id=\"layout-check\">")
+        .and_then(|(_, rest)| rest.split_once("</pre>"))
+        .map(|(j, _)| {
+            j.replace("&lt;", "<")
+                .replace("&gt;", ">")
+                .replace("&amp;", "&")
+        })
+        .unwrap_or_else(|| panic!("the layout check did not run; DOM:\n{dom}"));
+    serde_json::from_str(&json).unwrap_or_else(|e| panic!("{e}: {json}"))
+}
+
+/// The status page after handoffs that were rolled back (again and again: the new
+/// MSR cannot restart the MH's connection) and one that moved: no two phase labels
+/// overlap, a rolled-back handoff shows where it was given up instead of "resumed" and
+/// "acked", its repeats are one entry with a count, every MH row has a state. Then an
+/// in-place upgrade keeps the duration histogram and the recent handoffs.
+#[test]
+fn status_page_draws_rolled_back_and_moved_handoffs_legibly_and_keeps_them_across_an_upgrade() {
+    let mut lab = Lab::new(LabConfig::clean(2, 137)).unwrap();
+    lab.start_itcp_mobility_env(
+        &format!("[metrics]\nlisten = \"{{MSR_LAN}}:{PORT}\"\n"),
+        &["--hysteresis-ms", "0"],
+        &[(2, "MSRD_FAULT", "fail_restart:5002")],
+    )
+    .unwrap();
+    let ttcp = bin_path("ttcp");
+
+    // A connection MSR2 cannot take: each handoff to it is rolled back.
+    lab.start_fh_echo(5002).unwrap();
+    let rr = lab
+        .spawn(
+            Host::Mh,
+            &ttcp,
+            &[
+                "rr",
+                "--connect",
+                &lab::fh_addr(5002),
+                "--itcp",
+                "--count",
+                "100000",
+                "--interval-ms",
+                "50",
+            ],
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    lab.assoc(&[2]).unwrap();
+    let rolled_back = |lab: &Lab| {
+        lab.handoff_records(2)
+            .iter()
+            .filter(|r| r.outcome == Outcome::RolledBack)
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while rolled_back(&lab) == 0 {
+        assert!(Instant::now() < deadline, "MSR2 rolled nothing back");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Whatever retries come meanwhile.
+    std::thread::sleep(Duration::from_secs(3));
+    lab.terminate(rr);
+    lab.assoc(&[1]).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+
+    // A connection that moves (with the first, if it has not ended yet at MSR1: then
+    // the handoff is partial).
+    let bytes = (32u64 << 20).to_string();
+    let fh = lab::fh_addr(5001);
+    let send = lab
+        .spawn(
+            Host::Fh,
+            &ttcp,
+            &["send", "--listen", &fh, "--bytes", &bytes],
+        )
+        .unwrap();
+    lab.wait_listening(Host::Fh, 5001).unwrap();
+    let recv = lab
+        .spawn(
+            Host::Mh,
+            &ttcp,
+            &["recv", "--connect", &fh, "--bytes", &bytes, "--itcp"],
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1000));
+    lab.assoc(&[2]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let moved = loop {
+        if let Some(r) = lab.handoff_records(2).into_iter().find(|r| r.went_over()) {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "MSR2 moved nothing");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let records = lab.handoff_records(2);
+    let failed = rolled_back(&lab);
+    eprintln!(
+        "MSR2 logged {} handoffs: {failed} rolled back, then {} moved",
+        records.len(),
+        moved.handoff_id
+    );
+
+    let check = layout_of_status_page(&mut lab, 2);
+    eprintln!("{check:#?}");
+    assert!(
+        check.overlaps.is_empty(),
+        "labels overlap: {:?}",
+        check.overlaps
+    );
+    let entry = |outcome: &str| {
+        check
+            .handoffs
+            .iter()
+            .find(|h| h.outcome == outcome)
+            .unwrap_or_else(|| panic!("no {outcome} handoff drawn: {check:#?}"))
+    };
+    let m = check
+        .handoffs
+        .iter()
+        .find(|h| h.outcome == "moved" || h.outcome == "partial")
+        .unwrap_or_else(|| panic!("no handoff that went over drawn: {check:#?}"));
+    assert!(
+        m.labels.iter().any(|l| l == "resumed") && m.labels.iter().any(|l| l == "acked"),
+        "{m:?}"
+    );
+    let rb = entry("rolled_back");
+    assert!(
+        !rb.labels.iter().any(|l| l == "resumed" || l == "acked"),
+        "a rolled-back handoff drawn as resumed: {rb:?}"
+    );
+    assert!(rb.labels.iter().any(|l| l == "rolled back"), "{rb:?}");
+    // Repeats are counted, not listed: every record is in one entry.
+    let drawn: usize = check.handoffs.iter().map(|h| h.count).sum();
+    assert_eq!(drawn, records.len(), "{check:#?}");
+    if failed > 1 {
+        assert!(
+            check.handoffs.len() < records.len(),
+            "{failed} rollbacks drawn one by one: {check:#?}"
+        );
+    }
+    assert!(
+        !check.mh_states.is_empty() && check.mh_states.iter().all(|s| !s.is_empty()),
+        "MH rows without a state: {:?}",
+        check.mh_states
+    );
+    assert!(
+        check
+            .handoffs
+            .iter()
+            .any(|h| h.id.starts_with(&format!("handoff-{}", moved.handoff_id))),
+        "{check:#?}"
+    );
+
+    // A screenshot for people, as a test artefact.
+    let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    std::fs::create_dir_all(&shots).unwrap();
+    let shot = shots.join("status-page-rolled-back-and-moved.png");
+    let _ = std::fs::remove_file(&shot);
+    let profile = lab.dir.join("chromium-profile");
+    chromium(
+        &mut lab,
+        &profile,
+        &[
+            "--virtual-time-budget=3000",
+            "--window-size=1200,1000",
+            &format!("--screenshot={}", shot.display()),
+            &format!("http://{}/", metrics_addr(2)),
+        ],
+    );
+    let png =
+        std::fs::read(&shot).unwrap_or_else(|e| panic!("no screenshot at {}: {e}", shot.display()));
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "{} bytes", png.len());
+    eprintln!("status page screenshot: {}", shot.display());
+
+    // An in-place upgrade of MSR2 keeps the histogram and the recent handoffs.
+    let before = scrape(&lab, 2);
+    let count = "msrd_handoff_duration_seconds_count{role=\"new\"}";
+    let n = sample(&before, count).unwrap();
+    assert!(n >= 1.0, "{before}");
+    let reply = lab.msrd_line(2, r#"{"op":"upgrade"}"#).unwrap();
+    assert!(reply.contains("\"ok\":true"), "{reply}");
+    let after = scrape(&lab, 2);
+    assert_eq!(sample(&after, count), Some(n), "{after}");
+    assert_eq!(
+        sample(&after, "msrd_handoff_duration_seconds_sum{role=\"new\"}"),
+        sample(&before, "msrd_handoff_duration_seconds_sum{role=\"new\"}")
+    );
+    let (_, body) = http(&lab.ns(Host::Gw), metrics_addr(2), "GET", "/status.json").unwrap();
+    let doc: StatusDoc = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        doc.handoffs.len(),
+        records.len().min(50),
+        "recent handoffs after the upgrade: {body}"
+    );
+
+    let (ok, out, err) = lab.wait(recv, Duration::from_secs(120)).unwrap();
+    assert!(ok, "receiver: {out} {err}");
+    lab.wait(send, Duration::from_secs(30)).unwrap();
 }

@@ -1,7 +1,8 @@
 //! The Debian package, end to end on this machine: `scripts/deb` builds it from the
 //! binaries under test, `dpkg -i` installs it, the installed msrd validates the
 //! installed `/etc/itcp/msrd.toml`, `systemd-analyze verify` (where installed) accepts
-//! the units, `dpkg -r` keeps only the conffiles and `dpkg -P` leaves nothing behind.
+//! the units, the C library has its SONAME and makes the MH's session token, `dpkg -r`
+//! keeps only the conffiles and `dpkg -P` leaves nothing behind, the token included.
 //!
 //! It needs root and dpkg; without them it says so and passes. It refuses to run (and
 //! fails, changing nothing) when a package `itcp` is installed that it did not install
@@ -83,7 +84,7 @@ fn existing(files: &[PathBuf]) -> Vec<PathBuf> {
     files
         .iter()
         .cloned()
-        .chain(["/etc/itcp", "/var/log/itcp"].map(PathBuf::from))
+        .chain(["/etc/itcp", "/var/log/itcp", "/run/itcp-mh"].map(PathBuf::from))
         .filter(|f| f.symlink_metadata().is_ok())
         .collect()
 }
@@ -235,6 +236,47 @@ fn deb_installs_checks_and_purges_cleanly() {
         );
     } else {
         eprintln!("package test: no systemd-analyze, units not verified");
+    }
+    // The C library is installed under its SONAME, which the dynamic linker finds; a
+    // program using it creates the MH's session token, which only a purge removes.
+    let lib = files
+        .iter()
+        .find(|f| f.file_name().is_some_and(|n| n == "libitcp.so.0"));
+    if let Some(lib) = lib {
+        assert!(lib.exists(), "{} not installed", lib.display());
+        let dynamic = ok("readelf", &["-d", lib.to_str().unwrap()]);
+        assert!(
+            dynamic.contains("Library soname: [libitcp.so.0]"),
+            "{} has no SONAME: {dynamic}",
+            lib.display()
+        );
+        assert!(
+            files.iter().any(|f| f.ends_with("libitcp.so")),
+            "no libitcp.so link for -litcp: {files:?}"
+        );
+        if have("python3") {
+            // Refused at once: the token is made before the gateway is asked.
+            let out = Command::new("python3")
+                .args([
+                    "-c",
+                    "import ctypes; ctypes.CDLL('libitcp.so.0').itcp_connect(b'127.0.0.1', 9)",
+                ])
+                .env("ITCP_GATEWAY", "127.0.0.1:9")
+                .env_remove("ITCP_TOKEN")
+                .env_remove("ITCP_TOKEN_FILE")
+                .env_remove("ITCP_MH_CONFIG")
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "python3 with libitcp.so.0: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(
+                Path::new("/run/itcp-mh/token").exists(),
+                "the library made no /run/itcp-mh/token"
+            );
+        }
     }
     if have("man") {
         let page = ok("man", &["-w", "msrd"]);

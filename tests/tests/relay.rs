@@ -102,6 +102,18 @@ fn port_of(a: &str) -> u16 {
     a.parse::<SocketAddr>().unwrap().port()
 }
 
+/// A start with the default configuration under a shell's fd limit (msrd raises the
+/// soft limit to the hard one) warns of nothing: the default connection limit is a
+/// ceiling, lowered quietly to what the fd limit serves.
+#[test]
+fn msrd_starts_with_the_default_limits_without_a_warning() {
+    let lab = lab_with_msrd("");
+    let log = std::fs::read_to_string(lab.dir.join("msrd1.log")).unwrap();
+    let warnings: Vec<&str> = log.lines().filter(|l| l.contains("WARN")).collect();
+    assert!(warnings.is_empty(), "msrd warned at start: {warnings:#?}");
+    assert!(log.contains("msrd ready"), "{log}");
+}
+
 #[test]
 fn explicit_mode_bulk_both_ways_fh_sees_the_mh() {
     let mut lab = lab_with_msrd("");
@@ -452,6 +464,9 @@ fn itcpctl_shows_live_sessions_and_sigterm_drains() {
         text.contains("1 session(s)") && text.contains("connect") && text.contains("10.0.0.1:7004"),
         "{text}"
     );
+    // Every row says what its connection does, an ordinary one too.
+    let row = text.lines().find(|l| l.contains("10.0.0.1:7004")).unwrap();
+    assert!(row.trim_end().ends_with("  relaying"), "no state: {text}");
     // SIGTERM: no new connections, but the open one keeps working until it ends.
     lab.terminate(msrd);
     std::thread::sleep(Duration::from_millis(300));

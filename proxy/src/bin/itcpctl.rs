@@ -6,13 +6,14 @@
 //! itcpctl [--socket PATH | --config FILE] metrics
 //! itcpctl [--socket PATH | --config FILE] upgrade [--json]
 //! itcpctl [--log FILE | --config FILE] handoffs [--mh ADDR] [--failed] [--since TIME]
-//!         [--until TIME] [--follow] [--json] [FILE...]
+//!         [--until TIME] [--follow] [--wide] [--json] [FILE...]
 //! ```
 //!
 //! `handoffs` reads handoff logs (`[handoff] log_file`, or the logs of several MSRs
 //! given as FILEs), not the daemon: it works whether or not msrd is running. What it
-//! shows is [`itcp_handoff::log::view`] (pairing, filters, table, JSON, all I/O-free);
-//! here are only the reading and following of the files. The command line is the
+//! shows is [`itcp_handoff::log::view`] (pairing, filters, the wide table, JSON, all
+//! I/O-free); here are the reading and following of the files, and the default table,
+//! which picks the columns that fit 120 terminal columns. The command line is the
 //! table [`SPEC`] (also `--help` and the man page).
 
 use std::io::{self, BufRead, BufReader, Write};
@@ -22,6 +23,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use itcp_cli::table::{self, Column};
 use itcp_cli::{Arg, Args, Command, Flag, Section, Spec};
 use itcp_handoff::log::tail::{self, Tail, TailEvent};
 use itcp_handoff::log::view::{self, Entry, Pairer};
@@ -104,16 +106,17 @@ command's own options come after it. --socket and --log win over --config.",
         Command {
             name: "handoffs",
             synopsis: "[--mh ADDR] [--failed] [--since TIME] [--until TIME]\n\
-                       [--follow] [--json] [FILE...]",
+                       [--follow] [--wide] [--json] [FILE...]",
             about: "\
 The handoff log (--log, --config, or the FILEs given) as a table, oldest first, one
-line per handoff: when it started (ISO 8601, UTC, to the millisecond), the MH, whose
-records the line shows (role: old, new, or both MSRs), the old and the new MSR, the
-outcome (moved, partial, rolled_back, rejected; old/new when the two MSRs disagree),
-the connections moved and failed, the bytes queued in the moved connections, the
-milliseconds to each phase from the previous one (freeze, images, restored, resumed,
-acked), the total, the handoff id (as in msrd's own log) and why it did not simply
-move.
+line per handoff, within 120 columns: when it started (ISO 8601, UTC, to the
+millisecond), the MH, whose records the line shows (role: old, new, or both MSRs), the
+old and the new MSR, the outcome (moved, partial, rolled_back, rejected; old/new when
+the two MSRs disagree), the connections moved and failed, the bytes queued in the
+moved connections and the total milliseconds. A handoff that did not simply move has
+a second line: its handoff id (as in msrd's own log) and why. With --wide, every
+column on one line: the milliseconds to each phase from the previous one (freeze,
+images, restored, resumed, acked), the handoff id and the reason too.
 
 Several FILEs (the handoff logs of several MSRs, copied or mounted) are merged into
 one timeline: the old and the new MSR's records of one handoff (same handoff id and
@@ -152,6 +155,11 @@ line.",
                      waited for. First come the last 10 handoffs logged so far (all since \
                      --since, if given). With several FILEs, a record waits up to 10 s for \
                      the other MSR's record of the same handoff.",
+                ),
+                Flag::switch(
+                    "wide",
+                    "Every column, one line per handoff (some 230 columns): the time to \
+                     each phase, the handoff id and the reason as well.",
                 ),
                 Flag::switch(
                     "json",
@@ -208,6 +216,7 @@ struct Opts {
     since_us: Option<u64>,
     until_us: Option<u64>,
     follow: bool,
+    wide: bool,
     files: Vec<PathBuf>,
 }
 
@@ -237,6 +246,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Opts> {
             Arg::Flag("since") => o.since_us = Some(time_value(&mut a, "since", now)?),
             Arg::Flag("until") => o.until_us = Some(time_value(&mut a, "until", now)?),
             Arg::Flag("follow") => o.follow = true,
+            Arg::Flag("wide") => o.wide = true,
             Arg::Word(w) if o.cmd == "handoffs" => o.files.push(w.into()),
             Arg::Word(w) if a.current_command().is_none() => {
                 if !SPEC.commands.iter().any(|c| c.name == w) {
@@ -315,10 +325,11 @@ fn print_reply(body: Body, as_json: bool) {
                 );
             }
             for r in rows {
+                // Every row says what its connection does; a moved one says so too.
                 let state = match (r.frozen, r.moved_in) {
-                    (true, _) => "frozen (handoff)",
-                    (false, true) => "moved in",
-                    _ => "",
+                    (true, _) => "frozen (handoff)".to_string(),
+                    (false, true) => format!("{} (moved in)", r.state()),
+                    _ => r.state().to_string(),
                 };
                 println!(
                     "{:>6}  {:<11}  {:<22}  {:<22}  {:>8.1}  {:>12}  {:>12}  {state}",
@@ -373,31 +384,101 @@ fn run(o: Opts) -> Result<(), String> {
 const PAIR_WAIT_US: u64 = 10_000_000;
 const FOLLOW_POLL: Duration = Duration::from_millis(250);
 
-/// Prints handoffs as a table or JSON lines.
+/// The default table's columns, as indices into [`view::cells`]: what fits 120
+/// terminal columns for IPv4 MHs (about 104). The phases, the handoff id and the
+/// reason are in `--wide`; the id and the reason also on a second line under a handoff
+/// that did not simply move.
+const NARROW: [(usize, Column); 9] = [
+    (0, Column::left("time (UTC)", 24)),
+    (1, Column::left("mh", 10)),
+    (2, Column::left("role", 4)),
+    (3, Column::left("old → new", 11)),
+    (4, Column::left("outcome", 7)),
+    (5, Column::right("moved", 5)),
+    (6, Column::right("failed", 6)),
+    (7, Column::right("bytes", 9)),
+    (13, Column::right("total ms", 8)),
+];
+
+fn narrow_columns() -> Vec<Column> {
+    NARROW.iter().map(|(_, c)| *c).collect()
+}
+
+fn narrow_cells(e: &Entry) -> Vec<String> {
+    let all = view::cells(e);
+    NARROW.iter().map(|(i, _)| all[*i].clone()).collect()
+}
+
+/// The second line of a handoff in the default table: its id and why it did not
+/// simply move, wrapped to the table's width.
+fn narrow_reason(e: &Entry) -> Vec<String> {
+    let Some(r) = e.reason().filter(|r| !r.is_empty()) else {
+        return Vec::new();
+    };
+    // Continuation lines indented under the text, past the arrow.
+    let mut lines = table::wrap(&format!("handoff {}: {r}", e.handoff_id()), 4, table::WIDTH);
+    if let Some(first) = lines.first_mut() {
+        *first = format!("  ↳ {}", first.trim_start());
+    }
+    lines
+}
+
+/// The default table of these entries.
+fn narrow_render(entries: &[Entry]) -> String {
+    let cols = narrow_columns();
+    let rows: Vec<Vec<String>> = entries.iter().map(narrow_cells).collect();
+    let widths = table::widths(&cols, &rows);
+    let mut s = table::header(&cols, &widths) + "\n";
+    for (e, r) in entries.iter().zip(&rows) {
+        s += &table::line(&cols, r, &widths);
+        s.push('\n');
+        for l in narrow_reason(e) {
+            s += &l;
+            s.push('\n');
+        }
+    }
+    s
+}
+
+/// Prints handoffs as a table (default or `--wide`) or JSON lines.
 struct Printer {
     json: bool,
+    wide: bool,
     filter: Filter,
 }
 
 impl Printer {
     fn header(&self) -> io::Result<()> {
-        if self.json {
-            return Ok(());
-        }
-        writeln!(io::stdout().lock(), "{}", view::header_line())
+        let line = match (self.json, self.wide) {
+            (true, _) => return Ok(()),
+            (false, true) => view::header_line(),
+            (false, false) => {
+                let cols = narrow_columns();
+                table::header(&cols, &table::min_widths(&cols))
+            }
+        };
+        writeln!(io::stdout().lock(), "{line}")
     }
 
-    /// One handoff as it comes (`--follow`).
+    /// One handoff as it comes (`--follow`), at the columns' minimum widths.
     fn one(&self, e: &Entry) -> io::Result<()> {
         if !e.selected(&self.filter) {
             return Ok(());
         }
-        let line = if self.json {
-            view::json_line(e)
-        } else {
-            view::row_line(e)
-        };
-        writeln!(io::stdout().lock(), "{line}")
+        let mut out = io::stdout().lock();
+        match (self.json, self.wide) {
+            (true, _) => writeln!(out, "{}", view::json_line(e)),
+            (false, true) => writeln!(out, "{}", view::row_line(e)),
+            (false, false) => {
+                let cols = narrow_columns();
+                let line = table::line(&cols, &narrow_cells(e), &table::min_widths(&cols));
+                writeln!(out, "{line}")?;
+                for l in narrow_reason(e) {
+                    writeln!(out, "{l}")?;
+                }
+                Ok(())
+            }
+        }
     }
 
     /// A whole timeline: a table whose columns fit it.
@@ -413,8 +494,10 @@ impl Printer {
                 writeln!(out, "{}", view::json_line(e))?;
             }
             Ok(())
-        } else {
+        } else if self.wide {
             write!(out, "{}", view::render(&shown))
+        } else {
+            write!(out, "{}", narrow_render(&shown))
         }
     }
 }
@@ -444,6 +527,7 @@ fn handoffs(o: &Opts, log: PathBuf) -> io::Result<()> {
     };
     let p = Printer {
         json: o.json,
+        wide: o.wide,
         filter: Filter {
             mh: o.mh,
             failed_only: o.failed,

@@ -742,6 +742,7 @@ fn handover(d: &Daemon, services: &Services, q: &Quiesced) -> Handover<RawFd> {
             footprint: footprint_of(&d.cfg),
             stats: d.sessions.stats.snapshot(),
             last_session_id: d.sessions.last_id(),
+            handoffs: d.sessions.handoffs.history(),
         },
         mhs,
         sockets: services.sockets(),
@@ -850,6 +851,7 @@ fn stage(d: &Arc<Daemon>, h: Handover<OwnedFd>) -> Result<Staged, String> {
     }
     let st = &d.sessions.stats;
     st.restore(&h.header.stats);
+    d.sessions.handoffs.restore(&h.header.handoffs);
     d.sessions.continue_after(h.header.last_session_id);
     let mut holds = Vec::new();
     if let Some(ho) = &d.handoff {

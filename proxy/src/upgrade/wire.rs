@@ -74,6 +74,28 @@ pub struct Header {
     pub stats: Stats,
     /// The last session id given out (ids carry on).
     pub last_session_id: u64,
+    /// The handoff duration histograms and the status page's recent handoffs, so that
+    /// an upgrade does not empty them while the counters carry on. Absent from an
+    /// older msrd's hand-over: they then start empty, as they used to.
+    #[serde(default)]
+    pub handoffs: HandoffHistory,
+}
+
+/// One duration histogram: per-bucket counts (not cumulative, the last +Inf) and the
+/// sum, as `metrics::Histogram` keeps them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HistogramState {
+    pub counts: Vec<u64>,
+    pub sum_us: u64,
+}
+
+/// What `metrics::HandoffMetrics` holds: the histograms by role and the recent
+/// records, oldest first.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HandoffHistory {
+    pub new: HistogramState,
+    pub old: HistogramState,
+    pub recent: Vec<itcp_handoff::log::Record>,
 }
 
 /// What the MSR knows about one MH (tokens, replay state, holds).
@@ -576,6 +598,13 @@ mod tests {
                     ..Default::default()
                 },
                 last_session_id: 12,
+                handoffs: HandoffHistory {
+                    new: HistogramState {
+                        counts: vec![0, 2, 1],
+                        sum_us: 31_000,
+                    },
+                    ..Default::default()
+                },
             },
             mhs: vec![MhRecord {
                 mh: "10.2.0.100".parse().unwrap(),

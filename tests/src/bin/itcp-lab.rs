@@ -5,7 +5,7 @@
 //! itcp-lab bench baseline [options]         the paper's regular-TCP columns, as a table
 //! itcp-lab bench {nomoves,relay,paper,handoff,conns,churn,wireless} [options]
 //! itcp-lab bench soak --minutes M [--seed S] [--mhs N] [--msrs 3]   chaos soak
-//! itcp-lab up [--msrs N]                    build a lab and keep it until Ctrl-C
+//! itcp-lab up [--msrs N] [--itcp]           build a lab (with I-TCP running) until Ctrl-C
 //! itcp-lab echo --listen ADDR:PORT          tokio echo server for load benchmarks
 //! itcp-lab ctl --control SOCKET JSON        one request to a running airlink
 //! itcp-lab cleanup [--all]                  remove labs left by killed runs
@@ -347,11 +347,20 @@ run's lab is removed by 'itcp-lab cleanup'.",
         },
         Command {
             name: "up",
-            synopsis: "[--msrs N] [--seed S]",
-            about: "Builds a lab (no emulated impairments) and keeps it until Ctrl-C.",
+            synopsis: "[--msrs N] [--seed S] [--itcp]",
+            about: "Builds a lab (no emulated impairments) and keeps it until Ctrl-C. With \
+                    --itcp, I-TCP runs in it, ready to try by hand (docs/try-it.md): msrd \
+                    with handoff, /metrics and the status page on every MSR, the agent on \
+                    the MH, an echo server (port 7) and an HTTP server (port 80, GET /N \
+                    answers N bytes) on the FH, 20 Mbit/s cells; it prints the commands \
+                    to watch it, move the MH and send traffic through it.",
             flags: &[
                 Flag::value("msrs", "N", "Number of MSRs (cells), at least 1 (default 2)."),
                 Flag::value("seed", "S", "Seed of the emulator's random losses."),
+                Flag::switch(
+                    "itcp",
+                    "Run I-TCP in the lab (msrd, agent, servers) and print how to use it.",
+                ),
             ],
         },
         Command {
@@ -413,7 +422,8 @@ enum Job {
     Upload(UploadOpts),
     Wireless(WirelessOpts),
     Soak(itcp_testbed::soak::SoakOpts, Option<String>),
-    Up(Box<LabConfig>),
+    /// The lab, and whether I-TCP runs in it.
+    Up(Box<LabConfig>, bool),
     Echo(std::net::SocketAddr),
     Ctl(String, String),
     Cleanup(bool),
@@ -812,15 +822,28 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
             Job::Soak(o, json_out)
         }
         "up" => {
-            let mut cfg = LabConfig::default();
+            let (mut msrs, mut seed, mut itcp) = (2, 1, false);
             while let Some(arg) = a.next()? {
                 match arg {
-                    Arg::Flag("msrs") => cfg.msrs = a.int_in("msrs", 1, usize::MAX as i128)?,
-                    Arg::Flag("seed") => cfg.seed = a.int("seed")?,
+                    Arg::Flag("msrs") => msrs = a.int_in("msrs", 1, usize::MAX as i128)?,
+                    Arg::Flag("seed") => seed = a.int("seed")?,
+                    Arg::Flag("itcp") => itcp = true,
                     other => return Err(a.unexpected(other)),
                 }
             }
-            Job::Up(Box::new(cfg))
+            // With I-TCP running, links people can use (a bare lab keeps the
+            // emulator's defaults, as it always had).
+            let mut cfg = if itcp {
+                LabConfig::clean(msrs, seed)
+            } else {
+                LabConfig::default()
+            };
+            if itcp && msrs < 2 {
+                return Err(a.usage("up --itcp needs --msrs 2 or more (to move the MH)"));
+            }
+            cfg.msrs = msrs;
+            cfg.seed = seed;
+            Job::Up(Box::new(cfg), itcp)
         }
         "echo" => {
             let mut listen = None;
@@ -884,7 +907,7 @@ fn main() -> ExitCode {
         Job::Upload(o) => bench_upload(o),
         Job::Wireless(o) => bench_wireless(o),
         Job::Soak(o, json_out) => bench_soak(o, json_out),
-        Job::Up(cfg) => up(*cfg),
+        Job::Up(cfg, itcp) => up(*cfg, itcp),
         Job::Echo(addr) => itcp_testbed::bench::echo_server(addr).map_err(|e| e.to_string()),
         Job::Ctl(path, req) => ctl(&path, &req),
         Job::Cleanup(all) => {
@@ -923,21 +946,47 @@ fn demo(seed: u64) -> Result<(), String> {
         msrs: 2,
         timeout: Duration::from_secs(300),
     };
+    // A line per step with the time so far: each transfer runs for a minute or more.
+    let t0 = std::time::Instant::now();
+    let step = |what: &str| {
+        println!("[demo {:3.0}s] {what}", t0.elapsed().as_secs_f64());
+        let _ = std::io::stdout().flush();
+    };
     println!("== I-TCP: msrd on both MSRs splits the connection; the MH's agent greets the new");
     println!("   MSR, which fetches the connection (TCP_REPAIR) from the old one.");
+    step("building the lab, starting msrd and the agent, then 3 MiB to the MH (20-40 s)");
     // Both modes detect moves the same way: by the MSRs' beacons, as in the paper.
     let [regular_mode, itcp_mode] = Detection::Beacon.modes(Policy::Eager, "", &[]);
     let itcp = scenario::run(&run(itcp_mode)).map_err(|e| e.to_string())?;
+    step("I-TCP transfer done");
     print!("{}", report::describe(&itcp));
     println!("\n== Regular TCP, same network and moves: plain routers, Mobile-IP-like rerouting.");
+    step("the same 3 MiB over regular TCP (20-40 s)");
     let regular = scenario::run(&run(regular_mode)).map_err(|e| e.to_string())?;
+    step("regular TCP transfer done");
     print!("{}", report::describe(&regular));
     println!(
-        "\nI-TCP {:.1} KB/s vs regular TCP {:.1} KB/s: ratio {:.2}",
+        "\nI-TCP {:.1} KB/s vs regular TCP {:.1} KB/s: ratio {:.2}\n",
         itcp.kbytes_per_s(),
         regular.kbytes_per_s(),
         itcp.kbytes_per_s() / regular.kbytes_per_s()
     );
+    let figures = report::DemoFigures {
+        itcp_kbs: itcp.kbytes_per_s(),
+        regular_kbs: regular.kbytes_per_s(),
+        itcp_stall_s: itcp.recv.longest_stall_s,
+        regular_stall_s: regular.recv.longest_stall_s,
+        coverage: itcp.coverage,
+        handoff_ms: itcp
+            .handoffs
+            .iter()
+            .filter_map(report::greeting_to_resumed_ms)
+            .collect(),
+        handoffs_failed: itcp.handoffs.iter().filter(|h| !h.ok()).count(),
+        verified: itcp.recv.ok && regular.recv.ok,
+        rsts: itcp.rsts.map_or(0, |(a, b, c, d)| a + b + c + d),
+    };
+    print!("{}", report::explain_demo(&figures));
     if !itcp.recv.ok || !regular.recv.ok {
         return Err("a transfer failed verification".into());
     }
@@ -1493,27 +1542,146 @@ fn bench_nomoves(o: NoMoves) -> Result<(), String> {
     Ok(())
 }
 
-fn up(cfg: LabConfig) -> Result<(), String> {
-    let lab = Lab::new(cfg).map_err(|e| e.to_string())?;
-    println!("lab {} is up; namespaces:", lab.id);
-    for h in [Host::Fh, Host::Gw]
+/// Where `up --itcp` serves the status page and /metrics on each MSR's fixed-LAN
+/// address.
+const METRICS_PORT: u16 = 9473;
+
+fn up(cfg: LabConfig, itcp: bool) -> Result<(), String> {
+    let mut lab = Lab::new(cfg).map_err(|e| e.to_string())?;
+    let hosts: Vec<Host> = [Host::Fh, Host::Gw]
         .into_iter()
         .chain((1..=lab.msrs()).map(Host::Msr))
         .chain([Host::Mh])
-    {
-        println!("  {:?}\t{}", h, lab.ns(h));
+        .collect();
+    if !itcp {
+        println!("lab {} is up; namespaces:", lab.id);
+        for h in &hosts {
+            println!("  {h:<5} {}", lab.ns(*h));
+        }
+        println!("emulator control: {}", lab.control_path().display());
+        println!("e.g.  ip netns exec {} bash", lab.ns(Host::Mh));
+        println!(
+            "      itcp-lab ctl --control {} '{{\"op\":\"status\"}}'",
+            lab.control_path().display()
+        );
+        println!("Ctrl-C tears it down.");
+        loop {
+            std::thread::sleep(Duration::from_secs(3600));
+        }
     }
-    println!("emulator control: {}", lab.control_path().display());
-    println!("e.g.  ip netns exec {} bash", lab.ns(Host::Mh));
-    println!(
-        "      itcp-lab ctl --control {} '{{\"op\":\"status\"}}'",
-        lab.control_path().display()
+    eprintln!(
+        "starting msrd on {} MSRs, the MH's agent, the FH's servers…",
+        lab.msrs()
     );
-    println!("Ctrl-C tears it down.");
+    lab.msrd_log_level = "info".into();
+    let metrics = format!("[metrics]\nlisten = \"{{MSR_LAN}}:{METRICS_PORT}\"\n");
+    lab.start_itcp_mobility(&metrics, &[])
+        .map_err(|e| e.to_string())?;
+    lab.start_fh_echo(7).map_err(|e| e.to_string())?;
+    let bin = lab::bin_path("msrd");
+    let bin = bin.parent().unwrap_or(std::path::Path::new("."));
+    let dir = lab.dir.display().to_string();
+    let cell = |k: usize| format!("MSR{k}'s cell");
+    println!(
+        "I-TCP lab {} is up: FH (10.0.0.1), GW, {}, MH (10.2.0.100, in {}).",
+        lab.id,
+        (1..=lab.msrs())
+            .map(|k| format!("MSR{k} ({})", lab::addr::msr_lan(k)))
+            .collect::<Vec<_>>()
+            .join(", "),
+        cell(1)
+    );
+    println!("The walkthrough is docs/try-it.md. Paste this into a root shell first:\n");
+    println!("export LAB={dir} BIN={}", bin.display());
+    for h in &hosts {
+        println!("export {}_NS={}", h, lab.ns(*h));
+    }
+    println!();
+    for (what, cmd) in TRY_IT {
+        println!("# {what}\n{cmd}\n");
+    }
+    for k in 2..=lab.msrs() {
+        println!(
+            "# MSR{k}: its status page is http://{}:{METRICS_PORT}/, its control socket $LAB/msrd{k}.sock\n",
+            lab::addr::msr_lan(k)
+        );
+    }
+    println!("Logs: $LAB/msrd1.log … (msrd), $LAB/agent.events (the agent's events).");
+    println!("Ctrl-C tears the lab down.");
+    let _ = std::io::stdout().flush();
+    // ttcp http serves one request: serve the next one as each ends, until Ctrl-C
+    // (the signal handler tears the lab down and exits).
+    let ttcp = lab::bin_path("ttcp");
     loop {
-        std::thread::sleep(Duration::from_secs(3600));
+        let started = std::time::Instant::now();
+        let status = lab
+            .command(Host::Fh, &ttcp)
+            .and_then(|mut c| {
+                c.args(["http", "--listen", "10.0.0.1:80"])
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::null())
+                    .status()
+            })
+            .map_err(|e| format!("ttcp http on the FH: {e}"))?;
+        if !status.success() && started.elapsed() < Duration::from_millis(100) {
+            // It cannot listen at all: do not spin.
+            std::thread::sleep(Duration::from_secs(1));
+        }
     }
 }
+
+/// What `up --itcp` prints after the lab's variables, and docs/try-it.md walks
+/// through (tests/tests/try_it.rs checks that the page has each command as printed,
+/// and runs the page's).
+const TRY_IT: &[(&str, &str)] = &[
+    (
+        "MSR1's status page as a screenshot (chromium, as root, needs --no-sandbox)",
+        r#"ip netns exec $GW_NS chromium --headless --no-sandbox --disable-gpu \
+  --window-size=1400,1000 --screenshot=$LAB/msr1.png http://10.1.0.11:9473/ 2>/dev/null
+ls -l $LAB/msr1.png"#,
+    ),
+    (
+        "MSR1's status page in your own browser: forward a port, open http://127.0.0.1:9473/",
+        r#"socat TCP-LISTEN:9473,bind=127.0.0.1,fork,reuseaddr \
+  EXEC:"ip netns exec $GW_NS socat STDIO TCP\:10.1.0.11\:9473" &"#,
+    ),
+    (
+        "MSR1's counters, as Prometheus scrapes them",
+        r#"ip netns exec $GW_NS curl -s http://10.1.0.11:9473/metrics | grep -E '^msrd_(connections_total|handoffs_total)'"#,
+    ),
+    (
+        "a connection through I-TCP for 8 s; after 2 s the MH moves to MSR2's cell",
+        r#"ip netns exec $MH_NS env ITCP_TOKEN_FILE=$LAB/mh-token \
+  $BIN/ttcp rr --connect 10.0.0.1:7 --itcp --count 400 --interval-ms 20 > $LAB/rr.json &
+sleep 2
+$BIN/itcp-lab ctl --control $LAB/airlink.sock '{"op":"assoc","cells":[2]}'
+wait; tail -n 3 $LAB/agent.events"#,
+    ),
+    (
+        "both MSRs' handoff logs as one timeline",
+        r#"$BIN/itcpctl handoffs $LAB/handoffs-msr1.jsonl $LAB/handoffs-msr2.jsonl"#,
+    ),
+    (
+        "MSR2's live connections and counters (it serves the MH now)",
+        r#"$BIN/itcpctl --socket $LAB/msrd2.sock sessions
+$BIN/itcpctl --socket $LAB/msrd2.sock stats | grep -E 'handoffs_|moved_'"#,
+    ),
+    (
+        "curl as it is, through SOCKS5 on the cell gateway address (GET /N: N bytes)",
+        r#"ip netns exec $MH_NS curl -s --socks5 10.2.0.1:1080 -o /dev/null \
+  -w '%{http_code} %{size_download} bytes\n' http://10.0.0.1/1000000"#,
+    ),
+    (
+        "the same curl under the LD_PRELOAD shim (port 80 goes through I-TCP)",
+        r#"ip netns exec $MH_NS env LD_PRELOAD=$BIN/libitcp_preload.so ITCP_GATEWAY=10.2.0.1 \
+  ITCP_TOKEN_FILE=$LAB/mh-token ITCP_PRELOAD_PORTS=80 \
+  curl -s -o /dev/null -w '%{http_code} %{size_download} bytes\n' http://10.0.0.1/1000000"#,
+    ),
+    (
+        "the MH back to MSR1's cell",
+        r#"$BIN/itcp-lab ctl --control $LAB/airlink.sock '{"op":"assoc","cells":[1]}'"#,
+    ),
+];
 
 fn ctl(path: &str, req: &str) -> Result<(), String> {
     let mut s = UnixStream::connect(path).map_err(|e| format!("{path}: {e}"))?;
