@@ -413,6 +413,17 @@ pub fn tcp_info(fd: BorrowedFd<'_>) -> io::Result<TcpInfo> {
     })
 }
 
+/// Whether the latest delivery rate sample was taken while the socket had too little
+/// to send to fill its window (`tcpi_delivery_rate_app_limited`): the rate says how
+/// fast the application fed it, not what the path carries. A bit of the byte after the
+/// window scales, which libc's `tcp_info` leaves as padding: read from the first 8
+/// bytes of `TCP_INFO` (the kernel copies as much as asked).
+pub fn app_limited(fd: BorrowedFd<'_>) -> io::Result<bool> {
+    let head: [u8; 8] = getsockopt_raw(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO)
+        .map_err(|e| ctx(e, "getsockopt TCP_INFO"))?;
+    Ok(head[7] & 1 == 1)
+}
+
 fn ioctl_int(fd: BorrowedFd<'_>, req: libc::Ioctl, what: &str) -> io::Result<u32> {
     let mut v: c_int = 0;
     // SAFETY: these socket ioctls write one int through the pointer.

@@ -107,11 +107,16 @@ pub(crate) struct Sample {
     pub rate: u64,
     /// The fixed path's round trip.
     pub rtt: Duration,
-    /// The wireless side ran dry while the FH was sending: nothing unsent on it,
-    /// nothing waiting in the fixed socket, and data from the FH within two round
-    /// trips. The FH is held back by the window, not idle.
+    /// The wireless side ran dry while the FH was sending: its latest rate sample
+    /// app-limited, nothing unsent on it, nothing waiting in the fixed socket, and
+    /// data from the FH within two round trips. The FH is held back by the window,
+    /// not idle.
     pub starved: bool,
 }
+
+/// Starved samples in a row before the buffer grows: one alone may be the instant
+/// after the relay moved everything across.
+const STARVED_IN_A_ROW: u32 = 2;
 
 /// At most this many times [`buffer_for`] the best rate: a wireless side that keeps
 /// running dry grows the buffer by half each time, but not without end.
@@ -127,6 +132,8 @@ pub(crate) struct FixedWindow {
     grown: Option<(u32, Instant)>,
     /// The buffer last applied.
     applied: Option<u32>,
+    /// Starved samples in a row.
+    starved: u32,
 }
 
 impl FixedWindow {
@@ -148,7 +155,9 @@ impl FixedWindow {
         if self.grown.is_some_and(|(_, at)| !fresh(at)) {
             self.grown = None;
         }
-        if s.starved {
+        self.starved = if s.starved { self.starved + 1 } else { 0 };
+        if self.starved >= STARVED_IN_A_ROW {
+            self.starved = 0;
             let from = self.applied.unwrap_or(by_rate).max(by_rate);
             let cap = by_rate.saturating_mul(MAX_GROWTH);
             self.grown = Some(((from + from / 2).min(cap), now));
@@ -214,25 +223,27 @@ mod tests {
     #[test]
     fn a_wireless_side_that_runs_dry_grows_the_buffer_by_half_up_to_a_bound() {
         let t0 = Instant::now();
+        let at = |i: u32| t0 + i * 100 * MS;
         let mut w = FixedWindow::default();
-        assert_eq!(w.next(t0, sample(1_000_000, false)), Some(160_000));
-        assert_eq!(
-            w.next(t0 + 100 * MS, sample(1_000_000, true)),
-            Some(240_000)
-        );
-        assert_eq!(
-            w.next(t0 + 200 * MS, sample(1_000_000, true)),
-            Some(360_000)
-        );
+        assert_eq!(w.next(at(0), sample(1_000_000, false)), Some(160_000));
+        // One starved sample alone changes nothing; two in a row grow it.
+        assert_eq!(w.next(at(1), sample(1_000_000, true)), None);
+        assert_eq!(w.next(at(2), sample(1_000_000, false)), None);
+        assert_eq!(w.next(at(3), sample(1_000_000, true)), None);
+        assert_eq!(w.next(at(4), sample(1_000_000, true)), Some(240_000));
+        assert_eq!(w.next(at(5), sample(1_000_000, true)), None);
+        assert_eq!(w.next(at(6), sample(1_000_000, true)), Some(360_000));
         // Not starved: the grown buffer stands.
-        assert_eq!(w.next(t0 + 300 * MS, sample(1_000_000, false)), None);
-        for i in 4..100 {
-            w.next(t0 + i * 100 * MS, sample(1_000_000, true));
+        assert_eq!(w.next(at(7), sample(1_000_000, false)), None);
+        for i in 8..90 {
+            w.next(at(i), sample(1_000_000, true));
         }
         assert_eq!(w.applied, Some(160_000 * MAX_GROWTH));
         // Once it is old, the rate rules again.
-        let late = t0 + 100 * 100 * MS + RATE_MEMORY;
-        assert_eq!(w.next(late, sample(1_000_000, false)), Some(160_000));
+        assert_eq!(
+            w.next(at(90) + RATE_MEMORY, sample(1_000_000, false)),
+            Some(160_000)
+        );
     }
 
     #[test]
