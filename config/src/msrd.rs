@@ -534,6 +534,12 @@ pub struct AccessSection {
     /// The same per MH address (256).
     #[serde(default = "default_max_handshakes_per_mh")]
     pub max_handshakes_per_mh: u32,
+    /// The same per station, all its addresses together: a station is a link-layer
+    /// address on a cell, as the MSR's neighbour table has it (unset: the value of
+    /// `max_handshakes_per_mh`). Bounds what one station holding many addresses of the
+    /// MH prefixes can take of `max_handshakes`.
+    #[serde(default)]
+    pub max_handshakes_per_station: Option<u32>,
 }
 
 impl Default for AccessSection {
@@ -546,6 +552,7 @@ impl Default for AccessSection {
             accept_burst: default_accept_burst(),
             max_handshakes: default_max_handshakes(),
             max_handshakes_per_mh: default_max_handshakes_per_mh(),
+            max_handshakes_per_station: None,
         }
     }
 }
@@ -554,6 +561,13 @@ impl AccessSection {
     /// Whether `mh` is in one of the configured MH prefixes.
     pub fn allows(&self, mh: IpAddr) -> bool {
         self.mh_prefixes.iter().any(|p| p.contains(mh))
+    }
+
+    /// Connections in setup at once per station: `max_handshakes_per_station`, or
+    /// `max_handshakes_per_mh` when unset.
+    pub fn handshakes_per_station(&self) -> u32 {
+        self.max_handshakes_per_station
+            .unwrap_or(self.max_handshakes_per_mh)
     }
 }
 
@@ -1215,6 +1229,18 @@ impl MsrdConfig {
                     a.max_handshakes_per_mh, a.max_handshakes
                 ),
             ));
+        }
+        if let Some(n) = a.max_handshakes_per_station {
+            at_least(src, "access.max_handshakes_per_station", u64::from(n), 1)?;
+            if n > a.max_handshakes {
+                return Err(src.invalid(
+                    "access.max_handshakes_per_station",
+                    format!(
+                        "{n} is more than access.max_handshakes ({})",
+                        a.max_handshakes
+                    ),
+                ));
+            }
         }
         Ok(())
     }
