@@ -3917,3 +3917,96 @@ fn a_fresh_greeting_for_connections_already_at_the_asking_msr_moves_nothing() {
     let (send, recv) = finish(&mut lab, t);
     assert_clean(&lab, &send, &recv, bytes);
 }
+
+/// Another station on the MH's new cell forges greetings from the MH's address (its
+/// own MAC, a random token: no proof), 500 a second, each naming MSR1 as the previous
+/// MSR. MSR2 cannot check such a proof (MSR1 holds the token) and asks MSR1, which
+/// refuses it; what the forgeries must not do is use up MSR2's pull budget for the MH
+/// (burst 5, 2/s), which deferred the MH's genuine greetings (every 200 ms) until the
+/// forging stopped: a token that refilled went to the next forgery, 2 ms away.
+#[test]
+fn forged_greetings_from_another_station_do_not_hold_up_the_mhs_move() {
+    const ATTACK: Duration = Duration::from_secs(14);
+    let mut lab = Lab::with_mhs(LabConfig::clean(2, 61), 2).unwrap();
+    lab.start_itcp_mobility("", &["--hysteresis-ms", "0"])
+        .unwrap();
+    // Still running at the move (about 6 s on the 20 Mbit/s cell).
+    let bytes = 16 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    // The forging station is MH2, in cell 2 only.
+    lab.assoc_mh(2, &[2]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let ns = lab.ns(Host::mh(2));
+    let attacker = {
+        let (stop, sent) = (stop.clone(), sent.clone());
+        std::thread::spawn(move || {
+            itcp_testbed::sys::in_netns(&ns, || {
+                // From the MH's address, which is not ours: a transparent socket.
+                let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+                let one: libc::c_int = 1;
+                // SAFETY: setsockopt on our own socket with an int option.
+                let r = unsafe {
+                    libc::setsockopt(
+                        std::os::fd::AsRawFd::as_raw_fd(&s),
+                        libc::SOL_IP,
+                        libc::IP_TRANSPARENT,
+                        (&one as *const libc::c_int).cast(),
+                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    )
+                };
+                if r != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                s.bind_device(Some(b"air0"))?;
+                s.set_broadcast(true)?;
+                s.bind(&std::net::SocketAddr::from(([10, 2, 0, 100], 0)).into())?;
+                let s = std::net::UdpSocket::from(s);
+                let mh: std::net::IpAddr = "10.2.0.100".parse().unwrap();
+                let t0 = Instant::now();
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && t0.elapsed() < ATTACK {
+                    n += 1;
+                    let token: [u8; 16] =
+                        std::array::from_fn(|i| (n as u8).wrapping_mul(31) ^ i as u8);
+                    let mut nonce = [0u8; 16];
+                    nonce[..8].copy_from_slice(&n.to_be_bytes());
+                    let ts = 1_000_000 + n;
+                    let g = Greeting::new(&token, mh, "msr1", "msr2", ts, nonce);
+                    let m = serde_json::to_vec(&json!({ "greeting": g })).unwrap();
+                    s.send_to(&m, "255.255.255.255:4346")?;
+                    sent.store(n, std::sync::atomic::Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Ok(())
+            })
+        })
+    };
+    // The forgeries have had time to drain a per-MH budget.
+    std::thread::sleep(Duration::from_secs(3));
+    let forged_before = sent.load(std::sync::atomic::Ordering::Relaxed);
+    let t0 = Instant::now();
+    lab.assoc(&[2]).unwrap();
+    let moved = |lab: &Lab| lab.agent_events().iter().any(|e| e["event"] == "moved");
+    while !moved(&lab) && t0.elapsed() < Duration::from_secs(25) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = t0.elapsed();
+    let during_attack = !attacker.is_finished();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    attacker.join().unwrap().unwrap();
+    let forged = sent.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "move took {took:?} (forging went on: {during_attack}); forged greetings: {forged_before} before the move, {forged} in all"
+    );
+    assert!(moved(&lab), "the MH never moved\n{}", diag(&lab));
+    assert!(
+        took < Duration::from_secs(3) && during_attack,
+        "the MH's move waited {took:?} for forged greetings to stop\n{}",
+        diag(&lab)
+    );
+    let (send, recv) = finish(&mut lab, t);
+    assert!(recv.ok && send.ok, "{recv:?} {send:?}\n{}", diag(&lab));
+    assert_eq!(recv.bytes, bytes);
+}

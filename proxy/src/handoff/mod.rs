@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use itcp_config::HandoffSection;
-use itcp_handoff::greet::PerAddr;
+use itcp_handoff::greet::{PerAddr, PullBudget, Sender};
 use itcp_handoff::machine::Timeouts;
 use itcp_proto::greeting::{GreetReply, GreetStatus, Greeting};
 
@@ -92,8 +92,9 @@ pub struct Handoffs {
     pub(crate) mhs: Mutex<HashMap<IpAddr, MhState>>,
     /// One request at a time per MH on the old side (see [`Handoffs::old_side_turn`]).
     old_turns: Mutex<HashMap<IpAddr, Arc<tokio::sync::Mutex<()>>>>,
-    /// Pulls per MH (spoofed greetings cannot make us ask peers without bound).
-    pulls: Mutex<PerAddr>,
+    /// Pulls per MH and per sender (spoofed greetings cannot make us ask peers without
+    /// bound, nor use up a genuine MH's pulls).
+    pulls: Mutex<PullBudget>,
     /// The gates on restored connections while they restart.
     pub(crate) gates: gate::Gates,
     /// Log lines for rejected input, per source (quiet under a flood).
@@ -145,7 +146,7 @@ impl Handoffs {
             mhs: Mutex::new(HashMap::new()),
             old_turns: Mutex::new(HashMap::new()),
             // A genuine MH moves at most a few times a second; 5 at once, 2/s after.
-            pulls: Mutex::new(PerAddr::new(5, 2.0, 4096)),
+            pulls: Mutex::new(PullBudget::new(5, 2.0, 4096)),
             gates: gate::Gates::default(),
             // One log line per source every 10 s after a burst of 3.
             noisy: Mutex::new(PerAddr::new(3, 0.1, 4096)),
@@ -206,8 +207,15 @@ impl Handoffs {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub(crate) fn pull_allowed(&self, mh: IpAddr) -> bool {
-        self.pulls.lock().unwrap().allow(&mh, now_us() / 1000)
+    /// Takes one pull of `mh`'s connections asked for by `sender`, if its budgets
+    /// allow one now.
+    pub(crate) fn pull_allowed(&self, mh: IpAddr, sender: Sender) -> bool {
+        self.pulls.lock().unwrap().take(mh, sender, now_us() / 1000)
+    }
+
+    /// The old MSR refused a pull of `mh`'s: it does not count against the MH.
+    pub(crate) fn pull_refused(&self, mh: IpAddr) {
+        self.pulls.lock().unwrap().refused(mh, now_us() / 1000)
     }
 
     /// True if a line about rejected input from `src` may be logged now.
