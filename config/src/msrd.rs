@@ -67,6 +67,12 @@ pub struct MetricsSection {
     /// gateway address the MHs reach.
     #[serde(default)]
     pub listen: Option<SocketAddr>,
+    /// Host names the listener answers to besides IP literals and `localhost` (the
+    /// `Host:` of a request; port optional), e.g. `["msr1.mgmt.example.net"]`. A request
+    /// naming anything else gets 403, so a page whose DNS name is rebound to the MSR
+    /// cannot read it from a browser (empty: addresses and localhost only).
+    #[serde(default)]
+    pub hosts: Vec<String>,
 }
 
 /// `[handoff]`: the MSR⇄MSR channel, the MH greeting port, timeouts and the handoff
@@ -955,6 +961,22 @@ impl MsrdConfig {
     }
 
     fn validate_metrics(&self, src: &Source<'_>) -> Result<(), ConfigError> {
+        for h in &self.metrics.hosts {
+            let n = h.strip_suffix('.').unwrap_or(h);
+            let label_ok = |l: &str| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            };
+            if n.is_empty() || n.len() > 253 || !n.split('.').all(label_ok) {
+                return Err(src.invalid(
+                    "metrics.hosts",
+                    format!("{h:?} is not a DNS name (letters, digits, '-' and '.'; no port)"),
+                ));
+            }
+        }
         let Some(l) = self.metrics.listen else {
             return Ok(());
         };

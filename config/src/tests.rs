@@ -376,6 +376,30 @@ fn per_station_handshakes() {
 }
 
 #[test]
+fn metrics_hosts_are_dns_names() {
+    let c = msrd(&format!(
+        "{MIN}[metrics]\nlisten = \"10.1.0.11:9473\"\nhosts = [\"msr1.mgmt.example.net\", \"msr1.\"]\n"
+    ))
+    .unwrap();
+    assert_eq!(c.metrics.hosts.len(), 2);
+    assert!(msrd(MIN).unwrap().metrics.hosts.is_empty());
+    for bad in [
+        "msr1:9473",
+        "",
+        "a..b",
+        "-x.example",
+        "http://x",
+        "*.example",
+    ] {
+        let e = msrd_err(
+            &format!("{MIN}[metrics]\nhosts = [\"{bad}\"]\n"),
+            "metrics.hosts",
+        );
+        assert!(e.to_string().contains("is not a DNS name"), "{e}");
+    }
+}
+
+#[test]
 fn bad_log_level() {
     let e = msrd_err(
         &MIN.replace("[msr]\n", "[msr]\nlog_level = \"verbose\"\n"),

@@ -635,6 +635,7 @@ fn a_flow_hold_stalls_the_mh_silently_and_release_resumes_it() {
         mh_prefixes: vec!["10.2.0.0/24".parse().unwrap()],
         hold_queue: 4954,
         handshake_group: Some(4955),
+        cell_guard: None,
     };
     let mh: std::net::IpAddr = addr::MH.into();
     in_netns(&lab.ns(Host::Msr(1)), || rules.hold(mh)).unwrap();
