@@ -4010,3 +4010,94 @@ fn forged_greetings_from_another_station_do_not_hold_up_the_mhs_move() {
     assert!(recv.ok && send.ok, "{recv:?} {send:?}\n{}", diag(&lab));
     assert_eq!(recv.bytes, bytes);
 }
+
+/// A host on the fixed LAN keeps 80 connections to each MSR's channel port open
+/// without ever authenticating (each is closed after the 2 s hello deadline, and
+/// opened again). The MSRs' own channels must still be accepted: the MH moves
+/// 1 → 2 → 1 → 2, each move over a channel opened while the host holds its connections
+/// (the spares opened before it are used up by the first moves).
+#[test]
+fn a_lan_host_holding_unauthenticated_channel_slots_does_not_stop_handoffs() {
+    let (mut lab, _) = mobile_lab_indexed(2, 97, &["--hysteresis-ms", "0"]);
+    let bytes = 24 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let gw = lab.ns(Host::Gw);
+    let attacker = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            itcp_testbed::sys::in_netns(&gw, || {
+                let targets: [std::net::SocketAddr; 2] = [
+                    (lab::addr::msr_lan(1), 4347).into(),
+                    (lab::addr::msr_lan(2), 4347).into(),
+                ];
+                let mut held: Vec<Vec<std::net::TcpStream>> = vec![Vec::new(), Vec::new()];
+                let mut peak = [0usize; 2];
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (i, to) in targets.iter().enumerate() {
+                        // Those msrd closed (refused at accept, or timed out).
+                        held[i].retain(|s| {
+                            let mut b = [0u8; 512];
+                            matches!(s.peek(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+                        });
+                        peak[i] = peak[i].max(held[i].len());
+                        while held[i].len() < 80 {
+                            let Ok(s) = std::net::TcpStream::connect_timeout(
+                                to,
+                                Duration::from_millis(300),
+                            ) else {
+                                break;
+                            };
+                            s.set_nonblocking(true)?;
+                            held[i].push(s);
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Ok(peak)
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    let mut failure = None;
+    for (n, cell) in [(1, 2), (2, 1), (3, 2)] {
+        lab.assoc(&[cell]).unwrap();
+        let t0 = Instant::now();
+        loop {
+            let ev = lab.agent_events();
+            if let Some(bad) = ev
+                .iter()
+                .find(|e| e["event"] == "move_failed" || e["event"] == "refused")
+            {
+                failure = Some(format!("move {n} failed: {bad}"));
+                break;
+            }
+            if ev.iter().filter(|e| e["event"] == "moved").count() >= n {
+                eprintln!("move {n} to MSR{cell} took {:?}", t0.elapsed());
+                break;
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                failure = Some(format!("move {n} not done in 10 s"));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if failure.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = attacker.join().unwrap().unwrap();
+    let st = lab.msrd_stats(1).unwrap();
+    eprintln!(
+        "the LAN host held at most {peak:?} unauthenticated channel connections at MSR1, MSR2; MSR1 rejected {} channel messages",
+        st.stats.handoff_messages_rejected
+    );
+    if let Some(f) = failure {
+        panic!("{f}\n{}", diag(&lab));
+    }
+    let (send, recv) = finish(&mut lab, t);
+    assert!(recv.ok && send.ok, "{recv:?} {send:?}\n{}", diag(&lab));
+    assert_eq!(recv.bytes, bytes);
+}
