@@ -67,6 +67,12 @@ pub struct MetricsSection {
     /// gateway address the MHs reach.
     #[serde(default)]
     pub listen: Option<SocketAddr>,
+    /// Host names the listener answers to besides IP literals and `localhost` (the
+    /// `Host:` of a request; port optional), e.g. `["msr1.mgmt.example.net"]`. A request
+    /// naming anything else gets 403, so a page whose DNS name is rebound to the MSR
+    /// cannot read it from a browser (empty: addresses and localhost only).
+    #[serde(default)]
+    pub hosts: Vec<String>,
 }
 
 /// `[handoff]`: the MSR⇄MSR channel, the MH greeting port, timeouts and the handoff
@@ -534,6 +540,12 @@ pub struct AccessSection {
     /// The same per MH address (256).
     #[serde(default = "default_max_handshakes_per_mh")]
     pub max_handshakes_per_mh: u32,
+    /// The same per station, all its addresses together: a station is a link-layer
+    /// address on a cell, as the MSR's neighbour table has it (unset: the value of
+    /// `max_handshakes_per_mh`). Bounds what one station holding many addresses of the
+    /// MH prefixes can take of `max_handshakes`.
+    #[serde(default)]
+    pub max_handshakes_per_station: Option<u32>,
 }
 
 impl Default for AccessSection {
@@ -546,6 +558,7 @@ impl Default for AccessSection {
             accept_burst: default_accept_burst(),
             max_handshakes: default_max_handshakes(),
             max_handshakes_per_mh: default_max_handshakes_per_mh(),
+            max_handshakes_per_station: None,
         }
     }
 }
@@ -554,6 +567,13 @@ impl AccessSection {
     /// Whether `mh` is in one of the configured MH prefixes.
     pub fn allows(&self, mh: IpAddr) -> bool {
         self.mh_prefixes.iter().any(|p| p.contains(mh))
+    }
+
+    /// Connections in setup at once per station: `max_handshakes_per_station`, or
+    /// `max_handshakes_per_mh` when unset.
+    pub fn handshakes_per_station(&self) -> u32 {
+        self.max_handshakes_per_station
+            .unwrap_or(self.max_handshakes_per_mh)
     }
 }
 
@@ -967,6 +987,22 @@ impl MsrdConfig {
     }
 
     fn validate_metrics(&self, src: &Source<'_>) -> Result<(), ConfigError> {
+        for h in &self.metrics.hosts {
+            let n = h.strip_suffix('.').unwrap_or(h);
+            let label_ok = |l: &str| {
+                !l.is_empty()
+                    && l.len() <= 63
+                    && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                    && !l.starts_with('-')
+                    && !l.ends_with('-')
+            };
+            if n.is_empty() || n.len() > 253 || !n.split('.').all(label_ok) {
+                return Err(src.invalid(
+                    "metrics.hosts",
+                    format!("{h:?} is not a DNS name (letters, digits, '-' and '.'; no port)"),
+                ));
+            }
+        }
         let Some(l) = self.metrics.listen else {
             return Ok(());
         };
@@ -1241,6 +1277,18 @@ impl MsrdConfig {
                     a.max_handshakes_per_mh, a.max_handshakes
                 ),
             ));
+        }
+        if let Some(n) = a.max_handshakes_per_station {
+            at_least(src, "access.max_handshakes_per_station", u64::from(n), 1)?;
+            if n > a.max_handshakes {
+                return Err(src.invalid(
+                    "access.max_handshakes_per_station",
+                    format!(
+                        "{n} is more than access.max_handshakes ({})",
+                        a.max_handshakes
+                    ),
+                ));
+            }
         }
         Ok(())
     }

@@ -141,7 +141,7 @@ fn unknown_key_in_section() {
         e.to_string(),
         "msrd.toml: line 5, column 1: unknown key \"max_conections\" in [access] (expected one of: \
          mh_prefixes, max_connections, max_connections_per_mh, accept_rate, accept_burst, \
-         max_handshakes, max_handshakes_per_mh)"
+         max_handshakes, max_handshakes_per_mh, max_handshakes_per_station)"
     );
 }
 
@@ -347,6 +347,56 @@ fn per_mh_limit_above_overall_limit() {
         &MIN.replace("[access]\n", "[access]\naccept_rate = 0\n"),
         "access.accept_rate",
     );
+}
+
+#[test]
+fn per_station_handshakes() {
+    // Unset: the per-MH value.
+    let c = msrd(&MIN.replace("[access]\n", "[access]\nmax_handshakes_per_mh = 9\n")).unwrap();
+    assert_eq!(c.access.handshakes_per_station(), 9);
+    let c =
+        msrd(&MIN.replace("[access]\n", "[access]\nmax_handshakes_per_station = 64\n")).unwrap();
+    assert_eq!(c.access.handshakes_per_station(), 64);
+    let e = msrd_err(
+        &MIN.replace(
+            "[access]\n",
+            "[access]\nmax_handshakes_per_station = 1025\n",
+        ),
+        "access.max_handshakes_per_station",
+    );
+    assert!(
+        e.to_string()
+            .contains("more than access.max_handshakes (1024)"),
+        "{e}"
+    );
+    msrd_err(
+        &MIN.replace("[access]\n", "[access]\nmax_handshakes_per_station = 0\n"),
+        "access.max_handshakes_per_station",
+    );
+}
+
+#[test]
+fn metrics_hosts_are_dns_names() {
+    let c = msrd(&format!(
+        "{MIN}[metrics]\nlisten = \"10.1.0.11:9473\"\nhosts = [\"msr1.mgmt.example.net\", \"msr1.\"]\n"
+    ))
+    .unwrap();
+    assert_eq!(c.metrics.hosts.len(), 2);
+    assert!(msrd(MIN).unwrap().metrics.hosts.is_empty());
+    for bad in [
+        "msr1:9473",
+        "",
+        "a..b",
+        "-x.example",
+        "http://x",
+        "*.example",
+    ] {
+        let e = msrd_err(
+            &format!("{MIN}[metrics]\nhosts = [\"{bad}\"]\n"),
+            "metrics.hosts",
+        );
+        assert!(e.to_string().contains("is not a DNS name"), "{e}");
+    }
 }
 
 #[test]

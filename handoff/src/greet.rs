@@ -16,7 +16,9 @@
 //! * **Naming a previous MSR** (a peer; also when some of the MH's connections are
 //!   here after a partial handoff, once the proof verifies here): ask that MSR, which holds the token and checks the
 //!   proof ([`crate::machine`]); nothing is held until it has. At most one pull per MH
-//!   is in flight, and pulls per MH are rate-limited.
+//!   is in flight, and pulls are rate-limited per sender (link-layer source) and per
+//!   MH; a pull whose proof the old MSR refused does not count against the MH
+//!   ([`PullBudget`]).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -189,6 +191,15 @@ impl<K: std::hash::Hash + Eq + Clone> RateLimit<K> {
         ok
     }
 
+    /// Gives back one event taken for `k` (what it paid for turned out not to count),
+    /// up to the burst.
+    pub fn refund(&mut self, k: &K, now_ms: u64) {
+        if let Some(b) = self.buckets.get(k).copied() {
+            let lvl = (self.level(b, now_ms) + 1.0).min(self.burst);
+            self.buckets.insert(k.clone(), (lvl, now_ms));
+        }
+    }
+
     /// Keys tracked now.
     pub fn len(&self) -> usize {
         self.buckets.len()
@@ -202,9 +213,92 @@ impl<K: std::hash::Hash + Eq + Clone> RateLimit<K> {
 /// Rate limit for per-MH pulls and log lines: a type alias for the common key.
 pub type PerAddr = RateLimit<IpAddr>;
 
+/// Who asked for a pull at the link layer: the source MAC of the greeting's frame (or
+/// of the detected packet), or its IP address when the frame was not seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Sender {
+    Mac([u8; 6]),
+    Addr(IpAddr),
+}
+
+/// The budgets a pull is charged to. A greeting naming another MSR proves nothing
+/// here (that MSR holds the token), so its pull is charged to its sender, and to the
+/// MH only while the proof may still be good: a pull whose proof the old MSR refused
+/// gives the MH's token back ([`PullBudget::refused`]). Greetings forged from an MH's
+/// address by another station use up that station's budget, not the MH's.
+#[derive(Debug, Clone)]
+pub struct PullBudget {
+    per_mh: PerAddr,
+    per_sender: RateLimit<Sender>,
+}
+
+impl PullBudget {
+    /// `burst` pulls at once per MH and per sender, then `per_s` per second.
+    pub fn new(burst: u32, per_s: f64, max_keys: usize) -> Self {
+        PullBudget {
+            per_mh: PerAddr::new(burst, per_s, max_keys),
+            per_sender: RateLimit::new(burst, per_s, max_keys),
+        }
+    }
+
+    /// Takes one pull of `mh`'s connections asked for by `sender`, if both budgets
+    /// allow it (the sender's first: one that is out of pulls takes nothing of the
+    /// MH's).
+    pub fn take(&mut self, mh: IpAddr, sender: Sender, now_ms: u64) -> bool {
+        self.per_sender.allow(&sender, now_ms) && self.per_mh.allow(&mh, now_ms)
+    }
+
+    /// The old MSR refused a pull taken for `mh` (its proof, or link-layer address,
+    /// did not verify there): it does not count against the MH.
+    pub fn refused(&mut self, mh: IpAddr, now_ms: u64) {
+        self.per_mh.refund(&mh, now_ms);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn refused_pulls_of_a_forging_station_leave_the_mhs_budget_alone() {
+        let mh: IpAddr = "10.2.0.100".parse().unwrap();
+        let (forger, genuine) = (
+            Sender::Mac([2, 0, 0, 0, 0, 0x65]),
+            Sender::Mac([2, 0, 0, 0, 0, 0x64]),
+        );
+        let mut b = PullBudget::new(5, 2.0, 4096);
+        // 500 forged greetings a second for 3 s, each pull refused by the old MSR.
+        let mut taken = 0;
+        for t in (0..3000).step_by(2) {
+            if b.take(mh, forger, t) {
+                taken += 1;
+                b.refused(mh, t + 1);
+            }
+        }
+        // The forger's own budget: its burst and 2/s.
+        assert_eq!(taken, 5 + 5);
+        // The MH's genuine greetings find its whole burst.
+        assert_eq!((0..5).filter(|_| b.take(mh, genuine, 3000)).count(), 5);
+        assert!(!b.take(mh, genuine, 3000));
+        // Pulls that were not refused count against the MH whoever asked.
+        let mut b = PullBudget::new(5, 2.0, 4096);
+        for i in 0..5u8 {
+            assert!(b.take(mh, Sender::Mac([2, 0, 0, 0, 1, i]), 0));
+        }
+        assert!(!b.take(mh, genuine, 0));
+    }
+
+    #[test]
+    fn a_refund_stops_at_the_burst_and_needs_a_bucket() {
+        let k: IpAddr = "10.2.0.7".parse().unwrap();
+        let mut r = PerAddr::new(2, 1.0, 16);
+        r.refund(&k, 0);
+        assert!(r.is_empty(), "no bucket made by a refund");
+        assert!(r.allow(&k, 0));
+        r.refund(&k, 0);
+        r.refund(&k, 0);
+        assert_eq!((0..5).filter(|_| r.allow(&k, 0)).count(), 2);
+    }
 
     const TOKEN: &[u8] = b"0123456789abcdef";
 

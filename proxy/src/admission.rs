@@ -61,42 +61,62 @@ impl TokenBucket {
 }
 
 /// Connections still being set up (request handshake, fixed-side connect), counted
-/// overall and per source so that half-open connections cannot use up the fds.
+/// overall, per source address and per station (link-layer source on the cell), so
+/// that half-open connections cannot use up the fds, and one station holding many
+/// addresses of the MH prefix cannot take every slot.
 #[derive(Debug)]
 pub struct Setups {
     max_total: usize,
     max_per_src: usize,
+    max_per_station: usize,
     total: usize,
     per_src: HashMap<IpAddr, usize>,
+    per_station: HashMap<[u8; 6], usize>,
 }
 
 impl Setups {
-    pub fn new(max_total: usize, max_per_src: usize) -> Self {
+    pub fn new(max_total: usize, max_per_src: usize, max_per_station: usize) -> Self {
         Setups {
             max_total,
             max_per_src,
+            max_per_station,
             total: 0,
             per_src: HashMap::new(),
+            per_station: HashMap::new(),
         }
     }
 
-    /// Counts one more setup from `ip`, unless a limit is reached.
-    pub fn begin(&mut self, ip: IpAddr) -> bool {
+    /// Counts one more setup from `ip`, sent by `station` (its MAC, when known), unless
+    /// a limit is reached.
+    pub fn begin(&mut self, ip: IpAddr, station: Option<[u8; 6]>) -> bool {
         let n = self.per_src.get(&ip).copied().unwrap_or(0);
-        if self.total >= self.max_total || n >= self.max_per_src {
+        let m = station.map_or(0, |s| self.per_station.get(&s).copied().unwrap_or(0));
+        if self.total >= self.max_total || n >= self.max_per_src || m >= self.max_per_station {
             return false;
         }
         self.total += 1;
         self.per_src.insert(ip, n + 1);
+        if let Some(s) = station {
+            self.per_station.insert(s, m + 1);
+        }
         true
     }
 
-    pub fn end(&mut self, ip: IpAddr) {
+    /// Ends a setup counted by [`Setups::begin`] with the same arguments.
+    pub fn end(&mut self, ip: IpAddr, station: Option<[u8; 6]>) {
         if let Some(n) = self.per_src.get_mut(&ip) {
             *n -= 1;
             self.total -= 1;
             if *n == 0 {
                 self.per_src.remove(&ip);
+            }
+            if let Some(s) = station {
+                if let Some(m) = self.per_station.get_mut(&s) {
+                    *m -= 1;
+                    if *m == 0 {
+                        self.per_station.remove(&s);
+                    }
+                }
             }
         }
     }
@@ -225,20 +245,42 @@ mod tests {
     fn setups_are_limited_per_source_and_overall() {
         let a: IpAddr = "10.2.0.100".parse().unwrap();
         let b: IpAddr = "10.2.0.101".parse().unwrap();
-        let mut s = Setups::new(3, 2);
-        assert!(s.begin(a) && s.begin(a));
-        assert!(!s.begin(a), "per source");
-        assert!(s.begin(b));
-        assert!(!s.begin(b), "overall");
-        s.end(a);
-        assert!(s.begin(b));
+        let mut s = Setups::new(3, 2, 3);
+        assert!(s.begin(a, None) && s.begin(a, None));
+        assert!(!s.begin(a, None), "per source");
+        assert!(s.begin(b, None));
+        assert!(!s.begin(b, None), "overall");
+        s.end(a, None);
+        assert!(s.begin(b, None));
         for ip in [a, b, b] {
-            s.end(ip);
+            s.end(ip, None);
         }
         assert_eq!(s.total(), 0);
         // An unknown source ends nothing.
-        s.end(a);
+        s.end(a, None);
         assert_eq!(s.total(), 0);
+    }
+
+    #[test]
+    fn one_station_with_many_addresses_gets_its_share_only() {
+        let (mac, other) = ([2, 0, 0, 0, 0, 0x64], [2, 0, 0, 0, 0, 0x65]);
+        // 1024 overall, 256 per address and per station: five addresses of one
+        // station hold 256, and the others still find slots.
+        let mut s = Setups::new(1024, 256, 256);
+        let held = (102..=106)
+            .flat_map(|i| (0..300).map(move |_| IpAddr::from([10, 2, 0, i])))
+            .filter(|&ip| s.begin(ip, Some(mac)))
+            .count();
+        assert_eq!(held, 256);
+        let ip: IpAddr = "10.2.0.101".parse().unwrap();
+        assert!(s.begin(ip, Some(other)));
+        // Ending frees the station's share.
+        s.end("10.2.0.102".parse().unwrap(), Some(mac));
+        assert!(s.begin("10.2.0.106".parse().unwrap(), Some(mac)));
+        assert!(!s.begin("10.2.0.107".parse().unwrap(), Some(mac)));
+        // Without a known station only the other bounds apply.
+        assert!(s.begin("10.2.0.107".parse().unwrap(), None));
+        assert_eq!(s.total(), 258);
     }
 
     const S: u64 = 1_000_000_000;

@@ -78,6 +78,7 @@ pub struct Daemon {
 pub struct SetupSlot {
     setups: Arc<Mutex<Setups>>,
     ip: IpAddr,
+    station: Option<[u8; 6]>,
     /// Until the connection is in the session table, where a handoff finds it.
     arriving: Option<crate::setup::Arriving>,
 }
@@ -91,7 +92,7 @@ impl SetupSlot {
 
 impl Drop for SetupSlot {
     fn drop(&mut self) {
-        self.setups.lock().unwrap().end(self.ip);
+        self.setups.lock().unwrap().end(self.ip, self.station);
     }
 }
 
@@ -126,7 +127,11 @@ impl Daemon {
         } else {
             None
         };
-        let setups = Setups::new(a.max_handshakes as usize, a.max_handshakes_per_mh as usize);
+        let setups = Setups::new(
+            a.max_handshakes as usize,
+            a.max_handshakes_per_mh as usize,
+            a.handshakes_per_station() as usize,
+        );
         let (upgrades, asks) = mpsc::unbounded_channel();
         let sessions = Arc::new(Sessions::default());
         let holding = Arc::new(crate::holding::Holding::new(
@@ -188,11 +193,12 @@ impl Daemon {
         self.noisy.lock().unwrap().allow(&src, now_ns() / 1_000_000)
     }
 
-    /// Counts a new connection as in setup, unless its source (or everyone) already
-    /// has too many half-open ones.
+    /// Counts a new connection as in setup, unless its source address, its station or
+    /// everyone already has too many half-open ones.
     fn begin_setup(&self, ip: IpAddr) -> Option<SetupSlot> {
         let ip = crate::admission::canonical(ip);
-        if !self.setups.lock().unwrap().begin(ip) {
+        let station = self.station_of(ip);
+        if !self.setups.lock().unwrap().begin(ip, station) {
             self.sessions
                 .stats
                 .refused_handshakes
@@ -202,8 +208,22 @@ impl Daemon {
         Some(SetupSlot {
             setups: self.setups.clone(),
             ip,
+            station,
             arriving: Some(self.inflight.arriving(ip)),
         })
+    }
+
+    /// The station (link-layer address) that `ip` is on, from the neighbour table of
+    /// its cell: the MAC the kernel resolved to send the SYN-ACK, which the station
+    /// answered from (the cell's link layer delivers a frame to its station only), so
+    /// addresses of one station count as one. None off a cell or without an entry
+    /// (a routed MH): only the per-address bound applies. One netlink round trip.
+    /// A station that rewrites the entry by ARP/NDP between its handshake and this
+    /// lookup escapes the bound: the cell must bind addresses to stations (proxy ARP,
+    /// ARP/ND inspection at the AP), as network detection assumes too.
+    fn station_of(&self, ip: IpAddr) -> Option<[u8; 6]> {
+        let ifname = self.cells.interface_for(ip)?;
+        crate::netlink::neigh_mac(ifname, ip).ok().flatten()
     }
 
     fn admit(&self, ip: IpAddr) -> Result<Admitted, Refusal> {

@@ -12,7 +12,8 @@
 //!
 //! Trust: the cell's link layer authenticates stations (WPA2/802.1X); an MH is its
 //! MAC and IP address as first seen at the MSR that served it. A station spoofing an
-//! MH's IP from another cell moves nothing, and its reports are rate-limited per MH.
+//! MH's IP from another cell moves nothing, and its reports are rate-limited per
+//! station; refused ones do not count against the MH's pulls.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -74,7 +75,7 @@ fn on_arrival(d: &Arc<Daemon>, l: Logged) {
     {
         return;
     }
-    if !h.pull_allowed(mh) {
+    if !h.pull_allowed(mh, itcp_handoff::greet::Sender::Mac(mac)) {
         if h.may_log(mh) {
             debug!(%mh, "arrival ignored: pulls for this MH are rate-limited");
         }

@@ -3,11 +3,16 @@
 //!
 //! Deliberately small: HTTP/1.1, GET only, one request per connection
 //! (`Connection: close`), a bounded request head read within a deadline, a bounded
-//! number of connections at once (more are closed at accept), and an accept loop that
-//! backs off on EMFILE and keeps serving. It answers on the configured address only.
+//! number of connections at once overall and per client address (more are closed at
+//! accept), and an accept loop that backs off on EMFILE and keeps serving. It answers
+//! on the configured address only, and only requests naming it (an IP literal),
+//! `localhost` or a name in `[metrics] hosts` in `Host:`: a web page whose DNS name an
+//! attacker rebinds to the MSR's address cannot read it from a browser on the LAN.
 
+use std::collections::HashMap;
 use std::io;
-use std::sync::Arc;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -25,6 +30,8 @@ pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Connections served at once; more are closed at accept.
 pub const MAX_CONNECTIONS: usize = 32;
+/// The same per client address: one host's slow clients leave the others most slots.
+pub const MAX_PER_CLIENT: usize = 4;
 
 /// The status page: one self-contained document (inline CSS and JS, no external
 /// assets) that polls `/status.json`.
@@ -36,6 +43,8 @@ pub struct Head {
     pub method: String,
     /// The path, without query or fragment.
     pub path: String,
+    /// The `Host:` header, if any.
+    pub host: Option<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,10 +75,55 @@ pub fn parse_head(buf: &[u8]) -> Parsed {
         return Parsed::Incomplete;
     }
     let nl = buf.iter().position(|&b| b == b'\n').unwrap_or(buf.len());
-    match request_line(&buf[..nl]) {
-        Ok(h) => Parsed::Done(h),
-        Err(bad) => bad,
+    let mut head = match request_line(&buf[..nl]) {
+        Ok(h) => h,
+        Err(bad) => return bad,
+    };
+    let end = end.unwrap_or(buf.len());
+    for line in buf[nl.min(end)..end].split(|&b| b == b'\n').skip(1) {
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        if !line[..colon].eq_ignore_ascii_case(b"host") {
+            continue;
+        }
+        let Ok(v) = std::str::from_utf8(&line[colon + 1..]) else {
+            return Parsed::Bad(400, "malformed Host header");
+        };
+        if head.host.is_some() {
+            return Parsed::Bad(400, "more than one Host header");
+        }
+        head.host = Some(v.trim().to_string());
     }
+    Parsed::Done(head)
+}
+
+/// Whether a request naming `host` (its `Host:` header, port and all) is served: an IP
+/// literal (the browser was pointed at an address, not at a name that could be
+/// rebound), `localhost`, or one of `names` (`[metrics] hosts`). Without the header
+/// (HTTP/1.0 tools; browsers always send it) too.
+pub fn host_allowed(host: Option<&str>, names: &[String]) -> bool {
+    let Some(host) = host else { return true };
+    let name = if let Some(rest) = host.strip_prefix('[') {
+        // "[v6]" or "[v6]:port"
+        match rest.split_once(']') {
+            Some((ip, port)) if port.is_empty() || port.starts_with(':') => {
+                return ip.parse::<std::net::Ipv6Addr>().is_ok();
+            }
+            _ => return false,
+        }
+    } else {
+        match host.rsplit_once(':') {
+            Some((n, port)) if port.bytes().all(|b| b.is_ascii_digit()) => n,
+            _ => host,
+        }
+    };
+    let name = name.strip_suffix('.').unwrap_or(name);
+    name.parse::<std::net::Ipv4Addr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || names
+            .iter()
+            .any(|n| n.strip_suffix('.').unwrap_or(n).eq_ignore_ascii_case(name))
 }
 
 fn request_line(line: &[u8]) -> Result<Head, Parsed> {
@@ -103,6 +157,7 @@ fn request_line(line: &[u8]) -> Result<Head, Parsed> {
     Ok(Head {
         method: method.to_string(),
         path: path.to_string(),
+        host: None,
     })
 }
 
@@ -118,6 +173,7 @@ fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
         400 => "Bad Request",
+        403 => "Forbidden",
         404 => "Not Found",
         405 => "Method Not Allowed",
         431 => "Request Header Fields Too Large",
@@ -178,8 +234,14 @@ pub fn status_page(status: &crate::metrics::Status) -> String {
     STATUS_PAGE.replace("\"__INITIAL_STATUS__\"", &script_safe_json(status))
 }
 
-/// Answers a request.
-pub fn route(head: &Head, sessions: &Sessions, msr: &str) -> Response {
+/// Answers a request; `hosts`: the names served besides IP literals and localhost.
+pub fn route(head: &Head, sessions: &Sessions, msr: &str, hosts: &[String]) -> Response {
+    if !host_allowed(head.host.as_deref(), hosts) {
+        return Response::text(
+            403,
+            "Host not served here: use the listener's address, or list the name in [metrics] hosts",
+        );
+    }
     let known = matches!(head.path.as_str(), "/" | "/metrics" | "/status.json");
     if !known {
         return Response::text(404, "not found (try /metrics, / or /status.json)");
@@ -206,10 +268,47 @@ pub fn route(head: &Head, sessions: &Sessions, msr: &str) -> Response {
     }
 }
 
-/// Serves HTTP on `listener` until the task is dropped.
-pub async fn serve(listener: TcpListener, sessions: Arc<Sessions>, msr: String) {
+/// Connections of each client address being served.
+type PerClient = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+/// One client address's connection, counted until dropped.
+struct ClientSlot(PerClient, IpAddr);
+
+impl ClientSlot {
+    fn take(per: &PerClient, ip: IpAddr) -> Option<ClientSlot> {
+        let mut m = per.lock().unwrap();
+        let n = m.entry(ip).or_default();
+        if *n >= MAX_PER_CLIENT {
+            return None;
+        }
+        *n += 1;
+        Some(ClientSlot(per.clone(), ip))
+    }
+}
+
+impl Drop for ClientSlot {
+    fn drop(&mut self) {
+        let mut m = self.0.lock().unwrap();
+        if let Some(n) = m.get_mut(&self.1) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.1);
+            }
+        }
+    }
+}
+
+/// Serves HTTP on `listener` until the task is dropped; `hosts`: `[metrics] hosts`.
+pub async fn serve(
+    listener: TcpListener,
+    sessions: Arc<Sessions>,
+    msr: String,
+    hosts: Vec<String>,
+) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let per_client = PerClient::default();
     let msr: Arc<str> = msr.into();
+    let hosts: Arc<[String]> = hosts.into();
     loop {
         let (s, peer) = match listener.accept().await {
             Ok(x) => x,
@@ -220,21 +319,32 @@ pub async fn serve(listener: TcpListener, sessions: Arc<Sessions>, msr: String) 
                 continue;
             }
         };
+        let ip = crate::admission::canonical(peer.ip());
+        // Per client first: a client at its bound takes no slot from the others.
+        let Some(client) = ClientSlot::take(&per_client, ip) else {
+            debug!(client = %peer, "metrics listener: too many connections from this client, closing");
+            continue;
+        };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             debug!(client = %peer, "metrics listener: too many connections, closing");
             continue;
         };
-        let (sessions, msr) = (sessions.clone(), msr.clone());
+        let (sessions, msr, hosts) = (sessions.clone(), msr.clone(), hosts.clone());
         tokio::spawn(async move {
-            if let Err(e) = handle(s, &sessions, &msr).await {
+            if let Err(e) = handle(s, &sessions, &msr, &hosts).await {
                 debug!(client = %peer, error = %e, "metrics request dropped");
             }
-            drop(slot);
+            drop((slot, client));
         });
     }
 }
 
-async fn handle(mut s: TcpStream, sessions: &Sessions, msr: &str) -> io::Result<()> {
+async fn handle(
+    mut s: TcpStream,
+    sessions: &Sessions,
+    msr: &str,
+    hosts: &[String],
+) -> io::Result<()> {
     let mut buf = Vec::with_capacity(1024);
     let read = async {
         let mut chunk = [0u8; 2048];
@@ -257,7 +367,7 @@ async fn handle(mut s: TcpStream, sessions: &Sessions, msr: &str) -> io::Result<
         .await
         .map_err(|_| io::Error::new(io::ErrorKind::TimedOut, "request too slow"))??;
     let resp = match parsed {
-        Parsed::Done(head) => route(&head, sessions, msr),
+        Parsed::Done(head) => route(&head, sessions, msr, hosts),
         Parsed::Bad(status, why) => Response::text(status, why),
         Parsed::Incomplete => unreachable!("the read loop returns complete heads"),
     };
@@ -278,6 +388,7 @@ mod tests {
         Head {
             method: m.into(),
             path: p.into(),
+            host: None,
         }
     }
 
@@ -289,7 +400,10 @@ mod tests {
         );
         assert_eq!(
             parse_head(b"GET /metrics?x=1 HTTP/1.1\r\nHost: x\r\n\r\n"),
-            Parsed::Done(head("GET", "/metrics"))
+            Parsed::Done(Head {
+                host: Some("x".into()),
+                ..head("GET", "/metrics")
+            })
         );
         assert_eq!(
             parse_head(b"GET http://10.1.0.11:9473/status.json HTTP/1.0\n\n"),
@@ -322,16 +436,16 @@ mod tests {
     #[test]
     fn routes() {
         let s = Sessions::default();
-        let r = route(&head("GET", "/metrics"), &s, "m");
+        let r = route(&head("GET", "/metrics"), &s, "m", &[]);
         assert_eq!(r.status, 200);
         assert!(r.content_type.contains("version=0.0.4"));
         assert!(String::from_utf8(r.body)
             .unwrap()
             .contains("msrd_connections_active 0"));
-        let r = route(&head("GET", "/status.json"), &s, "m<1>");
+        let r = route(&head("GET", "/status.json"), &s, "m<1>", &[]);
         let j = String::from_utf8(r.body).unwrap();
         assert!(j.contains("\"msr\":\"m<1>\""), "{j}");
-        let r = route(&head("GET", "/"), &s, "m</script><b>");
+        let r = route(&head("GET", "/"), &s, "m</script><b>", &[]);
         let page = String::from_utf8(r.body.clone()).unwrap();
         assert!(
             page.contains("m\\u003c/script\\u003e\\u003cb\\u003e"),
@@ -343,13 +457,91 @@ mod tests {
         assert!(bytes.starts_with("HTTP/1.1 200 OK\r\n"));
         assert!(bytes.contains("Content-Security-Policy: default-src 'none'"));
         assert!(bytes.contains("Connection: close\r\n"));
-        assert_eq!(route(&head("GET", "/nope"), &s, "m").status, 404);
-        let r = route(&head("POST", "/metrics"), &s, "m");
+        assert_eq!(route(&head("GET", "/nope"), &s, "m", &[]).status, 404);
+        let r = route(&head("POST", "/metrics"), &s, "m", &[]);
         assert_eq!(r.status, 405);
         assert!(String::from_utf8(r.to_bytes())
             .unwrap()
             .contains("Allow: GET\r\n"));
-        assert_eq!(route(&head("HEAD", "/"), &s, "m").status, 405);
+        assert_eq!(route(&head("HEAD", "/"), &s, "m", &[]).status, 405);
+    }
+
+    #[test]
+    fn only_our_own_names_are_served() {
+        let names = vec!["msr1.example.net".to_string()];
+        for ok in [
+            None,
+            Some("10.1.0.11"),
+            Some("10.1.0.11:9473"),
+            Some("[2001:db8:1::11]:9473"),
+            Some("[::1]"),
+            Some("localhost:9473"),
+            Some("LOCALHOST"),
+            Some("msr1.example.net"),
+            Some("MSR1.example.net.:9473"),
+        ] {
+            assert!(host_allowed(ok, &names), "{ok:?}");
+        }
+        for bad in [
+            "rebind.attacker.example",
+            "rebind.attacker.example:9473",
+            "10.1.0.11.attacker.example",
+            "localhost.attacker.example",
+            "[not-v6]:9473",
+            "[::1]x",
+            "",
+        ] {
+            assert!(!host_allowed(Some(bad), &names), "{bad}");
+        }
+        let s = Sessions::default();
+        let mut h = head("GET", "/status.json");
+        h.host = Some("rebind.attacker.example:9473".into());
+        assert_eq!(route(&h, &s, "m", &names).status, 403);
+        h.host = Some("msr1.example.net:9473".into());
+        assert_eq!(route(&h, &s, "m", &names).status, 200);
+        assert!(matches!(
+            parse_head(b"GET / HTTP/1.1\r\nHost: a\r\nhost: b\r\n\r\n"),
+            Parsed::Bad(400, _)
+        ));
+    }
+
+    #[tokio::test]
+    async fn one_client_holds_a_few_slots_only() {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let server = tokio::spawn(serve(
+            l,
+            Arc::new(Sessions::default()),
+            "m".into(),
+            Vec::new(),
+        ));
+        // 64 slow clients from 127.0.0.1: all but MAX_PER_CLIENT closed at once.
+        let mut slow = Vec::new();
+        for _ in 0..64 {
+            let mut c = TcpStream::connect(addr).await.unwrap();
+            c.write_all(b"GET / HT").await.unwrap();
+            slow.push(c);
+        }
+        let mut open = 0;
+        for c in &mut slow {
+            let mut b = [0u8; 16];
+            let r = tokio::time::timeout(Duration::from_millis(200), c.read(&mut b)).await;
+            if r.is_err() {
+                open += 1;
+            }
+        }
+        assert_eq!(open, MAX_PER_CLIENT);
+        // Another client address is served meanwhile.
+        let c = tokio::net::TcpSocket::new_v4().unwrap();
+        c.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        let mut c = c.connect(addr).await.unwrap();
+        c.write_all(b"GET /status.json HTTP/1.1\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = Vec::new();
+        c.read_to_end(&mut out).await.unwrap();
+        assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200"));
+        server.abort();
     }
 
     #[test]
@@ -376,8 +568,13 @@ mod tests {
     async fn serves_over_tcp_and_drops_slow_and_huge_requests() {
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = l.local_addr().unwrap();
-        let server = tokio::spawn(serve(l, Arc::new(Sessions::default()), "m".into()));
-        let r = get(addr, b"GET /metrics HTTP/1.1\r\nHost: a\r\n\r\n").await;
+        let server = tokio::spawn(serve(
+            l,
+            Arc::new(Sessions::default()),
+            "m".into(),
+            Vec::new(),
+        ));
+        let r = get(addr, b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
         assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
         assert!(r.contains("# TYPE msrd_handoff_duration_seconds histogram"));
         let r = get(addr, b"DELETE /metrics HTTP/1.1\r\n\r\n").await;

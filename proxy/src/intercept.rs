@@ -36,6 +36,18 @@ pub struct Rules {
     /// The NFLOG group SYN-ACKs sent to MHs are reported on (`crate::handshakes`),
     /// when handoff is on: `[interception] nflog_group` + 1.
     pub handshake_group: Option<u16>,
+    /// msrd's own TCP ports that are not for the MHs (the metrics listener, the
+    /// handoff channel): connections to them arriving on the cells are dropped.
+    pub cell_guard: Option<CellGuard>,
+}
+
+/// Drops TCP to this router's addresses at `ports` arriving on `interfaces` (the
+/// cells): the MHs reach msrd's SOCKS and greeting ports only, never its management
+/// or MSR⇄MSR ports, whatever address those listen on.
+#[derive(Debug, Clone)]
+pub struct CellGuard {
+    pub interfaces: Vec<String>,
+    pub ports: Vec<u16>,
 }
 
 /// How long after the last SYN-ACK sent to an MH a handoff still looks for its
@@ -354,6 +366,15 @@ impl Rules {
                 }
             }
             s += "  }\n";
+        }
+        if let Some(g) = &self.cell_guard {
+            // Local destinations only: a TPROXY'd connection to an FH's port passes.
+            let ifs: Vec<String> = g.interfaces.iter().map(|i| format!("\"{i}\"")).collect();
+            s += &format!(
+                "  chain input {{\n    type filter hook input priority filter; policy accept;\n    iifname {} fib daddr type local tcp dport {} drop\n  }}\n",
+                set(&ifs),
+                set(&g.ports)
+            );
         }
         s += "}\n";
         if let Some(dt) = &self.detect {
@@ -681,6 +702,19 @@ pub fn rules_of(cfg: &itcp_config::MsrdConfig) -> Rules {
         mh_prefixes: cfg.access.mh_prefixes.clone(),
         hold_queue: i.hold_queue,
         handshake_group: cfg.handoff.listen.map(|_| i.nflog_group.wrapping_add(1)),
+        cell_guard: {
+            let mut ports: Vec<u16> = [cfg.metrics.listen, cfg.handoff.listen]
+                .into_iter()
+                .flatten()
+                .map(|a| a.port())
+                .collect();
+            ports.dedup();
+            let ifs: Vec<String> = cfg.cells.iter().map(|c| c.interface.clone()).collect();
+            (!ports.is_empty() && !ifs.is_empty()).then_some(CellGuard {
+                interfaces: ifs,
+                ports,
+            })
+        },
     }
 }
 
@@ -708,7 +742,43 @@ mod tests {
                 "10.2.0.0/24".parse().unwrap(),
                 "2001:db8::/64".parse().unwrap(),
             ],
+            cell_guard: None,
         }
+    }
+
+    #[test]
+    fn the_cells_cannot_reach_msrds_own_ports() {
+        assert!(!rules(true).nft_script().contains("chain input"));
+        let mut r = rules(true);
+        r.cell_guard = Some(CellGuard {
+            interfaces: vec!["cell0".into(), "cell1".into()],
+            ports: vec![4347, 9473],
+        });
+        let s = r.nft_script();
+        let chain = &s[s.find("chain input {").expect("an input chain")..];
+        let chain = &chain[..chain.find("  }").unwrap()];
+        assert!(chain.contains("type filter hook input priority filter; policy accept;"));
+        // One rule for every cell and port, local destinations only.
+        assert_eq!(
+            chain.lines().filter(|l| l.contains("drop")).collect::<Vec<_>>(),
+            ["    iifname { \"cell0\", \"cell1\" } fib daddr type local tcp dport { 4347, 9473 } drop"]
+        );
+        let mut cfg = itcp_config::MsrdConfig::from_str(
+            "[msr]\ngateway = [\"10.2.0.1\"]\n[access]\nmh_prefixes = [\"10.2.0.0/24\"]\n\
+             [metrics]\nlisten = \"10.1.0.11:9473\"\n[[cell]]\ninterface = \"cell0\"\n",
+            "t",
+        )
+        .unwrap();
+        let g = rules_of(&cfg).cell_guard.expect("guarded");
+        assert_eq!(
+            (g.interfaces, g.ports),
+            (vec!["cell0".to_string()], vec![9473])
+        );
+        cfg.metrics.listen = None;
+        assert!(
+            rules_of(&cfg).cell_guard.is_none(),
+            "no port of ours to guard"
+        );
     }
 
     #[test]

@@ -429,6 +429,7 @@ fn proxy_delay_zeroed_and_restored() {
             mh_prefixes: vec!["10.9.0.0/24".parse().unwrap()],
             hold_queue: 4955,
             handshake_group: None,
+            cell_guard: None,
         },
         lan_interface: Some("v0".into()),
         mh_prefixes: vec!["10.9.0.0/24".parse().unwrap()],
@@ -485,6 +486,7 @@ fn msr_and_mh(table: &str) -> (Netns, Netns, itcp_proxy::intercept::Rules) {
         mh_prefixes: vec!["10.2.0.0/24".parse().unwrap()],
         hold_queue: 4956,
         handshake_group: Some(4957),
+        cell_guard: None,
     };
     let script = rules.nft_script();
     let mut child = Command::new("ip")

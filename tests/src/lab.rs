@@ -1064,6 +1064,46 @@ impl Lab {
         reroute(&self.ns(Host::Gw), &self.ns(Host::Mh), k)
     }
 
+    /// Another station on the MH's cell of a veth lab: namespace `<lab>-<name>` (removed
+    /// with the lab) holding a macvlan of the MH's `air0` as `air0`, with a MAC of its
+    /// own (`mac`), address `ip`/24 and a default route through the cell gateway; the
+    /// GW routes `ip` through MSR1. Returns the namespace.
+    pub fn add_station(
+        &mut self,
+        name: &str,
+        ip: std::net::Ipv4Addr,
+        mac: &str,
+    ) -> io::Result<String> {
+        if !self.config.veth {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "stations are macvlans of the MH's veth: veth labs only",
+            ));
+        }
+        let ns = format!("{}-{name}", self.id);
+        // Registered first, so the namespace goes with the lab whatever fails next.
+        if let Some(o) = LIVE.lock().unwrap().iter_mut().find(|o| o.id == self.id) {
+            o.namespaces.push(ns.clone());
+        }
+        run_ip(None, &format!("netns add {ns}\n"))?;
+        run_ip(
+            Some(&self.ns(Host::Mh)),
+            &format!("link add st0 link air0 address {mac} type macvlan mode bridge\nlink set st0 netns {ns}\n"),
+        )?;
+        run_ip(
+            Some(&ns),
+            &format!(
+                "link set lo up\nlink set st0 name air0\naddr add {ip}/24 dev air0\nlink set air0 up\nroute add default via {}\n",
+                addr::CELL_GW
+            ),
+        )?;
+        run_ip(
+            Some(&self.ns(Host::Gw)),
+            &format!("route replace {ip}/32 via {}\n", addr::msr_lan(1)),
+        )?;
+        Ok(ns)
+    }
+
     /// Sends one request line to the emulator as it is and returns its reply, an error
     /// reply included (for tests of malformed requests).
     pub fn emu_line(&self, line: &str) -> io::Result<Reply> {

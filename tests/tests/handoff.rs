@@ -3967,3 +3967,187 @@ fn a_fresh_greeting_for_connections_already_at_the_asking_msr_moves_nothing() {
     let (send, recv) = finish(&mut lab, t);
     assert_clean(&lab, &send, &recv, bytes);
 }
+
+/// Another station on the MH's new cell forges greetings from the MH's address (its
+/// own MAC, a random token: no proof), 500 a second, each naming MSR1 as the previous
+/// MSR. MSR2 cannot check such a proof (MSR1 holds the token) and asks MSR1, which
+/// refuses it; what the forgeries must not do is use up MSR2's pull budget for the MH
+/// (burst 5, 2/s), which deferred the MH's genuine greetings (every 200 ms) until the
+/// forging stopped: a token that refilled went to the next forgery, 2 ms away.
+#[test]
+fn forged_greetings_from_another_station_do_not_hold_up_the_mhs_move() {
+    const ATTACK: Duration = Duration::from_secs(14);
+    let mut lab = Lab::with_mhs(LabConfig::clean(2, 61), 2).unwrap();
+    lab.start_itcp_mobility("", &["--hysteresis-ms", "0"])
+        .unwrap();
+    // Still running at the move (about 6 s on the 20 Mbit/s cell).
+    let bytes = 16 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    // The forging station is MH2, in cell 2 only.
+    lab.assoc_mh(2, &[2]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let ns = lab.ns(Host::mh(2));
+    let attacker = {
+        let (stop, sent) = (stop.clone(), sent.clone());
+        std::thread::spawn(move || {
+            itcp_testbed::sys::in_netns(&ns, || {
+                // From the MH's address, which is not ours: a transparent socket.
+                let s = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)?;
+                let one: libc::c_int = 1;
+                // SAFETY: setsockopt on our own socket with an int option.
+                let r = unsafe {
+                    libc::setsockopt(
+                        std::os::fd::AsRawFd::as_raw_fd(&s),
+                        libc::SOL_IP,
+                        libc::IP_TRANSPARENT,
+                        (&one as *const libc::c_int).cast(),
+                        std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+                    )
+                };
+                if r != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                s.bind_device(Some(b"air0"))?;
+                s.set_broadcast(true)?;
+                s.bind(&std::net::SocketAddr::from(([10, 2, 0, 100], 0)).into())?;
+                let s = std::net::UdpSocket::from(s);
+                let mh: std::net::IpAddr = "10.2.0.100".parse().unwrap();
+                let t0 = Instant::now();
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) && t0.elapsed() < ATTACK {
+                    n += 1;
+                    let token: [u8; 16] =
+                        std::array::from_fn(|i| (n as u8).wrapping_mul(31) ^ i as u8);
+                    let mut nonce = [0u8; 16];
+                    nonce[..8].copy_from_slice(&n.to_be_bytes());
+                    let ts = 1_000_000 + n;
+                    let g = Greeting::new(&token, mh, "msr1", "msr2", ts, nonce);
+                    let m = serde_json::to_vec(&json!({ "greeting": g })).unwrap();
+                    s.send_to(&m, "255.255.255.255:4346")?;
+                    sent.store(n, std::sync::atomic::Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+                Ok(())
+            })
+        })
+    };
+    // The forgeries have had time to drain a per-MH budget.
+    std::thread::sleep(Duration::from_secs(3));
+    let forged_before = sent.load(std::sync::atomic::Ordering::Relaxed);
+    let t0 = Instant::now();
+    lab.assoc(&[2]).unwrap();
+    let moved = |lab: &Lab| lab.agent_events().iter().any(|e| e["event"] == "moved");
+    while !moved(&lab) && t0.elapsed() < Duration::from_secs(25) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let took = t0.elapsed();
+    let during_attack = !attacker.is_finished();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    attacker.join().unwrap().unwrap();
+    let forged = sent.load(std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "move took {took:?} (forging went on: {during_attack}); forged greetings: {forged_before} before the move, {forged} in all"
+    );
+    assert!(moved(&lab), "the MH never moved\n{}", diag(&lab));
+    assert!(
+        took < Duration::from_secs(3) && during_attack,
+        "the MH's move waited {took:?} for forged greetings to stop\n{}",
+        diag(&lab)
+    );
+    let (send, recv) = finish(&mut lab, t);
+    assert!(recv.ok && send.ok, "{recv:?} {send:?}\n{}", diag(&lab));
+    assert_eq!(recv.bytes, bytes);
+}
+
+/// A host on the fixed LAN keeps 80 connections to each MSR's channel port open
+/// without ever authenticating (each is closed after the 2 s hello deadline, and
+/// opened again). The MSRs' own channels must still be accepted: the MH moves
+/// 1 → 2 → 1 → 2, each move over a channel opened while the host holds its connections
+/// (the spares opened before it are used up by the first moves).
+#[test]
+fn a_lan_host_holding_unauthenticated_channel_slots_does_not_stop_handoffs() {
+    let (mut lab, _) = mobile_lab_indexed(2, 97, &["--hysteresis-ms", "0"]);
+    let bytes = 24 << 20;
+    let t = start_transfer(&mut lab, Dir::Down, bytes, 5001);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let gw = lab.ns(Host::Gw);
+    let attacker = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            itcp_testbed::sys::in_netns(&gw, || {
+                let targets: [std::net::SocketAddr; 2] = [
+                    (lab::addr::msr_lan(1), 4347).into(),
+                    (lab::addr::msr_lan(2), 4347).into(),
+                ];
+                let mut held: Vec<Vec<std::net::TcpStream>> = vec![Vec::new(), Vec::new()];
+                let mut peak = [0usize; 2];
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    for (i, to) in targets.iter().enumerate() {
+                        // Those msrd closed (refused at accept, or timed out).
+                        held[i].retain(|s| {
+                            let mut b = [0u8; 512];
+                            matches!(s.peek(&mut b), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock)
+                        });
+                        peak[i] = peak[i].max(held[i].len());
+                        while held[i].len() < 80 {
+                            let Ok(s) = std::net::TcpStream::connect_timeout(
+                                to,
+                                Duration::from_millis(300),
+                            ) else {
+                                break;
+                            };
+                            s.set_nonblocking(true)?;
+                            held[i].push(s);
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                Ok(peak)
+            })
+        })
+    };
+    std::thread::sleep(Duration::from_secs(3));
+    let mut failure = None;
+    for (n, cell) in [(1, 2), (2, 1), (3, 2)] {
+        lab.assoc(&[cell]).unwrap();
+        let t0 = Instant::now();
+        loop {
+            let ev = lab.agent_events();
+            if let Some(bad) = ev
+                .iter()
+                .find(|e| e["event"] == "move_failed" || e["event"] == "refused")
+            {
+                failure = Some(format!("move {n} failed: {bad}"));
+                break;
+            }
+            if ev.iter().filter(|e| e["event"] == "moved").count() >= n {
+                eprintln!("move {n} to MSR{cell} took {:?}", t0.elapsed());
+                break;
+            }
+            if t0.elapsed() > Duration::from_secs(10) {
+                failure = Some(format!("move {n} not done in 10 s"));
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        if failure.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1500));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = attacker.join().unwrap().unwrap();
+    let st = lab.msrd_stats(1).unwrap();
+    eprintln!(
+        "the LAN host held at most {peak:?} unauthenticated channel connections at MSR1, MSR2; MSR1 rejected {} channel messages",
+        st.stats.handoff_messages_rejected
+    );
+    if let Some(f) = failure {
+        panic!("{f}\n{}", diag(&lab));
+    }
+    let (send, recv) = finish(&mut lab, t);
+    assert!(recv.ok && send.ok, "{recv:?} {send:?}\n{}", diag(&lab));
+    assert_eq!(recv.bytes, bytes);
+}

@@ -684,3 +684,119 @@ fn status_page_draws_rolled_back_and_moved_handoffs_legibly_and_keeps_them_acros
     assert!(ok, "receiver: {out} {err}");
     lab.wait(send, Duration::from_secs(30)).unwrap();
 }
+
+/// A request with `Host: host` from namespace `ns`: its status.
+fn status_with_host(ns: &str, to: SocketAddr, host: &str) -> io::Result<u16> {
+    sys::in_netns(ns, || {
+        let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
+        s.set_read_timeout(Some(Duration::from_secs(3)))?;
+        write!(s, "GET /status.json HTTP/1.1\r\nHost: {host}\r\n\r\n")?;
+        let mut out = Vec::new();
+        s.read_to_end(&mut out)?;
+        let out = String::from_utf8_lossy(&out).into_owned();
+        out.split(' ')
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .ok_or_else(|| io::Error::other(format!("no status in {out:?}")))
+    })
+}
+
+/// The metrics listener serves its own names only (a page on the LAN that rebinds its
+/// DNS name to the MSR cannot read it), a few connections per source (64 slow clients
+/// from one host must not lock the operator's scrape out), and nothing from the cells:
+/// neither it nor the handoff channel port takes a connection arriving on a cell.
+#[test]
+fn the_metrics_listener_refuses_rebinding_slow_floods_and_the_cells() {
+    let mut lab = Lab::new(LabConfig::clean(2, 137)).unwrap();
+    lab.start_itcp_mobility(
+        &format!("[metrics]\nlisten = \"{{MSR_LAN}}:{PORT}\"\n"),
+        &["--hysteresis-ms", "0"],
+    )
+    .unwrap();
+    let (gw, fh, mh) = (lab.ns(Host::Gw), lab.ns(Host::Fh), lab.ns(Host::Mh));
+    let to = metrics_addr(1);
+    let mut failures = Vec::new();
+
+    // Host: our address and localhost are served; a name nobody configured is not.
+    for host in [
+        to.to_string(),
+        addr::msr_lan(1).to_string(),
+        "localhost".into(),
+    ] {
+        let st = status_with_host(&gw, to, &host);
+        eprintln!("Host: {host} -> {st:?}");
+        if st.as_ref().ok() != Some(&200) {
+            failures.push(format!("Host: {host} answered {st:?}, not 200"));
+        }
+    }
+    let st = status_with_host(&gw, to, "rebind.attacker.example:9473");
+    eprintln!("Host: rebind.attacker.example:9473 -> {st:?}");
+    if st.as_ref().ok() != Some(&403) {
+        failures.push(format!("a foreign Host answered {st:?}, not 403"));
+    }
+
+    // 64 slow clients on one host (the GW) that never finish their request.
+    let slow: Vec<TcpStream> = sys::in_netns(&gw, || {
+        (0..64)
+            .map(|_| {
+                let mut s = TcpStream::connect_timeout(&to, Duration::from_secs(2))?;
+                s.write_all(b"GET / HT")?;
+                Ok(s)
+            })
+            .collect()
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    // Those msrd closed at once (read returns 0 or an error without waiting).
+    let closed = slow
+        .iter()
+        .filter(|s| {
+            s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+            let mut b = [0u8; 64];
+            !matches!((&**s).read(&mut b), Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut)
+        })
+        .count();
+    // The operator scrapes from another host meanwhile.
+    let scrape = http(&fh, to, "GET", "/metrics");
+    eprintln!(
+        "64 slow clients from the GW: {closed} closed at once; a scrape from the FH meanwhile: {:?}",
+        scrape.as_ref().map(|r| r.0)
+    );
+    if scrape.as_ref().map(|r| r.0).ok() != Some(200) {
+        failures.push(format!("the operator's scrape failed: {scrape:?}"));
+    }
+    // The slow ones are dropped once the request-head deadline passes.
+    std::thread::sleep(Duration::from_secs(6));
+    let held = slow
+        .iter()
+        .filter(|s| {
+            let mut b = [0u8; 64];
+            matches!((&**s).read(&mut b), Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.kind() == io::ErrorKind::TimedOut)
+        })
+        .count();
+    eprintln!("slow clients still open after 6 s: {held}");
+    if held > 0 {
+        failures.push(format!("{held} slow clients still held after 6 s"));
+    }
+    drop(slow);
+
+    // From the MH (on MSR1's cell): the metrics port and the channel port of MSR1.
+    for port in [PORT, 4347] {
+        let a = SocketAddr::from((addr::msr_lan(1), port));
+        let r = sys::in_netns(&mh, || {
+            TcpStream::connect_timeout(&a, Duration::from_secs(2))
+        });
+        eprintln!("{a} from the MH: {:?}", r.as_ref().map(|_| "connected"));
+        if r.is_ok() {
+            failures.push(format!("{a} took a connection from the cell"));
+        }
+    }
+    // ...still reachable on the LAN.
+    let a = SocketAddr::from((addr::msr_lan(1), 4347));
+    if let Err(e) = sys::in_netns(&gw, || {
+        TcpStream::connect_timeout(&a, Duration::from_secs(2))
+    }) {
+        failures.push(format!("{a} is not reachable from the LAN: {e}"));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

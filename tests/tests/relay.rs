@@ -650,6 +650,7 @@ fn a_flow_hold_stalls_the_mh_silently_and_release_resumes_it() {
         mh_prefixes: vec!["10.2.0.0/24".parse().unwrap()],
         hold_queue: 4954,
         handshake_group: Some(4955),
+        cell_guard: None,
     };
     let mh: std::net::IpAddr = addr::MH.into();
     in_netns(&lab.ns(Host::Msr(1)), || rules.hold(mh)).unwrap();
@@ -822,26 +823,11 @@ fn half_open_connections_from_one_mh_cannot_starve_the_others() {
     .unwrap();
     let cfg = lab.msrd_config(1, "");
     lab.start_msrd(1, &cfg).unwrap();
-    // A second MH on the same cell.
-    let ns_mh = lab.ns(Host::Mh);
-    let ok = Command::new("ip")
-        .args(["-n", &ns_mh, "addr", "add", "10.2.0.101/24", "dev", "air0"])
-        .status()
+    // A second MH on the same cell: another station (a MAC of its own; addresses of
+    // the flooding station share its setup slots).
+    let sta = lab
+        .add_station("sta", "10.2.0.101".parse().unwrap(), "02:00:00:00:00:65")
         .unwrap();
-    assert!(ok.success());
-    let ok = Command::new("ip")
-        .args([
-            "-n",
-            &lab.ns(Host::Gw),
-            "route",
-            "add",
-            "10.2.0.101/32",
-            "via",
-            "10.1.0.11",
-        ])
-        .status()
-        .unwrap();
-    assert!(ok.success());
     let echo = fh_listen(&lab, 7007);
     std::thread::spawn(move || {
         for c in echo.incoming() {
@@ -919,10 +905,9 @@ time.sleep(60)
         "msrd holds {open} fds of {max} during the flood"
     );
     // Another MH is served, and the operator socket answers.
-    let served = on(&lab, Host::Mh, || {
-        stock_socks_echo("10.2.0.101".parse().unwrap(), fh(7007))
+    let served = in_netns(&sta, || {
+        Ok(stock_socks_echo("10.2.0.101".parse().unwrap(), fh(7007)))
     })
-    .join()
     .unwrap();
     let st = lab.msrd_stats(1);
     for f in floods {
@@ -938,6 +923,119 @@ time.sleep(60)
     });
     let st = st.unwrap_or_else(|e| panic!("itcpctl's socket did not answer: {e}"));
     assert!(st.stats.refused_handshakes > 0, "{st:?}");
+}
+
+/// One station (one MAC on the cell) with five addresses in the MH prefix and 300
+/// half-open connections per address: without a bound per station it holds every
+/// setup slot (`max_handshakes`, 1024) and other stations' connections are reset.
+#[test]
+fn one_station_with_many_addresses_cannot_take_every_setup_slot() {
+    let mut lab = Lab::new(LabConfig {
+        veth: true,
+        msrs: 1,
+        ..LabConfig::default()
+    })
+    .unwrap();
+    let cfg = lab.msrd_config(1, "");
+    lab.start_msrd(1, &cfg).unwrap();
+    // The other station: a MAC of its own on the same cell.
+    let victim: std::net::IpAddr = "10.2.0.101".parse().unwrap();
+    let sta = lab
+        .add_station("sta", "10.2.0.101".parse().unwrap(), "02:00:00:00:00:65")
+        .unwrap();
+    // The flooding station's five addresses, all on the MH's air0 (one MAC).
+    let mut b = String::new();
+    for i in 102..=106 {
+        b += &format!("addr add 10.2.0.{i}/24 dev air0\n");
+    }
+    let ok = Command::new("ip")
+        .args(["-n", &lab.ns(Host::Mh), "-batch", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            c.stdin.take().unwrap().write_all(b.as_bytes())?;
+            c.wait()
+        })
+        .unwrap();
+    assert!(ok.success());
+    let echo = fh_listen(&lab, 7008);
+    std::thread::spawn(move || {
+        for c in echo.incoming() {
+            let Ok(mut c) = c else { break };
+            std::thread::spawn(move || {
+                let mut b = [0u8; 64];
+                while let Ok(n) = c.read(&mut b) {
+                    if n == 0 || c.write_all(&b[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    // 300 connections per address that send one byte of a SOCKS greeting and stop;
+    // then counts those msrd still holds open (the others it reset at accept).
+    let flood = r#"
+import errno, select, socket, sys, time
+socks = []
+for i in range(102, 107):
+    for _ in range(300):
+        x = socket.socket()
+        x.setblocking(False)
+        x.bind(("10.2.0.%d" % i, 0))
+        try:
+            x.connect(("10.2.0.1", 1080))
+        except BlockingIOError:
+            pass
+        socks.append(x)
+p = select.epoll()
+for x in socks:
+    p.register(x.fileno(), select.EPOLLOUT)
+left, t0 = len(socks), time.time()
+while left and time.time() - t0 < 20:
+    for fd, _ in p.poll(1):
+        p.unregister(fd)
+        left -= 1
+for x in socks:
+    try:
+        x.send(b"\x05")
+    except OSError:
+        pass
+time.sleep(2)
+held = 0
+for x in socks:
+    try:
+        if x.recv(1) != b"":
+            pass
+    except BlockingIOError:
+        held += 1
+    except OSError:
+        pass
+open(sys.argv[1] + ".tmp", "w").write("%d" % held)
+import os
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(60)
+"#;
+    let mark = lab.dir.join("flood.held");
+    let pid = lab
+        .spawn(Host::Mh, "python3", &["-c", flood, mark.to_str().unwrap()])
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    while !mark.exists() {
+        assert!(std::time::Instant::now() < deadline, "flood did not start");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let held: usize = std::fs::read_to_string(&mark).unwrap().parse().unwrap();
+    // The other station is served while the flood holds its connections.
+    let served = in_netns(&sta, || Ok(stock_socks_echo(victim, fh(7008)))).unwrap();
+    let st = lab.msrd_stats(1).unwrap();
+    lab.terminate(pid);
+    eprintln!(
+        "flooding station holds {held} of 1500 half-open; refused_handshakes {}; other station: {served:?}",
+        st.stats.refused_handshakes
+    );
+    served.unwrap_or_else(|e| panic!("the other station was not served: {e}"));
+    // The station's share: max_handshakes_per_station, by default max_handshakes_per_mh.
+    assert!(held <= 256, "one station holds {held} setup slots");
 }
 
 /// curl in the MH, through msrd; its exit status and stderr.

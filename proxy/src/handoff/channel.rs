@@ -1,7 +1,8 @@
 //! The MSR⇄MSR channel over TCP: the challenge and hello that authenticate the peer,
 //! then frames whose headers are checked before their bodies are read
 //! (`itcp_proto::channel`). An unauthenticated peer can make us hold at most one hello
-//! (182 bytes) for at most [`HELLO_TIMEOUT`]; nothing it sends is decoded beyond it.
+//! (182 bytes) for at most [`HELLO_TIMEOUT`]; nothing it sends is decoded beyond it,
+//! and it may hold only a few such connections at once (`super::Authenticating`).
 //! With `[handoff.tls]` the channel is mutual TLS 1.3 instead (`super::tls`): the
 //! certificates authenticate, within the same timeout, before any frame is read.
 

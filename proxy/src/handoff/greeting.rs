@@ -9,7 +9,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use itcp_handoff::greet::{self, Context, Decision, MhView};
+use itcp_handoff::greet::{self, Context, Decision, MhView, Sender};
 use itcp_proto::beacon::Solicitation;
 use itcp_proto::greeting::{parse_greet_msg, GreetStatus, MAX_DATAGRAM};
 use socket2::{Domain, Socket, Type};
@@ -191,7 +191,12 @@ async fn on_greeting(
         let m = h.mhs.lock().unwrap();
         let mut dec = greet::decide(&g, cx, view(m.get(&mh), sessions.len(), frozen));
         if matches!(dec, Decision::Pull | Decision::Follow(_)) {
-            busy = h.pull_allowed(mh).then(|| h.try_busy()).flatten();
+            // Charged to the frame's sender: forgeries from the MH's address by
+            // another station use up that station's pulls.
+            let sender = link
+                .as_ref()
+                .map_or(Sender::Addr(from.ip()), |l| Sender::Mac(l.1));
+            busy = h.pull_allowed(mh, sender).then(|| h.try_busy()).flatten();
             if busy.is_none() {
                 // Rate-limited, or an upgrade is under way: the MH greets again.
                 dec = Decision::Defer;

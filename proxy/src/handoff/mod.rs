@@ -32,7 +32,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use itcp_config::HandoffSection;
-use itcp_handoff::greet::PerAddr;
+use itcp_handoff::greet::{PerAddr, PullBudget, Sender};
 use itcp_handoff::machine::Timeouts;
 use itcp_proto::greeting::{GreetReply, GreetStatus, Greeting};
 
@@ -92,14 +92,15 @@ pub struct Handoffs {
     pub(crate) mhs: Mutex<HashMap<IpAddr, MhState>>,
     /// One request at a time per MH on the old side (see [`Handoffs::old_side_turn`]).
     old_turns: Mutex<HashMap<IpAddr, Arc<tokio::sync::Mutex<()>>>>,
-    /// Pulls per MH (spoofed greetings cannot make us ask peers without bound).
-    pulls: Mutex<PerAddr>,
+    /// Pulls per MH and per sender (spoofed greetings cannot make us ask peers without
+    /// bound, nor use up a genuine MH's pulls).
+    pulls: Mutex<PullBudget>,
     /// The gates on restored connections while they restart.
     pub(crate) gates: gate::Gates,
     /// Log lines for rejected input, per source (quiet under a flood).
     noisy: Mutex<PerAddr>,
     /// Channel connections not yet authenticated.
-    pub(crate) unauthenticated: AtomicU64,
+    pub(crate) unauthenticated: Mutex<Authenticating>,
     /// Authenticated channel connections waiting for their first message, by peer.
     pub(crate) idle: Mutex<HashMap<String, u32>>,
     /// Channels to the peers opened ahead of need.
@@ -108,6 +109,67 @@ pub struct Handoffs {
     busy: Arc<AtomicU64>,
     /// No new handoff starts (an upgrade is handing everything over).
     closed: std::sync::atomic::AtomicBool,
+}
+
+/// Channel connections authenticating at once from sources that are no configured
+/// peer's address (each costs a task and 182 bytes until its hello or 2 s)...
+pub const MAX_UNAUTHENTICATED: usize = 64;
+/// ...and from any one such source: one LAN host cannot take them all.
+pub const MAX_UNAUTHENTICATED_PER_SOURCE: usize = 4;
+/// Authenticating at once from each configured peer's address: a burst of handoffs
+/// opens one channel each.
+pub const MAX_UNAUTHENTICATED_PER_PEER: usize = 64;
+
+/// Channel connections still authenticating, counted per source. Connections from a
+/// configured peer's address have slots of their own, so no other host can take a
+/// peer's turn (a stranger — a host on the LAN, or a CA-signed MSR that is not listed
+/// — cannot open connections from a peer's address without that address's traffic).
+#[derive(Debug)]
+pub struct Authenticating {
+    peers: std::collections::HashSet<IpAddr>,
+    from_peers: crate::admission::Setups,
+    from_strangers: crate::admission::Setups,
+}
+
+impl Authenticating {
+    pub fn new(peers: impl IntoIterator<Item = IpAddr>) -> Self {
+        let peers: std::collections::HashSet<IpAddr> =
+            peers.into_iter().map(crate::admission::canonical).collect();
+        let n = peers.len().max(1);
+        Authenticating {
+            peers,
+            from_peers: crate::admission::Setups::new(
+                n * MAX_UNAUTHENTICATED_PER_PEER,
+                MAX_UNAUTHENTICATED_PER_PEER,
+                usize::MAX,
+            ),
+            from_strangers: crate::admission::Setups::new(
+                MAX_UNAUTHENTICATED,
+                MAX_UNAUTHENTICATED_PER_SOURCE,
+                usize::MAX,
+            ),
+        }
+    }
+
+    fn of(&mut self, ip: IpAddr) -> &mut crate::admission::Setups {
+        if self.peers.contains(&ip) {
+            &mut self.from_peers
+        } else {
+            &mut self.from_strangers
+        }
+    }
+
+    /// Counts a connection from `ip` authenticating, unless its share is taken.
+    pub fn begin(&mut self, ip: IpAddr) -> bool {
+        let ip = crate::admission::canonical(ip);
+        self.of(ip).begin(ip, None)
+    }
+
+    /// Its authentication ended (either way).
+    pub fn end(&mut self, ip: IpAddr) {
+        let ip = crate::admission::canonical(ip);
+        self.of(ip).end(ip, None)
+    }
 }
 
 /// A handoff under way, counted until dropped.
@@ -145,11 +207,13 @@ impl Handoffs {
             mhs: Mutex::new(HashMap::new()),
             old_turns: Mutex::new(HashMap::new()),
             // A genuine MH moves at most a few times a second; 5 at once, 2/s after.
-            pulls: Mutex::new(PerAddr::new(5, 2.0, 4096)),
+            pulls: Mutex::new(PullBudget::new(5, 2.0, 4096)),
             gates: gate::Gates::default(),
             // One log line per source every 10 s after a burst of 3.
             noisy: Mutex::new(PerAddr::new(3, 0.1, 4096)),
-            unauthenticated: AtomicU64::new(0),
+            unauthenticated: Mutex::new(Authenticating::new(
+                cfg.peers.iter().map(|p| p.address.ip()),
+            )),
             idle: Mutex::new(HashMap::new()),
             spares: spares::Spares::default(),
             busy: Arc::new(AtomicU64::new(0)),
@@ -206,8 +270,15 @@ impl Handoffs {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    pub(crate) fn pull_allowed(&self, mh: IpAddr) -> bool {
-        self.pulls.lock().unwrap().allow(&mh, now_us() / 1000)
+    /// Takes one pull of `mh`'s connections asked for by `sender`, if its budgets
+    /// allow one now.
+    pub(crate) fn pull_allowed(&self, mh: IpAddr, sender: Sender) -> bool {
+        self.pulls.lock().unwrap().take(mh, sender, now_us() / 1000)
+    }
+
+    /// The old MSR refused a pull of `mh`'s: it does not count against the MH.
+    pub(crate) fn pull_refused(&self, mh: IpAddr) {
+        self.pulls.lock().unwrap().refused(mh, now_us() / 1000)
     }
 
     /// True if a line about rejected input from `src` may be logged now.
@@ -302,3 +373,32 @@ impl Handoffs {
 }
 
 // ---------------------------------------------------------------------------------
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lan_host_takes_a_few_authentication_slots_and_never_a_peers() {
+        let peer: IpAddr = "10.1.0.12".parse().unwrap();
+        let mut a = Authenticating::new([peer]);
+        let host: IpAddr = "10.1.0.1".parse().unwrap();
+        let held = (0..80).filter(|_| a.begin(host)).count();
+        assert_eq!(held, MAX_UNAUTHENTICATED_PER_SOURCE);
+        // Strangers together: the global bound.
+        let many = (0..100u8)
+            .filter(|&i| a.begin(IpAddr::from([10, 1, 1, i / 2])))
+            .count();
+        assert_eq!(held + many, MAX_UNAUTHENTICATED);
+        // The peer still gets in, a burst of handoffs' worth, and from a mapped address.
+        let mapped: IpAddr = "::ffff:10.1.0.12".parse().unwrap();
+        assert!(a.begin(mapped));
+        assert_eq!(
+            (1..80).filter(|_| a.begin(peer)).count(),
+            MAX_UNAUTHENTICATED_PER_PEER - 1
+        );
+        a.end(host);
+        assert!(a.begin(host), "ending frees the host's slot");
+        assert!(!a.begin(host));
+    }
+}

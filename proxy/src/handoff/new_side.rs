@@ -99,6 +99,7 @@ pub async fn pull(d: Arc<Daemon>, greeter: Greeter, prev: String, peer_addr: Soc
         Some(greeter),
         Some((prev, peer_addr)),
         link,
+        true,
     )
     .instrument(span)
     .await;
@@ -120,7 +121,7 @@ async fn pull_more(d: Arc<Daemon>, g: Greeting, at: String) {
     m.set_old_msr(&at);
     let span = info_span!("handoff", handoff = id, mh = %m.mh(), role = "new", peer = %at);
     info!(parent: &span, "the MH's other connections are at {at}: pulling them too");
-    run(d, m, acts, None, Some((at, addr)), None)
+    run(d, m, acts, None, Some((at, addr)), None, false)
         .instrument(span)
         .await;
 }
@@ -133,7 +134,9 @@ pub async fn pull_detected(d: Arc<Daemon>, mh: IpAddr, mac: [u8; 6]) {
     // The peer is known once one answers for the MH.
     let span = info_span!("handoff", handoff = id, %mh, role = "new", peer = field::Empty);
     let link = d.cell_interface(mh).map(|i| (i, mac));
-    run(d, m, acts, None, None, link).instrument(span).await;
+    run(d, m, acts, None, None, link, true)
+        .instrument(span)
+        .await;
 }
 
 /// What asking every peer came to.
@@ -197,6 +200,7 @@ async fn run(
     greeter: Option<Greeter>,
     mut old: Option<(String, SocketAddr)>,
     link: Option<(String, [u8; 6])>,
+    charged: bool,
 ) -> Option<String> {
     // The old MSR captures the connections after this: how long they are frozen at
     // most when restored here.
@@ -520,6 +524,11 @@ async fn run(
                     };
                     // The MH hears first; the record is written after, off its path.
                     Greeter::tell(&greeter, &d, mh, status, reason, n).await;
+                    // A refused pull proved nothing: it does not count against the
+                    // MH's pull budget (its sender's paid for it).
+                    if charged && r.outcome == hlog::Outcome::Rejected {
+                        h.pull_refused(mh);
+                    }
                     // A refused pull is what a spoofed greeting causes: one record per
                     // MH per interval, not one per datagram.
                     if r.outcome != hlog::Outcome::Rejected || h.may_log(mh) {

@@ -21,10 +21,6 @@ use crate::clock::now_us;
 use crate::daemon::Daemon;
 use crate::sessions::Frozen;
 
-/// Channel connections still authenticating, at most: beyond it new ones are closed
-/// at once (each costs a task and 182 bytes until its hello or 2 s).
-const MAX_UNAUTHENTICATED: u64 = 64;
-
 /// Serves the MSR⇄MSR channel: each connection carries one handoff, asked by a peer
 /// (it may be opened ahead of need and wait idle for its request).
 pub async fn serve_peers(d: Arc<Daemon>, l: TcpListener) {
@@ -32,8 +28,8 @@ pub async fn serve_peers(d: Arc<Daemon>, l: TcpListener) {
         match l.accept().await {
             Ok((s, peer)) => {
                 let h = d.handoff.as_ref().unwrap();
-                if h.unauthenticated.fetch_add(1, Ordering::Relaxed) >= MAX_UNAUTHENTICATED {
-                    h.unauthenticated.fetch_sub(1, Ordering::Relaxed);
+                // Beyond its source's share (see `Authenticating`) closed at once.
+                if !h.unauthenticated.lock().unwrap().begin(peer.ip()) {
                     d.rejected(peer, &"too many channel connections authenticating");
                     continue;
                 }
@@ -88,7 +84,7 @@ impl Drop for Idle<'_> {
 async fn serve_one(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
     let h = d.handoff.as_ref().unwrap();
     let ch = Channel::accept(h, s).await;
-    h.unauthenticated.fetch_sub(1, Ordering::Relaxed);
+    h.unauthenticated.lock().unwrap().end(peer.ip());
     let mut ch = match ch {
         Ok(c) => c,
         Err(ChannelError::Wire(e)) => return d.rejected(peer, &e),

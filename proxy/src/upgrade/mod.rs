@@ -258,7 +258,8 @@ fn spawn(d: &Arc<Daemon>, role: Role, fd: OwnedFd) -> io::Result<JoinHandle<()>>
         Role::Metrics => {
             let l = tcp(fd)?;
             let (s, id) = (d.sessions.clone(), d.cfg.msr.id.clone());
-            tokio::spawn(crate::http::serve(l, s, id))
+            let hosts = d.cfg.metrics.hosts.clone();
+            tokio::spawn(crate::http::serve(l, s, id, hosts))
         }
         Role::Channel => {
             let l = tcp(fd)?;
@@ -336,7 +337,8 @@ pub fn incompatible(
     if footprint != footprint_of(cfg) {
         return Some(
             "the new configuration changes msrd's interception rules ([interception], \
-             [transparent], [handoff] lan_interface): restart msrd to apply it"
+             [transparent], [handoff] lan_interface, or the cells or ports closed to them: \
+             [[cell]], [metrics] and [handoff] listen): restart msrd to apply it"
                 .into(),
         );
     }
@@ -1009,9 +1011,12 @@ mod tests {
         let old = cfg("");
         let names = expected_sockets(&old);
         let moved = cfg("[metrics]\nlisten = \"10.1.0.11:9473\"\n");
-        let e = incompatible(&moved, &footprint_of(&old), &names).unwrap();
+        let e = incompatible(&moved, &footprint_of(&moved), &names).unwrap();
         assert!(e.contains("new: [Metrics 10.1.0.11:9473]; gone: []"), "{e}");
         assert!(e.contains("restart msrd"), "{e}");
+        // The cells' rules close the new port to them too.
+        let e = incompatible(&moved, &footprint_of(&old), &names).unwrap();
+        assert!(e.contains("interception rules"), "{e}");
         let tp = cfg("[transparent]\nenabled = true\nports = [80]\n");
         let e = incompatible(&tp, &footprint_of(&old), &names).unwrap();
         assert!(e.contains("interception rules"), "{e}");
