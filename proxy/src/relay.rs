@@ -589,7 +589,11 @@ fn size_fixed_window(
             && u128::from(f.last_data_recv_ms) * 1000 < 2 * rtt.as_micros(),
     };
     if let Some(bytes) = window.next(tokio::time::Instant::now().into_std(), sample) {
-        if let Err(e) = sockopt::fix_recv_buffer(fixed, bytes) {
+        // The clamp too: a buffer set by hand stops autotuning, which is what raises
+        // the window clamp the connection started with (about 64 KB) as it grows.
+        let r = sockopt::fix_recv_buffer(fixed, bytes)
+            .and_then(|()| sockopt::set_window_clamp(fixed, bytes));
+        if let Err(e) = r {
             tracing::debug!(error = %e, "fixed-side receive buffer not resized");
         }
     }

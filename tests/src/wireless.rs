@@ -131,12 +131,12 @@ impl Peer {
         }
     }
 
-    fn mode(self) -> Mode {
+    fn mode(self, msrd_extra: &str) -> Mode {
         let msrd = |extra: &str| Mode::ItcpNetwork {
             msrd_extra: extra.into(),
         };
         match self {
-            Peer::MsrdDefaults => msrd(""),
+            Peer::MsrdDefaults => msrd(msrd_extra),
             Peer::MsrdKernel => msrd("[wireless]\nsizing = \"kernel\"\n"),
             Peer::E2eCubic | Peer::E2eBbr => Mode::RegularTcp(MobileIpOpts::default()),
         }
@@ -167,6 +167,19 @@ pub struct Figures {
 /// One download of `secs` seconds of the cell's rate across `peer`, moving every 5 s
 /// (0.5 s without a cell) when `moves`. Errors on a setup failure or a byte lost.
 pub fn run(cell: &CellSpec, peer: Peer, moves: bool, secs: u64, seed: u64) -> io::Result<Figures> {
+    run_with(cell, peer, moves, secs, seed, "")
+}
+
+/// [`run`] with `msrd_extra` appended to the config of [`Peer::MsrdDefaults`]'s msrds
+/// (a variant of the defaults to compare).
+pub fn run_with(
+    cell: &CellSpec,
+    peer: Peer,
+    moves: bool,
+    secs: u64,
+    seed: u64,
+    msrd_extra: &str,
+) -> io::Result<Figures> {
     let net = cell.net();
     let cells = if moves {
         Cells::NonOverlapped {
@@ -179,7 +192,7 @@ pub fn run(cell: &CellSpec, peer: Peer, moves: bool, secs: u64, seed: u64) -> io
     let r = Run {
         net,
         cells,
-        mode: peer.mode(),
+        mode: peer.mode(msrd_extra),
         traffic: Traffic {
             bytes: cell.rate_bps / 8 * secs,
             buf: None,

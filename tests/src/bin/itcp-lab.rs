@@ -298,6 +298,12 @@ run's lab is removed by 'itcp-lab cleanup'.",
                     handoff; then the grid's medians.",
             flags: &[
                 Flag::switch("full", "Eight cells instead of four."),
+                Flag::value("cells", "N,M", "Only these cells of the grid, counted from 1 (default all)."),
+                Flag::value(
+                    "peers",
+                    "LIST",
+                    "Comma-separated: defaults, kernel, cubic, bbr (default all four).",
+                ),
                 Flag::value(
                     "moves",
                     "no|yes|both",
@@ -305,6 +311,12 @@ run's lab is removed by 'itcp-lab cleanup'.",
                      (default both).",
                 ),
                 Flag::value("secs", "S", "Seconds of the cell's rate per download, 5..=600 (default 20)."),
+                Flag::value(
+                    "msrd",
+                    "TOML",
+                    "Appended to the config of msrd with its defaults (a variant to compare), \
+                     e.g. '[wireless]\\nnotsent_lowat = 131072'.",
+                ),
                 Flag::value("seed", "S", "Seed of the labs (default 1)."),
                 JSON_OUT,
             ],
@@ -431,6 +443,9 @@ enum Job {
 
 struct WirelessOpts {
     full: bool,
+    peers: Vec<itcp_testbed::wireless::Peer>,
+    cells: Vec<usize>,
+    msrd: String,
     moves: Vec<bool>,
     secs: u64,
     seed: u64,
@@ -761,6 +776,9 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
         "bench wireless" => {
             let mut o = WirelessOpts {
                 full: false,
+                peers: itcp_testbed::wireless::Peer::ALL.to_vec(),
+                cells: Vec::new(),
+                msrd: String::new(),
                 moves: vec![false, true],
                 secs: 20,
                 seed: 1,
@@ -769,6 +787,34 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
             while let Some(arg) = a.next()? {
                 match arg {
                     Arg::Flag("full") => o.full = true,
+                    Arg::Flag("peers") => {
+                        use itcp_testbed::wireless::Peer;
+                        let v = a.value("peers")?;
+                        o.peers = v
+                            .split(',')
+                            .map(|p| match p {
+                                "defaults" => Ok(Peer::MsrdDefaults),
+                                "kernel" => Ok(Peer::MsrdKernel),
+                                "cubic" => Ok(Peer::E2eCubic),
+                                "bbr" => Ok(Peer::E2eBbr),
+                                _ => Err(a.usage(format!(
+                                    "--peers: {p:?} is not defaults, kernel, cubic or bbr"
+                                ))),
+                            })
+                            .collect::<Result<_, _>>()?;
+                    }
+                    Arg::Flag("cells") => {
+                        let v = a.value("cells")?;
+                        o.cells = v
+                            .split(',')
+                            .map(|c| {
+                                c.parse::<usize>()
+                                    .ok()
+                                    .filter(|&n| (1..=8).contains(&n))
+                                    .ok_or_else(|| a.usage(format!("--cells: {c:?} is not 1..=8")))
+                            })
+                            .collect::<Result<_, _>>()?;
+                    }
                     Arg::Flag("moves") => {
                         o.moves = match a.value("moves")?.as_str() {
                             "no" => vec![false],
@@ -782,6 +828,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Job> {
                         }
                     }
                     Arg::Flag("secs") => o.secs = a.int_in("secs", 5, 600)?,
+                    Arg::Flag("msrd") => o.msrd = a.value("msrd")?.replace("\\n", "\n"),
                     Arg::Flag("seed") => o.seed = a.int("seed")?,
                     Arg::Flag("json") => o.json_out = Some(a.value("json")?),
                     other => return Err(a.unexpected(other)),
@@ -1063,15 +1110,27 @@ fn bench_wireless(o: WirelessOpts) -> Result<(), String> {
          that runs nothing of ours; the FH runs cubic except end to end bbr",
         o.secs, o.seed
     );
+    if !o.msrd.is_empty() {
+        println!("msrd defaults with: {}", o.msrd.replace('\n', "; "));
+    }
     println!("\n| cell | moves | peer | goodput / cell | cell drops/s | held at MSRs | moved per handoff |");
     println!("|---|---|---|---|---|---|---|");
     let mut all = Vec::new();
     // Per moves and peer: goodput, drops/s, held KB, moved KB, over the grid.
     let mut medians: std::collections::BTreeMap<(bool, usize), [Vec<f64>; 4]> = Default::default();
-    for cell in wireless::grid(!o.full) {
+    let grid = wireless::grid(!o.full && o.cells.iter().all(|&c| c <= 4));
+    let picked = grid
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| o.cells.is_empty() || o.cells.contains(&(i + 1)))
+        .map(|(_, c)| c.clone());
+    for cell in picked {
         for &moves in &o.moves {
             for (i, peer) in Peer::ALL.into_iter().enumerate() {
-                let f = wireless::run(&cell, peer, moves, o.secs, o.seed)
+                if !o.peers.contains(&peer) {
+                    continue;
+                }
+                let f = wireless::run_with(&cell, peer, moves, o.secs, o.seed, &o.msrd)
                     .map_err(|e| format!("{} {}: {e}", cell.name(), peer.name()))?;
                 let kb = |b: u64| b as f64 / 1000.0;
                 println!(
