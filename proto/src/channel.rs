@@ -219,10 +219,6 @@ pub struct ConnImage {
     pub bytes_up: u64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub bytes_down: u64,
-    /// The wireless side's latest delivery rate at capture, bytes/s (0: unknown): the
-    /// new MSR paces the restored socket's first flight at about this rate.
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub wireless_rate: u64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -999,7 +995,6 @@ mod tests {
             started_us: 1_700_000_000_000_000,
             bytes_up: 5,
             bytes_down: 0,
-            wireless_rate: 1_250_000,
         };
         let m = Message::Images {
             handoff_id: 3,

@@ -118,7 +118,6 @@ impl Daemon {
             pipe_size: cfg.relay.pipe_size,
             buffer_size: cfg.relay.buffer_size,
             size_fixed: false,
-            unpace_after: None,
         };
         let wireless_cc = crate::sizing::pick_congestion();
         let cells = CellMap::read(cfg.cells.iter().map(|c| c.interface.as_str()));
@@ -248,11 +247,10 @@ impl Daemon {
         t.sizing.unwrap_or_default() == itcp_config::Sizing::Cell
     }
 
-    /// How to relay a connection of the MH at `mh` (`moved_in`: restored here).
-    fn relay_opts_for(&self, mh: IpAddr, moved_in: bool) -> RelayOpts {
+    /// How to relay a connection of the MH at `mh`.
+    fn relay_opts_for(&self, mh: IpAddr) -> RelayOpts {
         RelayOpts {
             size_fixed: crate::sizing::sizes_fixed(self.sized_for_cell(mh), &self.cfg.fixed),
-            unpace_after: moved_in.then_some(crate::sizing::UNPACE_AFTER),
             ..self.relay_opts.clone()
         }
     }
@@ -417,7 +415,7 @@ impl Daemon {
         sockopt::abort_on_close(&wireless);
         sockopt::abort_on_close(&fixed);
         let span = tracing::info_span!("conn", conn = s.id, mh = %s.mh.ip());
-        let opts = self.relay_opts_for(s.mh_ip(), s.moved_in);
+        let opts = self.relay_opts_for(s.mh_ip());
         let end = relay::relay(&wireless, &fixed, &opts, &s.counters, &s.pause, pending)
             .instrument(span)
             .await;

@@ -36,9 +36,6 @@ pub struct RelayOpts {
     /// The fixed side's receive buffer follows the wireless side
     /// ([`crate::sizing::FixedWindow`]).
     pub size_fixed: bool,
-    /// Lift a restored wireless socket's pacing cap after this long
-    /// ([`crate::sizing::UNPACE_AFTER`]).
-    pub unpace_after: Option<std::time::Duration>,
 }
 
 /// Bytes moved, per direction. Updated as bytes are delivered to the destination socket.
@@ -623,10 +620,13 @@ pub async fn relay(
     let (mut up_done, mut down_done) = (false, false);
     let mut paused = Pending::default();
     let mut was_paused = false;
-    let mut window = crate::sizing::FixedWindow::default();
-    let unpace = tokio::time::sleep(opts.unpace_after.unwrap_or_default());
-    tokio::pin!(unpace);
-    let mut paced = opts.unpace_after.is_some();
+    let mut window = crate::sizing::FixedWindow::starting_at(
+        std::time::Instant::now(),
+        // The kernel reports SO_RCVBUF doubled (its overhead).
+        socket2::SockRef::from(fixed)
+            .recv_buffer_size()
+            .map_or(crate::sizing::MIN_BUFFER, |b| (b / 2) as u32),
+    );
     let mut resize = tokio::time::interval(crate::sizing::EVERY);
     resize.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -635,13 +635,6 @@ pub async fn relay(
             r = &mut down, if !down_done => { down_done = true; (r, false) }
             _ = resize.tick(), if opts.size_fixed && !down_done => {
                 size_fixed_window(wireless, fixed, &mut window);
-                continue;
-            }
-            _ = &mut unpace, if paced => {
-                paced = false;
-                if let Err(e) = sockopt::set_max_pacing_rate(wireless, u64::MAX) {
-                    tracing::debug!(error = %e, "restored socket's pacing cap not lifted");
-                }
                 continue;
             }
         };
@@ -715,7 +708,6 @@ mod tests {
             pipe_size: 1 << 20,
             buffer_size: 65536,
             size_fixed: false,
-            unpace_after: None,
         };
         let counters = Counters::default();
         let writer = tokio::spawn(async move {
@@ -799,7 +791,6 @@ mod tests {
             pipe_size: 1 << 20,
             buffer_size: 65536,
             size_fixed: false,
-            unpace_after: None,
         };
         let counters = Counters::default();
         let pause = Pause::default();
@@ -864,7 +855,6 @@ mod tests {
             pipe_size: 1 << 16,
             buffer_size: 4096,
             size_fixed: false,
-            unpace_after: None,
         };
         let counters = Counters::default();
         let std_src = app_src.into_std().unwrap();
@@ -904,7 +894,6 @@ mod tests {
             pipe_size: 1 << 20,
             buffer_size: 65536,
             size_fixed: false,
-            unpace_after: None,
         };
         const N: usize = 4 << 20;
         let writer = tokio::spawn(async move {
@@ -969,7 +958,6 @@ mod tests {
                 pipe_size: 1 << 16,
                 buffer_size: 4096,
                 size_fixed: false,
-                unpace_after: None,
             };
             let (counters, pause) = (Counters::default(), std::sync::Arc::new(Pause::default()));
             let asker = {
@@ -1014,7 +1002,6 @@ mod tests {
             pipe_size: 1 << 16,
             buffer_size: 4096,
             size_fixed: false,
-            unpace_after: None,
         };
         let (counters, pause) = (Counters::default(), Pause::default());
         let f = relay(&a, &b, &opts, &counters, &pause, Pending::default());

@@ -49,19 +49,6 @@ pub(crate) const EVERY: Duration = Duration::from_millis(100);
 /// the cell's rate, and must not shrink the window.
 const RATE_MEMORY: Duration = Duration::from_secs(10);
 
-/// How long a restored wireless socket stays paced at its connection's old rate
-/// ([`first_flight_pace`]): a few of the new cell's round trips, for its congestion
-/// control to measure the cell.
-pub(crate) const UNPACE_AFTER: Duration = Duration::from_millis(500);
-
-/// The pacing rate (bytes/s) for a restored wireless socket whose first flight is
-/// `flight` segments, from its connection's delivery rate at capture: a quarter above
-/// it, as BBR probes. None (unpaced) for a flight an initial window covers (an
-/// interactive exchange must not wait) or an unknown rate.
-pub(crate) fn first_flight_pace(flight: u64, rate: u64) -> Option<u64> {
-    (flight > 10 && rate > 0).then(|| rate + rate / 4)
-}
-
 /// Fills in msrd's choices for the wireless keys `t` leaves unset: congestion control
 /// `cc` (see [`PREFERRED`]) and the unsent queue.
 pub(crate) fn fill_wireless(t: &mut TcpTuning, cc: Option<&str>) {
@@ -139,6 +126,19 @@ pub(crate) struct FixedWindow {
 }
 
 impl FixedWindow {
+    /// A window for a socket whose buffer is `current` now (SO_RCVBUF's value): that
+    /// stands as a floor for [`RATE_MEMORY`], while the wireless side measures its rate.
+    /// A restored socket arrives with the buffer its connection had, and bytes the FH
+    /// sent into the window that buffer offered are in flight: a smaller one at once
+    /// would drop them.
+    pub(crate) fn starting_at(now: Instant, current: u32) -> FixedWindow {
+        FixedWindow {
+            grown: Some((current, now)),
+            applied: Some(current),
+            ..FixedWindow::default()
+        }
+    }
+
     /// The buffer to apply at `now` for sample `s`; None when the one applied is
     /// within an eighth of it (no syscall for noise). A rate sample taken while the
     /// wireless side was app-limited is lower than the cell's rate; the highest of the
@@ -164,7 +164,13 @@ impl FixedWindow {
             let cap = by_rate.saturating_mul(MAX_GROWTH);
             self.grown = Some(((from + from / 2).min(cap), now));
         }
-        let w = by_rate.max(self.grown.map_or(0, |(g, _)| g));
+        let mut w = by_rate.max(self.grown.map_or(0, |(g, _)| g));
+        // Down by a quarter at most per sample: the FH may have bytes in flight in the
+        // window the larger buffer offered (a window is never taken back), and the
+        // queue drains meanwhile.
+        if let Some(a) = self.applied {
+            w = w.max(a - a / 4);
+        }
         match self.applied {
             Some(a) if a.abs_diff(w) <= a / 8 => None,
             _ => {
@@ -217,9 +223,29 @@ mod tests {
             w.next(t0 + 300 * MS, sample(5_000_000, false)),
             Some(800_000)
         );
-        // Past RATE_MEMORY the latest sample counts.
+        // Past RATE_MEMORY the latest sample counts, coming down a quarter at a time.
         let late = t0 + 300 * MS + RATE_MEMORY;
-        assert_eq!(w.next(late, sample(1_000_000, false)), Some(160_000));
+        assert_eq!(w.next(late, sample(1_000_000, false)), Some(600_000));
+        assert_eq!(
+            w.next(late + 100 * MS, sample(1_000_000, false)),
+            Some(450_000)
+        );
+        for i in 2..20 {
+            w.next(late + i * 100 * MS, sample(1_000_000, false));
+        }
+        assert_eq!(w.applied, Some(160_000));
+    }
+
+    #[test]
+    fn a_restored_socket_keeps_its_buffer_while_the_rate_is_measured() {
+        let t0 = Instant::now();
+        let mut w = FixedWindow::starting_at(t0, 500_000);
+        // No rate yet (a fresh wireless socket): the buffer stays.
+        assert_eq!(w.next(t0, sample(0, false)), None);
+        assert_eq!(w.next(t0 + 5_000 * MS, sample(1_000_000, false)), None);
+        // Once the floor is old, it comes down to the rate's figure, gently.
+        let late = t0 + RATE_MEMORY + 100 * MS;
+        assert_eq!(w.next(late, sample(1_000_000, false)), Some(375_000));
     }
 
     #[test]
@@ -241,18 +267,11 @@ mod tests {
             w.next(at(i), sample(1_000_000, true));
         }
         assert_eq!(w.applied, Some(160_000 * MAX_GROWTH));
-        // Once it is old, the rate rules again.
+        // Once it is old, the rate rules again (coming down a quarter at a time).
         assert_eq!(
             w.next(at(90) + RATE_MEMORY, sample(1_000_000, false)),
-            Some(160_000)
+            Some(1_920_000)
         );
-    }
-
-    #[test]
-    fn only_a_flight_past_an_initial_window_is_paced() {
-        assert_eq!(first_flight_pace(10, 1_000_000), None);
-        assert_eq!(first_flight_pace(700, 0), None);
-        assert_eq!(first_flight_pace(700, 1_000_000), Some(1_250_000));
     }
 
     #[test]

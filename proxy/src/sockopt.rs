@@ -158,25 +158,6 @@ pub fn fix_recv_buffer(fd: impl AsFd, bytes: u32) -> io::Result<()> {
     Err(named("SO_RCVBUF")(io::Error::last_os_error()))
 }
 
-/// SO_MAX_PACING_RATE in bytes/s (`u64::MAX`: no cap). Setting it also turns on the
-/// kernel's own TCP pacing where no qdisc paces.
-pub fn set_max_pacing_rate(fd: impl AsFd, bytes_per_s: u64) -> io::Result<()> {
-    // SAFETY: the u64 is live and its size is passed along (Linux takes 4 or 8 bytes).
-    let r = unsafe {
-        libc::setsockopt(
-            fd.as_fd().as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_MAX_PACING_RATE,
-            (&bytes_per_s as *const u64).cast(),
-            size_of::<u64>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(named("SO_MAX_PACING_RATE")(io::Error::last_os_error()));
-    }
-    Ok(())
-}
-
 pub fn set_congestion(fd: impl AsFd, name: &str) -> io::Result<()> {
     SockRef::from(&fd)
         .set_tcp_congestion(name.as_bytes())

@@ -349,8 +349,6 @@ pub fn capture_one(f: &Frozen, mark: u32) -> Captured {
                 .map_or(0, |d| d.as_micros() as u64),
             bytes_up: f.session.counters.up.load(Ordering::Relaxed),
             bytes_down: f.session.counters.down.load(Ordering::Relaxed),
-            wireless_rate: itcp_handoff::repair::tcp_info(f.wireless.as_fd())
-                .map_or(0, |i| i.delivery_rate),
         },
         entry,
     )))
@@ -501,8 +499,6 @@ pub struct Restored {
     /// Its age and byte counts, continued here.
     started: std::time::SystemTime,
     before: (u64, u64),
-    /// The wireless side's delivery rate at capture, bytes/s (0: unknown).
-    wireless_rate: u64,
 }
 
 fn decode(b: &[u8]) -> io::Result<SocketImage> {
@@ -645,7 +641,6 @@ pub fn restore_one(c: &ConnImage, cx: &RestoreContext) -> io::Result<Restored> {
             us => std::time::UNIX_EPOCH + Duration::from_micros(us),
         },
         before: (c.bytes_up, c.bytes_down),
-        wireless_rate: c.wireless_rate,
     })
 }
 
@@ -877,21 +872,6 @@ fn revert_backoff(d: &Daemon, r: &Restored) {
     }
 }
 
-/// Paces a restored wireless socket whose first flight is larger than an initial
-/// window at the rate its connection had (`crate::sizing::first_flight_pace`): the
-/// flight, re-sent as new data, would otherwise leave at once into the new cell's
-/// queue, most of it to be dropped there. The relay lifts the cap once the socket has
-/// measured the new cell ([`crate::sizing::UNPACE_AFTER`]).
-fn pace_first_flight(r: &Restored) {
-    let w = &r.wireless.1;
-    let flight = itcp_handoff::first_flight(w, w.options.mss.max(536) as usize);
-    if let Some(rate) = crate::sizing::first_flight_pace(flight, r.wireless_rate) {
-        if let Err(e) = crate::sockopt::set_max_pacing_rate(&r.wireless.0, rate) {
-            debug!(conn = r.id, error = %e, "first flight not paced");
-        }
-    }
-}
-
 /// Sockets that re-sent their bytes in flight as new data, as ((peer, socket's end),
 /// (snd_una, one past the FIN they re-sent)) (see `Holding::deliver_restarted`).
 type Resent = Vec<((SocketAddr, SocketAddr), (u32, Option<u32>))>;
@@ -916,7 +896,6 @@ fn restart_one(r: &Restored) -> io::Result<Resent> {
             ));
         }
     }
-    pace_first_flight(r);
     let mut resent = Vec::new();
     let sockets = std::iter::once((&r.wireless.0, &r.wireless.1))
         .chain(r.fixed.as_ref().map(|(fd, img)| (fd, img)));
