@@ -556,6 +556,36 @@ async fn pump_copy(
     }
 }
 
+/// The fixed side's sizing of one relay: its state and its clock.
+struct Sizer {
+    window: crate::sizing::FixedWindow,
+    every: tokio::time::Interval,
+}
+
+impl Sizer {
+    fn new(fixed: &TcpStream) -> Sizer {
+        let mut every = tokio::time::interval(crate::sizing::EVERY);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let window = crate::sizing::FixedWindow::starting_at(
+            std::time::Instant::now(),
+            // The kernel reports SO_RCVBUF doubled (its overhead).
+            socket2::SockRef::from(fixed)
+                .recv_buffer_size()
+                .map_or(crate::sizing::MIN_BUFFER, |b| (b / 2) as u32),
+        );
+        Sizer { window, every }
+    }
+}
+
+/// Waits for the sizer's next tick, then resizes (never ends without one).
+async fn resize_on_tick(sizer: &mut Option<Box<Sizer>>, wireless: &TcpStream, fixed: &TcpStream) {
+    let Some(s) = sizer.as_mut() else {
+        return std::future::pending().await;
+    };
+    s.every.tick().await;
+    size_fixed_window(wireless, fixed, &mut s.window);
+}
+
 /// Applies the fixed-side receive buffer that `window` computes from the sockets'
 /// TCP_INFO. Best effort: a socket that cannot say keeps the buffer it has.
 fn size_fixed_window(
@@ -620,21 +650,13 @@ pub async fn relay(
     let (mut up_done, mut down_done) = (false, false);
     let mut paused = Pending::default();
     let mut was_paused = false;
-    let mut window = crate::sizing::FixedWindow::starting_at(
-        std::time::Instant::now(),
-        // The kernel reports SO_RCVBUF doubled (its overhead).
-        socket2::SockRef::from(fixed)
-            .recv_buffer_size()
-            .map_or(crate::sizing::MIN_BUFFER, |b| (b / 2) as u32),
-    );
-    let mut resize = tokio::time::interval(crate::sizing::EVERY);
-    resize.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Boxed: the relay future stays small when the fixed side is not sized.
+    let mut sizer = opts.size_fixed.then(|| Box::new(Sizer::new(fixed)));
     loop {
         let (res, from_wireless) = tokio::select! {
             r = &mut up, if !up_done => { up_done = true; (r, true) }
             r = &mut down, if !down_done => { down_done = true; (r, false) }
-            _ = resize.tick(), if opts.size_fixed && !down_done => {
-                size_fixed_window(wireless, fixed, &mut window);
+            _ = resize_on_tick(&mut sizer, wireless, fixed), if sizer.is_some() && !down_done => {
                 continue;
             }
         };
