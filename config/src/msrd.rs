@@ -702,7 +702,7 @@ pub struct TcpTuning {
     pub keepalive_count: Option<u32>,
     /// TCP_USER_TIMEOUT in milliseconds.
     pub user_timeout_ms: Option<u32>,
-    /// Wireless side only: who sizes what the keys above leave unset (`cell`).
+    /// Wireless side only: who sizes what the keys above leave unset (`kernel`).
     pub sizing: Option<Sizing>,
 }
 
@@ -711,11 +711,12 @@ pub struct TcpTuning {
 #[serde(rename_all = "snake_case")]
 pub enum Sizing {
     /// msrd, for the cell: its choice of congestion control, a small unsent queue on
-    /// each wireless socket, and the fixed side's window following how fast the
-    /// wireless side drains, so that bytes wait at the FH rather than at the MSR.
-    #[default]
+    /// each wireless socket, and the fixed side's receive buffer following how fast
+    /// the wireless side drains, so that bytes wait at the FH rather than at the MSR.
     Cell,
-    /// The kernel's defaults, as a plain proxy has them.
+    /// The kernel's defaults, as a plain proxy has them (the default until `cell`
+    /// passes the whole suite as the default).
+    #[default]
     Kernel,
 }
 

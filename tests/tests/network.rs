@@ -676,12 +676,12 @@ fn an_interactive_upload_resumes_at_once_after_a_move_without_data() {
     assert!(r.median_ms < 4.0 * bound, "resumes: {:.1?}", r.ms);
 }
 
-/// The wireless side sized for its cell (`[wireless] sizing = "cell"`, the default): a
-/// download from an FH behind a 40 ms WAN to an MH on a 10 Mbit/s cell with bursty
-/// loss. The FH's bytes wait at the FH: what the MSR holds stays within twice the
-/// cell's plus the fixed path's bandwidth-delay product, and the cell stays full.
-/// With the kernel's defaults (the peer, same test) the fixed side's receive queue
-/// grows to megabytes.
+/// The wireless side sized for its cell (`[wireless] sizing = "cell"`): a download from
+/// an FH behind a 40 ms WAN to an MH on a 10 Mbit/s cell with bursty loss. The FH's
+/// bytes wait at the FH: what the MSR holds stays within twice the cell's plus the
+/// fixed path's bandwidth-delay product plus the wireless side's unsent allowance
+/// (`notsent_lowat`), and the cell stays full. With the kernel's defaults (the peer,
+/// same test) the fixed side's receive queue grows to megabytes.
 #[test]
 fn bytes_wait_at_the_fixed_host_not_at_the_msr() {
     let _serial = serial();
@@ -701,7 +701,7 @@ fn bytes_wait_at_the_fixed_host_not_at_the_msr() {
     let bdp = rate * (2 * cell.delay_ms as u64) / 1000 + rate * (2 * cell.wan_ms as u64) / 1000;
     eprintln!(
         "{}: held at the MSR (median) {} KB with msrd's sizing, {} KB with the kernel's; \
-         bound 2 x {} KB; goodput {:.3} and {:.3} of the cell",
+         bound 2 x {} KB + 131 KB unsent; goodput {:.3} and {:.3} of the cell",
         cell.name(),
         defaults.held_bytes / 1000,
         kernel.held_bytes / 1000,
@@ -709,11 +709,11 @@ fn bytes_wait_at_the_fixed_host_not_at_the_msr() {
         defaults.goodput,
         kernel.goodput
     );
+    let bound = 2 * bdp + 128 * 1024;
     assert!(
-        defaults.held_bytes <= 2 * bdp,
-        "held {} bytes, bound {}",
+        defaults.held_bytes <= bound,
+        "held {} bytes, bound {bound}",
         defaults.held_bytes,
-        2 * bdp
     );
     assert!(defaults.goodput >= 0.85, "goodput {:.3}", defaults.goodput);
 }
