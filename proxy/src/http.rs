@@ -507,14 +507,7 @@ mod tests {
 
     #[tokio::test]
     async fn one_client_holds_a_few_slots_only() {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let server = tokio::spawn(serve(
-            l,
-            Arc::new(Sessions::default()),
-            "m".into(),
-            Vec::new(),
-        ));
+        let (addr, server) = start().await;
         // 64 slow clients from 127.0.0.1: all but MAX_PER_CLIENT closed at once.
         let mut slow = Vec::new();
         for _ in 0..64 {
@@ -556,6 +549,15 @@ mod tests {
         );
     }
 
+    /// The listener on a free loopback port, serving an empty session table.
+    async fn start() -> (std::net::SocketAddr, tokio::task::JoinHandle<()>) {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let names = Vec::new();
+        let server = tokio::spawn(serve(l, Arc::new(Sessions::default()), "m".into(), names));
+        (addr, server)
+    }
+
     async fn get(addr: std::net::SocketAddr, req: &[u8]) -> String {
         let mut c = TcpStream::connect(addr).await.unwrap();
         c.write_all(req).await.unwrap();
@@ -566,14 +568,7 @@ mod tests {
 
     #[tokio::test]
     async fn serves_over_tcp_and_drops_slow_and_huge_requests() {
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        let server = tokio::spawn(serve(
-            l,
-            Arc::new(Sessions::default()),
-            "m".into(),
-            Vec::new(),
-        ));
+        let (addr, server) = start().await;
         let r = get(addr, b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").await;
         assert!(r.starts_with("HTTP/1.1 200 OK"), "{r}");
         assert!(r.contains("# TYPE msrd_handoff_duration_seconds histogram"));

@@ -33,6 +33,24 @@ fn fh(port: u16) -> SocketAddr {
 }
 
 /// A listener on the FH, bound before anyone connects (no start-up race).
+/// An echo server at the FH on `port`, a thread per connection, for the test's life.
+fn fh_echo(lab: &Lab, port: u16) {
+    let echo = fh_listen(lab, port);
+    std::thread::spawn(move || {
+        for c in echo.incoming() {
+            let Ok(mut c) = c else { break };
+            std::thread::spawn(move || {
+                let mut b = [0u8; 64];
+                while let Ok(n) = c.read(&mut b) {
+                    if n == 0 || c.write_all(&b[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+}
+
 fn fh_listen(lab: &Lab, port: u16) -> TcpListener {
     in_netns(&lab.ns(Host::Fh), || TcpListener::bind(fh(port))).unwrap()
 }
@@ -828,20 +846,7 @@ fn half_open_connections_from_one_mh_cannot_starve_the_others() {
     let sta = lab
         .add_station("sta", "10.2.0.101".parse().unwrap(), "02:00:00:00:00:65")
         .unwrap();
-    let echo = fh_listen(&lab, 7007);
-    std::thread::spawn(move || {
-        for c in echo.incoming() {
-            let Ok(mut c) = c else { break };
-            std::thread::spawn(move || {
-                let mut b = [0u8; 64];
-                while let Ok(n) = c.read(&mut b) {
-                    if n == 0 || c.write_all(&b[..n]).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
+    fh_echo(&lab, 7007);
     // The flooding MH: 20,000 connections to the request port that never say a word
     // (two processes: one process's fd limit is 20,000 here).
     let flood = r#"
@@ -958,20 +963,7 @@ fn one_station_with_many_addresses_cannot_take_every_setup_slot() {
         })
         .unwrap();
     assert!(ok.success());
-    let echo = fh_listen(&lab, 7008);
-    std::thread::spawn(move || {
-        for c in echo.incoming() {
-            let Ok(mut c) = c else { break };
-            std::thread::spawn(move || {
-                let mut b = [0u8; 64];
-                while let Ok(n) = c.read(&mut b) {
-                    if n == 0 || c.write_all(&b[..n]).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
+    fh_echo(&lab, 7008);
     // 300 connections per address that send one byte of a SOCKS greeting and stop;
     // then counts those msrd still holds open (the others it reset at accept).
     let flood = r#"
