@@ -141,6 +141,10 @@ pub struct TcpInfo {
     pub min_rtt_us: u32,
     /// Bytes queued and not yet sent (`tcpi_notsent_bytes`).
     pub notsent_bytes: u32,
+    /// The latest delivery rate sample was taken while the socket had too little to
+    /// send to fill its window (`tcpi_delivery_rate_app_limited`): the rate says how
+    /// fast the application fed it, not what the path carries.
+    pub app_limited: bool,
 }
 
 fn cvt(ret: c_int) -> io::Result<c_int> {
@@ -393,8 +397,12 @@ pub fn set_timestamp(fd: BorrowedFd<'_>, v: u32) -> io::Result<()> {
 
 /// `TCP_INFO`, the fields we use.
 pub fn tcp_info(fd: BorrowedFd<'_>) -> io::Result<TcpInfo> {
-    let i: libc::tcp_info = getsockopt_raw(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO)
+    const N: usize = size_of::<libc::tcp_info>();
+    let raw: [u8; N] = getsockopt_raw(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO)
         .map_err(|e| ctx(e, "getsockopt TCP_INFO"))?;
+    // SAFETY: `raw` holds N bytes, the size of the plain-integer struct read from it
+    // (unaligned: a byte array has no alignment).
+    let i: libc::tcp_info = unsafe { std::ptr::read_unaligned(raw.as_ptr().cast()) };
     Ok(TcpInfo {
         state: i.tcpi_state,
         options: i.tcpi_options,
@@ -410,18 +418,10 @@ pub fn tcp_info(fd: BorrowedFd<'_>) -> io::Result<TcpInfo> {
         delivery_rate: i.tcpi_delivery_rate,
         min_rtt_us: i.tcpi_min_rtt,
         notsent_bytes: i.tcpi_notsent_bytes,
+        // `__u8 tcpi_delivery_rate_app_limited:1, …` after the window scales: libc's
+        // struct leaves that byte as padding, the raw bytes still hold it.
+        app_limited: raw[7] & 1 == 1,
     })
-}
-
-/// Whether the latest delivery rate sample was taken while the socket had too little
-/// to send to fill its window (`tcpi_delivery_rate_app_limited`): the rate says how
-/// fast the application fed it, not what the path carries. A bit of the byte after the
-/// window scales, which libc's `tcp_info` leaves as padding: read from the first 8
-/// bytes of `TCP_INFO` (the kernel copies as much as asked).
-pub fn app_limited(fd: BorrowedFd<'_>) -> io::Result<bool> {
-    let head: [u8; 8] = getsockopt_raw(fd.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_INFO)
-        .map_err(|e| ctx(e, "getsockopt TCP_INFO"))?;
-    Ok(head[7] & 1 == 1)
 }
 
 fn ioctl_int(fd: BorrowedFd<'_>, req: libc::Ioctl, what: &str) -> io::Result<u32> {
@@ -659,4 +659,32 @@ pub fn send_raw_ip_to(
 /// Checks that a network interface exists (for SO_BINDTODEVICE errors that say so).
 pub fn interface_exists(name: &str) -> bool {
     nix::net::if_::if_nametoindex(name).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Read, Write};
+    use std::os::fd::AsFd;
+
+    #[test]
+    fn a_socket_fed_a_few_bytes_reports_an_app_limited_rate() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut c = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut s, _) = l.accept().unwrap();
+        c.write_all(&[7; 100]).unwrap();
+        let mut b = [0u8; 100];
+        s.read_exact(&mut b).unwrap();
+        // The ACK of those bytes gives the sender its rate sample.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        let i = loop {
+            let i = tcp_info(c.as_fd()).unwrap();
+            if i.delivery_rate > 0 || std::time::Instant::now() > deadline {
+                break i;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        };
+        assert!(i.delivery_rate > 0, "{i:?}");
+        assert!(i.app_limited, "100 bytes cannot fill a window: {i:?}");
+    }
 }

@@ -606,11 +606,10 @@ fn size_fixed_window(
     };
     let rtt = std::time::Duration::from_micros(rtt_us.into());
     let waiting = itcp_handoff::repair::inq(fixed.as_fd()).unwrap_or(1);
-    let app_limited = itcp_handoff::repair::app_limited(wireless.as_fd()).unwrap_or(false);
     let sample = crate::sizing::Sample {
         rate: w.delivery_rate,
         rtt,
-        starved: app_limited
+        starved: w.app_limited
             && w.notsent_bytes == 0
             && waiting == 0
             && u128::from(f.last_data_recv_ms) * 1000 < 2 * rtt.as_micros(),
