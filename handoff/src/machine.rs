@@ -49,10 +49,16 @@ pub enum Action {
     /// connections (the daemon answers with [`OldEvent::Captured`] or
     /// [`OldEvent::CaptureFailed`]).
     FreezeAndCapture(IpAddr),
-    /// Wait (bounded) until the MH's TCP handshakes half-open here complete: a request
-    /// socket in SYN_RECV cannot be captured, and until the MH hears `accepted` it
-    /// still sends through us, so its ACK arrives here and the connection moves.
-    AwaitHandshakes(IpAddr),
+    /// Complete the MH's TCP handshakes half-open here before the freeze: a request
+    /// socket in SYN_RECV cannot be captured. With `wait_for_ack`, first wait
+    /// (bounded) for the MH's own ACK: until a greeting MH hears `accepted` it still
+    /// sends through us. Then, or at once, replay the ACK the MH sent for the ones
+    /// still half-open (a detected MH sends through the new MSR already, so its ACK
+    /// never comes here), so that every one of them moves.
+    CompleteHandshakes {
+        mh: IpAddr,
+        wait_for_ack: bool,
+    },
     /// Leave repair mode and unblock every connection of this MH still frozen here:
     /// the old MSR keeps serving them.
     Unfreeze(IpAddr),
@@ -843,11 +849,17 @@ impl OldSide {
             None => {
                 s.phases.freeze = Some(now_us);
                 let mut acts = Vec::new();
-                if let Request::Greeting(g) = req {
+                let greeting = match req {
+                    Request::Greeting(g) => Some(g),
+                    Request::Detected { .. } => None,
+                };
+                if let Some(g) = greeting {
                     acts.push(Action::GreetingUsed { mh, ts_ms: g.ts_ms });
-                    // A detected MH sends through the new MSR already: nothing to wait.
-                    acts.push(Action::AwaitHandshakes(mh));
                 }
+                acts.push(Action::CompleteHandshakes {
+                    mh,
+                    wait_for_ack: greeting.is_some(),
+                });
                 // Some of the MH's connections left for another peer after it had
                 // moved on, others are here (opened since, or kept by a partial
                 // handoff): the new MSR fetches those from there too.
@@ -1233,7 +1245,10 @@ mod tests {
             acts,
             vec![
                 Action::GreetingUsed { mh, ts_ms: 10 },
-                Action::AwaitHandshakes(mh),
+                Action::CompleteHandshakes {
+                    mh,
+                    wait_for_ack: true
+                },
                 Action::Send(Message::Accepted {
                     handoff_id: 9,
                     token: Some(itcp_proto::hex::hex(TOKEN)),
@@ -1322,10 +1337,15 @@ mod tests {
         assert_eq!(mac, "02:00:00:00:00:64");
         let r = Request::Detected { mh, mac: MAC };
         let (mut old, acts) = OldSide::start("msr1", "msr2", *handoff_id, r, bound(2), 101, T);
-        // No greeting, so no replay state changes.
+        // No greeting, so no replay state changes. The MH sends through the new MSR
+        // already: its handshakes half-open here are completed at once, not waited for.
         assert_eq!(
             acts,
             vec![
+                Action::CompleteHandshakes {
+                    mh,
+                    wait_for_ack: false
+                },
                 Action::Send(Message::Accepted {
                     handoff_id: 4,
                     token: None,

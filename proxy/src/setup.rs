@@ -114,6 +114,14 @@ impl Inflight {
             .map(|&fd| crate::sockopt::accept_backlog(fd).unwrap_or(0))
             .sum()
     }
+    /// Connections of `mh` in setup here: accepted and not yet in the session table,
+    /// or with their fixed side in flight (and, since the kernel does not say whose,
+    /// one more if any connection waits in the accept queues).
+    pub fn pending(&self, mh: IpAddr) -> usize {
+        let busy = self.map.lock().unwrap().get(&mh).map_or(0, Entry::busy);
+        busy + usize::from(self.backlog() > 0)
+    }
+
     /// Starts a fixed-side setup for `mh`, unless a handoff is freezing it (then the
     /// connection must stay frozen in setup: see [`Inflight::wait`]).
     pub fn begin(self: &Arc<Self>, mh: IpAddr) -> Option<Connecting> {

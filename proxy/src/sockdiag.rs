@@ -1,7 +1,7 @@
 //! Lists the TCP handshakes half-open at this MSR (request sockets in SYN_RECV), over
 //! NETLINK_SOCK_DIAG: the kernel keeps them out of reach of accept and TCP_REPAIR, so
 //! a handoff waits for its MH's to complete, or completes them
-//! (`crate::handshakes`), before it freezes the MH (see `Action::AwaitHandshakes`).
+//! (`crate::handshakes`), before it freezes the MH (see `Action::CompleteHandshakes`).
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};

@@ -126,8 +126,10 @@ impl Daemon {
     }
 
     /// The MH is served here now (its connections arrived, or it has none anywhere):
-    /// network detection stops reporting it.
+    /// network detection stops reporting it, and the hold left from when this MSR last
+    /// gave it away ends, or its new connections would meet silence until it expires.
     pub fn present(&self, mh: IpAddr, mac: Option<[u8; 6]>) {
+        self.end_quarantine(mh);
         if let (Some(h), Some(mac)) = (&self.handoff, mac) {
             h.mhs.lock().unwrap().entry(mh).or_default().mac = Some(mac);
         }

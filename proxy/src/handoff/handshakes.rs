@@ -132,21 +132,21 @@ pub fn expect(d: &Daemon, images: &[itcp_proto::channel::ConnImage]) {
 }
 
 /// Completes the handshakes in `open` (of one MH, half-open here) whose SYN-ACK is
-/// known, by replaying the MH's ACK to each (see the module). Returns how many were
-/// replayed; the others are logged and stay half-open.
-pub fn complete(d: &Daemon, open: &[HalfOpen]) -> usize {
+/// known, by replaying the MH's ACK to each (see the module). Returns the flows
+/// replayed (local, remote); the others are logged and stay half-open for now.
+pub fn complete(d: &Daemon, open: &[HalfOpen]) -> Vec<(SocketAddr, SocketAddr)> {
     let now = Instant::now();
-    let mut done = 0;
+    let mut done = Vec::new();
     for h in open {
         let Some(s) = d.handshakes.get(h.local, h.remote, now) else {
-            warn!(local = %h.local, mh = %h.remote,
-                "TCP handshake of the MH half-open and its SYN-ACK unknown: it stays here");
+            debug!(local = %h.local, mh = %h.remote,
+                "TCP handshake of the MH half-open and its SYN-ACK not known yet");
             continue;
         };
         match replay(&s, d.cfg.interception.fwmark) {
             Ok(()) => {
                 d.handshakes.mark_replayed(h.local, h.remote);
-                done += 1;
+                done.push((h.local, h.remote));
             }
             Err(e) => warn!(local = %h.local, mh = %h.remote, error = %e,
                 "the MH's ACK could not be replayed: its half-open handshake stays here"),

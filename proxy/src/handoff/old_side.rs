@@ -193,7 +193,7 @@ async fn old_side(
         token: token.as_deref(),
         last_greeting_ts: last_ts,
         mac,
-        local: d.sessions.of_mh(mh).len(),
+        local: connections_here(&d, mh),
         moved_to: moved_to.as_deref(),
         came_from: came_from.as_deref(),
     };
@@ -210,7 +210,7 @@ async fn old_side(
     impl Drop for Thaw<'_> {
         fn drop(&mut self) {
             self.0.inflight.thaw(self.1);
-            // SYNs were held since `AwaitHandshakes` (the flow hold covers them too).
+            // SYNs were held since `CompleteHandshakes` (the flow hold covers them too).
             hold_syns(self.0, self.1, false);
         }
     }
@@ -220,7 +220,9 @@ async fn old_side(
         for a in acts.drain(..) {
             match a {
                 Action::GreetingUsed { mh, ts_ms } => h.greeting_used(mh, ts_ms),
-                Action::AwaitHandshakes(mh) => await_handshakes(&d, mh).await,
+                Action::CompleteHandshakes { mh, wait_for_ack } => {
+                    complete_handshakes(&d, mh, wait_for_ack).await
+                }
                 Action::FreezeAndCapture(mh) => {
                     let t0 = std::time::Instant::now();
                     settle(&d, mh, None).await;
@@ -534,49 +536,80 @@ async fn capture_in_parts(
     (fs, cs, ahead)
 }
 
-/// Waits until none of the MH's TCP handshakes is half-open here (SYN_RECV), at most
-/// `setup_wait_ms` and never more than [`HANDSHAKE_WAIT`]: one wireless round trip
-/// completes them, and one whose SYN-ACK was lost would take a retransmission timeout.
-/// Those still half-open then are completed here with the MH's ACK replayed
-/// ([`crate::handshakes`]: the MH left before its ACK got out), so that they move.
-/// New SYNs of the MH are dropped from now on (it retransmits them to the new MSR):
-/// none is answered here after the MH has turned to the new MSR. Only an MH sent a
-/// SYN-ACK in the last [`crate::intercept::SYNACK_RECENT`] is looked for: one whose
-/// handshake has been half-open longer (its ACK lost, nothing sent since) stays here.
-async fn await_handshakes(d: &Daemon, mh: std::net::IpAddr) {
+/// Completes the MH's TCP handshakes half-open here (SYN_RECV) so that they move
+/// (`Action::CompleteHandshakes`). With `wait_for_ack`, the MH's own ACK is waited for
+/// first, at most `setup_wait_ms` and never more than [`HANDSHAKE_WAIT`]: one wireless
+/// round trip completes them, and one whose SYN-ACK was lost would take a
+/// retransmission timeout. Those still half-open then (or at once, without the wait)
+/// are completed here with the MH's ACK replayed ([`crate::handshakes`]), and waited
+/// for at most [`REPLAYED_WAIT`]. New SYNs of the MH are dropped from now on (it
+/// retransmits them to the new MSR): none is answered here after the MH has turned to
+/// the new MSR. Only an MH sent a SYN-ACK in the last
+/// [`crate::intercept::SYNACK_RECENT`] is looked for: one whose handshake has been
+/// half-open longer (its ACK lost, nothing sent since) stays here.
+async fn complete_handshakes(d: &Daemon, mh: std::net::IpAddr, wait_for_ack: bool) {
     hold_syns(d, mh, true);
-    // A handshake half-open here was answered with a SYN-ACK lately: when none was,
-    // the costly listing (it walks every connection of the router) is skipped.
-    match d.rules.synack_recent(mh) {
-        Ok(false) => return,
-        Ok(true) => {}
-        Err(e) => warn!(error = %e, "recent SYN-ACKs not known: half-open handshakes listed"),
+    if !synack_recent(d, mh) {
+        return;
     }
-    let mut bound = Duration::from_millis(d.handoff_cfg().setup_wait_ms).min(HANDSHAKE_WAIT);
+    let patience = if wait_for_ack {
+        Duration::from_millis(d.handoff_cfg().setup_wait_ms).min(HANDSHAKE_WAIT)
+    } else {
+        Duration::ZERO
+    };
     let t0 = std::time::Instant::now();
-    let mut replayed = false;
+    let mut replayed = std::collections::HashSet::new();
     loop {
-        // IPv4 MHs reach msrd's IPv4 sockets (its IPv6 ones are IPv6-only).
-        let open: Vec<_> = match crate::sockdiag::syn_recv(mh.is_ipv6()) {
-            Ok(p) => p.into_iter().filter(|h| h.remote.ip() == mh).collect(),
-            Err(e) => return warn!(error = %e, "half-open handshakes not listed: not waited for"),
+        let open = match half_open(mh) {
+            Ok(open) => open,
+            Err(e) => return warn!(error = %e, "half-open handshakes not listed: not completed"),
         };
         if open.is_empty() {
             return;
         }
-        if t0.elapsed() >= bound {
-            if replayed {
-                return warn!(%mh, half_open = open.len(),
-                    "TCP handshakes of the MH still half-open: they stay here");
+        if t0.elapsed() >= patience + REPLAYED_WAIT {
+            return warn!(%mh, half_open = open.len(),
+                "TCP handshakes of the MH still half-open: they stay here");
+        }
+        if t0.elapsed() >= patience {
+            // Each once: its SYN-ACK report may come a moment after the listing.
+            let new: Vec<_> = open
+                .into_iter()
+                .filter(|h| !replayed.contains(&(h.local, h.remote)))
+                .collect();
+            for h in super::handshakes::complete(d, &new) {
+                replayed.insert(h);
             }
-            if super::handshakes::complete(d, &open) == 0 {
-                return;
-            }
-            replayed = true;
-            bound += REPLAYED_WAIT;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
+}
+
+/// Whether `mh` was sent a SYN-ACK lately: only then can it have a handshake half-open
+/// here, and the costly listing (it walks every connection of the router) is worth it.
+fn synack_recent(d: &Daemon, mh: std::net::IpAddr) -> bool {
+    d.rules.synack_recent(mh).unwrap_or_else(|e| {
+        warn!(error = %e, "recent SYN-ACKs not known: half-open handshakes listed");
+        true
+    })
+}
+
+/// The MH's handshakes half-open here. IPv4 MHs reach msrd's IPv4 sockets (its IPv6
+/// ones are IPv6-only).
+fn half_open(mh: std::net::IpAddr) -> std::io::Result<Vec<crate::sockdiag::HalfOpen>> {
+    let all = crate::sockdiag::syn_recv(mh.is_ipv6())?;
+    Ok(all.into_iter().filter(|h| h.remote.ip() == mh).collect())
+}
+
+/// The MH's connections here in any state, for the handoff's decisions (a peer that
+/// detected the MH is told `NotHere` only when there are none): relays, connections
+/// in setup, and handshakes half-open (completed and moved: `complete_handshakes`).
+fn connections_here(d: &Daemon, mh: std::net::IpAddr) -> usize {
+    let settled = d.sessions.of_mh(mh).len() + d.inflight.pending(mh);
+    if settled > 0 || !synack_recent(d, mh) {
+        return settled;
+    }
+    half_open(mh).map_or(0, |open| open.len())
 }
 
 fn hold_syns(d: &Daemon, mh: std::net::IpAddr, on: bool) {
