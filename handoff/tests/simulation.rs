@@ -10,6 +10,7 @@
 
 mod sim;
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::time::Instant;
 
@@ -54,46 +55,60 @@ fn mutation_from_env() -> Mutation {
     }
 }
 
-/// Seeds `base..base+n` over the machine's cores: (violating seeds, hazards).
-fn sweep(base: u64, n: u64, mutation: Mutation, stop_at_first: bool) -> (Vec<u64>, [u64; 2]) {
+/// What a sweep of seeds came to.
+#[derive(Default)]
+struct Tally {
+    /// Seeds that violate an invariant.
+    bad: Vec<u64>,
+    hazards: [u64; 2],
+    seen: BTreeMap<String, u64>,
+}
+
+impl Tally {
+    fn add(&mut self, r: &Report) {
+        if r.violation.is_some() {
+            self.bad.push(r.seed);
+        }
+        self.hazards[0] += r.hazards[0] as u64;
+        self.hazards[1] += r.hazards[1] as u64;
+        for (k, v) in &r.seen {
+            *self.seen.entry(k.clone()).or_default() += v;
+        }
+    }
+
+    fn merge(&mut self, o: Tally) {
+        self.bad.extend(o.bad);
+        self.hazards[0] += o.hazards[0];
+        self.hazards[1] += o.hazards[1];
+        for (k, v) in o.seen {
+            *self.seen.entry(k).or_default() += v;
+        }
+    }
+}
+
+/// Seeds `base..base+n`, spread over the machine's cores.
+fn sweep(base: u64, n: u64) -> Tally {
     let threads = std::thread::available_parallelism()
         .map_or(1, |p| p.get())
         .min(8) as u64;
-    let found = std::sync::atomic::AtomicBool::new(false);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let found = &found;
-                s.spawn(move || {
-                    let (mut bad, mut hazards) = (Vec::new(), [0u64; 2]);
-                    let mut seed = base + t;
-                    while seed < base + n {
-                        if stop_at_first && found.load(std::sync::atomic::Ordering::Relaxed) {
-                            break;
-                        }
-                        let r = run_seed(seed, mutation, false);
-                        hazards[0] += r.hazards[0] as u64;
-                        hazards[1] += r.hazards[1] as u64;
-                        if r.violation.is_some() {
-                            bad.push(seed);
-                            found.store(true, std::sync::atomic::Ordering::Relaxed);
-                        }
-                        seed += threads;
-                    }
-                    (bad, hazards)
-                })
-            })
-            .collect();
-        let (mut bad, mut hazards) = (Vec::new(), [0; 2]);
-        for h in handles {
-            let (b, z) = h.join().expect("a simulation thread");
-            bad.extend(b);
-            hazards[0] += z[0];
-            hazards[1] += z[1];
+    let one = |t: u64| {
+        let mut tally = Tally::default();
+        let mut seed = base + t;
+        while seed < base + n {
+            tally.add(&run_seed(seed, Mutation::None, false));
+            seed += threads;
         }
-        bad.sort();
-        (bad, hazards)
-    })
+        tally
+    };
+    let mut all = Tally::default();
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..threads).map(|t| s.spawn(move || one(t))).collect();
+        for h in hs {
+            all.merge(h.join().expect("a simulation thread"));
+        }
+    });
+    all.bad.sort();
+    all
 }
 
 #[test]
@@ -117,7 +132,7 @@ fn every_connection_stays_in_exactly_one_place_through_simulated_handoffs() {
     let n = env_u64("ITCP_SIM_SCENARIOS").unwrap_or(100_000);
     let base = env_u64("ITCP_SIM_BASE").unwrap_or(0);
     let t0 = Instant::now();
-    let (bad, hazards) = sweep(base, n, Mutation::None, false);
+    let Tally { bad, hazards, seen } = sweep(base, n);
     let secs = t0.elapsed().as_secs_f64();
     say(&format!(
         "simulation: {n} scenarios, {} violations, {secs:.1} s",
@@ -130,6 +145,9 @@ fn every_connection_stays_in_exactly_one_place_through_simulated_handoffs() {
              had heard of the failure",
             hazards[0], hazards[1]
         ));
+        for (what, count) in seen {
+            say(&format!("  {count:>8}  {what}"));
+        }
     }
     if let Some(&seed) = bad.first() {
         let r = run_seed(seed, Mutation::None, true);
@@ -140,17 +158,14 @@ fn every_connection_stays_in_exactly_one_place_through_simulated_handoffs() {
     }
 }
 
-/// Runs the broken variant until a seed violates an invariant; returns its report.
+/// Runs the broken variant on seeds 0, 1, … until one violates an invariant; prints
+/// that seed's trace (shown with `--nocapture`) and returns its report.
 fn catches(mutation: Mutation) -> Report {
-    let (bad, _) = sweep(0, 20_000, mutation, true);
-    let seed = *bad
-        .first()
+    let seed = (0..20_000)
+        .find(|&s| run_seed(s, mutation, false).violation.is_some())
         .unwrap_or_else(|| panic!("the simulation did not catch {mutation:?} in 20000 seeds"));
     let r = run_seed(seed, mutation, true);
-    say(&format!(
-        "{mutation:?}: {}",
-        failure(&r, mutation, "caught")
-    ));
+    eprintln!("{mutation:?}: {}", failure(&r, mutation, "caught"));
     assert!(r.violation.is_some(), "the replay of seed {seed} differs");
     r
 }

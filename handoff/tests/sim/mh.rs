@@ -33,6 +33,8 @@ pub struct Agent {
     pub at: usize,
     ts: u64,
     pending: Option<Pending>,
+    /// Moves tried again after `failed` since the MH last entered a cell.
+    retries: u32,
     last_sent: Option<(usize, Greeting)>,
 }
 
@@ -43,6 +45,7 @@ impl Agent {
             at: 0,
             ts: 1000,
             pending: None,
+            retries: 0,
             last_sent: None,
         }
     }
@@ -52,6 +55,7 @@ impl Agent {
 
 const RETRY_US: u64 = 300 * MS;
 const TRIES: u32 = 4;
+const MAX_RETRIES: u32 = 2;
 
 /// The MH now hears `cells`: it greets each cell it enters.
 pub fn cells(w: &mut World, cells: Vec<usize>) {
@@ -67,6 +71,9 @@ pub fn cells(w: &mut World, cells: Vec<usize>) {
         }
     }
     w.mh.cells = cells;
+    if !entered.is_empty() {
+        w.mh.retries = 0;
+    }
     for c in entered {
         greet(w, c);
     }
@@ -109,6 +116,14 @@ fn air_to_msr(w: &mut World, to: usize, g: Greeting) {
     }
     let d = w.rng.range(500, 20 * MS);
     w.after(d, Ev::Greeting { msr: to, g });
+}
+
+/// A move that failed is tried again if the MH is still in that cell, attached
+/// elsewhere, and greeting nobody else.
+pub fn retry(w: &mut World, to: usize) {
+    if w.mh.cells.contains(&to) && w.mh.at != to && w.mh.pending.is_none() {
+        greet(w, to);
+    }
 }
 
 /// No final answer yet: the agent sends the same greeting again.
@@ -160,6 +175,12 @@ pub fn answer(w: &mut World, from: usize, status: Status) {
         Status::Failed | Status::Refused => {
             if w.mh.pending.as_ref().is_some_and(|p| p.to == from) {
                 w.mh.pending = None;
+                if status == Status::Failed && w.mh.retries < MAX_RETRIES {
+                    // The agent tries the move again a little later, with a new greeting.
+                    w.mh.retries += 1;
+                    let d = w.rng.range(200 * MS, 2000 * MS);
+                    w.after(d, Ev::Retry { to: from });
+                }
             }
         }
     }
@@ -194,6 +215,13 @@ pub fn greeting_at(w: &mut World, msr: usize, g: Greeting) {
         pull_allowed: true,
     };
     let d = greet::decide(&g, cx, view);
+    let kind = format!("greeting: {d:?}");
+    w.saw(
+        kind.split(['(', ' ', '{'])
+            .take(2)
+            .collect::<Vec<_>>()
+            .join(" "),
+    );
     w.trace_line(format!(
         "{} decides {d:?} on greeting ts {}",
         w.msrs[msr].name, g.ts_ms

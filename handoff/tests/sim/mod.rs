@@ -33,6 +33,7 @@ pub struct Report {
     pub hazards: [u32; 2],
     pub steps: u64,
     pub trace: Vec<String>,
+    pub seen: std::collections::BTreeMap<String, u64>,
 }
 
 pub fn run_seed(seed: u64, mutation: Mutation, trace: bool) -> Report {
@@ -44,5 +45,6 @@ pub fn run_seed(seed: u64, mutation: Mutation, trace: bool) -> Report {
         hazards: w.hazards,
         steps: w.steps,
         trace: w.trace.take().unwrap_or_default(),
+        seen: std::mem::take(&mut w.seen),
     }
 }

@@ -129,6 +129,7 @@ fn act(w: &mut World, i: usize, a: Action) -> bool {
     let msr = w.news[i].msr;
     match a {
         Action::AskInstead(to) => {
+            w.saw("new side asks instead (MovedOn)".into());
             let Some(p) = w.msr_index(&to) else {
                 w.news[i].astray = true;
                 w.news[i].lost = Some(format!("sent on to {to}, not a peer"));
@@ -169,6 +170,7 @@ fn act(w: &mut World, i: usize, a: Action) -> bool {
             }
         }
         Action::Discard(ids) => {
+            w.saw("new side discards restored copies".into());
             for id in &ids {
                 if w.msrs[msr].socks.get(id) == Some(&Sock::Restored(i)) {
                     w.msrs[msr].socks.remove(id);
@@ -176,9 +178,15 @@ fn act(w: &mut World, i: usize, a: Action) -> bool {
             }
             w.news[i].ahead.clear();
         }
-        Action::Attached => tell(w, i, Status::Attached),
+        Action::Attached => {
+            w.saw("new side attached (NotHere)".into());
+            tell(w, i, Status::Attached)
+        }
         Action::Restart(ids) => return begin(w, i, Work::Restart(ids)),
-        Action::Log(r) => log(w, i, r.outcome),
+        Action::Log(r) => {
+            w.saw(format!("new side {:?}", r.outcome));
+            log(w, i, r.outcome)
+        }
         Action::Reroute(_)
         | Action::Unroute(_)
         | Action::Arrived { .. }
@@ -374,6 +382,7 @@ fn finish(w: &mut World, i: usize) {
                 "{t}: the MH's other connections are at {}",
                 w.msrs[p].name
             ));
+            w.saw("also_at pull".into());
             start(w, msr, g, p, None, true);
         }
         _ => w.msrs[msr].rec.pulling = false,
@@ -405,6 +414,7 @@ fn drain_answers(w: &mut World, i: usize) {
         };
         for a in feed(w, i, msg) {
             if let Action::Send(m) = a {
+                w.saw("late call-off answered with the acknowledgement".into());
                 let c = w.news[i].chan.expect("a channel");
                 w.send(c, End::Old, m);
             }

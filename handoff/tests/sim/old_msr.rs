@@ -157,7 +157,10 @@ fn act(w: &mut World, j: usize, a: Action) -> bool {
         Action::Send(msg) => send(w, j, msg),
         Action::Delete(ids) => delete(w, j, &ids),
         Action::Unfreeze(_) => unfreeze(w, j),
-        Action::Log(r) => w.olds[j].outcome = Some(r.outcome),
+        Action::Log(r) => {
+            w.saw(format!("old side {:?}", r.outcome));
+            w.olds[j].outcome = Some(r.outcome)
+        }
         other => {
             let t = tag(w, j);
             w.violate(format!("{t}: the driver drops {other:?}"));

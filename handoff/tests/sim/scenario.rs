@@ -81,7 +81,7 @@ fn faults(r: &mut Rng) -> Faults {
 /// The MH's moves: clean, through a gap (no cell), or through an overlap (both).
 fn moves(r: &mut Rng, msrs: usize, script: &mut Vec<(u64, Script)>) -> u64 {
     let (mut t, mut cell) = (0, 0usize);
-    for _ in 0..r.range(1, 6) {
+    for _ in 0..r.range(1, 10) {
         t += r.range(20 * MS, 2500 * MS);
         let next = (cell + r.range(1, msrs as u64 - 1) as usize) % msrs;
         match r.below(3) {
@@ -123,8 +123,8 @@ pub fn generate(seed: u64) -> Scenario {
     script.sort_by_key(|(t, _)| *t);
     Scenario {
         msrs,
-        conns: r.range(1, 4) as usize,
-        part: r.pick(&[0, 0, 1, 2]),
+        conns: r.range(1, 6) as usize,
+        part: r.pick(&[0, 0, 1, 2, 3]),
         faults: faults(&mut r),
         script,
     }

@@ -193,6 +193,7 @@ pub enum Ev {
     Greeting { msr: usize, g: Greeting },
     Answer { from: usize, status: Status },
     Regreet { nonce: String },
+    Retry { to: usize },
     Script(Script),
 }
 
@@ -217,6 +218,8 @@ pub struct World {
     /// heard of the failure.
     pub hazards: [u32; 2],
     pub steps: u64,
+    /// What happened, by kind: the paths the scenarios reached (`ITCP_SIM_VERBOSE`).
+    pub seen: BTreeMap<String, u64>,
 }
 
 impl World {
@@ -249,6 +252,7 @@ impl World {
             trace: trace.then(Vec::new),
             violation: None,
             hazards: [0; 2],
+            seen: BTreeMap::new(),
             steps: 0,
             sc,
         };
@@ -287,6 +291,10 @@ impl World {
             self.trace_line(format!("VIOLATION: {what}"));
             self.violation = Some(what);
         }
+    }
+
+    pub fn saw(&mut self, what: String) {
+        *self.seen.entry(what).or_default() += 1;
     }
 
     pub fn msr_index(&self, name: &str) -> Option<usize> {
@@ -385,6 +393,7 @@ impl World {
             Ev::Greeting { msr, g } => super::mh::greeting_at(self, msr, g),
             Ev::Answer { from, status } => super::mh::answer(self, from, status),
             Ev::Regreet { nonce } => super::mh::regreet(self, &nonce),
+            Ev::Retry { to } => super::mh::retry(self, to),
             Ev::Script(s) => self.script(s),
         }
     }
@@ -515,6 +524,7 @@ impl World {
         }
         let name = self.msrs[m].name.clone();
         self.trace_line(format!("CRASH {name}"));
+        self.saw("crash".into());
         let socks = std::mem::take(&mut self.msrs[m].socks);
         for (c, s) in socks {
             match s {
