@@ -145,7 +145,7 @@ fn act(w: &mut World, j: usize, a: Action) -> bool {
             let rec = &mut w.msrs[msr].rec;
             rec.last_greeting_ts = rec.last_greeting_ts.max(ts_ms);
         }
-        Action::AwaitHandshakes(_) | Action::SendAhead(_) | Action::Reroute(_) => {}
+        Action::CompleteHandshakes { .. } | Action::SendAhead(_) | Action::Reroute(_) => {}
         Action::Forget(_) => {}
         Action::FreezeAndCapture(_) => {
             freeze(w, j);
