@@ -85,19 +85,30 @@ pub fn answer_line(sessions: &Sessions, id: &str, line: &str) -> Reply {
     }
 }
 
-/// Binds the control socket at `path` (replacing a stale one), operators only.
+/// Binds the control socket at `path` (replacing a stale one), for operators only:
+/// msrd's user and group (mode 0660; under the unit `itcp`, whose group operators
+/// join) and root. The mode is the socket's from its creation, not set after it.
 pub fn bind(path: &Path) -> std::io::Result<std::os::unix::net::UnixListener> {
+    use socket2::{Domain, SockAddr, Socket, Type};
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
     let _ = std::fs::remove_file(path);
-    let listener = std::os::unix::net::UnixListener::bind(path)?;
-    // Sessions reveal who talks to whom: operators only.
+    let sock = Socket::new(Domain::UNIX, Type::STREAM.cloexec(), None)?;
+    // Sessions reveal who talks to whom. bind(2) creates the file with the socket's
+    // own mode less the umask: set before, it leaves no moment of a wider one.
+    nix::sys::stat::fchmod(&sock, nix::sys::stat::Mode::from_bits_truncate(MODE))?;
+    sock.bind(&SockAddr::unix(path)?)?;
+    // The umask may have taken group bits away: give them back.
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    listener.set_nonblocking(true)?;
-    Ok(listener)
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(MODE))?;
+    sock.listen(128)?;
+    sock.set_nonblocking(true)?;
+    Ok(sock.into())
 }
+
+/// The control socket's mode: msrd's user and group.
+const MODE: u32 = 0o660;
 
 /// Serves the control socket until the task is dropped.
 pub async fn serve(path: &Path, id: String, sessions: Arc<Sessions>) -> std::io::Result<()> {
@@ -196,6 +207,17 @@ mod tests {
         let e = answer_line(&s, "m", r#"{"op":"dance"}"#).to_line();
         assert!(e.contains("unknown variant"), "{e}");
         assert!(e.starts_with(r#"{"ok":false,"#), "{e}");
+    }
+
+    #[test]
+    fn the_socket_is_for_its_user_and_group_only_from_the_start() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("itcp-control-mode-{}", std::process::id()));
+        let path = dir.join("c.sock");
+        let _l = bind(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o660);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[tokio::test]

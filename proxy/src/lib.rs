@@ -16,6 +16,8 @@
 //! * [`beacon`] — advertisements on the cells;
 //! * [`sockopt`], [`cells`], [`logging`] — socket options, per-cell tuning, logs;
 //! * [`heap`] — memory freed by a crowd of closed connections back to the system;
+//! * [`capabilities`] — the few capabilities msrd keeps, everything else dropped at
+//!   start;
 //! * [`footprint`] — everything msrd changes on the router, undone at exit and after
 //!   a crash.
 //!
@@ -30,6 +32,7 @@
 //! * [`faults`] — the test hooks the end-to-end tests inject (`MSRD_FAULT`).
 pub mod admission;
 pub mod beacon;
+pub mod capabilities;
 pub mod cells;
 pub mod clock;
 pub mod control;

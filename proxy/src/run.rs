@@ -20,6 +20,8 @@ use crate::upgrade::Services;
 /// Runs msrd until SIGTERM/SIGINT, then drains; or until an upgrade hands everything
 /// to a new process. `adopt`: this process is that new process ([`crate::upgrade`]).
 pub fn run(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<()> {
+    // Before any thread starts: capabilities are per thread.
+    drop_capabilities()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -27,6 +29,34 @@ pub fn run(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<()> {
     if upgraded {
         // Tasks left (connections in setup, metrics requests) end with the process.
         rt.shutdown_background();
+    }
+    Ok(())
+}
+
+/// Keeps only the capabilities msrd needs ([`crate::capabilities`]) and says which.
+fn drop_capabilities() -> io::Result<()> {
+    use crate::capabilities::{keep_only_needed, names, CAP_SYS_RESOURCE};
+    let o = keep_only_needed()
+        .map_err(|e| io::Error::new(e.kind(), format!("cannot drop capabilities: {e}")))?;
+    info!(
+        kept = %names(o.kept),
+        dropped = %names(o.dropped),
+        bounding_set_cut = o.bounded,
+        "capabilities"
+    );
+    let fatal = o.missing & !(1 << CAP_SYS_RESOURCE);
+    if fatal != 0 {
+        warn!(
+            missing = %names(fatal),
+            "without these, interception, handoffs or restores fail (run as root, or \
+             with them as ambient capabilities as msrd.service does)"
+        );
+    }
+    if o.missing & (1 << CAP_SYS_RESOURCE) != 0 {
+        info!(
+            "without CAP_SYS_RESOURCE: the fd limit stays at its hard limit, and splice \
+             pipes past fs.pipe-user-pages-soft get 8 KiB instead of [relay] pipe_size"
+        );
     }
     Ok(())
 }

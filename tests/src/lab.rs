@@ -36,6 +36,7 @@ use crate::emu::{
     AirSpec, CellSpec, CountersReply, LinkParams, PortSpec, Reply, ReplyBody, Request, StatusReply,
     Topology, WireSpec,
 };
+use crate::msrd_user::MsrdUser;
 use crate::sys;
 
 /// Prefix of every namespace a lab creates.
@@ -507,6 +508,9 @@ pub struct Lab {
     pub beacon_offsets: bool,
     /// The msrd binary [`Lab::start_msrd`] runs (default: [`bin_path`]`("msrd")`).
     pub msrd_bin: Option<PathBuf>,
+    /// msrd runs as this user with these capabilities instead of as root (default:
+    /// `ITCP_LAB_MSRD_USER`, see [`MsrdUser::from_env`]); it then owns the lab directory.
+    pub msrd_user: Option<MsrdUser>,
     /// Number of MHs (1 unless built with [`Lab::with_mhs`]).
     mhs: usize,
     /// This lab's turn ([`Turn`]); dropped last, after the teardown.
@@ -763,6 +767,7 @@ impl Lab {
             channel_tls: true,
             beacon_offsets: false,
             msrd_bin: None,
+            msrd_user: MsrdUser::from_env()?,
             mhs,
             _turn: turn,
         };
@@ -1387,6 +1392,11 @@ impl Lab {
                     Ok(())
                 });
             }
+        }
+        if let Some(u) = self.msrd_user.clone() {
+            u.own(&self.dir)?;
+            // SAFETY: become_it makes only async-signal-safe calls.
+            unsafe { cmd.pre_exec(move || u.become_it()) };
         }
         let child = cmd
             .args(["--config", &cfg])

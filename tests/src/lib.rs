@@ -13,6 +13,8 @@
 //!   regular-TCP (Mobile-IP-like rerouting) mode.
 //! * [`handoff_bench`] measures handoff latency and the gap at the MH; [`paper`] runs
 //!   the paper's experiments and writes `docs/results.md` (plots via [`svg`]).
+//! * [`msrd_user`] runs msrd as an unprivileged user with ambient capabilities, as its
+//!   systemd unit does (`ITCP_LAB_MSRD_USER`).
 //! * [`soak`] is the chaos soak: several MHs, random moves and injected faults, every
 //!   byte verified, RSTs attributed, msrd's state compared at start and end.
 pub mod baseline;
@@ -24,6 +26,7 @@ pub mod firstbyte;
 pub mod handoff_bench;
 pub mod lab;
 pub mod moves;
+pub mod msrd_user;
 pub mod paper;
 pub mod report;
 pub mod rng;

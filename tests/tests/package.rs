@@ -1,10 +1,14 @@
 //! The Debian package, end to end on this machine: `scripts/deb` builds it from the
-//! binaries under test, `dpkg -i` installs it, the installed msrd validates the
-//! installed `/etc/itcp/msrd.toml`, `systemd-analyze verify` (where installed) accepts
-//! the units, the C library has its SONAME and makes the MH's session token, `dpkg -r`
-//! keeps only the conffiles and `dpkg -P` leaves nothing behind, the token included.
+//! binaries under test, `dpkg -i` installs it and makes the `itcp` user msrd runs as,
+//! the installed msrd validates the installed `/etc/itcp/msrd.toml`, `systemd-analyze
+//! verify` (where installed) accepts the units, the C library has its SONAME and makes
+//! the MH's session token, `dpkg -r` keeps only the conffiles and `dpkg -P` leaves
+//! nothing behind, the token and the user included.
 //!
-//! It needs root and dpkg; without them it says so and passes. It refuses to run (and
+//! Also, without root: `systemd-analyze security` scores the shipped msrd.service at an
+//! exposure of 3.0 at most (scripts/setup.sh installs systemd-analyze; no skipping).
+//!
+//! The package test needs root and dpkg; without them it says so and passes. It refuses to run (and
 //! fails, changing nothing) when a package `itcp` is installed that it did not install
 //! itself, or when any file of the package already exists on the machine. Whatever
 //! happens, a guard purges what it installed.
@@ -98,6 +102,75 @@ fn files_of(deb: &Path) -> Vec<PathBuf> {
         .filter_map(|l| l.split_whitespace().nth(5))
         .map(|p| PathBuf::from(p.trim_start_matches('.')))
         .collect()
+}
+
+/// The `itcp` user's passwd entry, if there is one.
+fn itcp_user() -> Option<String> {
+    let out = sh("getent", &["passwd", "itcp"]);
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The exposure `systemd-analyze security --offline` gives a unit file (0.0–10.0).
+fn exposure(unit: &Path) -> (f64, String) {
+    assert!(
+        have("systemd-analyze"),
+        "systemd-analyze is missing: run scripts/setup.sh (it installs systemd)"
+    );
+    let out = sh(
+        "systemd-analyze",
+        &["security", "--offline=true", unit.to_str().unwrap()],
+    );
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let level = text
+        .lines()
+        .find_map(|l| l.split("Overall exposure level for ").nth(1))
+        .and_then(|l| l.split(": ").nth(1))
+        .and_then(|l| l.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            panic!(
+                "no exposure in systemd-analyze's output: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        });
+    (level, text)
+}
+
+#[test]
+fn the_msrd_unit_is_sandboxed_to_an_exposure_of_at_most_3_0() {
+    let unit = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/msrd.service");
+    let (level, text) = exposure(&unit);
+    eprintln!("msrd.service: exposure {level}");
+    assert!(
+        level <= 3.0,
+        "msrd.service's exposure is {level} (> 3.0):\n{text}"
+    );
+    // The same bound as systemd-analyze's own --threshold (in tenths).
+    let out = sh(
+        "systemd-analyze",
+        &[
+            "security",
+            "--offline=true",
+            "--threshold=30",
+            unit.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "--threshold=30 failed:\n{text}");
+    // Not root: its own user, with the capabilities msrd keeps and nothing else.
+    let body = std::fs::read_to_string(&unit).unwrap();
+    for line in [
+        "User=itcp",
+        "Group=itcp",
+        "CapabilityBoundingSet=CAP_NET_ADMIN CAP_NET_RAW CAP_NET_BIND_SERVICE CAP_SYS_RESOURCE",
+        "AmbientCapabilities=CAP_NET_ADMIN CAP_NET_RAW CAP_NET_BIND_SERVICE CAP_SYS_RESOURCE",
+    ] {
+        assert!(
+            body.lines().any(|l| l == line),
+            "msrd.service has no {line}"
+        );
+    }
 }
 
 #[test]
@@ -197,6 +270,9 @@ fn deb_installs_checks_and_purges_cleanly() {
         "refusing to install over existing files: {present:?}"
     );
 
+    // An operator's own itcp user is used as it is, and kept on purge.
+    let user_before = itcp_user();
+
     // From here on the guard purges whatever happens.
     std::fs::write(MARKER, "installed by itcp's tests/tests/package.rs\n").unwrap();
     let guard = Guard(out_dir);
@@ -208,6 +284,16 @@ fn deb_installs_checks_and_purges_cleanly() {
         Path::new("/var/log/itcp").is_dir(),
         "postinst made no /var/log/itcp"
     );
+    // The system user msrd runs as, owning its log directory.
+    let user = itcp_user().expect("postinst made no itcp user");
+    if user_before.is_none() {
+        assert!(
+            user.ends_with(":/nonexistent:/usr/sbin/nologin"),
+            "itcp is a login user: {user}"
+        );
+    }
+    let logs = ok("stat", &["-c", "%U:%G %a", "/var/log/itcp"]);
+    assert_eq!(logs.trim(), "itcp:itcp 750");
 
     // The installed daemon accepts the installed configuration; every binary runs.
     let check = ok("/usr/bin/msrd", &["--check-config", "/etc/itcp/msrd.toml"]);
@@ -303,6 +389,15 @@ fn deb_installs_checks_and_purges_cleanly() {
     }
     let left = existing(&files);
     assert!(left.is_empty(), "left after dpkg -P: {left:?}");
+    if user_before.is_none() {
+        assert_eq!(itcp_user(), None, "the itcp user outlived dpkg -P");
+    } else {
+        assert_eq!(
+            itcp_user(),
+            user_before,
+            "an operator's itcp user was changed"
+        );
+    }
     drop(guard);
     assert!(!Path::new(MARKER).exists());
 }
