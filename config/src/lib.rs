@@ -20,7 +20,7 @@
 //! * `[beacon]` — `enabled`, `interval_ms`, `lifetime_ms`, `port`, `interfaces`;
 //! * `[handoff]` — `listen` (turns handoff on), `lan_interface`, `greet_port`,
 //!   timeouts, `hold_after_ms`, `setup_wait_ms`, `closed_window_s`, `detect_hold_ms`,
-//!   `keep_channels`, `images_in_parts`, `linger_s`,
+//!   `stale_window_ms`, `keep_channels`, `images_in_parts`, `linger_s`,
 //!   `unacked`, `log_file`, and
 //!   `[[handoff.peer]]` (`id`, `address`, `key` or `key_file`).
 //!

@@ -120,6 +120,13 @@ pub struct HandoffSection {
     /// ms (500). Each arrival is one such bounded hold.
     #[serde(default = "default_detect_hold")]
     pub detect_hold_ms: u64,
+    /// Old MSR, cells with `detect = "network"`: for this long after the MH's
+    /// connections left for another MSR, a frame of the MH that reaches this cell counts
+    /// as its return only if it proves it left the MH after the move (a TCP segment
+    /// acknowledging data the other MSR sent); others may have waited in the cell's
+    /// uplink queue since before the move. In ms (500; 0: every frame counts at once).
+    #[serde(default = "default_stale_window")]
+    pub stale_window_ms: u64,
     /// Keep one authenticated channel open to each `[[handoff.peer]]` ahead of need, so
     /// a handoff does not wait for TCP's and TLS's handshakes (true). Each is replaced
     /// after a minute, and a peer closes one left idle for 90 s.
@@ -186,6 +193,7 @@ impl Default for HandoffSection {
             setup_wait_ms: default_setup_wait(),
             closed_window_s: default_closed_window(),
             detect_hold_ms: default_detect_hold(),
+            stale_window_ms: default_stale_window(),
             keep_channels: true,
             images_in_parts: true,
             linger_s: default_linger(),
@@ -312,6 +320,9 @@ fn default_closed_window() -> u64 {
     60
 }
 fn default_detect_hold() -> u64 {
+    500
+}
+fn default_stale_window() -> u64 {
     500
 }
 fn default_hold_after() -> u64 {
@@ -1055,6 +1066,7 @@ impl MsrdConfig {
         in_range(src, "handoff.linger_s", h.linger_s, 0, 2_000_000)?;
         in_range(src, "handoff.closed_window_s", h.closed_window_s, 0, 3600)?;
         in_range(src, "handoff.detect_hold_ms", h.detect_hold_ms, 50, 10_000)?;
+        in_range(src, "handoff.stale_window_ms", h.stale_window_ms, 0, 10_000)?;
         if h.setup_wait_ms >= h.images_timeout_ms {
             return Err(src.invalid(
                 "handoff.setup_wait_ms",

@@ -728,6 +728,7 @@ fn gateway_mac_and_network_detection() {
     assert_eq!(c.msr.gateway_mac(), Some([2, 0, 0x5e, 0, 1, 1]));
     assert_eq!(c.cells[0].detect, crate::Detect::Network);
     assert_eq!(c.handoff.detect_hold_ms, 500);
+    assert_eq!(c.handoff.stale_window_ms, 500);
     // Network detection needs the shared MAC and handoff.
     let e = msrd_err(&format!("{MIN}\n{hand}\n{net}"), "gateway_mac");
     assert_eq!(e.key(), Some("cell[0].detect"));
@@ -759,4 +760,9 @@ fn gateway_mac_and_network_detection() {
         "detect_hold_ms",
     );
     assert_eq!(e.key(), Some("handoff.detect_hold_ms"));
+    let e = msrd_err(
+        &format!("{MIN}\n{hand}stale_window_ms = 60000\n"),
+        "stale_window_ms",
+    );
+    assert_eq!(e.key(), Some("handoff.stale_window_ms"));
 }

@@ -372,6 +372,8 @@ stats! {
     held_forwarded,
     /// Held packets dropped (no connection of theirs runs here, or held too long).
     held_dropped,
+    /// Frames of an MH handed away that did not prove its return (network detection).
+    arrivals_stale,
 }
 
 #[cfg(test)]

@@ -1,10 +1,18 @@
-//! Wall-clock time as the handoff log and the status page record it.
+//! Time: wall-clock as the handoff log and the status page record it, and a monotonic
+//! clock for deadlines that a clock step must not move.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::OnceLock;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// Microseconds since the UNIX epoch (handoff log phases).
 pub fn now_us() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Microseconds on a monotonic clock, counted from this process's first call.
+pub fn mono_us() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_micros() as u64
 }

@@ -56,6 +56,18 @@ fn on_arrival(d: &Arc<Daemon>, l: Logged) {
     if !d.is_mh(mh) {
         return;
     }
+    if h.judge_arrival(mh, &l.head) == crate::departed::Evidence::Stale {
+        // It may have waited in the uplink since before the MH moved: not an arrival.
+        // The next frame is judged too, at once.
+        d.sessions
+            .stats
+            .arrivals_stale
+            .fetch_add(1, Ordering::Relaxed);
+        if let Err(e) = d.rules.rearm_detection(mh) {
+            debug!(%mh, error = %e, "arrival hold not ended");
+        }
+        return;
+    }
     let Some(mac) = l.mac else {
         if h.may_log(mh) {
             warn!(%mh, "arrival without a link-layer address: not an Ethernet cell?");

@@ -60,7 +60,9 @@ pub const SYNACK_RECENT: Duration = Duration::from_secs(3);
 /// packet it sends (a host announcing itself or resolving its gateway on association)
 /// — is reported on NFLOG group `group`. Its other packets are then dropped (never
 /// answered) until msrd marks it present, at most `hold_ms` per report (sets
-/// `arriving4`, `arriving6`); ARP and neighbour discovery pass.
+/// `arriving4`, `arriving6`); ARP and neighbour discovery pass. Greetings (UDP to
+/// `greet_port`) pass unreported: an agent broadcasts them into every cell it hears,
+/// and only the MSR a greeting names acts on it.
 #[derive(Debug, Clone)]
 pub struct Detection {
     pub interfaces: Vec<String>,
@@ -69,6 +71,7 @@ pub struct Detection {
     pub gateways: Vec<IpAddr>,
     pub group: u16,
     pub hold_ms: u64,
+    pub greet_port: u16,
 }
 
 #[derive(Debug, Clone)]
@@ -405,6 +408,20 @@ impl Rules {
         Ok(())
     }
 
+    /// Ends the arrival hold of `mh` without marking it present: its next frame is
+    /// reported again (its last one proved nothing, see [`crate::departed`]).
+    pub fn rearm_detection(&self, mh: IpAddr) -> io::Result<()> {
+        if self.detect.is_none() {
+            return Ok(());
+        }
+        let a = if mh.is_ipv4() {
+            "arriving4"
+        } else {
+            "arriving6"
+        };
+        crate::netlink::nft_netdev_set_element(&self.table, a, mh, false)
+    }
+
     fn held_set(&self, mh: IpAddr) -> (&'static str, String) {
         (if mh.is_ipv4() { "held4" } else { "held6" }, mh.to_string())
     }
@@ -599,8 +616,10 @@ impl Detection {
             r
         };
         s += &not_mh("ip saddr");
+        let gp = self.greet_port;
         s += &format!(
-            "    ip saddr @arriving4 counter drop\n\
+            "    ip protocol udp udp dport {gp} accept\n\
+             \x20   ip saddr @arriving4 counter drop\n\
              \x20   add @arriving4 {{ ip saddr }} counter log group {g} drop\n  }}\n"
         );
         s += "  chain arp_in {\n";
@@ -616,6 +635,7 @@ impl Detection {
             }
             s += &format!(
                 "    ip6 saddr @present6 accept\n\
+                 \x20   ip6 nexthdr udp udp dport {gp} accept\n\
                  \x20   icmpv6 type {{ nd-router-solicit, nd-neighbor-solicit, nd-neighbor-advert }} jump nd_in\n\
                  \x20   ip6 saddr @arriving6 counter drop\n\
                  \x20   add @arriving6 {{ ip6 saddr }} counter log group {g} drop\n  }}\n\
@@ -697,6 +717,7 @@ pub fn rules_of(cfg: &itcp_config::MsrdConfig) -> Rules {
                 gateways: cfg.msr.gateway.clone(),
                 group: i.nflog_group,
                 hold_ms: cfg.handoff.detect_hold_ms,
+                greet_port: cfg.handoff.greet_port,
             })
         },
         mh_prefixes: cfg.access.mh_prefixes.clone(),
@@ -790,6 +811,7 @@ mod tests {
             gateways: vec!["10.2.0.1".parse().unwrap(), "2001:db8::1".parse().unwrap()],
             group: 77,
             hold_ms: 500,
+            greet_port: 4346,
         });
         let s = r.nft_script();
         let t = &s[s
@@ -810,6 +832,7 @@ mod tests {
                 "ip saddr != { 10.2.0.0/24 } accept",
                 "ip saddr { 10.2.0.1 } accept",
                 "ip saddr @present4 accept",
+                "ip protocol udp udp dport 4346 accept",
                 "ip saddr @arriving4 counter drop",
                 "add @arriving4 { ip saddr } counter log group 77 drop",
             ]
@@ -832,6 +855,7 @@ mod tests {
                 "ip6 saddr != { 2001:db8::/64 } accept",
                 "ip6 saddr { 2001:db8::1 } accept",
                 "ip6 saddr @present6 accept",
+                "ip6 nexthdr udp udp dport 4346 accept",
                 "icmpv6 type { nd-router-solicit, nd-neighbor-solicit, nd-neighbor-advert } jump nd_in",
                 "ip6 saddr @arriving6 counter drop",
                 "add @arriving6 { ip6 saddr } counter log group 77 drop",

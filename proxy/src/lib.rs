@@ -37,6 +37,7 @@ pub mod cells;
 pub mod clock;
 pub mod control;
 pub mod daemon;
+pub(crate) mod departed;
 pub mod detect;
 pub mod faults;
 pub mod fixed;

@@ -19,6 +19,7 @@
 //! | `connections_moved_total` | counter | `direction` (in, out) |
 //! | `handoff_duration_seconds` | histogram | `role` (new, old) |
 //! | `handoff_messages_rejected_total`, `greetings_rejected_total` | counter | |
+//! | `arrivals_stale_total` | counter | |
 //! | `handoff_channels_kept_total` | counter | `outcome` (used, stale) |
 //! | `held_packets_total` | counter | `fate` (delivered, forwarded, dropped) |
 //! | `relay_pipes` | gauge | `state` (in_use, pooled) |
@@ -390,6 +391,12 @@ pub fn render_parts(
         "counter",
         "MH greetings rejected (malformed or without valid proof).",
         st.greetings_rejected,
+    );
+    e.single(
+        "arrivals_stale_total",
+        "counter",
+        "Frames of an MH handed away that reached its old cell and did not prove its return (network detection): taken for frames from before the move.",
+        st.arrivals_stale,
     );
     e.family(
         "handoff_channels_kept_total",

@@ -32,7 +32,7 @@ const NFULA_PAYLOAD: u16 = 9;
 pub const DETECT_COPY: u32 = 64;
 
 /// One reported packet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Logged {
     /// Interface it came in on.
     pub ifindex: u32,
@@ -40,6 +40,8 @@ pub struct Logged {
     pub mac: Option<[u8; 6]>,
     /// The packet's source address.
     pub src: IpAddr,
+    /// The packet's first bytes (up to the copy range the group was opened with).
+    pub head: Vec<u8>,
 }
 
 /// Opens a non-blocking netlink socket bound to NFLOG group `group`, copying the first
@@ -145,11 +147,13 @@ fn parse_packet(body: &[u8]) -> Option<Logged> {
             _ => {}
         }
     }
-    let (src, sha) = sender(proto, payload?)?;
+    let payload = payload?;
+    let (src, sha) = sender(proto, payload)?;
     Some(Logged {
         ifindex,
         mac: mac.or(sha),
         src,
+        head: payload.to_vec(),
     })
 }
 
@@ -205,12 +209,14 @@ mod tests {
                 Logged {
                     ifindex: 7,
                     mac: Some(mac),
-                    src: "10.2.0.100".parse().unwrap()
+                    src: "10.2.0.100".parse().unwrap(),
+                    head: ipv4_header([10, 2, 0, 100]),
                 },
                 Logged {
                     ifindex: 8,
                     mac: Some([2, 0, 0, 0, 0, 0x65]),
-                    src: "10.2.0.101".parse().unwrap()
+                    src: "10.2.0.101".parse().unwrap(),
+                    head: ipv4_header([10, 2, 0, 101]),
                 }
             ]
         );
@@ -233,7 +239,8 @@ mod tests {
             vec![Logged {
                 ifindex: 3,
                 mac: Some(sha),
-                src: "10.2.0.102".parse().unwrap()
+                src: "10.2.0.102".parse().unwrap(),
+                head: arp.clone(),
             }]
         );
         // ARP probes (sender 0.0.0.0) and non-Ethernet ARP are reported as such or not at all.

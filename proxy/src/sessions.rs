@@ -77,6 +77,7 @@ pub struct Stats {
     pub held_delivered: AtomicU64,
     pub held_forwarded: AtomicU64,
     pub held_dropped: AtomicU64,
+    pub arrivals_stale: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -115,6 +116,7 @@ impl Stats {
             held_delivered: g(&self.held_delivered),
             held_forwarded: g(&self.held_forwarded),
             held_dropped: g(&self.held_dropped),
+            arrivals_stale: g(&self.arrivals_stale),
         }
     }
 }
@@ -145,6 +147,7 @@ impl Stats {
         set(&self.held_delivered, s.held_delivered);
         set(&self.held_forwarded, s.held_forwarded);
         set(&self.held_dropped, s.held_dropped);
+        set(&self.arrivals_stale, s.arrivals_stale);
     }
 }
 

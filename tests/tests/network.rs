@@ -819,3 +819,136 @@ fn short_connections_of_an_agentless_mh_never_hang_across_moves() {
 fn short_connections_of_an_agentless_mh_never_hang_across_moves_over_ipv6() {
     short_connections_of_an_agentless_mh_across_moves(true, 119);
 }
+
+/// 20 overlapped moves out of a cell whose uplink holds the MH's frames for 200 ms (a
+/// slow, deep queue) into one that delivers them at once: the new MSR detects the MH
+/// and takes its connections over within tens of ms, and the old MSR then goes on
+/// receiving, for most of 200 ms, frames the MH sent before it moved. They must not count as
+/// its return: exactly one handoff per move, with a download and an echo running
+/// (whose ACKs and requests are those frames), no byte lost, no RST.
+#[test]
+fn overlapped_moves_from_a_slow_cell_hand_over_once_each() {
+    use itcp_testbed::emu::{Dir, Request};
+    let _serial = serial();
+    let (mut lab, _) = network_lab(131, 1);
+    let uplink = |lab: &Lab, k: usize, delay_ms: f64| {
+        lab.emu(Request::Link {
+            link: format!("cell{k}"),
+            dir: Dir::Up,
+            params: lab::link(0, delay_ms, 0.0),
+        })
+        .unwrap();
+    };
+    uplink(&lab, 1, 200.0);
+    let ttcp = bin_path("ttcp");
+    let down = lab::fh_addr(5001);
+    let moves = 20;
+    let fh_send = lab
+        .spawn(
+            Host::Fh,
+            &ttcp,
+            &["send", "--listen", &down, "--duration", "40"],
+        )
+        .unwrap();
+    let echo = lab
+        .spawn(Host::Fh, &ttcp, &["echo", "--listen", &lab::fh_addr(5003)])
+        .unwrap();
+    for port in [5001, 5003] {
+        lab.wait_listening(Host::Fh, port).unwrap();
+    }
+    let mh_recv = lab
+        .spawn(Host::Mh, &ttcp, &["recv", "--connect", &down])
+        .unwrap();
+    let rr = lab
+        .spawn(
+            Host::Mh,
+            &ttcp,
+            &[
+                "rr",
+                "--connect",
+                &lab::fh_addr(5003),
+                "--count",
+                "120",
+                "--size",
+                "100",
+                "--interval-ms",
+                "50",
+            ],
+        )
+        .unwrap();
+    if std::env::var_os("ITCP_PCAP").is_some() {
+        for h in [Host::Mh, Host::Msr(1), Host::Msr(2)] {
+            lab.record_packets(h).unwrap();
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while relays_at(&lab, 1) < 2 {
+        assert!(Instant::now() < deadline, "not relayed\n{}", diag(&lab));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let mut at = 1;
+    for _ in 0..moves {
+        let to = 3 - at;
+        uplink(&lab, to, 0.0);
+        lab.assoc(&[at, to]).unwrap();
+        associated(&lab, 1);
+        std::thread::sleep(Duration::from_millis(300));
+        lab.assoc(&[to]).unwrap();
+        // The cell the MH is in now is the slow one it leaves next.
+        uplink(&lab, to, 200.0);
+        std::thread::sleep(Duration::from_millis(1200));
+        at = to;
+    }
+    let report = recv_report(&mut lab, mh_recv);
+    assert!(
+        report.ok && report.verified,
+        "download: {report:?}\n{}",
+        diag(&lab)
+    );
+    let _ = lab.wait(fh_send, Duration::from_secs(10));
+    let (_, out, err) = lab.wait(rr, Duration::from_secs(120)).unwrap();
+    let r: itcp_testbed::ttcp::RrReport = serde_json::from_str(out.trim())
+        .unwrap_or_else(|e| panic!("echo client: {e}: {err}\n{}", diag(&lab)));
+    lab.terminate(echo);
+    let handoffs: Vec<(usize, itcp_handoff::log::Record)> = (1..=2)
+        .flat_map(|k| lab.handoff_records(k).into_iter().map(move |r| (k, r)))
+        .filter(|(_, r)| r.role == itcp_handoff::log::Role::New && r.outcome == Outcome::Moved)
+        .collect();
+    // The old cells did receive frames from before the moves, and took none for one.
+    let stale: u64 = (1..=2)
+        .map(|k| lab.msrd_stats(k).unwrap().stats.arrivals_stale)
+        .sum();
+    eprintln!(
+        "{} handoffs for {moves} overlapped moves ({stale} stale frames); download {} bytes, \
+         longest stall {:.3} s; echo {} exchanges, p99 {:.1} ms",
+        handoffs.len(),
+        report.bytes,
+        report.longest_stall_s,
+        r.count,
+        r.p99_us / 1000.0
+    );
+    assert!(r.ok && r.count == 120, "echo client: {r:?}\n{}", diag(&lab));
+    assert_eq!(
+        handoffs.len(),
+        moves,
+        "handoffs to (MSR, at µs): {:?}\n{}",
+        handoffs
+            .iter()
+            .map(|(k, r)| (*k, r.start_us()))
+            .collect::<Vec<_>>(),
+        diag(&lab)
+    );
+    assert!(
+        stale >= moves as u64,
+        "{stale} stale frames: the test no longer makes any"
+    );
+    let (fh_in, fh_out) = lab.rsts(Host::Fh).unwrap();
+    let (mh_in, mh_out) = lab.rsts(Host::Mh).unwrap();
+    assert_eq!(
+        (fh_in, fh_out, mh_in, mh_out),
+        (0, 0, 0, 0),
+        "RSTs\n{}",
+        diag(&lab)
+    );
+}

@@ -130,8 +130,13 @@ impl Daemon {
     /// gave it away ends, or its new connections would meet silence until it expires.
     pub fn present(&self, mh: IpAddr, mac: Option<[u8; 6]>) {
         self.end_quarantine(mh);
-        if let (Some(h), Some(mac)) = (&self.handoff, mac) {
-            h.mhs.lock().unwrap().entry(mh).or_default().mac = Some(mac);
+        if let Some(h) = &self.handoff {
+            let mut m = h.mhs.lock().unwrap();
+            let st = m.entry(mh).or_default();
+            st.departure = None;
+            if mac.is_some() {
+                st.mac = mac;
+            }
         }
         if let Err(e) = self.rules.set_present(mh, true) {
             warn!(%mh, error = %e, "MH not marked present: its packets keep being reported");

@@ -79,6 +79,9 @@ pub(crate) struct MhState {
     /// (held up by the channel), is sent on or accepted by them (`MovedOn`).
     pub moved_to: Option<String>,
     pub came_from: Option<String>,
+    /// The MH's connections left this MSR: what its frames must show to count as its
+    /// return here (network detection).
+    pub departure: Option<crate::departed::Departure>,
 }
 
 /// Handoff state shared by the daemon's tasks.
@@ -339,6 +342,30 @@ impl Handoffs {
         let mut m = self.mhs.lock().unwrap();
         let st = m.entry(mh).or_default();
         st.moved_to = Some(peer.into());
+    }
+
+    /// The MH's connections left for another MSR: until `stale_window_ms` has passed,
+    /// only frames that prove its return count as one ([`crate::departed`]).
+    pub(crate) fn departed(&self, mh: IpAddr, d: crate::departed::Departure) {
+        self.mhs.lock().unwrap().entry(mh).or_default().departure = Some(d);
+    }
+
+    /// What a frame from `mh` reported by network detection says: `Stale` while it
+    /// cannot be told from one sent before the MH's connections left.
+    pub(crate) fn judge_arrival(&self, mh: IpAddr, packet: &[u8]) -> crate::departed::Evidence {
+        use crate::departed::Evidence;
+        let window = self.cfg.stale_window_ms * 1000;
+        let mut m = self.mhs.lock().unwrap();
+        let Some(st) = m.get_mut(&mh) else {
+            return Evidence::Expired;
+        };
+        let e = st.departure.as_ref().map_or(Evidence::Expired, |d| {
+            d.judge(packet, crate::clock::mono_us(), window)
+        });
+        if e != Evidence::Stale {
+            st.departure = None;
+        }
+        e
     }
 
     /// The MH's connections came here from `peer`.

@@ -2,7 +2,7 @@
 //! machine (`itcp_handoff::machine::OldSide`) checks the greeting's proof and decides;
 //! this file carries out its actions against the relays and sockets.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -203,6 +203,10 @@ async fn old_side(
     // Frozen connections that cannot be captured: they stay here.
     let mut stuck: Vec<(u64, String)> = Vec::new();
     let mut entries: Vec<ConnEntry> = Vec::new();
+    // Per captured connection: its wireless flow and what was sent the MH on it.
+    let mut sent: HashMap<u64, (crate::departed::Flow, u32)> = HashMap::new();
+    // Those of the connections that moved, for the MH's departure (`crate::departed`).
+    let mut departing: Vec<(crate::departed::Flow, u32)> = Vec::new();
     // Connections whose images went ahead in parts: left out of the last message.
     let mut sent_ahead: HashSet<u64> = HashSet::new();
     // However this handoff ends, the MH's connections in setup stop waiting for it.
@@ -260,7 +264,8 @@ async fn old_side(
                         match c {
                             // It finished while frozen: nothing to move.
                             Ok(None) => over.push(f),
-                            Ok(Some((img, e))) => {
+                            Ok(Some((img, e, s))) => {
+                                sent.insert(img.id, s);
                                 images.push(img);
                                 entries.push(e);
                                 live.push(f);
@@ -387,6 +392,10 @@ async fn old_side(
                     let moved: Vec<_> = gone.iter().flat_map(Frozen::flows).collect();
                     let w = Duration::from_millis(h.cfg.hold_after_ms);
                     d.holding.forward(mh, peer.ip(), &moved, w);
+                    departing = gone
+                        .iter()
+                        .filter_map(|f| sent.get(&f.session.id).copied())
+                        .collect();
                     delete(&d, gone);
                     h.moved_away(mh, &from);
                     // The new MSR took the MH's address over on the fixed LAN.
@@ -401,7 +410,13 @@ async fn old_side(
                 }
                 // The new MSR took the address and then gave it back.
                 Action::Reroute(mh) => d.take_over(mh),
-                Action::Forget(mh) => d.forget(mh),
+                Action::Forget(mh) => {
+                    d.forget(mh);
+                    // What the MH sent before it left may still reach this cell.
+                    let at = crate::clock::mono_us();
+                    let left = std::mem::take(&mut departing);
+                    h.departed(mh, crate::departed::Departure::new(at, left));
+                }
                 Action::Unfreeze(mh) => {
                     // Their held segments go to them once they run again.
                     let live: Vec<_> = frozen.iter().flat_map(Frozen::flows).collect();
@@ -506,7 +521,7 @@ async fn capture_in_parts(
                 if fz.session.kind == crate::sessions::Kind::Closing {
                     continue;
                 }
-                if let Ok(Some((img, _))) = r {
+                if let Ok(Some((img, _, _))) = r {
                     at.push(i);
                     images.push(std::mem::take(img));
                 }
@@ -522,7 +537,7 @@ async fn capture_in_parts(
                 unreachable!()
             };
             for (i, img) in at.into_iter().zip(images) {
-                if let Ok(Some((slot, _))) = &mut c[i] {
+                if let Ok(Some((slot, _, _))) = &mut c[i] {
                     if sending {
                         ahead.insert(img.id);
                     }

@@ -238,8 +238,9 @@ pub async fn socket_work<R: Send + 'static>(
     }
 }
 
-/// What capturing one connection came to ([`capture_one`]).
-pub type Captured = io::Result<Option<(ConnImage, ConnEntry)>>;
+/// What capturing one connection came to ([`capture_one`]): its image, its log entry,
+/// and its wireless flow with what this MSR had sent the MH on it (`crate::departed`).
+pub type Captured = io::Result<Option<(ConnImage, ConnEntry, (crate::departed::Flow, u32))>>;
 
 /// Captures every frozen connection, on every core when there are many (each
 /// capture is independent: ~45 µs of syscalls for a relay's two sockets).
@@ -330,6 +331,7 @@ pub fn capture_one(f: &Frozen, mark: u32) -> Captured {
         fh: x.as_ref().map_or(f.session.fh, |x| x.remote),
         queued_bytes: queued as u64,
     };
+    let sent = ((w.remote, w.local), w.snd_nxt());
     Ok(Some((
         ConnImage {
             id: f.session.id,
@@ -351,6 +353,7 @@ pub fn capture_one(f: &Frozen, mark: u32) -> Captured {
             bytes_down: f.session.counters.down.load(Ordering::Relaxed),
         },
         entry,
+        sent,
     )))
 }
 

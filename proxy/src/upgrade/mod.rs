@@ -874,6 +874,8 @@ fn stage(d: &Arc<Daemon>, h: Handover<OwnedFd>) -> Result<Staged, String> {
                     release_at: None,
                     moved_to: r.moved_to.clone(),
                     came_from: r.came_from.clone(),
+                    // Not carried: an upgrade just after a move forgets its stale window.
+                    departure: None,
                 },
             );
             if let Some(ms) = r.release_hold_in_ms {
