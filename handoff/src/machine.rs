@@ -771,7 +771,7 @@ impl OldSide {
     /// greeting accepted before; only then does anything change here.
     ///
     /// A detected request for an MH with no connection here is answered `NotHere`
-    /// (and, if its address here matches, the MH's presence here ends).
+    /// (and the MH's presence and address binding here end).
     pub fn start(
         me: &str,
         from: &str,
@@ -824,8 +824,11 @@ impl OldSide {
                 return (s, vec![Action::Send(Message::NotHere { handoff_id })]);
             }
         }
-        if let Request::Detected { mac, .. } = req {
-            if known.local == 0 && known.mac.is_none_or(|b| b == mac) {
+        // An address with nothing here binds no station: a station that claimed it and
+        // opened nothing does not keep another that uses it now (its address given out
+        // again) from being served there.
+        if let Request::Detected { .. } = req {
+            if known.local == 0 {
                 s.state = OldState::Done;
                 let mut acts = vec![Action::Send(Message::NotHere { handoff_id })];
                 if known.mac.is_some() {
@@ -1394,9 +1397,27 @@ mod tests {
     }
 
     #[test]
+    fn an_address_with_nothing_here_binds_no_station() {
+        // A station claimed the address here (network detection) and opened nothing:
+        // another station that uses the address in another cell (DHCP gave it out
+        // again) is not refused. Nothing is frozen; the binding here ends.
+        let mh = greeting().mh;
+        let r = Request::Detected { mh, mac: SPOOF };
+        let (old, acts) = OldSide::start("msr1", "msr2", 1, r, bound(0), 0, T);
+        assert!(old.done());
+        assert_eq!(
+            acts,
+            vec![
+                Action::Send(Message::NotHere { handoff_id: 1 }),
+                Action::Forget(mh)
+            ]
+        );
+    }
+
+    #[test]
     fn a_detected_move_from_another_mac_moves_nothing_and_keeps_the_victim_here() {
         let mh = greeting().mh;
-        for local in [0, 3] {
+        for local in [1, 3] {
             let r = Request::Detected { mh, mac: SPOOF };
             let (old, acts) = OldSide::start("msr1", "msr2", 1, r, bound(local), 0, T);
             assert!(old.done());
