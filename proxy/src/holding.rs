@@ -148,12 +148,16 @@ pub fn tcp_seq(p: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]))
 }
 
-/// Puts each flow direction's held packets in sequence order (stable: pure ACKs and
-/// duplicates keep the order they came in). They do not always come in order: the
-/// old MSR's copies of segments the FH sent it just before the takeover reach the
-/// new MSR after the FH's newer ones sent straight here, and wait behind them at the
-/// gate; delivered so, the socket saw a hole and the FH went into recovery.
-fn in_sequence(held: Vec<Held>) -> Vec<Held> {
+/// Puts each flow direction's held packets in sequence order (stable: pure ACKs keep
+/// the order they came in), and sets apart the retransmissions: of the held copies of
+/// one segment (same sequence number, length and SYN/FIN), only the last goes on. They
+/// do not always come in order: the old MSR's copies of segments the FH sent it just
+/// before the takeover reach the new MSR after the FH's newer ones sent straight here,
+/// and wait behind them at the gate; delivered so, the socket saw a hole and the FH
+/// went into recovery. And a peer retransmits into the freeze: each copy delivered
+/// draws one more duplicate ACK, which after a FIN meets a peer that has closed and
+/// answers with RST.
+fn in_sequence(held: Vec<Held>) -> (Vec<Held>, Vec<Held>) {
     // Each direction's sequence numbers, relative to the first that came (wrapping).
     let mut first: HashMap<(SocketAddr, SocketAddr), u32> = HashMap::new();
     let mut keyed: Vec<_> = held
@@ -169,7 +173,41 @@ fn in_sequence(held: Vec<Held>) -> Vec<Held> {
         .collect();
     // Stable.
     keyed.sort_by_key(|(k, _)| *k);
-    keyed.into_iter().map(|(_, h)| h).collect()
+    // The last copy of each segment that carries something (data, SYN or FIN).
+    let segment = |(k, h): &(_, Held)| {
+        let (len, flags) = tcp_extent(&h.packet)?;
+        (len > 0 || flags & (SYN | FIN) != 0).then_some((*k, len, flags & (SYN | FIN)))
+    };
+    let mut last = HashMap::new();
+    for (i, x) in keyed.iter().enumerate() {
+        if let Some(id) = segment(x) {
+            last.insert(id, i);
+        }
+    }
+    let (go, again): (Vec<_>, Vec<_>) = keyed
+        .into_iter()
+        .enumerate()
+        .partition(|(i, x)| segment(x).is_none_or(|id| last[&id] == *i));
+    let strip = |v: Vec<(usize, (_, Held))>| v.into_iter().map(|(_, (_, h))| h).collect();
+    (strip(go), strip(again))
+}
+
+const FIN: u8 = 0x01;
+const SYN: u8 = 0x02;
+
+/// A TCP segment's payload length and flags (IPv4, or IPv6 with TCP right after the
+/// fixed header).
+fn tcp_extent(p: &[u8]) -> Option<(usize, u8)> {
+    let tcp = tcp_header(p, 14)?;
+    let (ip_len, header) = match p[0] >> 4 {
+        4 => (
+            usize::from(u16::from_be_bytes([p[2], p[3]])),
+            usize::from(p[0] & 0x0f) * 4,
+        ),
+        _ => (usize::from(u16::from_be_bytes([p[4], p[5]])) + 40, 40),
+    };
+    let doff = usize::from(tcp[12] >> 4) * 4;
+    Some((ip_len.checked_sub(header + doff)?, tcp[13]))
 }
 
 /// Binds queue `queue`, full packets copied, at most [`QUEUE_MAXLEN`] kept.
@@ -484,7 +522,13 @@ impl Holding {
                 .into_iter()
                 .partition(|h| h.ends.is_some_and(|e| of_flows(&flows, &e)));
             st.held = keep;
-            in_sequence(go)
+            let (go, again) = in_sequence(go);
+            self.stats
+                .stats
+                .held_dropped
+                .fetch_add(again.len() as u64, Ordering::Relaxed);
+            self.verdicts(again.iter().map(|h| h.id), Verdict::Drop);
+            go
         };
         if go.is_empty() {
             return;
@@ -1157,11 +1201,57 @@ mod tests {
         v.push(held(5, numbered(near_wrap.wrapping_add(2000))));
         v.push(held(6, numbered(near_wrap.wrapping_add(3000))));
         let down: Vec<u32> = in_sequence(v)
+            .0
             .iter()
             .filter(|h| h.ends.unwrap().dst.port() == 40000)
             .map(|h| h.id)
             .collect();
         assert_eq!(down, vec![1, 3, 2, 5, 6]);
+    }
+
+    #[test]
+    fn of_the_held_copies_of_a_segment_only_the_last_is_delivered() {
+        // From the FH, all with valid lengths: (id, seq, payload length, flags).
+        let seg = |id, seq: u32, len: u16, flags: u8| {
+            let mut p = tcp4([10, 1, 0, 1], 5001, [10, 2, 0, 100], 40000);
+            p[2..4].copy_from_slice(&(40 + len).to_be_bytes());
+            p[24..28].copy_from_slice(&seq.to_be_bytes());
+            p[32] = 5 << 4;
+            p[33] = flags | 0x10;
+            p.resize(40 + usize::from(len), 0);
+            Held {
+                id,
+                at: Instant::now(),
+                ends: ends(&p),
+                packet: p,
+                copied: false,
+            }
+        };
+        let v = vec![
+            seg(1, 1000, 100, 0),
+            // Retransmitted into the freeze, with a newer ACK: this copy goes.
+            seg(2, 1000, 100, 0),
+            seg(3, 1100, 0, FIN),
+            seg(4, 1100, 0, FIN),
+            // Pure ACKs: each is news.
+            seg(5, 1101, 0, 0),
+            seg(6, 1101, 0, 0),
+            // Part of the first segment again: another segment.
+            seg(7, 1000, 50, 0),
+        ];
+        let (go, again) = in_sequence(v);
+        let ids = |v: &[Held]| v.iter().map(|h| h.id).collect::<Vec<_>>();
+        assert_eq!(ids(&go), vec![2, 7, 4, 5, 6]);
+        assert_eq!(ids(&again), vec![1, 3]);
+        // IPv6: the payload length counts from the end of the fixed header.
+        let mut p6 = vec![0u8; 40 + 20 + 10];
+        p6[0] = 0x60;
+        p6[4..6].copy_from_slice(&30u16.to_be_bytes());
+        p6[6] = 6;
+        p6[52] = 5 << 4;
+        p6[53] = 0x18;
+        assert_eq!(tcp_extent(&p6), Some((10, 0x18)));
+        assert_eq!(tcp_extent(&p6[..50]), None);
     }
 
     fn u32_at_be(b: &[u8], at: usize) -> u32 {
