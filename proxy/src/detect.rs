@@ -88,6 +88,10 @@ fn on_arrival(d: &Arc<Daemon>, l: Logged) {
         return;
     }
     if !h.pull_allowed(mh, itcp_handoff::greet::Sender::Mac(mac)) {
+        d.sessions
+            .stats
+            .pulls_limited
+            .fetch_add(1, Ordering::Relaxed);
         if h.may_log(mh) {
             debug!(%mh, "arrival ignored: pulls for this MH are rate-limited");
         }

@@ -20,6 +20,7 @@
 //! | `handoff_duration_seconds` | histogram | `role` (new, old) |
 //! | `handoff_messages_rejected_total`, `greetings_rejected_total` | counter | |
 //! | `arrivals_stale_total` | counter | |
+//! | `handoff_pulls_limited_total` | counter | |
 //! | `handoff_channels_kept_total` | counter | `outcome` (used, stale) |
 //! | `held_packets_total` | counter | `fate` (delivered, forwarded, dropped) |
 //! | `relay_pipes` | gauge | `state` (in_use, pooled) |
@@ -397,6 +398,12 @@ pub fn render_parts(
         "counter",
         "Frames of an MH handed away that reached its old cell and did not prove its return (network detection): taken for frames from before the move.",
         st.arrivals_stale,
+    );
+    e.single(
+        "handoff_pulls_limited_total",
+        "counter",
+        "Handoffs not started because the MH's pull budget (5 at once, then 2 a second) or the sending station's was spent: the bound on moves per MH.",
+        st.pulls_limited,
     );
     e.family(
         "handoff_channels_kept_total",

@@ -78,6 +78,7 @@ pub struct Stats {
     pub held_forwarded: AtomicU64,
     pub held_dropped: AtomicU64,
     pub arrivals_stale: AtomicU64,
+    pub pulls_limited: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -117,6 +118,7 @@ impl Stats {
             held_forwarded: g(&self.held_forwarded),
             held_dropped: g(&self.held_dropped),
             arrivals_stale: g(&self.arrivals_stale),
+            pulls_limited: g(&self.pulls_limited),
         }
     }
 }
@@ -148,6 +150,7 @@ impl Stats {
         set(&self.held_forwarded, s.held_forwarded);
         set(&self.held_dropped, s.held_dropped);
         set(&self.arrivals_stale, s.arrivals_stale);
+        set(&self.pulls_limited, s.pulls_limited);
     }
 }
 

@@ -1013,10 +1013,13 @@ fn an_mh_given_an_address_a_station_squatted_is_served() {
         lab.run(Host::mh(2), "sh", &["-c", squat]).unwrap();
     }
     let squatted = proxied(1);
+    // What bounds the squat: the station's pulls are rate-limited, and counted.
+    let limited = lab.msrd_stats(1).unwrap().stats.pulls_limited;
     eprintln!(
-        "MSR1 answers for {} of the 100 squatted addresses",
+        "MSR1 answers for {} of the 100 squatted addresses; {limited} pulls rate-limited",
         squatted.len()
     );
+    assert!(limited > 0, "no pull was rate-limited");
     assert!(
         squatted.contains(&150),
         "10.2.0.150 was not squatted: {squatted:?}"

@@ -196,7 +196,14 @@ async fn on_greeting(
             let sender = link
                 .as_ref()
                 .map_or(Sender::Addr(from.ip()), |l| Sender::Mac(l.1));
-            busy = h.pull_allowed(mh, sender).then(|| h.try_busy()).flatten();
+            if h.pull_allowed(mh, sender) {
+                busy = h.try_busy();
+            } else {
+                d.sessions
+                    .stats
+                    .pulls_limited
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             if busy.is_none() {
                 // Rate-limited, or an upgrade is under way: the MH greets again.
                 dec = Decision::Defer;
