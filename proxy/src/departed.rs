@@ -13,7 +13,7 @@
 //! No I/O: the detection task feeds it the head of each reported frame.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 
 /// A connection as the MH's segments name it: (MH's end, other end).
 pub type Flow = (SocketAddr, SocketAddr);
@@ -66,50 +66,21 @@ impl Departure {
     }
 }
 
-const TCP: u8 = 6;
-const TCP_ACK: u8 = 0x10;
-
-/// The flow and ACK number of a TCP segment with the ACK flag, from the head of an
-/// IPv4 packet (any options) or an IPv6 packet without extension headers.
+/// The flow and ACK number of a TCP segment with the ACK flag (neither SYN nor RST),
+/// from the head of an IPv4 packet or an IPv6 packet without extension headers.
 fn tcp_ack(p: &[u8]) -> Option<(Flow, u32)> {
-    let (src, dst, tcp) = match p.first()? >> 4 {
-        4 => {
-            let ihl = usize::from(p[0] & 0x0f) * 4;
-            // Only a first fragment carries the TCP header.
-            let frag_off = u16::from_be_bytes([*p.get(6)?, *p.get(7)?]) & 0x1fff;
-            if ihl < 20 || p.get(9) != Some(&TCP) || frag_off != 0 {
-                return None;
-            }
-            let a = |i: usize| -> Option<IpAddr> {
-                let b: [u8; 4] = p.get(i..i + 4)?.try_into().ok()?;
-                Some(Ipv4Addr::from(b).into())
-            };
-            (a(12)?, a(16)?, p.get(ihl..)?)
-        }
-        6 => {
-            if p.get(6) != Some(&TCP) {
-                return None;
-            }
-            let a = |i: usize| -> Option<IpAddr> {
-                let b: [u8; 16] = p.get(i..i + 16)?.try_into().ok()?;
-                Some(Ipv6Addr::from(b).into())
-            };
-            (a(8)?, a(24)?, p.get(40..)?)
-        }
-        _ => return None,
-    };
-    if tcp.len() < 14 || tcp[13] & TCP_ACK == 0 {
-        return None;
-    }
-    let port = |i: usize| u16::from_be_bytes([tcp[i], tcp[i + 1]]);
-    let ack = u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]);
-    let flow = (SocketAddr::new(src, port(0)), SocketAddr::new(dst, port(2)));
-    Some((flow, ack))
+    let ack = crate::holding::tcp_ack(p)?;
+    let e = crate::holding::ends(p)?;
+    Some(((e.src, e.dst), ack))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::IpAddr;
+
+    const TCP: u8 = 6;
+    const TCP_ACK: u8 = 0x10;
 
     const MH: &str = "10.2.0.100:40000";
     const FH: &str = "10.0.0.1:5001";

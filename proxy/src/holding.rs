@@ -124,10 +124,17 @@ pub fn ends(p: &[u8]) -> Option<Ends> {
 }
 
 /// The first `len` bytes of a TCP segment's header, IPv4 or IPv6 (TCP right after the
-/// fixed header).
+/// fixed header). None for a header too short to be one, and for an IPv4 fragment
+/// other than the first: only that one carries the TCP header.
 fn tcp_header(p: &[u8], len: usize) -> Option<&[u8]> {
     let l4 = match p.first()? >> 4 {
-        4 if p.len() >= 20 && p[9] == libc::IPPROTO_TCP as u8 => usize::from(p[0] & 0x0f) * 4,
+        4 if p.len() >= 20
+            && p[9] == libc::IPPROTO_TCP as u8
+            && p[0] & 0x0f >= 5
+            && u16::from_be_bytes([p[6], p[7]]) & 0x1fff == 0 =>
+        {
+            usize::from(p[0] & 0x0f) * 4
+        }
         6 if p.len() >= 40 && p[6] == libc::IPPROTO_TCP as u8 => 40,
         _ => return None,
     };
