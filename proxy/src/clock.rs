@@ -11,8 +11,13 @@ pub fn now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-/// Microseconds on a monotonic clock, counted from this process's first call.
-pub fn mono_us() -> u64 {
+/// Nanoseconds on a monotonic clock, counted from this process's first call.
+pub fn mono_ns() -> u64 {
     static START: OnceLock<Instant> = OnceLock::new();
-    START.get_or_init(Instant::now).elapsed().as_micros() as u64
+    START.get_or_init(Instant::now).elapsed().as_nanos() as u64
+}
+
+/// [`mono_ns`] in microseconds.
+pub fn mono_us() -> u64 {
+    mono_ns() / 1000
 }

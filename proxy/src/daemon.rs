@@ -96,12 +96,6 @@ impl Drop for SetupSlot {
     }
 }
 
-fn now_ns() -> u64 {
-    use std::sync::OnceLock;
-    static T0: OnceLock<Instant> = OnceLock::new();
-    T0.get_or_init(Instant::now).elapsed().as_nanos() as u64
-}
-
 impl Daemon {
     pub fn new(cfg: MsrdConfig) -> io::Result<Arc<Daemon>> {
         let a = &cfg.access;
@@ -111,7 +105,7 @@ impl Daemon {
             a.max_connections_per_mh as usize,
             a.accept_rate as f64,
             a.accept_burst as f64,
-            now_ns(),
+            crate::clock::mono_ns(),
         );
         let relay_opts = RelayOpts {
             splice: cfg.relay.splice,
@@ -189,7 +183,10 @@ impl Daemon {
 
     /// True if a line about refused or malformed input from `src` may be logged now.
     pub fn may_log(&self, src: IpAddr) -> bool {
-        self.noisy.lock().unwrap().allow(&src, now_ns() / 1_000_000)
+        self.noisy
+            .lock()
+            .unwrap()
+            .allow(&src, crate::clock::mono_ns() / 1_000_000)
     }
 
     /// Counts a new connection as in setup, unless its source address, its station or
@@ -226,7 +223,11 @@ impl Daemon {
     }
 
     fn admit(&self, ip: IpAddr) -> Result<Admitted, Refusal> {
-        let r = self.admission.lock().unwrap().admit(ip, now_ns());
+        let r = self
+            .admission
+            .lock()
+            .unwrap()
+            .admit(ip, crate::clock::mono_ns());
         if let Err(why) = r {
             let st = &self.sessions.stats;
             let c = match why {
