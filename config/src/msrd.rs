@@ -557,6 +557,11 @@ pub struct AccessSection {
     /// MH prefixes can take of `max_handshakes`.
     #[serde(default)]
     pub max_handshakes_per_station: Option<u32>,
+    /// MH addresses one station may have bound here by network detection at once (8).
+    /// Past it the station's oldest address with no connection here is let go, so a
+    /// station sending from many addresses of the prefixes holds a few at a time.
+    #[serde(default = "default_max_addresses_per_station")]
+    pub max_addresses_per_station: u32,
 }
 
 impl Default for AccessSection {
@@ -570,6 +575,7 @@ impl Default for AccessSection {
             max_handshakes: default_max_handshakes(),
             max_handshakes_per_mh: default_max_handshakes_per_mh(),
             max_handshakes_per_station: None,
+            max_addresses_per_station: default_max_addresses_per_station(),
         }
     }
 }
@@ -602,6 +608,9 @@ fn default_accept_burst() -> u32 {
 }
 fn default_max_handshakes() -> u32 {
     1024
+}
+fn default_max_addresses_per_station() -> u32 {
+    8
 }
 fn default_max_handshakes_per_mh() -> u32 {
     256
@@ -1291,6 +1300,12 @@ impl MsrdConfig {
                 ),
             ));
         }
+        at_least(
+            src,
+            "access.max_addresses_per_station",
+            u64::from(a.max_addresses_per_station),
+            1,
+        )?;
         if let Some(n) = a.max_handshakes_per_station {
             at_least(src, "access.max_handshakes_per_station", u64::from(n), 1)?;
             if n > a.max_handshakes {

@@ -141,7 +141,8 @@ fn unknown_key_in_section() {
         e.to_string(),
         "msrd.toml: line 5, column 1: unknown key \"max_conections\" in [access] (expected one of: \
          mh_prefixes, max_connections, max_connections_per_mh, accept_rate, accept_burst, \
-         max_handshakes, max_handshakes_per_mh, max_handshakes_per_station)"
+         max_handshakes, max_handshakes_per_mh, max_handshakes_per_station, \
+         max_addresses_per_station)"
     );
 }
 
@@ -372,6 +373,17 @@ fn per_station_handshakes() {
     msrd_err(
         &MIN.replace("[access]\n", "[access]\nmax_handshakes_per_station = 0\n"),
         "access.max_handshakes_per_station",
+    );
+}
+
+#[test]
+fn addresses_per_station() {
+    assert_eq!(msrd(MIN).unwrap().access.max_addresses_per_station, 8);
+    let c = msrd(&MIN.replace("[access]\n", "[access]\nmax_addresses_per_station = 2\n")).unwrap();
+    assert_eq!(c.access.max_addresses_per_station, 2);
+    msrd_err(
+        &MIN.replace("[access]\n", "[access]\nmax_addresses_per_station = 0\n"),
+        "access.max_addresses_per_station",
     );
 }
 

@@ -376,6 +376,8 @@ stats! {
     arrivals_stale,
     /// Pulls not made: the MH's or the sending station's pull budget was spent.
     pulls_limited,
+    /// Addresses let go because their station held `max_addresses_per_station`.
+    addresses_let_go,
 }
 
 #[cfg(test)]
@@ -500,7 +502,7 @@ mod tests {
     fn stats_from_an_older_msrd_read_missing_counters_as_zero() {
         let s: Stats = serde_json::from_str(r#"{"connections_total":4,"future":1}"#).unwrap();
         assert_eq!(s.connections_total, 4);
-        assert_eq!(s.fields().len(), 24);
+        assert_eq!(s.fields().len(), 25);
         assert_eq!(s.fields()[0], ("connections_total", 4));
     }
 

@@ -32,6 +32,7 @@
 //! * [`faults`] — the test hooks the end-to-end tests inject (`MSRD_FAULT`).
 pub mod admission;
 pub mod beacon;
+pub(crate) mod bindings;
 pub mod capabilities;
 pub mod cells;
 pub mod clock;

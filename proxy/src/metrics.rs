@@ -21,6 +21,7 @@
 //! | `handoff_messages_rejected_total`, `greetings_rejected_total` | counter | |
 //! | `arrivals_stale_total` | counter | |
 //! | `handoff_pulls_limited_total` | counter | |
+//! | `addresses_let_go_total` | counter | |
 //! | `handoff_channels_kept_total` | counter | `outcome` (used, stale) |
 //! | `held_packets_total` | counter | `fate` (delivered, forwarded, dropped) |
 //! | `relay_pipes` | gauge | `state` (in_use, pooled) |
@@ -404,6 +405,12 @@ pub fn render_parts(
         "counter",
         "Handoffs not started because the MH's pull budget (5 at once, then 2 a second) or the sending station's was spent: the bound on moves per MH.",
         st.pulls_limited,
+    );
+    e.single(
+        "addresses_let_go_total",
+        "counter",
+        "MH addresses unbound because their station held [access] max_addresses_per_station (network detection): the oldest with no connection here goes.",
+        st.addresses_let_go,
     );
     e.family(
         "handoff_channels_kept_total",

@@ -79,6 +79,7 @@ pub struct Stats {
     pub held_dropped: AtomicU64,
     pub arrivals_stale: AtomicU64,
     pub pulls_limited: AtomicU64,
+    pub addresses_let_go: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -119,6 +120,7 @@ impl Stats {
             held_dropped: g(&self.held_dropped),
             arrivals_stale: g(&self.arrivals_stale),
             pulls_limited: g(&self.pulls_limited),
+            addresses_let_go: g(&self.addresses_let_go),
         }
     }
 }
@@ -151,6 +153,7 @@ impl Stats {
         set(&self.held_dropped, s.held_dropped);
         set(&self.arrivals_stale, s.arrivals_stale);
         set(&self.pulls_limited, s.pulls_limited);
+        set(&self.addresses_let_go, s.addresses_let_go);
     }
 }
 

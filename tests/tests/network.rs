@@ -967,9 +967,89 @@ fn overlapped_moves_from_a_slow_cell_hand_over_once_each() {
     );
 }
 
+/// A station in cell 1 (MH 2) sends from 100 unused addresses of the MH prefix for
+/// 8 s while a download runs on its own address: MSR 1 keeps at most
+/// `[access] max_addresses_per_station` (8) of its addresses bound and answered for
+/// on the fixed LAN, letting the oldest idle ones go, never the one the download
+/// runs on.
+#[test]
+fn a_station_sending_from_many_addresses_holds_a_few() {
+    let _serial = serial();
+    let (mut lab, _) = network_lab(139, 2);
+    let http = lab::fh_addr(5004);
+    let ttcp = bin_path("ttcp");
+    lab.spawn(Host::Fh, &ttcp, &["http", "--listen", &http, "--seed", "6"])
+        .unwrap();
+    lab.wait_listening(Host::Fh, 5004).unwrap();
+    lab.assoc_mh(2, &[1]).unwrap();
+    lab.assoc(&[]).unwrap();
+    let own = addr::mh(2).to_string();
+    let url = format!("http://{http}/3000000");
+    let args = [
+        "-sS",
+        "--fail",
+        "--limit-rate",
+        "200k",
+        "--interface",
+        &own,
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{size_download}",
+        &url,
+    ];
+    let curl = lab.spawn(Host::mh(2), "curl", &args).unwrap();
+    let add = "for i in $(seq 150 249); do ip addr add 10.2.0.$i/32 dev air0; done";
+    lab.run(Host::mh(2), "sh", &["-c", add]).unwrap();
+    let proxied = || -> Vec<String> {
+        let o = lab
+            .run(
+                Host::Msr(1),
+                "ip",
+                &["neigh", "show", "proxy", "dev", "lan0"],
+            )
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .filter_map(|l| l.split(' ').next())
+            // The station's: every address of the prefix but MH 1's.
+            .filter(|a| a.starts_with("10.2.0.") && *a != addr::MH.to_string())
+            .map(str::to_owned)
+            .collect()
+    };
+    let squat = "for i in $(seq 150 249); do ping -n -q -c 1 -W 1 -I 10.2.0.$i 10.0.0.1 \
+                 >/dev/null & done; wait";
+    let (t0, mut most) = (Instant::now(), 0);
+    while t0.elapsed() < Duration::from_secs(8) {
+        lab.run(Host::mh(2), "sh", &["-c", squat]).unwrap();
+        most = most.max(proxied().len());
+    }
+    let stats = lab.msrd_stats(1).unwrap().stats;
+    let held = proxied();
+    eprintln!(
+        "MSR1 answers for {} addresses ({most} at most); {} let go, {} pulls rate-limited",
+        held.len(),
+        stats.addresses_let_go,
+        stats.pulls_limited
+    );
+    // 8 bound at most, 9 with one in flight between a binding and the next.
+    assert!(most <= 9, "MSR1 answered for {most} addresses: {held:?}");
+    assert!(stats.addresses_let_go > 0, "no address was let go");
+    assert!(
+        held.contains(&own),
+        "the downloading address was let go: {held:?}"
+    );
+    let (ok, out, err) = lab.wait(curl, Duration::from_secs(40)).unwrap();
+    assert!(
+        ok && out == "3000000",
+        "download from {own}: {out} {err}\n{}",
+        diag(&lab)
+    );
+}
+
 /// A station in cell 1 (MH 2, its own MAC) claims 100 unused addresses of the MH
-/// prefix, one frame from each: MSR 1 serves each, bound to that MAC, and answers for
-/// it on the fixed LAN. Later MH 1, in cell 2, uses one of them (a DHCP server gave it
+/// prefix, frames from each: MSR 1 serves up to 8 of them at a time (10.2.0.150
+/// last), bound to that MAC, and answers for them on the fixed LAN. Later MH 1, in cell 2, uses one of them (a DHCP server gave it
 /// out again). The squatter opened nothing on it, so nothing binds the address to it:
 /// MSR 2 serves MH 1, whose pings and HTTP download get through.
 #[test]
@@ -1001,16 +1081,18 @@ fn an_mh_given_an_address_a_station_squatted_is_served() {
     // Frames from every address, three rounds (pulls are rate-limited per station).
     let squat = "for i in $(seq 150 249); do ping -n -q -c 1 -W 1 -I 10.2.0.$i 10.0.0.1 \
                  >/dev/null & done; wait";
+    for _ in 0..3 {
+        lab.run(Host::mh(2), "sh", &["-c", squat]).unwrap();
+    }
+    // 10.2.0.150 squatted last: the station's newest address stays bound.
     let t0 = Instant::now();
     while !proxied(1).contains(&150) {
         assert!(
             t0.elapsed() < Duration::from_secs(5),
-            "10.2.0.150 not squatted"
+            "10.2.0.150 not squatted: {:?}",
+            proxied(1)
         );
         let _ = ping(&lab, 2, "10.2.0.150");
-    }
-    for _ in 0..3 {
-        lab.run(Host::mh(2), "sh", &["-c", squat]).unwrap();
     }
     let squatted = proxied(1);
     // What bounds the squat: the station's pulls are rate-limited, and counted.

@@ -134,12 +134,52 @@ impl Daemon {
             let mut m = h.mhs.lock().unwrap();
             let st = m.entry(mh).or_default();
             st.departure = None;
-            if mac.is_some() {
+            if mac.is_some() && st.mac != mac {
                 st.mac = mac;
+                st.bound_ns = crate::clock::mono_ns();
             }
         }
         if let Err(e) = self.rules.set_present(mh, true) {
             warn!(%mh, error = %e, "MH not marked present: its packets keep being reported");
+        }
+        if let Some(mac) = mac {
+            self.bound_within_cap(mac);
+        }
+    }
+
+    /// Lets go of the station's oldest idle addresses past
+    /// `[access] max_addresses_per_station` ([`crate::bindings`]).
+    fn bound_within_cap(&self, mac: [u8; 6]) {
+        let Some(h) = &self.handoff else { return };
+        let mine: Vec<(IpAddr, u64)> = h
+            .mhs
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, s)| s.mac == Some(mac))
+            .map(|(a, s)| (*a, s.bound_ns))
+            .collect();
+        let cap = self.cfg.access.max_addresses_per_station as usize;
+        if mine.len() <= cap {
+            return;
+        }
+        let bound = mine
+            .into_iter()
+            .map(|(addr, seq)| crate::bindings::Bound {
+                addr,
+                seq,
+                busy: !self.sessions.of_mh(addr).is_empty(),
+            })
+            .collect();
+        for addr in crate::bindings::over_cap(bound, cap) {
+            self.sessions
+                .stats
+                .addresses_let_go
+                .fetch_add(1, Ordering::Relaxed);
+            if self.may_log(addr) {
+                info!(mh = %addr, mac = %itcp_proto::hex::mac(&mac), cap, "address let go: its station holds its most");
+            }
+            self.forget(addr);
         }
     }
 

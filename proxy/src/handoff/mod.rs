@@ -71,6 +71,9 @@ pub(crate) struct MhState {
     /// The link-layer address bound to the MH (network detection: as first seen at
     /// the MSR that served it, then shipped with its connections).
     pub mac: Option<[u8; 6]>,
+    /// When `mac` was bound (`clock::mono_ns`; 0 if carried over an upgrade): the
+    /// station's longest-bound idle address goes first past its cap.
+    pub bound_ns: u64,
     /// A delayed release of the hold made by hold generation `.0`, due at `.1` (µs
     /// since the epoch): an upgrade carries it on.
     pub release_at: Option<(u64, u64)>,

@@ -871,6 +871,8 @@ fn stage(d: &Arc<Daemon>, h: Handover<OwnedFd>) -> Result<Staged, String> {
                     pulling: false,
                     claimed: r.claimed,
                     mac: r.mac.as_deref().and_then(itcp_proto::hex::parse_mac),
+                    // Not carried: bindings from before the upgrade count as oldest.
+                    bound_ns: 0,
                     release_at: None,
                     moved_to: r.moved_to.clone(),
                     came_from: r.came_from.clone(),
