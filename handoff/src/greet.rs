@@ -126,7 +126,8 @@ pub fn decide(g: &Greeting, cx: Context<'_>, mh: MhView<'_>) -> Decision {
             (None, 0) => false,
             (None, _) => {
                 return Decision::Refuse(
-                    "this MH's connections here were opened without a session token: \
+                    "no session token of this MH here (its connections were opened \
+                     without one): its agent registers it on attaching; until then \
                      they move only by network detection"
                         .into(),
                 )

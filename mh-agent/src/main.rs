@@ -1,13 +1,13 @@
 //! `itcp-mh-agent`: the MH's mobility agent. Listens to MSR beacons, moves with the
 //! chosen policy, greets the new MSR and repoints the gateway; prints one JSON event
 //! per line on stdout (attached, moved, move_failed, refused, lost, regained,
-//! other_address).
+//! other_address, registered, register_failed).
 //!
 //! ```text
 //! itcp-mh-agent --interface air0 --mh 10.2.0.100 [--config /etc/itcp/mh.toml]
 //!               [--gateway 10.2.0.1] [--policy eager|lazy] [--hysteresis-ms 2000]
 //!               [--beacon-interval-ms 1000] [--beacon-port 4345] [--greet-port 4346]
-//!               [--token-file PATH] [--no-solicit]
+//!               [--token-file PATH] [--no-solicit] [--no-register]
 //! ```
 //! The gateway defaults to the config file's, else the default route's; the token comes
 //! from `--token-file`, the config file's `token_file`, `ITCP_TOKEN`, `ITCP_TOKEN_FILE`
@@ -32,7 +32,8 @@ static SPEC: Spec = Spec {
     about: "the mobility agent of an I-TCP mobile host",
     synopsis: &["--interface IF --mh ADDR [--config FILE] [--gateway ADDR]
 [--policy eager|lazy] [--hysteresis-ms MS] [--beacon-interval-ms MS]
-[--beacon-port PORT] [--greet-port PORT] [--token-file PATH] [--no-solicit]"],
+[--beacon-port PORT] [--greet-port PORT] [--token-file PATH] [--no-solicit]
+[--no-register]"],
     description: "\
 itcp-mh-agent runs on a mobile host (MH). It listens on its wireless interface for the
 beacons of the mobility support routers (MSRs), chooses a cell with the given policy,
@@ -45,9 +46,15 @@ solicitation to the MSRs' greeting port at once and twice more 20 ms apart unles
 beacon arrives first; the MSRs in the cell answer with their beacon at once. It also
 solicits when it starts on an interface that has carrier.
 
+Each time an MSR answers that the MH is attached to it or moved to it, the agent
+registers the MH's session token there (a SOCKS request from each of the MH's
+addresses to the gateway's port). Then its greetings prove every connection the MH has
+at that MSR, also those the MSR intercepted (transparent mode) or a SOCKS client
+without the I-TCP method opened, and those connections move with the MH.
+
 It prints one JSON object per line on stdout for each event: attached, moved,
-move_failed, refused, lost, regained; for a dual-stack MH, other_address reports the
-outcome of the greeting for its second address. Applications reach the gateway with the MH
+move_failed, refused, lost, regained, registered, register_failed; for a dual-stack
+MH, other_address reports the outcome of the greeting for its second address. Applications reach the gateway with the MH
 library (libitcp, itcp.h) or through the LD_PRELOAD shim; they and the agent share the
 MH's session token, which lets the MSRs recognise the MH after a move.
 
@@ -117,6 +124,12 @@ configuration file wins over the built-in defaults.",
             "Do not solicit a beacon when the interface's carrier comes up: wait for the \
              MSRs' periodic beacons (up to a beacon interval after each move).",
         ),
+        Flag::switch(
+            "no-register",
+            "Do not register the session token at the MSRs: only connections opened \
+             through the MH library or the LD_PRELOAD shim then move with the MH's \
+             greetings; others move only in cells with network detection.",
+        ),
     ],
     commands: &[],
     sections: &[
@@ -166,6 +179,7 @@ struct Opts {
     greet_port: Option<u16>,
     token_file: Option<String>,
     no_solicit: bool,
+    no_register: bool,
 }
 
 fn parse(mut a: Args) -> itcp_cli::Result<Opts> {
@@ -202,6 +216,7 @@ fn parse(mut a: Args) -> itcp_cli::Result<Opts> {
             Arg::Flag("greet-port") => o.greet_port = Some(a.port("greet-port")?),
             Arg::Flag("token-file") => o.token_file = Some(a.value("token-file")?),
             Arg::Flag("no-solicit") => o.no_solicit = true,
+            Arg::Flag("no-register") => o.no_register = true,
             other => return Err(a.unexpected(other)),
         }
     }
@@ -238,10 +253,12 @@ fn main() -> ExitCode {
     if let Some(f) = &o.token_file {
         opts = opts.token_file(f);
     }
-    let gateway = match o.gateway.first() {
-        Some(&ip) => ip,
+    // The gateway's port is the MSRs' SOCKS port, where the token is registered.
+    let configured_port = file.as_ref().and_then(|c| c.mh.gateway).map(|g| g.port());
+    let (gateway, socks_port) = match o.gateway.first() {
+        Some(&ip) => (ip, configured_port.unwrap_or(1080)),
         None => match opts.resolve_gateway() {
-            Ok(sa) => sa.ip(),
+            Ok(sa) => (sa.ip(), sa.port()),
             Err(e) => return fail(format!("{e} (or give --gateway)")),
         },
     };
@@ -281,6 +298,7 @@ fn main() -> ExitCode {
         cfg.greet_port = v;
     }
     cfg.solicit = !o.no_solicit;
+    cfg.register_port = (!o.no_register).then_some(socks_port);
     let mut agent = match Agent::new(cfg) {
         Ok(a) => a,
         Err(e) => return fail(e),
@@ -337,7 +355,9 @@ mod tests {
         assert_eq!((o.beacon_port, o.hysteresis_ms), (Some(65535), Some(0)));
         assert!(!o.no_solicit);
         let o = p(&["--interface", "air0", "--mh", "10.2.0.100", "--no-solicit"]).unwrap();
-        assert!(o.no_solicit);
+        assert!(o.no_solicit && !o.no_register);
+        let o = p(&["--interface", "air0", "--mh", "10.2.0.100", "--no-register"]).unwrap();
+        assert!(o.no_register);
         // A dual-stack MH: one address of each family.
         let o = p(&[
             "--interface",

@@ -22,6 +22,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
 use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use itcp_proto::beacon::Solicitation;
@@ -70,6 +71,10 @@ pub struct AgentConfig {
     pub solicit_repeats: u32,
     /// Between those solicitations (20 ms).
     pub solicit_spacing: Duration,
+    /// The MSRs' SOCKS port (1080): the agent registers its token there at each MSR
+    /// it attaches to ([`crate::register`]), so connections opened without I-TCP move
+    /// with its greetings too. `None`: no registration.
+    pub register_port: Option<u16>,
 }
 
 impl AgentConfig {
@@ -94,6 +99,7 @@ impl AgentConfig {
             solicit: true,
             solicit_repeats: 2,
             solicit_spacing: Duration::from_millis(20),
+            register_port: Some(1080),
         }
     }
 }
@@ -141,6 +147,16 @@ pub enum Event {
     AnswerDropped { msr: String, reason: String },
     /// No MSR heard any more.
     Lost { from: String },
+    /// The MH's token is bound at `msr` for `mh` (registration): its greetings prove
+    /// every connection of `mh` there.
+    Registered { msr: String, mh: IpAddr },
+    /// Registering at `msr` failed: connections of `mh` opened without I-TCP there
+    /// move only by network detection until a later registration succeeds.
+    RegisterFailed {
+        msr: String,
+        mh: IpAddr,
+        error: String,
+    },
     /// After [`Event::Lost`], beacons of the MSR the MH was attached to are heard again
     /// (the MH came back into its cell; nothing to greet or move). A return to another
     /// MSR is reported as [`Event::Moved`] (or [`Event::Attached`]) instead.
@@ -239,7 +255,12 @@ pub struct Agent {
     /// The interface's carrier (None: solicitation is off).
     link: Option<LinkWatch>,
     solicitor: Solicitor,
+    /// Outcomes of registrations, which run on threads of their own.
+    registered: (mpsc::Sender<Event>, mpsc::Receiver<Event>),
 }
+
+/// How long one phase of a registration may take.
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(3);
 
 impl Agent {
     /// Opens the beacon and greeting sockets, and the link watch if soliciting.
@@ -286,6 +307,7 @@ impl Agent {
             lost: false,
             link,
             solicitor,
+            registered: mpsc::channel(),
         })
     }
 
@@ -341,8 +363,43 @@ impl Agent {
                 self.decide(d, &mut on_event)?;
             }
             self.retransmit(&mut on_event)?;
+            while let Ok(ev) = self.registered.1.try_recv() {
+                on_event(ev);
+            }
         }
         Ok(())
+    }
+
+    /// Registers the MH's token at `msr`, which the gateway addresses point at now,
+    /// for each of the MH's addresses ([`crate::register`]), on threads so that the
+    /// loop goes on; the outcomes come back as events.
+    fn register_at(&self, msr: &str) {
+        let Some(port) = self.cfg.register_port else {
+            return;
+        };
+        let mhs: Vec<IpAddr> = std::iter::once(self.cfg.mh)
+            .chain(self.cfg.more_mh.iter().copied())
+            .collect();
+        let gateways =
+            std::iter::once(self.cfg.gateway).chain(self.cfg.more_gateways.iter().copied());
+        for gw in gateways {
+            let Some(&mh) = mhs.iter().find(|m| m.is_ipv4() == gw.is_ipv4()) else {
+                continue;
+            };
+            let (tx, token, msr) = (self.registered.0.clone(), self.cfg.token, msr.to_string());
+            std::thread::spawn(move || {
+                let gw = SocketAddr::new(gw, port);
+                let ev = match crate::register(mh, gw, token, REGISTER_TIMEOUT) {
+                    Ok(()) => Event::Registered { msr, mh },
+                    Err(e) => Event::RegisterFailed {
+                        msr,
+                        mh,
+                        error: e.to_string(),
+                    },
+                };
+                let _ = tx.send(ev);
+            });
+        }
     }
 
     /// Carrier changes: a link-up starts a burst of solicitations.
@@ -697,6 +754,7 @@ impl Agent {
             GreetStatus::Attached => {
                 self.point_gateways(&mac)?;
                 let p = self.pending.take().unwrap();
+                self.register_at(&p.to);
                 self.attached = Some(p.to.clone());
                 self.attached_mac = Some(mac);
                 on_event(Event::Attached {
@@ -709,6 +767,7 @@ impl Agent {
                     self.point_gateways(&mac)?;
                 }
                 let p = self.pending.take().unwrap();
+                self.register_at(&p.to);
                 self.attached = Some(p.to.clone());
                 self.attached_mac = Some(mac);
                 on_event(Event::Moved {

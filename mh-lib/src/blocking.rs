@@ -1,7 +1,7 @@
 //! The blocking (std-like) flavour: [`ItcpStream`] and [`ItcpListener`].
 
 use std::io::{self, Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, IntoRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
@@ -335,6 +335,39 @@ impl Iterator for Incoming<'_> {
     fn next(&mut self) -> Option<Self::Item> {
         Some(self.listener.accept().map(|(s, _)| s))
     }
+}
+
+/// Binds `token` to the MH's address `mh` at the MSR behind `gateway` (command
+/// REGISTER, from `mh`), so that the MH's greetings prove every connection it has
+/// there, also those opened without I-TCP (intercepted by the MSR, or by a SOCKS
+/// client without the I-TCP method). The agent registers at every MSR it attaches to.
+/// `timeout` bounds each phase. An MSR that has another token bound for the address
+/// refuses (`PermissionDenied`).
+pub fn register(
+    mh: IpAddr,
+    gateway: SocketAddr,
+    token: Token,
+    timeout: Duration,
+) -> io::Result<()> {
+    use socket2::{Domain, Protocol, Socket, Type};
+    let sock = Socket::new(
+        Domain::for_address(gateway),
+        Type::STREAM,
+        Some(Protocol::TCP),
+    )?;
+    sock.bind(&SocketAddr::new(mh, 0).into())?;
+    sock.connect_timeout(&gateway.into(), timeout)
+        .map_err(|e| handshake::gateway_connect_error(gateway, None, e, timeout))?;
+    let mut s: TcpStream = sock.into();
+    let opts = MhOptions::new()
+        .token(token)
+        .connect_timeout(timeout)
+        .reply_timeout(Some(timeout));
+    let addr = handshake::any_addr_for(gateway, 0);
+    request_on(&mut s, &opts, Command::Register, addr)?;
+    // The MSR closes after its reply; this end's close is all that is left.
+    let _ = s.shutdown(Shutdown::Both);
+    Ok(())
 }
 
 /// Runs one I-TCP request (method negotiation, session token, request, reply) on

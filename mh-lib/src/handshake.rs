@@ -233,6 +233,7 @@ impl Handshake {
                 format!("could not listen on port {}", self.addr.port())
             }
             Command::Accept => format!("could not accept on port {}", self.addr.port()),
+            Command::Register => "could not register the session token".to_string(),
         };
         io::Error::new(
             reply.to_io_error_kind(),
@@ -259,6 +260,7 @@ impl Handshake {
                 Command::Connect => "connect request",
                 Command::Listen => "listen request",
                 Command::Bind => "bind request",
+                Command::Register => "register request",
             },
         };
         let gateway = named(self.gateway, self.local);

@@ -93,7 +93,7 @@ pub mod options;
 pub use itcp_proto::socks;
 pub mod token;
 
-pub use blocking::{request_on, Incoming, ItcpListener, ItcpStream};
+pub use blocking::{register, request_on, Incoming, ItcpListener, ItcpStream};
 pub use options::{parse_gateway, MhOptions};
 pub use socks::{Addr, Token};
 pub use token::token;

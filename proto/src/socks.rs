@@ -1,6 +1,6 @@
 //! Sans-IO codec for the MH ⇄ MSR request protocol (`docs/protocol.md`): SOCKS5
 //! (RFC 1928) plus the I-TCP extensions (method `0x80` with its token
-//! sub-negotiation, commands LISTEN `0x80` / ACCEPT `0x81`, reply codes `0x09`/`0x0A`).
+//! sub-negotiation, commands LISTEN `0x80` / ACCEPT `0x81` / REGISTER `0x82`, reply codes `0x09`/`0x0A`).
 //!
 //! Both sides use this module: the MH library (client side) and `msrd` (server side).
 //! Nothing here does I/O. Every parser takes the bytes received so far and returns
@@ -104,6 +104,11 @@ pub enum Command {
     /// `81` (I-TCP): take the next connection arriving at the MH's listener on PORT.
     /// The reply comes when a peer connects; then the connection relays.
     Accept = 0x81,
+    /// `82` (I-TCP): bind the session token of the method-`0x80` negotiation to the MH's
+    /// address at this MSR, and nothing else (ADDR:PORT unused). The MH's greetings
+    /// then prove its connections here however they were opened (intercepted, or by a
+    /// SOCKS client without the I-TCP method). One reply, then the MSR closes.
+    Register = 0x82,
 }
 
 impl Command {
@@ -114,6 +119,7 @@ impl Command {
             0x02 => Some(Command::Bind),
             0x80 => Some(Command::Listen),
             0x81 => Some(Command::Accept),
+            0x82 => Some(Command::Register),
             _ => None,
         }
     }
@@ -130,6 +136,7 @@ impl Command {
             Command::Bind => "bind",
             Command::Listen => "listen",
             Command::Accept => "accept",
+            Command::Register => "register",
         }
     }
 }

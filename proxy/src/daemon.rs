@@ -794,16 +794,30 @@ pub(crate) async fn serve_request(
     let Some((req, token)) = done else {
         unreachable!("the loop ends with a complete request")
     };
-    if let (Some(t), Some(h)) = (&token, &d.handoff) {
-        // The MH proves ownership of its connections in handoff greetings with it.
-        h.bind_token(mh, &t.0);
-    }
+    // The MH proves ownership of its connections in handoff greetings with it.
+    let bound = match (&token, &d.handoff) {
+        (Some(t), Some(h)) => h.bind_token(mh, &t.0),
+        _ => false,
+    };
     let early = t.unparsed().to_vec();
     let c = Some(connecting);
     let r = match req.command {
         Command::Connect => do_connect(&d, s, peer, req.addr, early, c).await,
         Command::Listen => do_listen(&d, s, peer, req.addr, c).await,
         Command::Accept => do_accept(&d, s, peer, req.addr, c).await,
+        // The token, bound above, is all a registration asks for.
+        Command::Register => {
+            let r = if bound {
+                debug!(%mh, "session token registered");
+                Reply::Succeeded
+            } else {
+                if d.may_log(mh) {
+                    warn!(%mh, "registration refused: no token, or another one is bound to this address");
+                }
+                Reply::NotAllowed
+            };
+            send_reply(&mut s, r, &unspecified_like(peer)).await
+        }
         Command::Bind => {
             // A BIND waits for the FH for as long as it takes: not a setup a handoff
             // should wait for (a waiting BIND stays here).

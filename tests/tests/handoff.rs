@@ -646,13 +646,13 @@ fn a_station_forging_msr_answers_cannot_take_the_mhs_gateway() {
 }
 
 /// An MH whose agent runs but whose apps opened no I-TCP connection yet has nothing at
-/// its MSR to move (and no token there). When it moves, the new MSR hears from the old
-/// one that it holds nothing, and the MH attaches to the new MSR. It used to be refused
-/// ("no I-TCP connection of this MH here…"): the agent went back to the MSR of a cell it
-/// had left, and failed again at every beacon.
+/// its MSR to move (and no token there: the agent does not register it). When it
+/// moves, the new MSR hears from the old one that it holds nothing, and the MH attaches
+/// to the new MSR. It used to be refused ("no I-TCP connection of this MH here…"): the
+/// agent went back to the MSR of a cell it had left, and failed again at every beacon.
 #[test]
 fn an_mh_with_no_connection_attaches_to_the_next_msr() {
-    let lab = fast_lab(27, &[]);
+    let lab = fast_lab_unregistered(27, "");
     assert_eq!(mh_gateway_mac(&lab), lab.msr_cell_mac_now(1).unwrap());
     lab.assoc(&[]).unwrap();
     std::thread::sleep(Duration::from_millis(300));
@@ -679,15 +679,82 @@ fn an_mh_with_no_connection_attaches_to_the_next_msr() {
     assert!(lab.handoff_records(1).is_empty() && lab.handoff_records(2).is_empty());
 }
 
-/// An MH whose agent runs but whose only connection was opened without a session
-/// token (transparent mode: a plain connect, intercepted at its MSR) moves to a cell
-/// without network detection. The old MSR cannot move that connection on a greeting
-/// (nothing proves the MH owns it), so the move fails; the MH's gateway must still
-/// follow it to the cell it is in, where new connections work. It used to go back to
-/// the MSR of the cell the MH had left, cutting the MH off.
+/// An MH whose agent runs and whose connections were opened without I-TCP — plain
+/// connects intercepted at its MSR (transparent mode) and a stock SOCKS5 client —
+/// moves to a cell without network detection. The agent registered its token at
+/// MSR 1 when it attached, so its greeting proves those connections: they move, and
+/// every byte arrives. Without the registration every greeting was refused, the MH
+/// was cut off in the new cell and its download died.
+#[test]
+fn an_agent_mhs_connections_opened_without_i_tcp_move_with_it() {
+    let mut lab = fast_lab_with(47, &[], "[transparent]\nenabled = true\nports = [5009]\n");
+    wait_agent(&lab, Duration::from_secs(5), "registration at MSR1", |ev| {
+        ev.iter()
+            .find(|e| e["event"] == "registered" || e["event"] == "register_failed")
+            .map(|e| assert_eq!(e["event"], "registered", "{e}"))
+    });
+    let fh = lab::fh_addr(5009);
+    lab.spawn(Host::Fh, bin_path("ttcp"), &["echo", "--listen", &fh])
+        .unwrap();
+    let http = lab::fh_addr(5004);
+    lab.spawn(
+        Host::Fh,
+        bin_path("ttcp"),
+        &["http", "--listen", &http, "--seed", "9"],
+    )
+    .unwrap();
+    lab.wait_listening(Host::Fh, 5009).unwrap();
+    lab.wait_listening(Host::Fh, 5004).unwrap();
+    // 200 exchanges 50 ms apart through the move, intercepted.
+    let held = spawn_rr(&mut lab, &fh, 200, false);
+    // 2 MB at 200 KB/s through the gateway's SOCKS port, without the I-TCP method.
+    let gw = format!("{}:1080", lab::addr::CELL_GW);
+    let url = format!("http://{http}/2000000");
+    let args = [
+        "-sS",
+        "--fail",
+        "--socks5",
+        &gw,
+        "--limit-rate",
+        "200k",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{size_download}",
+        &url,
+    ];
+    let curl = lab.spawn(Host::Mh, "curl", &args).unwrap();
+    std::thread::sleep(Duration::from_millis(2000));
+    lab.assoc(&[]).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    lab.assoc(&[2]).unwrap();
+    wait_moves(&lab, 1, Duration::from_secs(10));
+    let moved = lab.agent_events();
+    let moved = moved.iter().find(|e| e["event"] == "moved").unwrap();
+    assert!(
+        moved["connections"].as_u64() >= Some(2),
+        "the move took {moved}\n{}",
+        diag(&lab)
+    );
+    rr_done(&mut lab, held, "transparent, across the move", 200);
+    let (ok, out, err) = lab.wait(curl, Duration::from_secs(30)).unwrap();
+    assert!(
+        ok && out == "2000000",
+        "curl --socks5: {out} {err}\n{}",
+        diag(&lab)
+    );
+    assert_eq!(mh_gateway_mac(&lab), lab.msr_cell_mac_now(2).unwrap());
+    assert_no_rsts(&lab);
+}
+
+/// As above with the agent's registration off (`--no-register`): the old MSR cannot
+/// move the intercepted connection on a greeting (nothing proves the MH owns it), so
+/// the move fails; the MH's gateway must still follow it to the cell it is in, where
+/// new connections work. It used to go back to the MSR of the cell the MH had left,
+/// cutting the MH off.
 #[test]
 fn a_failed_move_leaves_the_agents_gateway_in_the_mhs_cell() {
-    let mut lab = fast_lab_with(29, &[], "[transparent]\nenabled = true\nports = [5009]\n");
+    let mut lab = fast_lab_unregistered(29, "[transparent]\nenabled = true\nports = [5009]\n");
     let fh = lab::fh_addr(5009);
     lab.spawn(Host::Fh, bin_path("ttcp"), &["echo", "--listen", &fh])
         .unwrap();
@@ -1481,6 +1548,16 @@ fn fast_lab(seed: u64, env: &[(usize, &str, &str)]) -> Lab {
 
 fn fast_lab_with(seed: u64, env: &[(usize, &str, &str)], extra: &str) -> Lab {
     fast_lab_on(clean_lab(2, seed), env, extra)
+}
+
+/// [`fast_lab_with`] with agents that do not register the MH's token at the MSRs.
+fn fast_lab_unregistered(seed: u64, extra: &str) -> Lab {
+    let mut lab = clean_lab(2, seed);
+    let agent = [FAST_AGENT, &["--no-register"]].concat();
+    lab.start_itcp_mobility_env(&format!("{FAST_BEACONS}{extra}"), &agent, &[])
+        .unwrap();
+    watch_resets(&mut lab);
+    lab
 }
 
 /// [`fast_lab_with`] on `lab`'s links.

@@ -441,7 +441,9 @@ impl EventMapper {
             // go through the main address's gateway).
             Event::AnswerDropped { .. }
             | Event::GreetedAfresh { .. }
-            | Event::OtherAddress { .. } => {}
+            | Event::OtherAddress { .. }
+            | Event::Registered { .. }
+            | Event::RegisterFailed { .. } => {}
             Event::Lost { from } => {
                 self.disconnected = true;
                 let mut e = OwnedEvent::new(ITCP_EVENT_DISCONNECTED);
@@ -749,9 +751,10 @@ c_api! {
                 return Err(err(libc::EALREADY, "the mobility agent already runs"));
             }
             let opts = MhOptions::from_env()?;
-            let gateway = opts.resolve_gateway()?.ip();
+            let gateway = opts.resolve_gateway()?;
             let token = opts.resolve_token()?;
-            let mut cfg = AgentConfig::new(ifname, mh, gateway, token);
+            let mut cfg = AgentConfig::new(ifname, mh, gateway.ip(), token);
+            cfg.register_port = Some(gateway.port());
             agent_options(&mut cfg, options)?;
             let mut agent = Agent::new(cfg)?;
             let stop = Arc::new(AtomicBool::new(false));

@@ -271,7 +271,9 @@ fn serve(
             relay(c, fixed);
             Ok(())
         }
-        Command::Bind => c.reply(Reply::CommandNotSupported, &Addr::UNSPECIFIED_V4),
+        Command::Bind | Command::Register => {
+            c.reply(Reply::CommandNotSupported, &Addr::UNSPECIFIED_V4)
+        }
     }
 }
 

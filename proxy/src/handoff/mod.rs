@@ -255,13 +255,11 @@ impl Handoffs {
     }
 
     /// Binds an MH's token when it has none yet: only from its SOCKS session (TCP,
-    /// from its own address), never from a greeting.
-    pub fn bind_token(&self, mh: IpAddr, token: &[u8]) {
+    /// from its own address), never from a greeting. False if another token is bound.
+    pub fn bind_token(&self, mh: IpAddr, token: &[u8]) -> bool {
         let mut m = self.mhs.lock().unwrap();
         let st = m.entry(mh).or_default();
-        if st.token.is_none() {
-            st.token = Some(token.to_vec());
-        }
+        st.token.get_or_insert_with(|| token.to_vec()) == token
     }
 
     /// Takes the MH's token (hex) as the old MSR sent it on the authenticated channel:
