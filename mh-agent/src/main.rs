@@ -46,8 +46,8 @@ solicitation to the MSRs' greeting port at once and twice more 20 ms apart unles
 beacon arrives first; the MSRs in the cell answer with their beacon at once. It also
 solicits when it starts on an interface that has carrier.
 
-Each time an MSR answers that the MH is attached to it or moved to it, the agent
-registers the MH's session token there (a SOCKS request from each of the MH's
+Each time an MSR answers that the MH is attached to it (with nothing moved), the
+agent registers the MH's session token there (a SOCKS request from each of the MH's
 addresses to the gateway's port). Then its greetings prove every connection the MH has
 at that MSR, also those the MSR intercepted (transparent mode) or a SOCKS client
 without the I-TCP method opened, and those connections move with the MH.

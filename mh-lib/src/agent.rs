@@ -72,8 +72,9 @@ pub struct AgentConfig {
     /// Between those solicitations (20 ms).
     pub solicit_spacing: Duration,
     /// The MSRs' SOCKS port (1080): the agent registers its token there at each MSR
-    /// it attaches to ([`crate::register`]), so connections opened without I-TCP move
-    /// with its greetings too. `None`: no registration.
+    /// that answers `attached` ([`crate::register`]), so connections opened without
+    /// I-TCP move with its greetings too (after a move the token came with the
+    /// connections). `None`: no registration.
     pub register_port: Option<u16>,
 }
 
@@ -766,8 +767,8 @@ impl Agent {
                 if p.holding_ms.is_none() {
                     self.point_gateways(&mac)?;
                 }
+                // No registration: the MH's token came with its connections.
                 let p = self.pending.take().unwrap();
-                self.register_at(&p.to);
                 self.attached = Some(p.to.clone());
                 self.attached_mac = Some(mac);
                 on_event(Event::Moved {
