@@ -429,4 +429,17 @@ mod tests {
         assert!(a.begin(host), "ending frees the host's slot");
         assert!(!a.begin(host));
     }
+
+    #[test]
+    fn the_first_token_bound_to_an_address_stays_and_another_is_refused() {
+        let h = Handoffs::new("msr1", &HandoffSection::default()).unwrap();
+        let mh: IpAddr = "10.2.0.100".parse().unwrap();
+        assert!(h.bind_token(mh, b"first token....."));
+        // The same token again (a registration after a SOCKS session): accepted.
+        assert!(h.bind_token(mh, b"first token....."));
+        // Another one (REGISTER answers 02): refused, the first stays.
+        assert!(!h.bind_token(mh, b"second token...."));
+        let m = h.mhs.lock().unwrap();
+        assert_eq!(m[&mh].token.as_deref(), Some(&b"first token....."[..]));
+    }
 }
