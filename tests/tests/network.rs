@@ -967,6 +967,28 @@ fn overlapped_moves_from_a_slow_cell_hand_over_once_each() {
     );
 }
 
+/// The station's 100 extra addresses, 10.2.0.150–249, and one ping from each of them.
+const SQUAT_ADD: &str = "for i in $(seq 150 249); do ip addr add 10.2.0.$i/32 dev air0; done";
+const SQUAT: &str = "for i in $(seq 150 249); do ping -n -q -c 1 -W 1 -I 10.2.0.$i 10.0.0.1 \
+                     >/dev/null & done; wait";
+
+/// The addresses of the IPv4 MH prefix MSR `k` answers for on the fixed LAN.
+fn proxied(lab: &Lab, k: usize) -> Vec<String> {
+    let o = lab
+        .run(
+            Host::Msr(k),
+            "ip",
+            &["neigh", "show", "proxy", "dev", "lan0"],
+        )
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| l.split(' ').next())
+        .filter(|a| a.starts_with("10.2.0."))
+        .map(str::to_owned)
+        .collect()
+}
+
 /// A station in cell 1 (MH 2) sends from 100 unused addresses of the MH prefix for
 /// 8 s while a download runs on its own address: MSR 1 keeps at most
 /// `[access] max_addresses_per_station` (8) of its addresses bound and answered for
@@ -999,29 +1021,17 @@ fn a_station_sending_from_many_addresses_holds_a_few() {
         &url,
     ];
     let curl = lab.spawn(Host::mh(2), "curl", &args).unwrap();
-    let add = "for i in $(seq 150 249); do ip addr add 10.2.0.$i/32 dev air0; done";
-    lab.run(Host::mh(2), "sh", &["-c", add]).unwrap();
+    lab.run(Host::mh(2), "sh", &["-c", SQUAT_ADD]).unwrap();
+    // The station's: every address of the prefix but MH 1's.
+    let mh1 = addr::MH.to_string();
     let proxied = || -> Vec<String> {
-        let o = lab
-            .run(
-                Host::Msr(1),
-                "ip",
-                &["neigh", "show", "proxy", "dev", "lan0"],
-            )
-            .unwrap();
-        String::from_utf8_lossy(&o.stdout)
-            .lines()
-            .filter_map(|l| l.split(' ').next())
-            // The station's: every address of the prefix but MH 1's.
-            .filter(|a| a.starts_with("10.2.0.") && *a != addr::MH.to_string())
-            .map(str::to_owned)
-            .collect()
+        let mut a = proxied(&lab, 1);
+        a.retain(|a| *a != mh1);
+        a
     };
-    let squat = "for i in $(seq 150 249); do ping -n -q -c 1 -W 1 -I 10.2.0.$i 10.0.0.1 \
-                 >/dev/null & done; wait";
     let (t0, mut most) = (Instant::now(), 0);
     while t0.elapsed() < Duration::from_secs(8) {
-        lab.run(Host::mh(2), "sh", &["-c", squat]).unwrap();
+        lab.run(Host::mh(2), "sh", &["-c", SQUAT]).unwrap();
         most = most.max(proxied().len());
     }
     let stats = lab.msrd_stats(1).unwrap().stats;
@@ -1049,8 +1059,8 @@ fn a_station_sending_from_many_addresses_holds_a_few() {
 
 /// A station in cell 1 (MH 2, its own MAC) claims 100 unused addresses of the MH
 /// prefix, frames from each: MSR 1 serves up to 8 of them at a time (10.2.0.150
-/// last), bound to that MAC, and answers for them on the fixed LAN. Later MH 1, in cell 2, uses one of them (a DHCP server gave it
-/// out again). The squatter opened nothing on it, so nothing binds the address to it:
+/// last), bound to that MAC, and answers for them on the fixed LAN. Later MH 1, in
+/// cell 2, uses one of them (a DHCP server gave it out again). The squatter opened nothing on it, so nothing binds the address to it:
 /// MSR 2 serves MH 1, whose pings and HTTP download get through.
 #[test]
 fn an_mh_given_an_address_a_station_squatted_is_served() {
@@ -1063,26 +1073,20 @@ fn an_mh_given_an_address_a_station_squatted_is_served() {
     lab.wait_listening(Host::Fh, 5004).unwrap();
     lab.assoc_mh(2, &[1]).unwrap();
     lab.assoc(&[]).unwrap();
-    let add = "for i in $(seq 150 249); do ip addr add 10.2.0.$i/32 dev air0; done";
-    lab.run(Host::mh(2), "sh", &["-c", add]).unwrap();
+    lab.run(Host::mh(2), "sh", &["-c", SQUAT_ADD]).unwrap();
+    // The last octets of the squatted addresses MSR k answers for.
     let proxied = |k: usize| -> Vec<usize> {
-        let o = lab
-            .run(
-                Host::Msr(k),
-                "ip",
-                &["neigh", "show", "proxy", "dev", "lan0"],
-            )
-            .unwrap();
-        let text = String::from_utf8_lossy(&o.stdout).into_owned();
-        (150..250)
-            .filter(|i| text.lines().any(|l| l.starts_with(&format!("10.2.0.{i} "))))
-            .collect()
+        let mut i: Vec<usize> = proxied(&lab, k)
+            .iter()
+            .filter_map(|a| a.strip_prefix("10.2.0.")?.parse().ok())
+            .filter(|i| (150..250).contains(i))
+            .collect();
+        i.sort_unstable();
+        i
     };
     // Frames from every address, three rounds (pulls are rate-limited per station).
-    let squat = "for i in $(seq 150 249); do ping -n -q -c 1 -W 1 -I 10.2.0.$i 10.0.0.1 \
-                 >/dev/null & done; wait";
     for _ in 0..3 {
-        lab.run(Host::mh(2), "sh", &["-c", squat]).unwrap();
+        lab.run(Host::mh(2), "sh", &["-c", SQUAT]).unwrap();
     }
     // 10.2.0.150 squatted last: the station's newest address stays bound.
     let t0 = Instant::now();
