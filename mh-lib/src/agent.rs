@@ -46,8 +46,8 @@ pub struct AgentConfig {
     pub more_mh: Vec<IpAddr>,
     /// The cell gateway address every MSR shares (`10.2.0.1`).
     pub gateway: IpAddr,
-    /// The gateway's address in the other family (a dual-stack MH): pointed at the same
-    /// MSR at every move.
+    /// The gateway's address in the other family (a dual-stack MH): pointed at the new
+    /// MSR once that MSR holds the MH's address of its family.
     pub more_gateways: Vec<IpAddr>,
     /// The MH's session token (proof in greetings).
     pub token: Token,
@@ -231,6 +231,8 @@ struct Sibling {
     fallback: Option<GreetReply>,
     /// A dropped answer was reported for this greeting (once is enough).
     dropped: bool,
+    /// Its MSR said `holding`: the gateway of its family points there.
+    holding: bool,
 }
 
 /// The agent: call [`Agent::run`] on a thread of its own.
@@ -371,19 +373,17 @@ impl Agent {
         Ok(())
     }
 
-    /// Registers the MH's token at `msr`, which the gateway addresses point at now,
-    /// for each of the MH's addresses ([`crate::register`]), on threads so that the
-    /// loop goes on; the outcomes come back as events.
-    fn register_at(&self, msr: &str) {
+    /// Registers the MH's token at `msr`, which the gateway addresses `gateways` point
+    /// at now, for the MH's address of each one's family ([`crate::register`]), on
+    /// threads so that the loop goes on; the outcomes come back as events.
+    fn register_at(&self, msr: &str, gateways: &[IpAddr]) {
         let Some(port) = self.cfg.register_port else {
             return;
         };
         let mhs: Vec<IpAddr> = std::iter::once(self.cfg.mh)
             .chain(self.cfg.more_mh.iter().copied())
             .collect();
-        let gateways =
-            std::iter::once(self.cfg.gateway).chain(self.cfg.more_gateways.iter().copied());
-        for gw in gateways {
+        for &gw in gateways {
             let Some(&mh) = mhs.iter().find(|m| m.is_ipv4() == gw.is_ipv4()) else {
                 continue;
             };
@@ -480,6 +480,7 @@ impl Agent {
                         last_sent: None,
                         fallback: None,
                         dropped: false,
+                        holding: false,
                     });
                 }
                 self.pending = Some(Pending {
@@ -510,7 +511,7 @@ impl Agent {
 
     /// Sends the siblings' greetings that are due; ends those whose main move has
     /// ended with an answer kept aside, and those that timed out.
-    fn retransmit_siblings(&mut self, on_event: &mut impl FnMut(Event)) {
+    fn retransmit_siblings(&mut self, on_event: &mut impl FnMut(Event)) -> io::Result<()> {
         let (retry, timeout) = (self.cfg.greet_retry, self.cfg.greet_timeout);
         let main_done = self.pending.is_none();
         let mut i = 0;
@@ -518,7 +519,9 @@ impl Agent {
             let sib = &self.siblings[i];
             if (main_done && sib.fallback.is_some()) || sib.t0.elapsed() > timeout {
                 let sib = self.siblings.remove(i);
+                let mh = sib.mh;
                 on_event(sib.outcome());
+                self.follow_main(mh)?;
             } else {
                 i += 1;
             }
@@ -546,10 +549,11 @@ impl Agent {
             };
             sib.last_sent = Some(Instant::now());
         }
+        Ok(())
     }
 
     fn retransmit(&mut self, on_event: &mut impl FnMut(Event)) -> io::Result<()> {
-        self.retransmit_siblings(on_event);
+        self.retransmit_siblings(on_event)?;
         let Some(p) = &mut self.pending else {
             return Ok(());
         };
@@ -604,14 +608,35 @@ impl Agent {
             .position(|s| s.nonce == r.nonce && s.msr_is(&r.msr))
         {
             let attached = self.attached.is_some();
+            let mac = || {
+                let beacon = self.macs.get(&r.msr).map_or("", String::as_str);
+                answers::gateway_mac(&r, beacon)
+            };
             match answers::judge_sibling(&r, &self.cfg.token.0, attached) {
-                SiblingVerdict::Wait => {}
+                SiblingVerdict::Wait => {
+                    let (mh, mac) = (self.siblings[i].mh, mac());
+                    if !std::mem::replace(&mut self.siblings[i].holding, true) && !mac.is_empty() {
+                        self.point_gateways(mh, &mac)?;
+                    }
+                }
                 SiblingVerdict::Final => {
+                    let mac = mac();
                     let mut sib = self.siblings.remove(i);
                     let genuine = answers::vouches(&r, &self.cfg.token.0);
                     let msr = r.msr.clone();
+                    let status = r.status;
+                    let mh = sib.mh;
                     sib.fallback = Some(r);
                     on_event(sib.outcome());
+                    match status {
+                        GreetStatus::Moved | GreetStatus::Attached if !mac.is_empty() => {
+                            let gws = self.point_gateways(mh, &mac)?;
+                            if status == GreetStatus::Attached {
+                                self.register_at(&msr, &gws);
+                            }
+                        }
+                        _ => self.follow_main(mh)?,
+                    }
                     if genuine {
                         return self.vouch(&msr, on_event);
                     }
@@ -713,12 +738,12 @@ impl Agent {
                     _ => self.macs.get(&p.from),
                 };
                 if let Some(mac) = back.cloned() {
-                    self.point_gateways(&mac)?;
+                    self.point_gateways(self.cfg.mh, &mac)?;
                     self.det.set_current(&p.from);
                 }
             }
             AfterFailure::Here if !new_mac.is_empty() => {
-                self.point_gateways(new_mac)?;
+                self.point_gateways(self.cfg.mh, new_mac)?;
                 self.attached_mac = None;
                 self.det.set_current(&p.to);
             }
@@ -731,12 +756,29 @@ impl Agent {
         Ok(())
     }
 
-    /// Points every gateway address (both families of a dual-stack MH) at `mac`.
-    fn point_gateways(&self, mac: &str) -> io::Result<()> {
-        for &gw in std::iter::once(&self.cfg.gateway).chain(&self.cfg.more_gateways) {
+    /// Points at `mac` the gateway addresses that an answer for the MH's address `mh`
+    /// moves ([`answers::gateways_to_point`]), and returns them.
+    fn point_gateways(&self, mh: IpAddr, mac: &str) -> io::Result<Vec<IpAddr>> {
+        let all: Vec<IpAddr> = std::iter::once(self.cfg.gateway)
+            .chain(self.cfg.more_gateways.iter().copied())
+            .collect();
+        let greeting: Vec<IpAddr> = self.siblings.iter().map(|s| s.mh).collect();
+        let main = mh == self.cfg.mh;
+        let gws = answers::gateways_to_point(&all, mh, main, &greeting);
+        for &gw in &gws {
             point_gateway(gw, mac, &self.cfg.interface)?;
         }
-        Ok(())
+        Ok(gws)
+    }
+
+    /// Points the gateway of a sibling's family where the main move left the MH's
+    /// gateway, once both are over: its own answer did not move it (a failure, a
+    /// refusal, no answer, or one kept aside).
+    fn follow_main(&self, sib: IpAddr) -> io::Result<()> {
+        match (&self.pending, &self.attached_mac) {
+            (None, Some(mac)) => self.point_gateways(sib, mac).map(drop),
+            _ => Ok(()),
+        }
     }
 
     /// Acts on answer `r` to the pending greeting.
@@ -749,13 +791,13 @@ impl Agent {
             GreetStatus::Holding => {
                 if p.holding_ms.is_none() {
                     p.holding_ms = Some(ms_since(p.t0));
-                    self.point_gateways(&mac)?;
+                    self.point_gateways(self.cfg.mh, &mac)?;
                 }
             }
             GreetStatus::Attached => {
-                self.point_gateways(&mac)?;
+                let gws = self.point_gateways(self.cfg.mh, &mac)?;
                 let p = self.pending.take().unwrap();
-                self.register_at(&p.to);
+                self.register_at(&p.to, &gws);
                 self.attached = Some(p.to.clone());
                 self.attached_mac = Some(mac);
                 on_event(Event::Attached {
@@ -765,7 +807,7 @@ impl Agent {
             }
             GreetStatus::Moved => {
                 if p.holding_ms.is_none() {
-                    self.point_gateways(&mac)?;
+                    self.point_gateways(self.cfg.mh, &mac)?;
                 }
                 // No registration: the MH's token came with its connections.
                 let p = self.pending.take().unwrap();

@@ -23,6 +23,8 @@
 //! A refusal or failure of a greeting that went out more than once is not judged at
 //! first: the agent greets afresh ([`greet_afresh`]).
 
+use std::net::IpAddr;
+
 use itcp_proto::greeting::{GreetReply, GreetStatus};
 
 /// What to do with one answer to the pending greeting.
@@ -127,6 +129,27 @@ pub fn gateway_mac(r: &GreetReply, beacon_mac: &str) -> String {
     }
 }
 
+/// The gateway addresses (of `gateways`) that an answer for the MH's address
+/// `answered` points at the answering MSR. A family's gateway follows only the move of
+/// the MH's address of that family: until the new MSR holds that address, the old MSR
+/// serves its connections, and a segment of one reaching the new MSR meets a kernel
+/// that knows none of them (its SOCKS port answers with an RST). So an answer points
+/// the gateways of its own family and, for the main greeting's (`main`), those of every
+/// family none of whose addresses is still greeting (`greeting`).
+pub fn gateways_to_point(
+    gateways: &[IpAddr],
+    answered: IpAddr,
+    main: bool,
+    greeting: &[IpAddr],
+) -> Vec<IpAddr> {
+    let same = |a: &IpAddr, b: &IpAddr| a.is_ipv4() == b.is_ipv4();
+    gateways
+        .iter()
+        .filter(|g| same(g, &answered) || (main && !greeting.iter().any(|a| same(a, g))))
+        .copied()
+        .collect()
+}
+
 /// Where the MH's gateway goes when its move from one MSR to another failed (the new
 /// MSR answered `failed`, or nobody answered).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -163,6 +186,28 @@ mod tests {
         assert_eq!(after_failure(true, false), AfterFailure::Back);
         assert_eq!(after_failure(false, true), AfterFailure::Here);
         assert_eq!(after_failure(false, false), AfterFailure::Keep);
+    }
+
+    #[test]
+    fn each_family_s_gateway_follows_its_own_address_s_answer() {
+        let (g4, g6): (IpAddr, IpAddr) = (
+            "10.2.0.1".parse().unwrap(),
+            "2001:db8:2::1".parse().unwrap(),
+        );
+        let (mh4, mh6): (IpAddr, IpAddr) = (
+            "10.2.0.100".parse().unwrap(),
+            "2001:db8:2::64".parse().unwrap(),
+        );
+        let gws = [g4, g6];
+        // The main (IPv4) answer while the IPv6 address still greets: IPv4 only.
+        assert_eq!(gateways_to_point(&gws, mh4, true, &[mh6]), vec![g4]);
+        // Once the IPv6 greeting has ended: both.
+        assert_eq!(gateways_to_point(&gws, mh4, true, &[]), vec![g4, g6]);
+        // The IPv6 address's own answer: IPv6 only, whoever else still greets.
+        assert_eq!(gateways_to_point(&gws, mh6, false, &[]), vec![g6]);
+        assert_eq!(gateways_to_point(&gws, mh6, false, &[mh6]), vec![g6]);
+        // A single-stack MH: its one gateway.
+        assert_eq!(gateways_to_point(&[g4], mh4, true, &[]), vec![g4]);
     }
 
     const TOKEN: &[u8] = b"0123456789abcdef";

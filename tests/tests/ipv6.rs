@@ -634,3 +634,104 @@ fn an_ipv6_handshake_half_open_when_the_mh_leaves_its_cell_moves_with_it() {
     let rsts = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
     assert_eq!(rsts, ((0, 0), (0, 0)), "RSTs at FH and MH\n{}", log(&lab));
 }
+
+/// A dual-stack MH whose IPv4 address has nothing to move is handed over at once,
+/// while its IPv6 address's move takes longer (here the old MSR waits for a handshake
+/// half-open there). Until the new MSR holds the IPv6 address, none of the MH's IPv6
+/// segments may reach it: it knows none of those connections, and its SOCKS port
+/// answers a segment of one with an RST. So each family's gateway follows its own
+/// address's move.
+#[test]
+fn each_family_s_gateway_follows_its_own_address_s_move() {
+    let mut lab = dual_stack_mobile_lab_with(73, "[transparent]\nenabled = true\nports = [5009]\n");
+    let ttcp = bin_path("ttcp");
+    let (fh, other) = (fh6(5009), fh6(5006));
+    for (a, port) in [(&fh, 5009), (&other, 5006)] {
+        lab.spawn(Host::Fh, &ttcp, &["echo", "--listen", a])
+            .unwrap();
+        lab.wait_listening(Host::Fh, port).unwrap();
+    }
+    let g6 = gw6();
+    let rr = |lab: &mut Lab, to: &str, n: &str, interval: &str, itcp: bool| {
+        let mut a = vec!["rr", "--connect", to, "--count", n, "--size", "100"];
+        a.extend(["--interval-ms", interval]);
+        if itcp {
+            a.push("--itcp");
+        }
+        lab.spawn_env(Host::Mh, &ttcp, &a, &[("ITCP_GATEWAY", &g6)])
+            .unwrap()
+    };
+    // Four explicit IPv6 connections exchanging every 20 ms: at any moment one of them
+    // sends a request. Registration gives MSR1 the token of the MH's IPv4 address,
+    // which has no connection: its move needs no wait.
+    let explicit: Vec<usize> = (0..4)
+        .map(|_| rr(&mut lab, &other, "150", "20", true))
+        .collect();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while explicit_at(&lab, 1).1 < 4 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no connections at MSR1"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The MH's ACK of a transparent IPv6 handshake never leaves: MSR1 waits for it
+    // (then replays it) before it freezes the MH's IPv6 connections.
+    let rule = format!(
+        "table inet air {{\n  chain c {{ type filter hook output priority 0; ip6 daddr {} tcp dport 5009 tcp flags & syn == 0 drop; }}\n}}\n",
+        addr6::FH
+    );
+    lab.nft(Host::Mh, &rule).unwrap();
+    let transparent = rr(&mut lab, &fh, "5", "50", false);
+    std::thread::sleep(Duration::from_millis(150));
+    lab.assoc(&[2]).unwrap();
+    let log = |lab: &Lab| tails(lab, &["msrd1.log", "msrd2.log", "agent.events"]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let new_side = |lab: &Lab, mh: IpAddr| {
+        lab.handoff_records(2).into_iter().find(|r| {
+            r.mh == mh && r.role == itcp_handoff::log::Role::New && r.outcome == Outcome::Moved
+        })
+    };
+    use itcp_handoff::log::Outcome;
+    let mh4 = IpAddr::V4(itcp_testbed::lab::addr::MH);
+    let moved6 = loop {
+        if let Some(r) = new_side(&lab, IpAddr::V6(addr6::MH)) {
+            break r;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the MH's IPv6 connections did not move\n{}",
+            log(&lab)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    lab.nft(Host::Mh, "delete table inet air\n").unwrap();
+    // The premise: the IPv4 address moved well before the IPv6 one.
+    let moved4 = new_side(&lab, mh4).unwrap_or_else(|| panic!("no IPv4 move\n{}", log(&lab)));
+    let ended = |r: &itcp_handoff::log::Record| {
+        let p = &r.phases;
+        [p.greeting, p.mh_in, p.restored, p.resumed, p.acknowledged]
+            .into_iter()
+            .flatten()
+            .max()
+    };
+    let (e4, e6) = (ended(&moved4).unwrap(), ended(&moved6).unwrap());
+    assert!(
+        e6 > e4 + 100_000 && !moved6.connections.is_empty(),
+        "the IPv6 move ended {} µs after the IPv4 one\n{}",
+        e6 as i64 - e4 as i64,
+        log(&lab)
+    );
+    for (idx, what, n) in explicit
+        .into_iter()
+        .map(|i| (i, "IPv6 explicit", 150))
+        .chain([(transparent, "IPv6 transparent", 5)])
+    {
+        let (_, out, err) = lab.wait(idx, Duration::from_secs(30)).unwrap();
+        let r: itcp_testbed::ttcp::RrReport = serde_json::from_str(out.trim())
+            .unwrap_or_else(|e| panic!("{what} rr: {e}: {err}\n{}", log(&lab)));
+        assert!(r.ok && r.count == n, "{what}: {r:?}\n{}", log(&lab));
+    }
+    let rsts = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
+    assert_eq!(rsts, ((0, 0), (0, 0)), "RSTs at FH and MH\n{}", log(&lab));
+}
