@@ -376,7 +376,7 @@ async fn run(
                     // restore): heard now, before the restart, it keeps the connections
                     // and these copies go. Heard later, it waits for our acknowledgement.
                     if let Some(c) = ch.as_mut() {
-                        if let Ok(Ok(msg)) = tokio::time::timeout(Duration::ZERO, c.recv()).await {
+                        if let Some(Ok(msg)) = now_or_never(c.recv()) {
                             let ignored = m.handle(NewEvent::Message(msg), now_us());
                             debug_assert!(ignored.is_empty(), "{ignored:?}");
                         }
@@ -590,6 +590,17 @@ async fn run(
     }
 }
 
+/// `f`'s output if it is ready now. Never waits: a zero timeout would, for the timer
+/// wheel's next tick (up to a millisecond, most of a one-connection handoff). `f` must
+/// be cancel-safe (it is dropped if not ready).
+fn now_or_never<F: std::future::Future>(f: F) -> Option<F::Output> {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match std::pin::pin!(f).poll(&mut cx) {
+        std::task::Poll::Ready(out) => Some(out),
+        std::task::Poll::Pending => None,
+    }
+}
+
 /// What restoring some images came to ([`restore_all`]).
 type Restoration = (Vec<Restored>, Vec<(u64, String)>, Vec<ConnEntry>);
 
@@ -630,5 +641,21 @@ async fn answer_call_off(mut ch: Channel, mut m: NewSide) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::now_or_never;
+
+    #[test]
+    fn now_or_never_takes_what_is_ready_and_leaves_what_is_not() {
+        assert_eq!(now_or_never(async { 7 }), Some(7));
+        assert_eq!(now_or_never(std::future::pending::<u8>()), None);
+        // A channel message not yet sent: no value, and the receiver still works.
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u8>();
+        assert_eq!(now_or_never(rx.recv()), None);
+        tx.send(3).unwrap();
+        assert_eq!(now_or_never(rx.recv()), Some(Some(3)));
     }
 }
