@@ -1,14 +1,13 @@
 //! `itcp-handoff`: moving live TCP connections between MSRs.
 //!
-//! Built so far: **socket images** ([`image`]) — capture a connected TCP socket's
-//! complete state with TCP_REPAIR, carry it as a versioned, serde-serializable image
-//! (or a compact binary encoding), restore it on another host without the peer's
-//! cooperation, restart it, and delete the original without FIN or RST. See
-//! docs/architecture.md §4 and the [`image`] module documentation for the restore order and the
-//! sequence-number rules.
+//! **Socket images** ([`image`]): capture a connected TCP socket's complete state with
+//! TCP_REPAIR, carry it as a versioned, serde-serializable image (or a compact binary
+//! encoding), restore it on another host without the peer's cooperation, restart it,
+//! and delete the original without FIN or RST. See docs/architecture.md §4 and the
+//! [`image`] module documentation for the restore order and the sequence-number rules.
 //!
-//! The rest of issue 4 (the MSR⇄MSR handoff protocol, flow holds, handoff log records)
-//! builds on these images.
+//! On these images build the MSR⇄MSR handoff as sans-IO state machines ([`machine`],
+//! [`greet`]) and the handoff log records ([`log`]).
 //!
 //! Raw syscalls live in [`repair`] (safe wrappers with `// SAFETY:` notes) and the one
 //! forged packet (the peer's FIN, replayed to a restored half-closed socket) in

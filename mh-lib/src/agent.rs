@@ -704,10 +704,8 @@ impl Agent {
     /// proved it with a tag. The main address may have nothing there, and so no MSR
     /// that could tag its answers (its token is bound under the other family's
     /// address): its untagged `attached` from `msr` would wait for the MSR it left to
-    /// fall silent, and the gateways, both families', would stay pointed there. Found
-    /// with IPv6-only connections of a dual-stack MH: its IPv6 packets went to the
-    /// previous MSR's MAC and connects took 3 s. So that answer is taken now (or as
-    /// it comes).
+    /// fall silent, and the main family's gateway would stay pointed there, its new
+    /// connections waiting seconds. So that answer is taken now (or as it comes).
     fn vouch(&mut self, msr: &str, on_event: &mut impl FnMut(Event)) -> io::Result<()> {
         let Some(p) = self.pending.as_mut().filter(|p| p.to == msr) else {
             return Ok(());

@@ -519,9 +519,8 @@ impl Daemon {
     /// Tells the kernel that relay `s` ended gracefully, as its FINs go out: once its
     /// sockets are gone, stray segments of its flows meet silence, not an RST (see
     /// `Rules::end_flows`). A socket in LAST_ACK that retransmitted its FIN closes on
-    /// the peer's first ACK; the peer's answer to the retransmission follows, and
-    /// would draw an RST (found by the short-connections test over a 100 ms fixed
-    /// path, where a tail-loss probe on the wireless side re-sent the FIN).
+    /// the peer's first ACK; the peer's answer to the retransmission (a tail-loss
+    /// probe re-sends the FIN on a long path) follows, and would draw an RST.
     pub(crate) fn note_ended(&self, s: &Session, wireless: &TcpStream, fixed: Option<&TcpStream>) {
         let window = Duration::from_secs(self.cfg.handoff.closed_window_s);
         if window.is_zero() {

@@ -184,9 +184,8 @@ impl Rules {
         // and other sequence numbers: a segment of either side of an intercepted flow
         // that no socket takes here (a connection that lives at another MSR, or one that
         // finished here during its move) must not be forwarded to the other host, whose
-        // connection would take it for garbage and answer with an RST (found by the
-        // overlapped short-connections test: a held ACK of the MH's, replayed after
-        // its restored connection had closed, reached the FH, which reset it).
+        // connection would take it for garbage and answer with an RST (a held ACK of
+        // the MH's, replayed after its restored connection closed, would reach the FH).
         if let Some(tp) = &self.transparent {
             let ports = set(&tp.ports);
             for (ip, v4) in [("ip", true), ("ip6", false)] {

@@ -281,8 +281,8 @@ pub fn ask_neighbour(ifname: &str, from: IpAddr, to: IpAddr, to_mac: [u8; 6]) ->
 }
 
 /// Copies of each request [`ask_neighbour`] sends: a cell loses frames (1 % on the
-/// lab's profiles), and an MH that missed the only one resolved its gateway behind the
-/// first flight (seen once in 80 moves).
+/// lab's profiles), and an MH that missed the only one would resolve its gateway only
+/// behind the first flight.
 const ASKS: usize = 2;
 
 /// A unicast neighbour solicitation for `to` from `from` (bound: the MH enters the

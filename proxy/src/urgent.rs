@@ -10,8 +10,8 @@
 //! once through user space; and a socket that takes urgent bytes out of band drops one
 //! not yet taken when the next urgent pointer arrives, so the relay's sockets keep
 //! urgent bytes inline (SO_OOBINLINE, [`keep_inline`]) and the byte at the mark is read
-//! as data (found in CI: two urgent bytes 30 ms apart behind 70 kB, the first gone
-//! while the relay sat at its mark waiting for room at the destination).
+//! as data: a relay at its mark may wait for room at the destination while the next
+//! urgent byte arrives.
 
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, RawFd};

@@ -1337,11 +1337,9 @@ impl Lab {
 
     /// Waits (at most 5 s) until no msrd runs in MSR `k`'s namespace: one still
     /// exiting holds its listening sockets, and a new one would fail to bind them
-    /// (seen in CI: a restart 10 ms after an msrd's exit, "Address already in use").
-    /// An exiting process leaves the namespace before its last sockets close (the
-    /// kernel releases its files after its namespaces), so those this lab started are
-    /// waited for until they have exited whole (seen under load: a restart 34 ms after
-    /// the exit, the old listener still there).
+    /// ("Address already in use"). An exiting process leaves the namespace before its
+    /// last sockets close (the kernel releases its files after its namespaces), so
+    /// those this lab started are waited for until they have exited whole.
     fn wait_msrd_gone(&self, k: usize) {
         let deadline = Instant::now() + Duration::from_secs(5);
         let running = || {

@@ -54,8 +54,8 @@ pub async fn settle(d: &Daemon, mh: IpAddr, bound: Option<Duration>) {
 /// or FIN are still on their way (`Daemon::relay_session`). If it saw our ask, it
 /// answers with that session; if it ended first, the ask is taken back (nobody would
 /// answer it) and the next listing finds the closing session. Listings repeat until
-/// one brings nothing new (found by the soak: the freeze waited 2 s for a relay that
-/// had gone on as a session it never asked, which stayed behind).
+/// one brings nothing new: a relay that went on as a session the freeze never asked
+/// would otherwise stay behind, and the freeze wait for it.
 pub async fn freeze(d: &Daemon, mh: IpAddr) -> Vec<Frozen> {
     /// Listings at most: a relay ends once, so a second one finds what a first missed.
     const ROUNDS: usize = 4;
@@ -843,8 +843,7 @@ fn revert_backoff(d: &Daemon, r: &Restored) {
     let (fd, w) = (&r.wireless.0, &r.wireless.1);
     // A connection in setup may be one whose MH is still connecting (the old MSR
     // completed its handshake by replaying its ACK): an ICMP unreachable that quotes
-    // its next sequence number would abort its connect ("No route to host"; found by
-    // `short_connections_through_twenty_handoffs_see_no_reset`).
+    // its next sequence number would abort its connect ("No route to host").
     if r.kind.in_setup() {
         return;
     }
