@@ -569,39 +569,72 @@ fn passive_open_over_ipv6_moves_with_the_mh() {
     );
 }
 
-/// A TCP handshake over IPv6 still half-open at the old MSR when the MH leaves its cell
-/// (our SYN-ACK reached it, its ACK was lost in the air) is completed there with the
-/// MH's ACK replayed, and moves (handoff.rs has the IPv4 tests, of both losses).
-#[test]
-fn an_ipv6_handshake_half_open_when_the_mh_leaves_its_cell_moves_with_it() {
-    let mut lab = dual_stack_mobile_lab_with(71, "[transparent]\nenabled = true\nports = [5009]\n");
+/// A dual-stack mobile lab intercepting port 5009, with echo servers on the FH's IPv6
+/// address at 5009 (intercepted) and 5006 (for explicit connections).
+fn echo_lab6(seed: u64) -> Lab {
+    let mut lab =
+        dual_stack_mobile_lab_with(seed, "[transparent]\nenabled = true\nports = [5009]\n");
     let ttcp = bin_path("ttcp");
-    let (fh, other) = (fh6(5009), fh6(5006));
-    for (a, port) in [(&fh, 5009), (&other, 5006)] {
-        lab.spawn(Host::Fh, &ttcp, &["echo", "--listen", a])
+    for port in [5009, 5006] {
+        lab.spawn(Host::Fh, &ttcp, &["echo", "--listen", &fh6(port)])
             .unwrap();
         lab.wait_listening(Host::Fh, port).unwrap();
     }
-    let g6 = gw6();
-    let rr = |lab: &mut Lab, to: &str, n: &str, itcp: bool| {
-        let mut a = vec!["rr", "--connect", to, "--count", n, "--size", "100"];
-        a.extend(["--interval-ms", "50"]);
-        if itcp {
-            a.push("--itcp");
-        }
-        lab.spawn_env(Host::Mh, &ttcp, &a, &[("ITCP_GATEWAY", &g6)])
-            .unwrap()
-    };
-    // An I-TCP connection over IPv6 gives MSR1 the session token of the MH's IPv6
-    // address.
-    let explicit = rr(&mut lab, &other, "100", true);
-    std::thread::sleep(Duration::from_millis(300));
+    lab
+}
+
+/// Starts `ttcp rr` on the MH to the FH's IPv6 port `port`: `n` exchanges of 100 bytes,
+/// `interval_ms` apart, through I-TCP when `itcp`. Returns its process index.
+fn spawn_rr6(lab: &mut Lab, port: u16, n: usize, interval_ms: u64, itcp: bool) -> usize {
+    let (to, n, interval) = (fh6(port), n.to_string(), interval_ms.to_string());
+    let mut a = vec!["rr", "--connect", &to, "--count", &n, "--size", "100"];
+    a.extend(["--interval-ms", &interval]);
+    if itcp {
+        a.push("--itcp");
+    }
+    lab.spawn_env(Host::Mh, bin_path("ttcp"), &a, &[("ITCP_GATEWAY", &gw6())])
+        .unwrap()
+}
+
+/// Keeps the MH's segments other than SYNs to the FH's IPv6 port 5009 from leaving
+/// (table `air`): a handshake's ACK is lost, so it stays half-open at the MSR.
+fn lose_acks_to_5009(lab: &Lab) {
     let rule = format!(
         "table inet air {{\n  chain c {{ type filter hook output priority 0; ip6 daddr {} tcp dport 5009 tcp flags & syn == 0 drop; }}\n}}\n",
         addr6::FH
     );
     lab.nft(Host::Mh, &rule).unwrap();
-    let transparent = rr(&mut lab, &fh, "5", false);
+}
+
+/// Each `ttcp rr` of `runs` (index, what, exchanges) completed all its exchanges, and
+/// neither the FH nor the MH saw an RST; `log` for the failure messages.
+fn assert_rrs_done_without_rsts(
+    lab: &mut Lab,
+    runs: &[(usize, &str, u64)],
+    log: impl Fn(&Lab) -> String,
+) {
+    for &(idx, what, n) in runs {
+        let (_, out, err) = lab.wait(idx, Duration::from_secs(30)).unwrap();
+        let r: itcp_testbed::ttcp::RrReport = serde_json::from_str(out.trim())
+            .unwrap_or_else(|e| panic!("{what} rr: {e}: {err}\n{}", log(lab)));
+        assert!(r.ok && r.count == n, "{what}: {r:?}\n{}", log(lab));
+    }
+    let rsts = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
+    assert_eq!(rsts, ((0, 0), (0, 0)), "RSTs at FH and MH\n{}", log(lab));
+}
+
+/// A TCP handshake over IPv6 still half-open at the old MSR when the MH leaves its cell
+/// (our SYN-ACK reached it, its ACK was lost in the air) is completed there with the
+/// MH's ACK replayed, and moves (handoff.rs has the IPv4 tests, of both losses).
+#[test]
+fn an_ipv6_handshake_half_open_when_the_mh_leaves_its_cell_moves_with_it() {
+    let mut lab = echo_lab6(71);
+    // An I-TCP connection over IPv6 gives MSR1 the session token of the MH's IPv6
+    // address.
+    let explicit = spawn_rr6(&mut lab, 5006, 100, 50, true);
+    std::thread::sleep(Duration::from_millis(300));
+    lose_acks_to_5009(&lab);
+    let transparent = spawn_rr6(&mut lab, 5009, 5, 50, false);
     std::thread::sleep(Duration::from_millis(150));
     lab.assoc(&[]).unwrap();
     std::thread::sleep(Duration::from_millis(200));
@@ -622,17 +655,11 @@ fn an_ipv6_handshake_half_open_when_the_mh_leaves_its_cell_moves_with_it() {
         std::thread::sleep(Duration::from_millis(20));
     }
     lab.nft(Host::Mh, "delete table inet air\n").unwrap();
-    for (idx, what, n) in [
+    let runs = [
         (transparent, "IPv6 transparent", 5),
         (explicit, "IPv6 explicit", 100),
-    ] {
-        let (_, out, err) = lab.wait(idx, Duration::from_secs(20)).unwrap();
-        let r: itcp_testbed::ttcp::RrReport = serde_json::from_str(out.trim())
-            .unwrap_or_else(|e| panic!("{what} rr: {e}: {err}\n{}", log(&lab)));
-        assert!(r.ok && r.count == n, "{what}: {r:?}\n{}", log(&lab));
-    }
-    let rsts = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
-    assert_eq!(rsts, ((0, 0), (0, 0)), "RSTs at FH and MH\n{}", log(&lab));
+    ];
+    assert_rrs_done_without_rsts(&mut lab, &runs, log);
 }
 
 /// A dual-stack MH whose IPv4 address has nothing to move is handed over at once,
@@ -643,29 +670,13 @@ fn an_ipv6_handshake_half_open_when_the_mh_leaves_its_cell_moves_with_it() {
 /// address's move.
 #[test]
 fn each_family_s_gateway_follows_its_own_address_s_move() {
-    let mut lab = dual_stack_mobile_lab_with(73, "[transparent]\nenabled = true\nports = [5009]\n");
-    let ttcp = bin_path("ttcp");
-    let (fh, other) = (fh6(5009), fh6(5006));
-    for (a, port) in [(&fh, 5009), (&other, 5006)] {
-        lab.spawn(Host::Fh, &ttcp, &["echo", "--listen", a])
-            .unwrap();
-        lab.wait_listening(Host::Fh, port).unwrap();
-    }
-    let g6 = gw6();
-    let rr = |lab: &mut Lab, to: &str, n: &str, interval: &str, itcp: bool| {
-        let mut a = vec!["rr", "--connect", to, "--count", n, "--size", "100"];
-        a.extend(["--interval-ms", interval]);
-        if itcp {
-            a.push("--itcp");
-        }
-        lab.spawn_env(Host::Mh, &ttcp, &a, &[("ITCP_GATEWAY", &g6)])
-            .unwrap()
-    };
+    use itcp_handoff::log::{Outcome, Record, Role};
+    let mut lab = echo_lab6(73);
     // Four explicit IPv6 connections exchanging every 20 ms: at any moment one of them
     // sends a request. Registration gives MSR1 the token of the MH's IPv4 address,
     // which has no connection: its move needs no wait.
     let explicit: Vec<usize> = (0..4)
-        .map(|_| rr(&mut lab, &other, "150", "20", true))
+        .map(|_| spawn_rr6(&mut lab, 5006, 150, 20, true))
         .collect();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while explicit_at(&lab, 1).1 < 4 {
@@ -675,25 +686,19 @@ fn each_family_s_gateway_follows_its_own_address_s_move() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    // The MH's ACK of a transparent IPv6 handshake never leaves: MSR1 waits for it
-    // (then replays it) before it freezes the MH's IPv6 connections.
-    let rule = format!(
-        "table inet air {{\n  chain c {{ type filter hook output priority 0; ip6 daddr {} tcp dport 5009 tcp flags & syn == 0 drop; }}\n}}\n",
-        addr6::FH
-    );
-    lab.nft(Host::Mh, &rule).unwrap();
-    let transparent = rr(&mut lab, &fh, "5", "50", false);
+    // MSR1 waits for the lost ACK (then replays it) before it freezes the MH's IPv6
+    // connections.
+    lose_acks_to_5009(&lab);
+    let transparent = spawn_rr6(&mut lab, 5009, 5, 50, false);
     std::thread::sleep(Duration::from_millis(150));
     lab.assoc(&[2]).unwrap();
     let log = |lab: &Lab| tails(lab, &["msrd1.log", "msrd2.log", "agent.events"]);
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let new_side = |lab: &Lab, mh: IpAddr| {
-        lab.handoff_records(2).into_iter().find(|r| {
-            r.mh == mh && r.role == itcp_handoff::log::Role::New && r.outcome == Outcome::Moved
-        })
+        lab.handoff_records(2)
+            .into_iter()
+            .find(|r| r.mh == mh && r.role == Role::New && r.outcome == Outcome::Moved)
     };
-    use itcp_handoff::log::Outcome;
-    let mh4 = IpAddr::V4(itcp_testbed::lab::addr::MH);
     let moved6 = loop {
         if let Some(r) = new_side(&lab, IpAddr::V6(addr6::MH)) {
             break r;
@@ -707,8 +712,9 @@ fn each_family_s_gateway_follows_its_own_address_s_move() {
     };
     lab.nft(Host::Mh, "delete table inet air\n").unwrap();
     // The premise: the IPv4 address moved well before the IPv6 one.
+    let mh4 = IpAddr::V4(itcp_testbed::lab::addr::MH);
     let moved4 = new_side(&lab, mh4).unwrap_or_else(|| panic!("no IPv4 move\n{}", log(&lab)));
-    let ended = |r: &itcp_handoff::log::Record| {
+    let ended = |r: &Record| {
         let p = &r.phases;
         [p.greeting, p.mh_in, p.restored, p.resumed, p.acknowledged]
             .into_iter()
@@ -722,16 +728,10 @@ fn each_family_s_gateway_follows_its_own_address_s_move() {
         e6 as i64 - e4 as i64,
         log(&lab)
     );
-    for (idx, what, n) in explicit
+    let mut runs: Vec<(usize, &str, u64)> = explicit
         .into_iter()
         .map(|i| (i, "IPv6 explicit", 150))
-        .chain([(transparent, "IPv6 transparent", 5)])
-    {
-        let (_, out, err) = lab.wait(idx, Duration::from_secs(30)).unwrap();
-        let r: itcp_testbed::ttcp::RrReport = serde_json::from_str(out.trim())
-            .unwrap_or_else(|e| panic!("{what} rr: {e}: {err}\n{}", log(&lab)));
-        assert!(r.ok && r.count == n, "{what}: {r:?}\n{}", log(&lab));
-    }
-    let rsts = (lab.rsts(Host::Fh).unwrap(), lab.rsts(Host::Mh).unwrap());
-    assert_eq!(rsts, ((0, 0), (0, 0)), "RSTs at FH and MH\n{}", log(&lab));
+        .collect();
+    runs.push((transparent, "IPv6 transparent", 5));
+    assert_rrs_done_without_rsts(&mut lab, &runs, log);
 }
