@@ -1740,8 +1740,19 @@ impl Lab {
             .map(|(k, n, v)| (*k, n.to_string(), v.to_string()))
             .collect();
         let msrds = self.start_msrds_with_handoff(msrd_extra)?;
+        let agent = self.start_agents(1..=self.mhs, agent_args)?;
+        Ok((msrds, agent))
+    }
+
+    /// Starts the mobility agent on MHs `mhs` (with `agent_args`) and waits until each
+    /// has attached to an MSR. Returns the spawn index of the first one's agent.
+    fn start_agents(
+        &mut self,
+        mhs: std::ops::RangeInclusive<usize>,
+        agent_args: &[&str],
+    ) -> io::Result<usize> {
         let mut agents = Vec::new();
-        for j in 1..=self.mhs {
+        for j in mhs.clone() {
             let events = File::create(self.agent_events_path(j))?;
             let log = File::create(self.agent_log_path(j))?;
             let mh = addr::mh(j).to_string();
@@ -1768,7 +1779,7 @@ impl Lab {
             agents.push(self.children.len() - 1);
         }
         let deadline = Instant::now() + Duration::from_secs(10);
-        for j in 1..=self.mhs {
+        for j in mhs {
             while !self
                 .agent_events_of(j)
                 .iter()
@@ -1784,7 +1795,7 @@ impl Lab {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        Ok((msrds, agents[0]))
+        Ok(agents[0])
     }
 
     /// Sets up I-TCP for MHs that run nothing of ours: msrd with `[handoff]` on every
@@ -1797,14 +1808,35 @@ impl Lab {
         self.msr_extra = format!("gateway_mac = \"{}\"\n", addr::GATEWAY_MAC);
         self.cell_extra = "detect = \"network\"\n".into();
         let msrds = self.start_msrds_with_handoff(msrd_extra)?;
-        for j in 1..=self.mhs {
+        self.forget_gateway_neighbours(1..=self.mhs)?;
+        Ok(msrds)
+    }
+
+    /// [`Lab::start_itcp_network`], with the mobility agent running on MH 1 only
+    /// (started as in [`Lab::start_itcp_mobility`]): the other MHs run nothing of
+    /// ours and are served by network detection. Returns the spawn indices of the
+    /// msrds (MSR order) and of MH 1's agent.
+    pub fn start_itcp_agent_and_bare(
+        &mut self,
+        msrd_extra: &str,
+        agent_args: &[&str],
+    ) -> io::Result<(Vec<usize>, usize)> {
+        let msrds = self.start_itcp_network(msrd_extra)?;
+        let agent = self.start_agents(1..=1, agent_args)?;
+        Ok((msrds, agent))
+    }
+
+    /// MHs `mhs` forget the per-MSR neighbour entries the lab gave them and resolve
+    /// the gateway by ARP and NDP, as any host does.
+    fn forget_gateway_neighbours(&self, mhs: std::ops::RangeInclusive<usize>) -> io::Result<()> {
+        for j in mhs {
             let mut b = format!("neigh del {} dev air0\n", addr::CELL_GW);
             if self.config.ipv6 {
                 b += &format!("neigh del {} dev air0\n", addr6::CELL_GW);
             }
             run_ip(Some(&self.ns(Host::mh(j))), &b)?;
         }
-        Ok(msrds)
+        Ok(())
     }
 
     /// Routes the MH prefixes on-link at the GW (the MSR serving an MH answers ARP/NDP

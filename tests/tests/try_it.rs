@@ -130,7 +130,7 @@ fn the_try_it_walkthrough_runs_as_written() {
     }
     let names: Vec<&str> = env.iter().map(|(k, _)| k.as_str()).collect();
     for k in [
-        "LAB", "BIN", "FH_NS", "GW_NS", "MSR1_NS", "MSR2_NS", "MH_NS",
+        "LAB", "BIN", "FH_NS", "GW_NS", "MSR1_NS", "MSR2_NS", "MH_NS", "MH2_NS",
     ] {
         assert!(names.contains(&k), "no {k} in {names:?}");
     }
@@ -181,6 +181,13 @@ fn the_try_it_walkthrough_runs_as_written() {
     assert!(
         all.contains("msr1 → msr2") && all.contains("moved"),
         "{all}"
+    );
+    // MH2, which runs nothing of ours, kept its download across its move.
+    assert!(all.contains("200 3000000 bytes"), "MH2's download: {all}");
+    assert!(
+        all.lines()
+            .any(|l| l.contains("10.2.0.101") && l.contains("msr1 → msr2") && l.contains("moved")),
+        "no handoff of MH2 in: {all}"
     );
     let lab = &env.iter().find(|(k, _)| k == "LAB").unwrap().1;
     let rr = std::fs::read_to_string(Path::new(lab).join("rr.json")).unwrap();

@@ -363,7 +363,8 @@ run's lab is removed by 'itcp-lab cleanup'.",
             about: "Builds a lab (no emulated impairments) and keeps it until Ctrl-C. With \
                     --itcp, I-TCP runs in it, ready to try by hand (docs/try-it.md): msrd \
                     with handoff, /metrics and the status page on every MSR, the agent on \
-                    the MH, an echo server (port 7) and an HTTP server (port 80, GET /N \
+                    the MH, a second MH (MH2) that runs nothing of ours (network detection, \
+                    its port 80 intercepted), an echo server (port 7) and an HTTP server (port 80, GET /N \
                     answers N bytes) on the FH, 20 Mbit/s cells; it prints the commands \
                     to watch it, move the MH and send traffic through it.",
             flags: &[
@@ -1606,11 +1607,13 @@ fn bench_nomoves(o: NoMoves) -> Result<(), String> {
 const METRICS_PORT: u16 = 9473;
 
 fn up(cfg: LabConfig, itcp: bool) -> Result<(), String> {
-    let mut lab = Lab::new(cfg).map_err(|e| e.to_string())?;
+    // With I-TCP: MH 1 runs the agent, MH 2 nothing of ours (network detection).
+    let mhs = if itcp { 2 } else { 1 };
+    let mut lab = Lab::with_mhs(cfg, mhs).map_err(|e| e.to_string())?;
     let hosts: Vec<Host> = [Host::Fh, Host::Gw]
         .into_iter()
         .chain((1..=lab.msrs()).map(Host::Msr))
-        .chain([Host::Mh])
+        .chain((1..=mhs).map(Host::mh))
         .collect();
     if !itcp {
         println!("lab {} is up; namespaces:", lab.id);
@@ -1629,12 +1632,16 @@ fn up(cfg: LabConfig, itcp: bool) -> Result<(), String> {
         }
     }
     eprintln!(
-        "starting msrd on {} MSRs, the MH's agent, the FH's servers…",
+        "starting msrd on {} MSRs, MH1's agent, the FH's servers…",
         lab.msrs()
     );
     lab.msrd_log_level = "info".into();
-    let metrics = format!("[metrics]\nlisten = \"{{MSR_LAN}}:{METRICS_PORT}\"\n");
-    lab.start_itcp_mobility(&metrics, &[])
+    // MH2's connections to the FH's web port are intercepted (it knows no SOCKS).
+    let extra = format!(
+        "[metrics]\nlisten = \"{{MSR_LAN}}:{METRICS_PORT}\"\n\
+         [transparent]\nenabled = true\nports = [80]\n"
+    );
+    lab.start_itcp_agent_and_bare(&extra, &[])
         .map_err(|e| e.to_string())?;
     lab.start_fh_echo(7).map_err(|e| e.to_string())?;
     let bin = lab::bin_path("msrd");
@@ -1642,12 +1649,15 @@ fn up(cfg: LabConfig, itcp: bool) -> Result<(), String> {
     let dir = lab.dir.display().to_string();
     let cell = |k: usize| format!("MSR{k}'s cell");
     println!(
-        "I-TCP lab {} is up: FH (10.0.0.1), GW, {}, MH (10.2.0.100, in {}).",
+        "I-TCP lab {} is up: FH (10.0.0.1), GW, {}, MH ({}, the agent) and MH2 ({}, \
+         nothing of ours), both in {}.",
         lab.id,
         (1..=lab.msrs())
             .map(|k| format!("MSR{k} ({})", lab::addr::msr_lan(k)))
             .collect::<Vec<_>>()
             .join(", "),
+        lab::addr::mh(1),
+        lab::addr::mh(2),
         cell(1)
     );
     println!("The walkthrough is docs/try-it.md. Paste this into a root shell first:\n");
@@ -1737,8 +1747,17 @@ $BIN/itcpctl --socket $LAB/msrd2.sock stats | grep -E 'handoffs_|moved_'"#,
   curl -s -o /dev/null -w '%{http_code} %{size_download} bytes\n' http://10.0.0.1/1000000"#,
     ),
     (
-        "the MH back to MSR1's cell",
-        r#"$BIN/itcp-lab ctl --control $LAB/airlink.sock '{"op":"assoc","cells":[1]}'"#,
+        "MH2 runs nothing of ours: its download moves with it, found by network detection",
+        r#"ip netns exec $MH2_NS curl -s --limit-rate 1M -o /dev/null \
+  -w '%{http_code} %{size_download} bytes\n' http://10.0.0.1/3000000 &
+sleep 1
+$BIN/itcp-lab ctl --control $LAB/airlink.sock '{"op":"assoc","cells":[2],"mh":2}'
+wait; $BIN/itcpctl handoffs $LAB/handoffs-msr1.jsonl $LAB/handoffs-msr2.jsonl | grep 10.2.0.101"#,
+    ),
+    (
+        "both MHs back to MSR1's cell",
+        r#"$BIN/itcp-lab ctl --control $LAB/airlink.sock '{"op":"assoc","cells":[1]}'
+$BIN/itcp-lab ctl --control $LAB/airlink.sock '{"op":"assoc","cells":[1],"mh":2}'"#,
     ),
 ];
 
