@@ -117,6 +117,55 @@ fn libitcp_has_a_soname_that_programs_record_and_find() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `objdump -p` or `-T` of `f`.
+fn objdump(flag: &str, f: &Path) -> String {
+    let o = std::process::Command::new("objdump")
+        .arg(flag)
+        .arg(f)
+        .output()
+        .expect("objdump (binutils) is needed");
+    assert!(o.status.success(), "objdump {flag} {}", f.display());
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Every function libitcp.so exports carries the symbol version `libitcp.so.MAJOR`,
+/// and a program linked against it records that version for each one it calls: a
+/// later library can then keep an old function's behaviour under the old version.
+#[test]
+fn libitcp_versions_its_symbols_and_programs_record_the_version() {
+    let version = format!("libitcp.so.{}", env!("CARGO_PKG_VERSION_MAJOR"));
+    let exports = objdump("-T", &lib_dir().join("libitcp.so"));
+    let ours: Vec<&str> = exports
+        .lines()
+        .filter(|l| {
+            l.contains(" .text")
+                && l.split_whitespace()
+                    .last()
+                    .is_some_and(|n| n.starts_with("itcp_"))
+        })
+        .collect();
+    assert!(
+        ours.len() >= 10,
+        "libitcp.so exports {} functions:\n{exports}",
+        ours.len()
+    );
+    let unversioned: Vec<&&str> = ours.iter().filter(|l| !l.contains(&version)).collect();
+    assert!(
+        unversioned.is_empty(),
+        "exported without the version {version}: {unversioned:#?}"
+    );
+    let dir = std::env::temp_dir().join(format!("itcp-symver-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let demo = compile_demo(&dir, false);
+    let refs = objdump("-p", &demo);
+    assert!(
+        refs.contains(&format!("required from {version}:"))
+            && refs.contains(&format!(" {version}\n")),
+        "the program records no version of {version}:\n{refs}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 // ---------------------------------------------------------------------------------
 // Running programs in the lab
 
