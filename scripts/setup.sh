@@ -22,11 +22,12 @@ fi
 # dpkg-dev, binutils: scripts/deb (dpkg-shlibdeps, strip) and its test;
 # man-db, groff-base: the man pages in docs/man render as man shows them (tests/tests/docs.rs);
 # systemd: systemd-analyze verifies the units and scores msrd.service's sandbox
-# (tests/tests/package.rs); passwd: useradd for the package's itcp user;
+# (tests/tests/package.rs), and msrd runs under it through its unit
+# (tests/tests/systemd_unit.rs; libcap2-bin's capsh decodes its capabilities); passwd: useradd for the package's itcp user;
 # prometheus: promtool checks msrd's /metrics; chromium: loads msrd's status page
 # headless (tests/tests/metrics.rs). Those two add ~150 MB of downloads, ~750 MB on
 # disk and ~30 s of installing.
-packages=(iproute2 nftables iptables iperf3 socat haproxy tcpdump iputils-ping iputils-arping openssl curl ca-certificates build-essential pkg-config procps kmod dpkg-dev binutils man-db groff-base systemd passwd prometheus chromium)
+packages=(iproute2 nftables iptables iperf3 socat haproxy tcpdump iputils-ping iputils-arping openssl curl ca-certificates build-essential pkg-config procps kmod dpkg-dev binutils man-db groff-base systemd libcap2-bin passwd prometheus chromium)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
