@@ -89,6 +89,16 @@ pub enum Message {
         #[serde(default, skip_serializing_if = "std::ops::Not::not")]
         parts: bool,
     },
+    /// New MSR → each peer (network detection): a station with link-layer address
+    /// `mac` appeared in my cell sending from no address it proves (an IPv6
+    /// link-local or unspecified source, DHCP, an ARP probe), as a host's OS does
+    /// at once on link-up. The peer answers `Addresses`; the new MSR then asks for
+    /// each address with `Detected`. An older peer refuses the message: it is asked
+    /// only by the address the MH sends from next, as before.
+    Station { handoff_id: u64, mac: String },
+    /// Peer → new MSR, answering `Station`: the MH addresses it serves that are bound
+    /// to that link-layer address (none if it serves no such MH).
+    Addresses { handoff_id: u64, mhs: Vec<IpAddr> },
     /// Peer → new MSR: no connection of that MH here (an idle MH's presence here,
     /// if any, ends: it is in the other cell now).
     NotHere { handoff_id: u64 },

@@ -1,6 +1,6 @@
 //! Network detection (docs/architecture.md §7): an MSR learns that an MH arrived in one of its
-//! `detect = "network"` cells from the MH's first IPv4 packet there, with no greeting,
-//! agent or library on the MH.
+//! `detect = "network"` cells from the MH's first frame there, with no greeting, agent
+//! or library on the MH.
 //!
 //! msrd's rules ([`crate::intercept::Detection`]) report the first packet of an MH
 //! that is not *present* here on NFLOG and drop its packets (never answer them) for at
@@ -8,7 +8,9 @@
 //! ([`crate::handoff::new_side::pull_detected`]); the peer serving the MH hands them
 //! over only if the packet's link-layer address is the one bound to the MH there.
 //! Once they run here (or no peer serves the MH) the MH is present: no more reports
-//! for it until it is seen in another MSR's cell.
+//! for it until it is seen in another MSR's cell. A frame that proves no address (what
+//! a host's OS sends first on link-up) is reported by its link-layer address alone:
+//! the peers are asked which MH addresses are bound to it, and each is pulled.
 //!
 //! Trust: the cell's link layer authenticates stations (WPA2/802.1X); an MH is its
 //! MAC and IP address as first seen at the MSR that served it. A station spoofing an
@@ -49,14 +51,70 @@ pub async fn run(d: Arc<Daemon>, group: u16) {
     }
 }
 
-/// An MH not present here sent a packet on a detecting cell.
+/// A station not present here sent a frame on a detecting cell.
 fn on_arrival(d: &Arc<Daemon>, l: Logged) {
-    let mh = crate::admission::canonical(l.src);
+    let src = crate::admission::canonical(l.src);
+    if proves_no_address(src) {
+        if let Some(mac) = l.mac {
+            on_station(d, mac, l.head);
+        }
+        return;
+    }
+    let Some(mac) = l.mac else {
+        if d.handoff.as_ref().is_some_and(|h| h.may_log(src)) {
+            warn!(mh = %src, "arrival without a link-layer address: not an Ethernet cell?");
+        }
+        return;
+    };
+    arrived(d, src, mac, &l.head);
+}
+
+/// A source address that says nothing of who sends: IPv4's or IPv6's unspecified
+/// address (DHCP, an ARP probe, duplicate address detection) or an IPv6 link-local one
+/// (router solicitations and MLD reports on link-up).
+fn proves_no_address(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.is_unspecified(),
+        std::net::IpAddr::V6(v6) => v6.is_unspecified() || v6.is_unicast_link_local(),
+    }
+}
+
+/// A station sent a frame that proves no address (what a host's OS sends first on
+/// link-up): the peers are asked which MHs it is, and each is pulled as if it had
+/// sent from its own address. Nobody's: it is not asked about again for a while.
+fn on_station(d: &Arc<Daemon>, mac: [u8; 6], head: Vec<u8>) {
+    let Some(h) = d.handoff.as_ref() else { return };
+    if !h.ask_about_station(mac) {
+        return;
+    }
+    let d = d.clone();
+    tokio::spawn(async move {
+        let mhs = crate::handoff::new_side::ask_station(&d, mac).await;
+        let h = d.handoff.as_ref().unwrap();
+        h.asked_about_station(mac);
+        let mine: Vec<_> = mhs.into_iter().filter(|mh| d.is_mh(*mh)).collect();
+        debug!(mac = %itcp_proto::hex::mac(&mac), mhs = ?mine, "station arrived");
+        if mine.is_empty() {
+            let unknown = Some(crate::intercept::STATION_UNKNOWN_MS);
+            if let Err(e) = d.rules.set_station_here(mac, true, unknown) {
+                debug!(error = %e, "station not marked");
+            }
+        }
+        for mh in mine {
+            arrived(&d, mh, mac, &head);
+        }
+    });
+}
+
+/// MH `mh` arrived here, sending from link-layer address `mac` (its frame's first
+/// bytes `head`): pull its connections unless the frame is stale or a pull is under
+/// way or over budget.
+fn arrived(d: &Arc<Daemon>, mh: std::net::IpAddr, mac: [u8; 6], head: &[u8]) {
     let Some(h) = d.handoff.as_ref() else { return };
     if !d.is_mh(mh) {
         return;
     }
-    if h.judge_arrival(mh, &l.head) == crate::departed::Evidence::Stale {
+    if h.judge_arrival(mh, head) == crate::departed::Evidence::Stale {
         // It may have waited in the uplink since before the MH moved: not an arrival.
         // The next frame is judged too, at once.
         d.sessions
@@ -68,12 +126,6 @@ fn on_arrival(d: &Arc<Daemon>, l: Logged) {
         }
         return;
     }
-    let Some(mac) = l.mac else {
-        if h.may_log(mh) {
-            warn!(%mh, "arrival without a link-layer address: not an Ethernet cell?");
-        }
-        return;
-    };
     {
         let m = h.mhs.lock().unwrap();
         if m.get(&mh).is_some_and(|s| s.pulling) {
@@ -101,7 +153,7 @@ fn on_arrival(d: &Arc<Daemon>, l: Logged) {
         return;
     };
     h.set_pulling(mh, true);
-    debug!(%mh, mac = %itcp_proto::hex::mac(&mac), ifindex = l.ifindex, "MH arrived");
+    debug!(%mh, mac = %itcp_proto::hex::mac(&mac), "MH arrived");
     let d = d.clone();
     tokio::spawn(async move {
         let _busy = busy;

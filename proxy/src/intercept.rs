@@ -50,6 +50,13 @@ pub struct CellGuard {
     pub ports: Vec<u16>,
 }
 
+/// How often at most a station's frames that prove no address are reported (network
+/// detection): each report asks every peer which MHs it is.
+pub const STATION_ASK_MS: u64 = 1000;
+
+/// How long a station no MSR served when asked is not asked about again.
+pub const STATION_UNKNOWN_MS: u64 = 60_000;
+
 /// How long after the last SYN-ACK sent to an MH a handoff still looks for its
 /// half-open handshakes (see the `synack` sets).
 pub const SYNACK_RECENT: Duration = Duration::from_secs(3);
@@ -407,6 +414,22 @@ impl Rules {
         Ok(())
     }
 
+    /// Marks station `mac` as one whose frames that prove no address (link-local,
+    /// unspecified source) need not be reported here: it is served here (`for_ms`
+    /// None, until unmarked), or no MSR served it when asked (`for_ms`). No-op
+    /// without detection.
+    pub fn set_station_here(
+        &self,
+        mac: [u8; 6],
+        here: bool,
+        for_ms: Option<u64>,
+    ) -> io::Result<()> {
+        if self.detect.is_none() {
+            return Ok(());
+        }
+        crate::netlink::nft_netdev_mac_element(&self.table, "stations", mac, here, for_ms)
+    }
+
     /// Ends the arrival hold of `mh` without marking it present: its next frame is
     /// reported again (its last one proved nothing, see [`crate::departed`]).
     pub fn rearm_detection(&self, mh: IpAddr) -> io::Result<()> {
@@ -595,11 +618,17 @@ impl Detection {
              \x20 set arriving4 {{\n    type ipv4_addr;\n    flags dynamic, timeout;\n    timeout {0}ms;\n    size 65536;\n  }}\n\
              \x20 set present6 {{\n    type ipv6_addr;\n    size 65536;\n  }}\n\
              \x20 set arriving6 {{\n    type ipv6_addr;\n    flags dynamic, timeout;\n    timeout {0}ms;\n    size 65536;\n  }}\n\
+             \x20 set stations {{\n    type ether_addr;\n    flags timeout;\n    size 65536;\n  }}\n\
+             \x20 set asking {{\n    type ether_addr;\n    flags dynamic, timeout;\n    timeout {3}ms;\n    size 4096;\n  }}\n\
              \x20 chain cells {{\n    type filter hook ingress devices = {1} priority -500; policy accept;\n\
-             \x20   ether type arp jump arp_in\n{2}    ether type != ip accept\n",
+             \x20   ether type arp jump arp_in\n\
+             \x20   ether type ip6 ip6 saddr {{ ::, fe80::/10 }} jump station\n\
+             {2}    ether type != ip accept\n\
+             \x20   ip saddr 0.0.0.0 jump station\n",
             self.hold_ms,
             set(&ifs),
-            if v6.is_empty() { "" } else { "    ether type ip6 jump ip6_in\n" }
+            if v6.is_empty() { "" } else { "    ether type ip6 jump ip6_in\n" },
+            STATION_ASK_MS,
         );
         let not_mh = |key: &str| {
             let mut r = String::new();
@@ -621,7 +650,14 @@ impl Detection {
              \x20   ip saddr @arriving4 counter drop\n\
              \x20   add @arriving4 {{ ip saddr }} counter log group {g} drop\n  }}\n"
         );
-        s += "  chain arp_in {\n";
+        // A frame that proves no address (an IPv6 link-local or unspecified source,
+        // DHCP, an ARP probe): what a host's OS sends first on link-up. Only its
+        // link-layer address counts: reported once per STATION_ASK_MS, never held.
+        s += &format!(
+            "  chain station {{\n    ether saddr @stations accept\n    ether saddr @asking accept\n\
+             \x20   add @asking {{ ether saddr }} counter log group {g} accept\n    accept\n  }}\n"
+        );
+        s += "  chain arp_in {\n    arp saddr ip 0.0.0.0 jump station\n";
         s += &not_mh("arp saddr ip");
         s += &format!(
             "    arp saddr ip @arriving4 accept\n\

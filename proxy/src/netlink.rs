@@ -57,6 +57,26 @@ pub fn nft_netdev_set_element(table: &str, set: &str, ip: IpAddr, add: bool) -> 
     set_element(libc::NFPROTO_NETDEV as u8, "netdev", table, set, ip, add)
 }
 
+/// Adds (for `timeout_ms`, or until deleted) or deletes link-layer address `mac` in set
+/// `set` (type `ether_addr`) of netdev table `table`.
+pub fn nft_netdev_mac_element(
+    table: &str,
+    set: &str,
+    mac: [u8; 6],
+    add: bool,
+    timeout_ms: Option<u64>,
+) -> io::Result<()> {
+    let m = itcp_proto::hex::mac(&mac);
+    let what = if add {
+        format!("nft: add element {m} to set {set} of table netdev {table}")
+    } else {
+        format!("nft: delete element {m} from set {set} of table netdev {table}")
+    };
+    let elem = (mac.to_vec(), timeout_ms.filter(|_| add));
+    let family = libc::NFPROTO_NETDEV as u8;
+    setelem_batch(family, table, set, &[elem], add, &what).map(|_| ())
+}
+
 fn set_element(
     family: u8,
     family_name: &str,

@@ -26,11 +26,40 @@ pub struct Announcer {
     thread: Option<JoinHandle<()>>,
 }
 
+/// What the MH's OS sends at each carrier-up.
+#[derive(Debug, Clone)]
+pub enum Probe {
+    /// An ARP request for its gateway, from its own address (RFC 4436).
+    Gateway(String),
+    /// An ARP probe for its own address, from the unspecified address (RFC 5227, as
+    /// a host does before it reuses an address on reassociation): it proves no
+    /// address, only the station.
+    Own(String),
+}
+
+impl Probe {
+    fn arping_args(&self, ifname: &str) -> Vec<String> {
+        let (dad, target) = match self {
+            Probe::Gateway(gw) => (false, gw),
+            Probe::Own(addr) => (true, addr),
+        };
+        let mut a: Vec<String> = ["-q", "-c", "1", "-w", "1", "-I", ifname]
+            .map(String::from)
+            .into();
+        if dad {
+            a.push("-D".into());
+        }
+        a.push(target.clone());
+        a
+    }
+}
+
 impl Announcer {
-    /// Watches `ifname` in namespace `netns` and probes `gateway` at each carrier-up.
-    pub fn start(netns: &str, ifname: &str, gateway: &str) -> io::Result<Announcer> {
+    /// Watches `ifname` in namespace `netns` and sends `probe` at each carrier-up.
+    pub fn start(netns: &str, ifname: &str, probe: Probe) -> io::Result<Announcer> {
         let watch = sys::in_netns(netns, || LinkWatch::open(ifname))?;
-        let (netns, ifname, gateway) = (netns.to_string(), ifname.to_string(), gateway.to_string());
+        let args = probe.arping_args(ifname);
+        let netns = netns.to_string();
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = stop.clone();
         let thread = std::thread::spawn(move || {
@@ -53,7 +82,7 @@ impl Announcer {
                     // so a lost probe would leave it unnoticed (RFC 4436 hosts
                     // retransmit too). arping runs in the MH's namespace: a child
                     // of a thread inside it.
-                    let (netns, ifname, gateway) = (netns.clone(), ifname.clone(), gateway.clone());
+                    let (netns, args) = (netns.clone(), args.clone());
                     std::thread::spawn(move || {
                         let mut children = Vec::new();
                         for k in 0..3 {
@@ -62,7 +91,7 @@ impl Announcer {
                             }
                             children.extend(sys::in_netns(&netns, || {
                                 Command::new("arping")
-                                    .args(["-q", "-c", "1", "-w", "1", "-I", &ifname, &gateway])
+                                    .args(&args)
                                     .stdout(Stdio::null())
                                     .stderr(Stdio::null())
                                     .spawn()

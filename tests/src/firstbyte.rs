@@ -15,7 +15,7 @@ use std::io;
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::dna::Announcer;
+use crate::dna::{Announcer, Probe};
 use crate::lab::{self, addr, bin_path, Host, Lab, LabConfig};
 use crate::moves;
 use crate::scenario::{Detection, Net};
@@ -68,7 +68,7 @@ pub fn run(
             _announcer = Some(Announcer::start(
                 &lab.ns(Host::Mh),
                 "air0",
-                &addr::CELL_GW.to_string(),
+                Probe::Gateway(addr::CELL_GW.to_string()),
             )?);
         }
         Detection::Beacon | Detection::Solicit => {

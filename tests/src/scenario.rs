@@ -13,7 +13,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::baseline::{MobileIp, MobileIpOpts, Registration};
-use crate::dna::Announcer;
+use crate::dna::{Announcer, Probe};
 use crate::emu::{
     AssocEvent, Crossing, Dir, LinkCounters, LinkParams, ReplyBody, Request, Schedule,
 };
@@ -366,7 +366,7 @@ pub fn run_observed(
             announcer = Some(Announcer::start(
                 &lab.ns(Host::Mh),
                 "air0",
-                &addr::CELL_GW.to_string(),
+                Probe::Gateway(addr::CELL_GW.to_string()),
             )?);
             itcp = true;
         }

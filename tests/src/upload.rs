@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 
 use itcp_handoff::log::{Outcome, Role};
 
-use crate::dna::Announcer;
+use crate::dna::{Announcer, Probe};
 use crate::emu::{Dir, LinkParams, Loss, Request};
 use crate::lab::{self, addr, bin_path, Host, Lab, LabConfig};
 use crate::scenario::Net;
@@ -142,7 +142,11 @@ pub fn run(
         "[transparent]\nenabled = true\nports = [{port}]\n{}",
         crate::firstbyte::MSRD_64K
     ))?;
-    let _announcer = Announcer::start(&lab.ns(Host::Mh), "air0", &addr::CELL_GW.to_string())?;
+    let _announcer = Announcer::start(
+        &lab.ns(Host::Mh),
+        "air0",
+        Probe::Gateway(addr::CELL_GW.to_string()),
+    )?;
     lab.watch_rsts(Host::Fh)?;
     lab.watch_rsts(Host::Mh)?;
     let fh: SocketAddr = lab::fh_addr(port)

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use itcp_handoff::log::Outcome;
 use itcp_proto::control::Kind;
+use itcp_testbed::dna::{Announcer, Probe};
 use itcp_testbed::lab::{self, addr, addr6, bin_path, Host, Lab, LabConfig};
 use itcp_testbed::ttcp::RecvReport;
 
@@ -1156,4 +1157,102 @@ fn an_mh_given_an_address_a_station_squatted_is_served() {
         diag(&lab)
     );
     assert_eq!(proxied(2), vec![150], "MSR2 answers for {mine} only");
+}
+
+/// An MH that runs nothing of ours is found in its new cell from what its kernel sends
+/// at once on link-up (MLD reports from its link-local address, which prove no
+/// address: the MSR asks its peers which MHs that station is), not from its next
+/// packet from its own address. 20 direct moves of an MH whose only connection is
+/// idle (one exchange, then a 2-minute pause): every move starts a handoff at the new
+/// MSR, association → handoff start at most 50 ms median.
+#[test]
+fn an_idle_agentless_mh_is_found_from_what_its_kernel_sends_on_link_up() {
+    idle_agentless_mh_found_on_link_up(true, 211);
+}
+
+/// The same on IPv4 only (the MH has no IPv6): at each association it sends the ARP
+/// probe for its own address that a host sends before it reuses it (RFC 5227, from
+/// 0.0.0.0), which names the station only.
+#[test]
+fn an_idle_agentless_mh_is_found_from_its_arp_probe_on_link_up() {
+    idle_agentless_mh_found_on_link_up(false, 213);
+}
+
+fn idle_agentless_mh_found_on_link_up(v6: bool, seed: u64) {
+    let _serial = serial();
+    let mut cfg = LabConfig::clean(2, seed);
+    cfg.ipv6 = v6;
+    let mut lab = Lab::new(cfg).unwrap();
+    lab.start_itcp_network("[transparent]\nenabled = true\nports = [5007]\n")
+        .unwrap();
+    let ttcp = bin_path("ttcp");
+    let echo = if v6 {
+        std::net::SocketAddr::new(addr6::FH.into(), 5007).to_string()
+    } else {
+        lab::fh_addr(5007)
+    };
+    if std::env::var_os("ITCP_PCAP").is_some() {
+        for h in [Host::Mh, Host::Msr(1), Host::Msr(2)] {
+            lab.record_packets(h).unwrap();
+        }
+    }
+    // IPv6's link-up frames come from the MH's kernel itself.
+    let _probe = (!v6).then(|| {
+        let own = Probe::Own(addr::mh(1).to_string());
+        Announcer::start(&lab.ns(Host::Mh), "air0", own).unwrap()
+    });
+    lab.spawn(Host::Fh, &ttcp, &["echo", "--listen", &echo])
+        .unwrap();
+    lab.wait_listening(Host::Fh, 5007).unwrap();
+    let rr = [
+        "rr",
+        "--connect",
+        &echo,
+        "--count",
+        "2",
+        "--interval-ms",
+        "120000",
+    ];
+    lab.spawn(Host::Mh, &ttcp, &rr).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    let moves = 20;
+    let mut at = 1;
+    for _ in 0..moves {
+        at = 3 - at;
+        lab.assoc(&[at]).unwrap();
+        std::thread::sleep(Duration::from_millis(1200));
+    }
+    let offset = itcp_testbed::scenario::wall_minus_mono_us();
+    let events = lab.emu_status().unwrap().events;
+    let moved: Vec<_> = events[events.len() - moves..].to_vec();
+    let mut waits = Vec::new();
+    let mut missed = Vec::new();
+    for e in &moved {
+        let k = e.cells[0];
+        let assoc_us = (e.t_ns / 1000) as i64 + offset;
+        let start = lab
+            .handoff_records(k)
+            .into_iter()
+            .filter(|r| r.new_msr == format!("msr{k}") && r.msr == r.new_msr)
+            .filter_map(|r| r.phases.greeting)
+            .filter(|&g| g as i64 >= assoc_us)
+            .min();
+        match start {
+            Some(g) if (g as i64 - assoc_us) < 1_000_000 => {
+                waits.push((g as i64 - assoc_us) as f64 / 1000.0)
+            }
+            _ => missed.push(k),
+        }
+    }
+    eprintln!("in move order: {waits:.1?}");
+    waits.sort_by(f64::total_cmp);
+    eprintln!(
+        "association → handoff start, ms: {waits:.1?}; no handoff within 1 s into MSR {missed:?}"
+    );
+    assert!(
+        missed.is_empty(),
+        "moves without a handoff within 1 s: into {missed:?}; {waits:.1?}"
+    );
+    let median = waits[waits.len() / 2];
+    assert!(median <= 50.0, "median {median:.1} ms: {waits:.1?}");
 }

@@ -143,6 +143,9 @@ impl Daemon {
             warn!(%mh, error = %e, "MH not marked present: its packets keep being reported");
         }
         if let Some(mac) = mac {
+            if let Err(e) = self.rules.set_station_here(mac, true, None) {
+                warn!(%mh, error = %e, "station not marked present: its link-local frames keep being reported");
+            }
             self.bound_within_cap(mac);
         }
     }
@@ -186,18 +189,25 @@ impl Daemon {
     /// The MH is in another MSR's cell now: its presence and address binding here end,
     /// and this MSR stops answering for it on the fixed LAN.
     pub fn forget(&self, mh: IpAddr) {
-        let claimed = self.handoff.as_ref().is_some_and(|h| {
+        let (claimed, left) = self.handoff.as_ref().map_or((false, None), |h| {
             let mut m = h.mhs.lock().unwrap();
-            m.get_mut(&mh).is_some_and(|s| {
-                s.mac = None;
-                s.claimed
-            })
+            let (claimed, mac) = m
+                .get_mut(&mh)
+                .map_or((false, None), |s| (s.claimed, s.mac.take()));
+            // The station is gone from here once none of its addresses is bound here.
+            let left = mac.filter(|mac| !m.values().any(|s| s.mac == Some(*mac)));
+            (claimed, left)
         });
         if claimed && self.sessions.of_mh(mh).is_empty() {
             self.give_up_route(mh);
         }
         if let Err(e) = self.rules.set_present(mh, false) {
             warn!(%mh, error = %e, "MH still marked present here");
+        }
+        if let Some(mac) = left {
+            if let Err(e) = self.rules.set_station_here(mac, false, None) {
+                warn!(%mh, error = %e, "station still marked present here");
+            }
         }
     }
 

@@ -115,7 +115,13 @@ pub struct Handoffs {
     busy: Arc<AtomicU64>,
     /// No new handoff starts (an upgrade is handing everything over).
     closed: std::sync::atomic::AtomicBool,
+    /// Stations being asked about ([`Handoffs::ask_about_station`]).
+    asking: Mutex<std::collections::HashSet<[u8; 6]>>,
 }
+
+/// Stations asked about at once (each question goes to every peer): a station
+/// sending from many link-layer addresses cannot make this MSR ask without bound.
+pub const MAX_STATION_QUESTIONS: usize = 16;
 
 /// Channel connections authenticating at once from sources that are no configured
 /// peer's address (each costs a task and 182 bytes until its hello or 2 s)...
@@ -224,6 +230,7 @@ impl Handoffs {
             spares: spares::Spares::default(),
             busy: Arc::new(AtomicU64::new(0)),
             closed: std::sync::atomic::AtomicBool::new(false),
+            asking: Mutex::default(),
         })
     }
 
@@ -332,6 +339,29 @@ impl Handoffs {
         st.last_nonce = Some(r.nonce.clone());
         st.last_reply = Some(r.clone());
         r
+    }
+
+    /// Starts a question about station `mac` unless one is under way or
+    /// [`MAX_STATION_QUESTIONS`] are; [`Handoffs::asked_about_station`] ends it.
+    pub(crate) fn ask_about_station(&self, mac: [u8; 6]) -> bool {
+        let mut a = self.asking.lock().unwrap();
+        a.len() < MAX_STATION_QUESTIONS && a.insert(mac)
+    }
+
+    pub(crate) fn asked_about_station(&self, mac: [u8; 6]) {
+        self.asking.lock().unwrap().remove(&mac);
+    }
+
+    /// The MH addresses bound to station `mac` that this MSR answers for.
+    pub(crate) fn served_of_station(&self, mac: [u8; 6]) -> Vec<IpAddr> {
+        let m = self.mhs.lock().unwrap();
+        let mut v: Vec<IpAddr> = m
+            .iter()
+            .filter(|(_, s)| s.mac == Some(mac) && s.claimed)
+            .map(|(a, _)| *a)
+            .collect();
+        v.sort();
+        v
     }
 
     pub(crate) fn set_pulling(&self, mh: IpAddr, on: bool) {

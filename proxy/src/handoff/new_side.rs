@@ -139,6 +139,42 @@ pub async fn pull_detected(d: Arc<Daemon>, mh: IpAddr, mac: [u8; 6]) {
         .await;
 }
 
+/// Asks every peer which MHs it serves that are bound to station `mac` (network
+/// detection saw the station send from no address it proves), waiting at most
+/// [`STATION_WAIT`]. Peers that do not answer in time count as serving none.
+pub async fn ask_station(d: &Arc<Daemon>, mac: [u8; 6]) -> Vec<IpAddr> {
+    let h = d.handoff.as_ref().unwrap();
+    let msg = Message::Station {
+        handoff_id: h.next_handoff_id(),
+        mac: itcp_proto::hex::mac(&mac),
+    };
+    let mut asks = tokio::task::JoinSet::new();
+    for p in &h.cfg.peers {
+        let (d, msg, id, addr) = (d.clone(), msg.clone(), p.id.clone(), p.address);
+        asks.spawn(async move {
+            let h = d.handoff.as_ref().unwrap();
+            let r = tokio::time::timeout(STATION_WAIT, spares::ask(&d, h, &id, addr, &msg)).await;
+            (id, r)
+        });
+    }
+    let mut mhs = Vec::new();
+    while let Some(done) = asks.join_next().await {
+        let Ok((peer, r)) = done else { continue };
+        match r {
+            Ok(Ok((_, Message::Addresses { mhs: m, .. }))) => mhs.extend(m),
+            Ok(Ok((_, other))) => debug!(%peer, ?other, "station question answered oddly"),
+            Ok(Err(e)) => debug!(%peer, error = %e, "station question not answered"),
+            Err(_) => debug!(%peer, "station question: no answer in time"),
+        }
+    }
+    mhs.sort();
+    mhs.dedup();
+    mhs
+}
+
+/// How long a station question waits for the peers.
+const STATION_WAIT: Duration = Duration::from_millis(500);
+
 /// What asking every peer came to.
 enum Located {
     /// This peer serves the MH and accepted: the handoff goes on on its channel.

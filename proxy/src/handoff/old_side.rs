@@ -112,6 +112,9 @@ async fn serve_one(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
         Err(ChannelError::Wire(e)) => return d.rejected(peer, &e),
         Err(e) => return debug!(addr = %peer, error = %e, "handoff channel closed"),
     };
+    if let Message::Station { handoff_id, mac } = first {
+        return answer_station(&d, ch, peer, handoff_id, &mac).await;
+    }
     let (handoff_id, req, parts) = match first {
         Message::HandoffRequest {
             handoff_id,
@@ -149,6 +152,21 @@ async fn serve_one(d: Arc<Daemon>, s: TcpStream, peer: SocketAddr) {
     old_side(d.clone(), ch, peer, handoff_id, req, parts)
         .instrument(span)
         .await
+}
+
+/// Tells a peer which MHs served here are bound to station `mac` (it saw the station
+/// arrive in its cell); the peer then asks for each as for any detected MH.
+async fn answer_station(d: &Daemon, mut ch: Channel, peer: SocketAddr, handoff_id: u64, mac: &str) {
+    let Some(mac) = itcp_proto::hex::parse_mac(mac) else {
+        let e = format!("{:?} asked about a station with bad MAC {mac:?}", ch.peer());
+        return d.rejected(peer, &e);
+    };
+    let h = d.handoff.as_ref().unwrap();
+    let mhs = h.served_of_station(mac);
+    debug!(peer = %ch.peer(), mac = %itcp_proto::hex::mac(&mac), ?mhs, "asked about a station");
+    if let Err(e) = ch.send(&Message::Addresses { handoff_id, mhs }).await {
+        debug!(peer = %ch.peer(), error = %e, "station answer not sent");
+    }
 }
 
 /// What the peer asked for (owned).
