@@ -243,6 +243,9 @@ pub struct Agent {
     /// Greetings for the MH's IPv6 address go out from it (the MSR checks the source).
     greet6: Option<UdpSocket>,
     siblings: Vec<Sibling>,
+    /// The MH's other addresses whose own answer moved them in the current move: their
+    /// gateways stay where their connections went whatever the main move comes to.
+    moved_siblings: Vec<IpAddr>,
     det: Detector,
     macs: std::collections::HashMap<String, String>,
     pending: Option<Pending>,
@@ -301,6 +304,7 @@ impl Agent {
             greet,
             greet6,
             siblings: Vec::new(),
+            moved_siblings: Vec::new(),
             det,
             macs: Default::default(),
             pending: None,
@@ -469,6 +473,7 @@ impl Agent {
                 let mac = self.macs.get(&to).cloned().unwrap_or_default();
                 let (msg, nonce) = self.greeting(from.as_deref(), &to)?;
                 self.siblings.clear();
+                self.moved_siblings.clear();
                 for &mh in &self.cfg.more_mh {
                     let (msg, nonce) = self.greeting_for(mh, from.as_deref(), &to)?;
                     self.siblings.push(Sibling {
@@ -631,6 +636,7 @@ impl Agent {
                     match status {
                         GreetStatus::Moved | GreetStatus::Attached if !mac.is_empty() => {
                             let gws = self.point_gateways(mh, &mac)?;
+                            self.moved_siblings.push(mh);
                             if status == GreetStatus::Attached {
                                 self.register_at(&msr, &gws);
                             }
@@ -760,9 +766,14 @@ impl Agent {
         let all: Vec<IpAddr> = std::iter::once(self.cfg.gateway)
             .chain(self.cfg.more_gateways.iter().copied())
             .collect();
-        let greeting: Vec<IpAddr> = self.siblings.iter().map(|s| s.mh).collect();
+        let own_answer: Vec<IpAddr> = self
+            .siblings
+            .iter()
+            .map(|s| s.mh)
+            .chain(self.moved_siblings.iter().copied())
+            .collect();
         let main = mh == self.cfg.mh;
-        let gws = answers::gateways_to_point(&all, mh, main, &greeting);
+        let gws = answers::gateways_to_point(&all, mh, main, &own_answer);
         for &gw in &gws {
             point_gateway(gw, mac, &self.cfg.interface)?;
         }

@@ -135,17 +135,19 @@ pub fn gateway_mac(r: &GreetReply, beacon_mac: &str) -> String {
 /// serves its connections, and a segment of one reaching the new MSR meets a kernel
 /// that knows none of them (its SOCKS port answers with an RST). So an answer points
 /// the gateways of its own family and, for the main greeting's (`main`), those of every
-/// family none of whose addresses is still greeting (`greeting`).
+/// family none of whose addresses follows its own answer (`own_answer`: the MH's other
+/// addresses still greeting, or already moved by their answer in this move — a main
+/// move that fails must not take their gateway back from where their connections went).
 pub fn gateways_to_point(
     gateways: &[IpAddr],
     answered: IpAddr,
     main: bool,
-    greeting: &[IpAddr],
+    own_answer: &[IpAddr],
 ) -> Vec<IpAddr> {
     let same = |a: &IpAddr, b: &IpAddr| a.is_ipv4() == b.is_ipv4();
     gateways
         .iter()
-        .filter(|g| same(g, &answered) || (main && !greeting.iter().any(|a| same(a, g))))
+        .filter(|g| same(g, &answered) || (main && !own_answer.iter().any(|a| same(a, g))))
         .copied()
         .collect()
 }
@@ -208,6 +210,23 @@ mod tests {
         assert_eq!(gateways_to_point(&gws, mh6, false, &[mh6]), vec![g6]);
         // A single-stack MH: its one gateway.
         assert_eq!(gateways_to_point(&[g4], mh4, true, &[]), vec![g4]);
+    }
+
+    #[test]
+    fn a_failed_main_move_takes_back_no_family_its_sibling_moved() {
+        let (g4, g6): (IpAddr, IpAddr) = (
+            "10.2.0.1".parse().unwrap(),
+            "2001:db8:2::1".parse().unwrap(),
+        );
+        let (mh4, mh6): (IpAddr, IpAddr) = (
+            "10.2.0.100".parse().unwrap(),
+            "2001:db8:2::64".parse().unwrap(),
+        );
+        // The IPv6 address moved by its own answer; the main move then failed and the
+        // gateway goes back: IPv4's only, IPv6's stays with the connections it moved.
+        assert_eq!(gateways_to_point(&[g4, g6], mh4, true, &[mh6]), vec![g4]);
+        // Its sibling failed too: both go back.
+        assert_eq!(gateways_to_point(&[g4, g6], mh4, true, &[]), vec![g4, g6]);
     }
 
     const TOKEN: &[u8] = b"0123456789abcdef";
