@@ -775,6 +775,9 @@ pub struct CellSection {
     pub interface: String,
     /// How this MSR learns that an MH arrived in the cell (`agent`).
     pub detect: Detect,
+    /// The control socket of the hostapd serving the cell, whose station association
+    /// events start network detection at once (`detect = "network"` only).
+    pub hostapd: Option<std::path::PathBuf>,
     /// The `[wireless]` keys this cell overrides.
     pub tuning: TcpTuning,
 }
@@ -800,6 +803,7 @@ struct RawCell {
     interface: String,
     #[serde(default)]
     detect: Detect,
+    hostapd: Option<std::path::PathBuf>,
     congestion_control: Option<String>,
     send_buffer: Option<u32>,
     recv_buffer: Option<u32>,
@@ -818,6 +822,7 @@ impl From<RawCell> for CellSection {
         CellSection {
             interface: c.interface,
             detect: c.detect,
+            hostapd: c.hostapd,
             tuning: TcpTuning {
                 sizing: c.sizing,
                 congestion_control: c.congestion_control,
@@ -983,6 +988,13 @@ impl MsrdConfig {
                 .keepalive_idle_s
                 .or(self.wireless.keepalive_idle_s);
             validate_tuning(src, &path, &cell.tuning, idle)?;
+            if cell.hostapd.is_some() && cell.detect != Detect::Network {
+                return Err(src.invalid(
+                    &format!("{path}.hostapd"),
+                    "needs detect = \"network\": hostapd's association events start \
+                     network detection",
+                ));
+            }
             if cell.detect == Detect::Network {
                 if self.msr.gateway_mac.is_none() {
                     return Err(src.invalid(

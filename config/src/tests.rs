@@ -156,7 +156,7 @@ fn unknown_key_in_cell() {
     assert!(e.to_string().contains("in cell[1]"), "{e}");
     assert!(
         e.to_string()
-            .contains("interface, detect, congestion_control"),
+            .contains("interface, detect, hostapd, congestion_control"),
         "{e}"
     );
 }
@@ -726,6 +726,22 @@ fn metrics_section_defaults_and_errors() {
         "metrics.listen",
     );
     assert!(e.to_string().contains("handoff"), "{e}");
+}
+
+#[test]
+fn a_cells_hostapd_socket_needs_network_detection() {
+    let hand = "[handoff]\nlisten = \"10.1.0.11:4347\"\n";
+    let with_mac = MIN.replace("[msr]\n", "[msr]\ngateway_mac = \"02:00:5e:00:01:01\"\n");
+    let ap = "hostapd = \"/run/hostapd/wlan0\"\n";
+    let net = format!("[[cell]]\ninterface = \"cell0\"\ndetect = \"network\"\n{ap}");
+    let c = msrd(&format!("{with_mac}\n{hand}\n{net}")).unwrap();
+    assert_eq!(
+        c.cells[0].hostapd.as_deref(),
+        Some(std::path::Path::new("/run/hostapd/wlan0"))
+    );
+    let agent = format!("[[cell]]\ninterface = \"cell0\"\n{ap}");
+    let e = msrd_err(&format!("{with_mac}\n{hand}\n{agent}"), "needs detect");
+    assert_eq!(e.key(), Some("cell[0].hostapd"));
 }
 
 #[test]

@@ -56,7 +56,7 @@ fn on_arrival(d: &Arc<Daemon>, l: Logged) {
     let src = crate::admission::canonical(l.src);
     if proves_no_address(src) {
         if let Some(mac) = l.mac {
-            on_station(d, mac, l.head);
+            station_seen(d, mac, l.head);
         }
         return;
     }
@@ -82,7 +82,7 @@ fn proves_no_address(ip: std::net::IpAddr) -> bool {
 /// A station sent a frame that proves no address (what a host's OS sends first on
 /// link-up): the peers are asked which MHs it is, and each is pulled as if it had
 /// sent from its own address. Nobody's: it is not asked about again for a while.
-fn on_station(d: &Arc<Daemon>, mac: [u8; 6], head: Vec<u8>) {
+pub(crate) fn station_seen(d: &Arc<Daemon>, mac: [u8; 6], head: Vec<u8>) {
     let Some(h) = d.handoff.as_ref() else { return };
     if !h.ask_about_station(mac) {
         return;

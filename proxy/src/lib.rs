@@ -47,6 +47,7 @@ pub mod handoff;
 pub mod handshakes;
 pub mod heap;
 pub mod holding;
+pub mod hostapd;
 pub mod http;
 pub mod intercept;
 pub mod listeners;

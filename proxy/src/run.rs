@@ -324,6 +324,28 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
         (Some(dt), Some(_)) => Some(tokio::spawn(crate::detect::run(d.clone(), dt.group))),
         _ => None,
     };
+    // Association events from the cells' access points, where configured.
+    let access_points: Vec<_> = match detection {
+        Some(_) => cfg
+            .cells
+            .iter()
+            .filter_map(|c| Some((c.interface.clone(), c.hostapd.clone()?)))
+            .map(|(cell, path)| {
+                let dir = cfg
+                    .msr
+                    .control_socket
+                    .parent()
+                    .unwrap_or(std::path::Path::new("/run"));
+                tokio::spawn(crate::hostapd::run(
+                    d.clone(),
+                    cell,
+                    path,
+                    dir.to_path_buf(),
+                ))
+            })
+            .collect(),
+        None => Vec::new(),
+    };
     let handshakes = d
         .rules
         .handshake_group
@@ -416,6 +438,7 @@ async fn run_async(cfg: MsrdConfig, adopt: Option<OwnedFd>) -> io::Result<bool> 
     for t in [detection, spares, holding, handshakes]
         .into_iter()
         .flatten()
+        .chain(access_points)
     {
         t.abort();
     }

@@ -494,7 +494,8 @@ pub struct Lab {
     msrd_pids: Mutex<Vec<(usize, i32)>>,
     /// Lines added to msrd's `[access]` by [`Lab::msrd_config`].
     pub access_extra: String,
-    /// Lines added to msrd's `[msr]`, and to its `[[cell]]` for `cell0`.
+    /// Lines added to msrd's `[msr]`, and to its `[[cell]]` for `cell0` (`{MSR}` in
+    /// the latter is the MSR's number; [`Lab::start_itcp_network`] adds its own).
     pub msr_extra: String,
     pub cell_extra: String,
     /// msrd's `log_level` in [`Lab::msrd_config`] (`debug`).
@@ -1806,7 +1807,7 @@ impl Lab {
     /// Returns the spawn indices of the msrds (MSR order).
     pub fn start_itcp_network(&mut self, msrd_extra: &str) -> io::Result<Vec<usize>> {
         self.msr_extra = format!("gateway_mac = \"{}\"\n", addr::GATEWAY_MAC);
-        self.cell_extra = "detect = \"network\"\n".into();
+        self.cell_extra = format!("detect = \"network\"\n{}", self.cell_extra);
         let msrds = self.start_msrds_with_handoff(msrd_extra)?;
         self.forget_gateway_neighbours(1..=self.mhs)?;
         Ok(msrds)
@@ -1962,7 +1963,7 @@ impl Lab {
             self.msrd_log_level,
             self.msr_extra,
             self.access_extra,
-            self.cell_extra
+            self.cell_extra.replace("{MSR}", &k.to_string())
         )
     }
 

@@ -1167,7 +1167,7 @@ fn an_mh_given_an_address_a_station_squatted_is_served() {
 /// MSR, association → handoff start at most 50 ms median.
 #[test]
 fn an_idle_agentless_mh_is_found_from_what_its_kernel_sends_on_link_up() {
-    idle_agentless_mh_found_on_link_up(true, 211);
+    idle_agentless_mh_found_on_link_up(true, 211, LinkUp::Kernel);
 }
 
 /// The same on IPv4 only (the MH has no IPv6): at each association it sends the ARP
@@ -1175,16 +1175,110 @@ fn an_idle_agentless_mh_is_found_from_what_its_kernel_sends_on_link_up() {
 /// 0.0.0.0), which names the station only.
 #[test]
 fn an_idle_agentless_mh_is_found_from_its_arp_probe_on_link_up() {
-    idle_agentless_mh_found_on_link_up(false, 213);
+    idle_agentless_mh_found_on_link_up(false, 213, LinkUp::ArpProbe);
 }
 
-fn idle_agentless_mh_found_on_link_up(v6: bool, seed: u64) {
+/// The same on IPv4 only, with an MH that sends nothing at all on link-up: each cell's
+/// access point (a stand-in speaking hostapd's control protocol, `[[cell]] hostapd`)
+/// reports the association.
+#[test]
+fn an_idle_agentless_mh_is_found_from_its_access_point_s_association_event() {
+    idle_agentless_mh_found_on_link_up(false, 217, LinkUp::AccessPoint);
+}
+
+/// What tells the new MSR that the MH associated.
+#[derive(Clone, Copy, PartialEq)]
+enum LinkUp {
+    /// The MH's own kernel (IPv6: MLD reports from its link-local address).
+    Kernel,
+    /// An RFC 5227 ARP probe the MH sends (the lab's stand-in for its OS).
+    ArpProbe,
+    /// The cell's access point (hostapd's `AP-STA-CONNECTED`).
+    AccessPoint,
+}
+
+/// A stand-in for one cell's hostapd: its control socket answers `ATTACH` and `PING`
+/// as hostapd does, and sends `AP-STA-CONNECTED` to every attached monitor on demand.
+struct FakeHostapd {
+    sock: std::sync::Arc<std::os::unix::net::UnixDatagram>,
+    monitors: std::sync::Arc<std::sync::Mutex<Vec<std::os::unix::net::SocketAddr>>>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl FakeHostapd {
+    fn start(path: &std::path::Path) -> FakeHostapd {
+        use std::sync::atomic::Ordering;
+        let sock = std::sync::Arc::new(std::os::unix::net::UnixDatagram::bind(path).unwrap());
+        sock.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        let monitors = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (s, m, st) = (sock.clone(), monitors.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 256];
+            while !st.load(Ordering::Relaxed) {
+                let Ok((n, from)) = s.recv_from(&mut buf) else {
+                    continue;
+                };
+                let reply: &[u8] = match &buf[..n] {
+                    b"ATTACH" => {
+                        m.lock().unwrap().push(from.clone());
+                        b"OK\n"
+                    }
+                    b"PING" => b"PONG\n",
+                    _ => b"UNKNOWN COMMAND\n",
+                };
+                let _ = s.send_to_addr(reply, &from);
+            }
+        });
+        FakeHostapd {
+            sock,
+            monitors,
+            stop,
+        }
+    }
+
+    fn attached(&self) -> bool {
+        !self.monitors.lock().unwrap().is_empty()
+    }
+
+    fn station_connected(&self, mac: &str) {
+        let event = format!("<3>AP-STA-CONNECTED {mac}");
+        for m in self.monitors.lock().unwrap().iter() {
+            let _ = self.sock.send_to_addr(event.as_bytes(), m);
+        }
+    }
+}
+
+impl Drop for FakeHostapd {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+fn idle_agentless_mh_found_on_link_up(v6: bool, seed: u64, how: LinkUp) {
     let _serial = serial();
     let mut cfg = LabConfig::clean(2, seed);
     cfg.ipv6 = v6;
     let mut lab = Lab::new(cfg).unwrap();
+    let aps: Vec<FakeHostapd> = if how == LinkUp::AccessPoint {
+        let path = |k: usize| lab.dir.join(format!("hostapd-msr{k}.sock"));
+        lab.cell_extra =
+            format!("hostapd = \"{}\"\n", path(0).display()).replace("msr0", "msr{MSR}");
+        (1..=2).map(|k| FakeHostapd::start(&path(k))).collect()
+    } else {
+        Vec::new()
+    };
     lab.start_itcp_network("[transparent]\nenabled = true\nports = [5007]\n")
         .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !aps.iter().all(FakeHostapd::attached) {
+        assert!(
+            Instant::now() < deadline,
+            "msrd did not attach to the access points"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let ttcp = bin_path("ttcp");
     let echo = if v6 {
         std::net::SocketAddr::new(addr6::FH.into(), 5007).to_string()
@@ -1197,7 +1291,7 @@ fn idle_agentless_mh_found_on_link_up(v6: bool, seed: u64) {
         }
     }
     // IPv6's link-up frames come from the MH's kernel itself.
-    let _probe = (!v6).then(|| {
+    let _probe = (how == LinkUp::ArpProbe).then(|| {
         let own = Probe::Own(addr::mh(1).to_string());
         Announcer::start(&lab.ns(Host::Mh), "air0", own).unwrap()
     });
@@ -1220,6 +1314,9 @@ fn idle_agentless_mh_found_on_link_up(v6: bool, seed: u64) {
     for _ in 0..moves {
         at = 3 - at;
         lab.assoc(&[at]).unwrap();
+        if let Some(ap) = aps.get(at - 1) {
+            ap.station_connected(&addr::mh_mac(1));
+        }
         std::thread::sleep(Duration::from_millis(1200));
     }
     let offset = itcp_testbed::scenario::wall_minus_mono_us();
