@@ -1353,3 +1353,82 @@ fn idle_agentless_mh_found_on_link_up(v6: bool, seed: u64, how: LinkUp) {
     let median = waits[waits.len() / 2];
     assert!(median <= 50.0, "median {median:.1} ms: {waits:.1?}");
 }
+
+/// A station on a cell that sends link-local frames from thousands of made-up MACs
+/// makes the MSR ask its peers at most `STATION_QUESTIONS_PER_S` questions a second
+/// (after a burst of twice that), and another MH's move into that cell meanwhile is
+/// handed over as ever.
+#[test]
+fn a_station_spraying_made_up_macs_makes_few_station_questions() {
+    let _serial = serial();
+    let mut cfg = LabConfig::clean(2, 219);
+    cfg.ipv6 = true;
+    let mut lab = Lab::with_mhs(cfg, 2).unwrap();
+    lab.start_itcp_network("[transparent]\nenabled = true\nports = [5007]\n")
+        .unwrap();
+    lab.assoc_mh(2, &[2]).unwrap();
+    let ttcp = bin_path("ttcp");
+    let echo = std::net::SocketAddr::new(addr6::FH.into(), 5007).to_string();
+    lab.spawn(Host::Fh, &ttcp, &["echo", "--listen", &echo])
+        .unwrap();
+    lab.wait_listening(Host::Fh, 5007).unwrap();
+    let rr = [
+        "rr",
+        "--connect",
+        &echo,
+        "--count",
+        "40",
+        "--interval-ms",
+        "200",
+    ];
+    let rr = lab.spawn(Host::Mh, &ttcp, &rr).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    // MH2 sends, for 4 s, IPv6 frames from fe80::<mac> with a new MAC each time.
+    let spray = r#"
+import os, socket, struct, time
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+s.bind(("air0", 0))
+dst = bytes.fromhex("333300000016")
+end, n = time.time() + 4, 0
+while time.time() < end:
+    mac = bytes([2]) + os.urandom(5)
+    src = bytes.fromhex("fe800000000000000000") + mac
+    ip6 = struct.pack("!IHBB", 0x60000000, 0, 59, 1) + src + bytes.fromhex("ff020000000000000000000000000016")
+    s.send(dst + mac + b"\x86\xdd" + ip6)
+    n += 1
+    time.sleep(0.0005)
+print(n)
+"#;
+    let sprayer = lab.spawn(Host::mh(2), "python3", &["-c", spray]).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    lab.assoc(&[2]).unwrap();
+    let (_, sent, err) = lab.wait(sprayer, Duration::from_secs(30)).unwrap();
+    let sent: u64 = sent
+        .trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("sprayer: {sent} {err}"));
+    let (_, out, err) = lab.wait(rr, Duration::from_secs(60)).unwrap();
+    let report: serde_json::Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|e| panic!("rr: {e}: {err}"));
+    // Questions MSR2 asked, as MSR1 answered them.
+    let log = std::fs::read_to_string(lab.dir.join("msrd1.log")).unwrap();
+    let questions = log
+        .lines()
+        .filter(|l| l.contains("asked about a station") && l.contains("peer=msr2"))
+        .count();
+    let moved = lab
+        .handoff_records(2)
+        .iter()
+        .filter(|r| r.msr == "msr2" && r.outcome == Outcome::Moved)
+        .count();
+    eprintln!("{sent} frames from made-up MACs; {questions} station questions; {moved} handoffs into MSR2; rr {report}");
+    assert!(sent > 2000, "the sprayer sent only {sent} frames");
+    // 4 s at 50/s after a burst of 100, plus MH1's own, with a margin.
+    assert!(questions <= 320, "{questions} questions for {sent} frames");
+    assert!(
+        questions >= 100,
+        "{questions} questions: did the frames reach MSR2?"
+    );
+    assert!(moved >= 1, "MH1's move was not handed over");
+    assert_eq!(report["ok"], true, "MH1's exchanges: {report}");
+}

@@ -115,13 +115,20 @@ pub struct Handoffs {
     busy: Arc<AtomicU64>,
     /// No new handoff starts (an upgrade is handing everything over).
     closed: std::sync::atomic::AtomicBool,
-    /// Stations being asked about ([`Handoffs::ask_about_station`]).
-    asking: Mutex<std::collections::HashSet<[u8; 6]>>,
+    /// Stations being asked about ([`Handoffs::ask_about_station`]), and the rate
+    /// at which new questions may start.
+    asking: Mutex<(
+        std::collections::HashSet<[u8; 6]>,
+        crate::admission::TokenBucket,
+    )>,
 }
 
-/// Stations asked about at once (each question goes to every peer): a station
-/// sending from many link-layer addresses cannot make this MSR ask without bound.
+/// Stations asked about at once, and new questions per second (burst twice that):
+/// each question goes to every peer, and a station sending from many link-layer
+/// addresses must not make this MSR ask without bound. Well above what arrivals need
+/// (a cell's stations arrive a few per second).
 pub const MAX_STATION_QUESTIONS: usize = 16;
+pub const STATION_QUESTIONS_PER_S: f64 = 50.0;
 
 /// Channel connections authenticating at once from sources that are no configured
 /// peer's address (each costs a task and 182 bytes until its hello or 2 s)...
@@ -230,7 +237,14 @@ impl Handoffs {
             spares: spares::Spares::default(),
             busy: Arc::new(AtomicU64::new(0)),
             closed: std::sync::atomic::AtomicBool::new(false),
-            asking: Mutex::default(),
+            asking: Mutex::new((
+                Default::default(),
+                crate::admission::TokenBucket::new(
+                    STATION_QUESTIONS_PER_S,
+                    2.0 * STATION_QUESTIONS_PER_S,
+                    crate::clock::mono_ns(),
+                ),
+            )),
         })
     }
 
@@ -341,15 +355,19 @@ impl Handoffs {
         r
     }
 
-    /// Starts a question about station `mac` unless one is under way or
-    /// [`MAX_STATION_QUESTIONS`] are; [`Handoffs::asked_about_station`] ends it.
+    /// Starts a question about station `mac` unless one is under way,
+    /// [`MAX_STATION_QUESTIONS`] are, or the rate is spent;
+    /// [`Handoffs::asked_about_station`] ends it.
     pub(crate) fn ask_about_station(&self, mac: [u8; 6]) -> bool {
-        let mut a = self.asking.lock().unwrap();
-        a.len() < MAX_STATION_QUESTIONS && a.insert(mac)
+        let (under_way, rate) = &mut *self.asking.lock().unwrap();
+        under_way.len() < MAX_STATION_QUESTIONS
+            && !under_way.contains(&mac)
+            && rate.take(crate::clock::mono_ns())
+            && under_way.insert(mac)
     }
 
     pub(crate) fn asked_about_station(&self, mac: [u8; 6]) {
-        self.asking.lock().unwrap().remove(&mac);
+        self.asking.lock().unwrap().0.remove(&mac);
     }
 
     /// The MH addresses bound to station `mac` that this MSR answers for.
