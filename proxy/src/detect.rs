@@ -95,8 +95,7 @@ pub(crate) fn station_seen(d: &Arc<Daemon>, mac: [u8; 6], head: Vec<u8>) {
         let mine: Vec<_> = mhs.into_iter().filter(|mh| d.is_mh(*mh)).collect();
         debug!(mac = %itcp_proto::hex::mac(&mac), mhs = ?mine, "station arrived");
         if mine.is_empty() {
-            let unknown = Some(crate::intercept::STATION_UNKNOWN_MS);
-            if let Err(e) = d.rules.set_station_here(mac, true, unknown) {
+            if let Err(e) = d.rules.set_station_unknown(mac) {
                 debug!(error = %e, "station not marked");
             }
         }

@@ -414,20 +414,26 @@ impl Rules {
         Ok(())
     }
 
-    /// Marks station `mac` as one whose frames that prove no address (link-local,
-    /// unspecified source) need not be reported here: it is served here (`for_ms`
-    /// None, until unmarked), or no MSR served it when asked (`for_ms`). No-op
-    /// without detection.
-    pub fn set_station_here(
-        &self,
-        mac: [u8; 6],
-        here: bool,
-        for_ms: Option<u64>,
-    ) -> io::Result<()> {
+    /// Marks station `mac` as served here, or not: while it is, its frames that prove
+    /// no address (link-local, unspecified source) are not reported. Either way it
+    /// is no longer unknown ([`Rules::set_station_unknown`]): it is here, or it was
+    /// and left, and its return must be reported. No-op without detection.
+    pub fn set_station_here(&self, mac: [u8; 6], here: bool) -> io::Result<()> {
         if self.detect.is_none() {
             return Ok(());
         }
-        crate::netlink::nft_netdev_mac_element(&self.table, "stations", mac, here, for_ms)
+        let t = &self.table;
+        crate::netlink::nft_netdev_mac_element(t, "unknown", mac, false, None)?;
+        crate::netlink::nft_netdev_mac_element(t, "stations", mac, here, None)
+    }
+
+    /// No MSR served station `mac` when asked: its frames that prove no address are not
+    /// reported for [`STATION_UNKNOWN_MS`]. No-op without detection.
+    pub fn set_station_unknown(&self, mac: [u8; 6]) -> io::Result<()> {
+        if self.detect.is_none() {
+            return Ok(());
+        }
+        crate::netlink::nft_netdev_mac_element(&self.table, "unknown", mac, true, None)
     }
 
     /// Ends the arrival hold of `mh` without marking it present: its next frame is
@@ -618,7 +624,8 @@ impl Detection {
              \x20 set arriving4 {{\n    type ipv4_addr;\n    flags dynamic, timeout;\n    timeout {0}ms;\n    size 65536;\n  }}\n\
              \x20 set present6 {{\n    type ipv6_addr;\n    size 65536;\n  }}\n\
              \x20 set arriving6 {{\n    type ipv6_addr;\n    flags dynamic, timeout;\n    timeout {0}ms;\n    size 65536;\n  }}\n\
-             \x20 set stations {{\n    type ether_addr;\n    flags timeout;\n    size 65536;\n  }}\n\
+             \x20 set stations {{\n    type ether_addr;\n    size 65536;\n  }}\n\
+             \x20 set unknown {{\n    type ether_addr;\n    flags timeout;\n    timeout {4}ms;\n    size 65536;\n  }}\n\
              \x20 set asking {{\n    type ether_addr;\n    flags dynamic, timeout;\n    timeout {3}ms;\n    size 4096;\n  }}\n\
              \x20 chain cells {{\n    type filter hook ingress devices = {1} priority -500; policy accept;\n\
              \x20   ether type arp jump arp_in\n\
@@ -629,6 +636,7 @@ impl Detection {
             set(&ifs),
             if v6.is_empty() { "" } else { "    ether type ip6 jump ip6_in\n" },
             STATION_ASK_MS,
+            STATION_UNKNOWN_MS,
         );
         let not_mh = |key: &str| {
             let mut r = String::new();
@@ -654,7 +662,7 @@ impl Detection {
         // DHCP, an ARP probe): what a host's OS sends first on link-up. Only its
         // link-layer address counts: reported once per STATION_ASK_MS, never held.
         s += &format!(
-            "  chain station {{\n    ether saddr @stations accept\n    ether saddr @asking accept\n\
+            "  chain station {{\n    ether saddr @stations accept\n    ether saddr @unknown accept\n    ether saddr @asking accept\n\
              \x20   add @asking {{ ether saddr }} counter log group {g} accept\n    accept\n  }}\n"
         );
         s += "  chain arp_in {\n    arp saddr ip 0.0.0.0 jump station\n";

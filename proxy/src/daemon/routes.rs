@@ -143,7 +143,7 @@ impl Daemon {
             warn!(%mh, error = %e, "MH not marked present: its packets keep being reported");
         }
         if let Some(mac) = mac {
-            if let Err(e) = self.rules.set_station_here(mac, true, None) {
+            if let Err(e) = self.rules.set_station_here(mac, true) {
                 warn!(%mh, error = %e, "station not marked present: its link-local frames keep being reported");
             }
             self.bound_within_cap(mac);
@@ -205,7 +205,7 @@ impl Daemon {
             warn!(%mh, error = %e, "MH still marked present here");
         }
         if let Some(mac) = left {
-            if let Err(e) = self.rules.set_station_here(mac, false, None) {
+            if let Err(e) = self.rules.set_station_here(mac, false) {
                 warn!(%mh, error = %e, "station still marked present here");
             }
         }
