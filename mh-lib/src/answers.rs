@@ -190,16 +190,18 @@ mod tests {
         assert_eq!(after_failure(false, false), AfterFailure::Keep);
     }
 
+    /// A dual-stack cell's gateways and MH addresses, IPv4 first.
+    fn dual_stack() -> ([IpAddr; 2], [IpAddr; 2]) {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        (
+            [ip("10.2.0.1"), ip("2001:db8:2::1")],
+            [ip("10.2.0.100"), ip("2001:db8:2::64")],
+        )
+    }
+
     #[test]
     fn each_family_s_gateway_follows_its_own_address_s_answer() {
-        let (g4, g6): (IpAddr, IpAddr) = (
-            "10.2.0.1".parse().unwrap(),
-            "2001:db8:2::1".parse().unwrap(),
-        );
-        let (mh4, mh6): (IpAddr, IpAddr) = (
-            "10.2.0.100".parse().unwrap(),
-            "2001:db8:2::64".parse().unwrap(),
-        );
+        let ([g4, g6], [mh4, mh6]) = dual_stack();
         let gws = [g4, g6];
         // The main (IPv4) answer while the IPv6 address still greets: IPv4 only.
         assert_eq!(gateways_to_point(&gws, mh4, true, &[mh6]), vec![g4]);
@@ -214,14 +216,7 @@ mod tests {
 
     #[test]
     fn a_failed_main_move_takes_back_no_family_its_sibling_moved() {
-        let (g4, g6): (IpAddr, IpAddr) = (
-            "10.2.0.1".parse().unwrap(),
-            "2001:db8:2::1".parse().unwrap(),
-        );
-        let (mh4, mh6): (IpAddr, IpAddr) = (
-            "10.2.0.100".parse().unwrap(),
-            "2001:db8:2::64".parse().unwrap(),
-        );
+        let ([g4, g6], [mh4, mh6]) = dual_stack();
         // The IPv6 address moved by its own answer; the main move then failed and the
         // gateway goes back: IPv4's only, IPv6's stays with the connections it moved.
         assert_eq!(gateways_to_point(&[g4, g6], mh4, true, &[mh6]), vec![g4]);

@@ -1256,6 +1256,27 @@ impl Drop for FakeHostapd {
     }
 }
 
+/// An echo server at `echo` on the FH, and MH 1 exchanging with it through it `count`
+/// times, `interval_ms` apart: returns the exchange's spawn index.
+fn echo_exchanges(lab: &mut Lab, echo: &str, count: u32, interval_ms: u32) -> usize {
+    let ttcp = bin_path("ttcp");
+    lab.spawn(Host::Fh, &ttcp, &["echo", "--listen", echo])
+        .unwrap();
+    let port = echo.rsplit(':').next().unwrap().parse().unwrap();
+    lab.wait_listening(Host::Fh, port).unwrap();
+    let (count, interval) = (count.to_string(), interval_ms.to_string());
+    let rr = [
+        "rr",
+        "--connect",
+        echo,
+        "--count",
+        &count,
+        "--interval-ms",
+        &interval,
+    ];
+    lab.spawn(Host::Mh, &ttcp, &rr).unwrap()
+}
+
 fn idle_agentless_mh_found_on_link_up(v6: bool, seed: u64, how: LinkUp) {
     let _serial = serial();
     let mut cfg = LabConfig::clean(2, seed);
@@ -1279,7 +1300,6 @@ fn idle_agentless_mh_found_on_link_up(v6: bool, seed: u64, how: LinkUp) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    let ttcp = bin_path("ttcp");
     let echo = if v6 {
         std::net::SocketAddr::new(addr6::FH.into(), 5007).to_string()
     } else {
@@ -1295,19 +1315,7 @@ fn idle_agentless_mh_found_on_link_up(v6: bool, seed: u64, how: LinkUp) {
         let own = Probe::Own(addr::mh(1).to_string());
         Announcer::start(&lab.ns(Host::Mh), "air0", own).unwrap()
     });
-    lab.spawn(Host::Fh, &ttcp, &["echo", "--listen", &echo])
-        .unwrap();
-    lab.wait_listening(Host::Fh, 5007).unwrap();
-    let rr = [
-        "rr",
-        "--connect",
-        &echo,
-        "--count",
-        "2",
-        "--interval-ms",
-        "120000",
-    ];
-    lab.spawn(Host::Mh, &ttcp, &rr).unwrap();
+    echo_exchanges(&mut lab, &echo, 2, 120_000);
     std::thread::sleep(Duration::from_secs(1));
     let moves = 20;
     let mut at = 1;
@@ -1367,21 +1375,8 @@ fn a_station_spraying_made_up_macs_makes_few_station_questions() {
     lab.start_itcp_network("[transparent]\nenabled = true\nports = [5007]\n")
         .unwrap();
     lab.assoc_mh(2, &[2]).unwrap();
-    let ttcp = bin_path("ttcp");
     let echo = std::net::SocketAddr::new(addr6::FH.into(), 5007).to_string();
-    lab.spawn(Host::Fh, &ttcp, &["echo", "--listen", &echo])
-        .unwrap();
-    lab.wait_listening(Host::Fh, 5007).unwrap();
-    let rr = [
-        "rr",
-        "--connect",
-        &echo,
-        "--count",
-        "40",
-        "--interval-ms",
-        "200",
-    ];
-    let rr = lab.spawn(Host::Mh, &ttcp, &rr).unwrap();
+    let rr = echo_exchanges(&mut lab, &echo, 40, 200);
     std::thread::sleep(Duration::from_millis(500));
     // MH2 sends, for 4 s, IPv6 frames from fe80::<mac> with a new MAC each time.
     let spray = r#"

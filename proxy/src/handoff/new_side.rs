@@ -148,15 +148,7 @@ pub async fn ask_station(d: &Arc<Daemon>, mac: [u8; 6]) -> Vec<IpAddr> {
         handoff_id: h.next_handoff_id(),
         mac: itcp_proto::hex::mac(&mac),
     };
-    let mut asks = tokio::task::JoinSet::new();
-    for p in &h.cfg.peers {
-        let (d, msg, id, addr) = (d.clone(), msg.clone(), p.id.clone(), p.address);
-        asks.spawn(async move {
-            let h = d.handoff.as_ref().unwrap();
-            let r = tokio::time::timeout(STATION_WAIT, spares::ask(&d, h, &id, addr, &msg)).await;
-            (id, r)
-        });
-    }
+    let mut asks = ask_every_peer(d, &msg, STATION_WAIT);
     let mut mhs = Vec::new();
     while let Some(done) = asks.join_next().await {
         let Ok((peer, r)) = done else { continue };
@@ -170,6 +162,32 @@ pub async fn ask_station(d: &Arc<Daemon>, mac: [u8; 6]) -> Vec<IpAddr> {
     mhs.sort();
     mhs.dedup();
     mhs
+}
+
+/// One peer's answer to a question sent to every peer, or why there is none.
+type PeerAnswer = (
+    String,
+    Result<Result<(Channel, Message), super::channel::ChannelError>, tokio::time::error::Elapsed>,
+);
+
+/// Sends `msg` to every peer at once, each on a channel of its own; each answer (or its
+/// absence after `wait`) comes out of the set as it arrives.
+fn ask_every_peer(
+    d: &Arc<Daemon>,
+    msg: &Message,
+    wait: Duration,
+) -> tokio::task::JoinSet<PeerAnswer> {
+    let h = d.handoff.as_ref().unwrap();
+    let mut asks = tokio::task::JoinSet::new();
+    for p in &h.cfg.peers {
+        let (d, msg, id, addr) = (d.clone(), msg.clone(), p.id.clone(), p.address);
+        asks.spawn(async move {
+            let h = d.handoff.as_ref().unwrap();
+            let r = tokio::time::timeout(wait, spares::ask(&d, h, &id, addr, &msg)).await;
+            (id, r)
+        });
+    }
+    asks
 }
 
 /// How long a station question waits for the peers.
@@ -194,16 +212,7 @@ enum Located {
 /// Sends `msg` (a detection) to every peer at once and waits for their answers, at
 /// most `wait`. A peer whose msrd is down (connection refused) serves nothing.
 async fn locate(d: &Arc<Daemon>, msg: &Message, handoff_id: u64, wait: Duration) -> Located {
-    let h = d.handoff.as_ref().unwrap();
-    let mut asks = tokio::task::JoinSet::new();
-    for p in &h.cfg.peers {
-        let (d, msg, id, addr) = (d.clone(), msg.clone(), p.id.clone(), p.address);
-        asks.spawn(async move {
-            let h = d.handoff.as_ref().unwrap();
-            let r = tokio::time::timeout(wait, spares::ask(&d, h, &id, addr, &msg)).await;
-            (id, r)
-        });
-    }
+    let mut asks = ask_every_peer(d, msg, wait);
     let (mut refusal, mut lost) = (None, None);
     while let Some(done) = asks.join_next().await {
         let Ok((peer, r)) = done else { continue };
