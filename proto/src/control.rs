@@ -378,6 +378,10 @@ stats! {
     pulls_limited,
     /// Addresses let go because their station held `max_addresses_per_station`.
     addresses_let_go,
+    /// Peers asked which MHs a station is (it sent a frame that proves no address).
+    station_questions,
+    /// Such questions not asked: too many at once or too fast.
+    station_questions_limited,
 }
 
 #[cfg(test)]

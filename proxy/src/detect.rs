@@ -84,9 +84,12 @@ fn proves_no_address(ip: std::net::IpAddr) -> bool {
 /// sent from its own address. Nobody's: it is not asked about again for a while.
 pub(crate) fn station_seen(d: &Arc<Daemon>, mac: [u8; 6], head: Vec<u8>) {
     let Some(h) = d.handoff.as_ref() else { return };
+    let st = &d.sessions.stats;
     if !h.ask_about_station(mac) {
+        st.station_questions_limited.fetch_add(1, Ordering::Relaxed);
         return;
     }
+    st.station_questions.fetch_add(1, Ordering::Relaxed);
     let d = d.clone();
     tokio::spawn(async move {
         let mhs = crate::handoff::new_side::ask_station(&d, mac).await;

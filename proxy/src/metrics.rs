@@ -22,6 +22,7 @@
 //! | `arrivals_stale_total` | counter | |
 //! | `handoff_pulls_limited_total` | counter | |
 //! | `addresses_let_go_total` | counter | |
+//! | `station_questions_total` | counter | `outcome` (asked, limited) |
 //! | `handoff_channels_kept_total` | counter | `outcome` (used, stale) |
 //! | `held_packets_total` | counter | `fate` (delivered, forwarded, dropped) |
 //! | `relay_pipes` | gauge | `state` (in_use, pooled) |
@@ -411,6 +412,21 @@ pub fn render_parts(
         "counter",
         "MH addresses unbound because their station held [access] max_addresses_per_station (network detection): the oldest with no connection here goes.",
         st.addresses_let_go,
+    );
+    e.family(
+        "station_questions_total",
+        "counter",
+        "Network detection: peers asked which MHs a station is, after it sent a frame that proves no address (link-local, unspecified source, or hostapd's association event); limited: not asked, too many at once or too fast.",
+    );
+    e.sample(
+        "station_questions_total",
+        &[("outcome", "asked")],
+        st.station_questions,
+    );
+    e.sample(
+        "station_questions_total",
+        &[("outcome", "limited")],
+        st.station_questions_limited,
     );
     e.family(
         "handoff_channels_kept_total",

@@ -80,6 +80,8 @@ pub struct Stats {
     pub arrivals_stale: AtomicU64,
     pub pulls_limited: AtomicU64,
     pub addresses_let_go: AtomicU64,
+    pub station_questions: AtomicU64,
+    pub station_questions_limited: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -121,6 +123,8 @@ impl Stats {
             arrivals_stale: g(&self.arrivals_stale),
             pulls_limited: g(&self.pulls_limited),
             addresses_let_go: g(&self.addresses_let_go),
+            station_questions: g(&self.station_questions),
+            station_questions_limited: g(&self.station_questions_limited),
         }
     }
 }
@@ -154,6 +158,8 @@ impl Stats {
         set(&self.arrivals_stale, s.arrivals_stale);
         set(&self.pulls_limited, s.pulls_limited);
         set(&self.addresses_let_go, s.addresses_let_go);
+        set(&self.station_questions, s.station_questions);
+        set(&self.station_questions_limited, s.station_questions_limited);
     }
 }
 

@@ -1416,7 +1416,11 @@ print(n)
         .iter()
         .filter(|r| r.msr == "msr2" && r.outcome == Outcome::Moved)
         .count();
+    let stats = lab.msrd_stats(2).unwrap().stats;
     eprintln!("{sent} frames from made-up MACs; {questions} station questions; {moved} handoffs into MSR2; rr {report}");
+    // What the operator sees: the questions asked and those the bound refused.
+    assert_eq!(stats.station_questions, questions as u64);
+    assert!(stats.station_questions_limited > 0, "{stats:?}");
     assert!(sent > 2000, "the sprayer sent only {sent} frames");
     // 4 s at 50/s after a burst of 100, plus MH1's own, with a margin.
     assert!(questions <= 320, "{questions} questions for {sent} frames");
