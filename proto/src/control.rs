@@ -506,7 +506,7 @@ mod tests {
     fn stats_from_an_older_msrd_read_missing_counters_as_zero() {
         let s: Stats = serde_json::from_str(r#"{"connections_total":4,"future":1}"#).unwrap();
         assert_eq!(s.connections_total, 4);
-        assert_eq!(s.fields().len(), 25);
+        assert_eq!(s.fields().len(), 27);
         assert_eq!(s.fields()[0], ("connections_total", 4));
     }
 

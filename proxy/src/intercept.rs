@@ -870,8 +870,10 @@ mod tests {
             [
                 "type filter hook ingress devices = { \"cell0\", \"cell1\" } priority -500; policy accept;",
                 "ether type arp jump arp_in",
+                "ether type ip6 ip6 saddr { ::, fe80::/10 } jump station",
                 "ether type ip6 jump ip6_in",
                 "ether type != ip accept",
+                "ip saddr 0.0.0.0 jump station",
                 "ip saddr != { 10.2.0.0/24 } accept",
                 "ip saddr { 10.2.0.1 } accept",
                 "ip saddr @present4 accept",
@@ -884,6 +886,7 @@ mod tests {
         assert_eq!(
             chain("arp_in"),
             [
+                "arp saddr ip 0.0.0.0 jump station",
                 "arp saddr ip != { 10.2.0.0/24 } accept",
                 "arp saddr ip { 10.2.0.1 } accept",
                 "arp saddr ip @present4 accept",
@@ -902,6 +905,18 @@ mod tests {
                 "icmpv6 type { nd-router-solicit, nd-neighbor-solicit, nd-neighbor-advert } jump nd_in",
                 "ip6 saddr @arriving6 counter drop",
                 "add @arriving6 { ip6 saddr } counter log group 77 drop",
+            ]
+        );
+        // A frame that proves no address names its station only: reported once a
+        // second per MAC unless the station is here or unknown, and never dropped.
+        assert_eq!(
+            chain("station"),
+            [
+                "ether saddr @stations accept",
+                "ether saddr @unknown accept",
+                "ether saddr @asking accept",
+                "add @asking { ether saddr } counter log group 77 accept",
+                "accept",
             ]
         );
         assert!(t.contains("timeout 500ms;"));
