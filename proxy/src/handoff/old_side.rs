@@ -429,11 +429,13 @@ async fn old_side(
                 // The new MSR took the address and then gave it back.
                 Action::Reroute(mh) => d.take_over(mh),
                 Action::Forget(mh) => {
-                    d.forget(mh);
-                    // What the MH sent before it left may still reach this cell.
+                    // What the MH sent before it left may still reach this cell. The
+                    // departure is on record before forgetting the MH turns detection
+                    // back on: a frame reported in between would count as its return.
                     let at = crate::clock::mono_us();
                     let left = std::mem::take(&mut departing);
                     h.departed(mh, crate::departed::Departure::new(at, left));
+                    d.forget(mh);
                 }
                 Action::Unfreeze(mh) => {
                     // Their held segments go to them once they run again.
