@@ -75,15 +75,20 @@ fn compile_demo(dir: &Path, static_link: bool) -> PathBuf {
     out
 }
 
-/// `readelf -d` of an ELF file: its dynamic section.
-fn dynamic_section(f: &Path) -> String {
-    let o = std::process::Command::new("readelf")
-        .arg("-d")
+/// What binutils' `tool flag f` prints (readelf, objdump).
+fn binutils(tool: &str, flag: &str, f: &Path) -> String {
+    let o = std::process::Command::new(tool)
+        .arg(flag)
         .arg(f)
         .output()
-        .expect("readelf (binutils) is needed");
-    assert!(o.status.success(), "readelf -d {}", f.display());
+        .unwrap_or_else(|e| panic!("{tool} (binutils) is needed: {e}"));
+    assert!(o.status.success(), "{tool} {flag} {}", f.display());
     String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// `readelf -d` of an ELF file: its dynamic section.
+fn dynamic_section(f: &Path) -> String {
+    binutils("readelf", "-d", f)
 }
 
 /// libitcp.so names its ABI (SONAME `libitcp.so.MAJOR`), a program linked against it
@@ -119,13 +124,7 @@ fn libitcp_has_a_soname_that_programs_record_and_find() {
 
 /// `objdump -p` or `-T` of `f`.
 fn objdump(flag: &str, f: &Path) -> String {
-    let o = std::process::Command::new("objdump")
-        .arg(flag)
-        .arg(f)
-        .output()
-        .expect("objdump (binutils) is needed");
-    assert!(o.status.success(), "objdump {flag} {}", f.display());
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    binutils("objdump", flag, f)
 }
 
 /// Every function libitcp.so exports carries the symbol version `libitcp.so.MAJOR`,
