@@ -120,7 +120,7 @@ pub struct RepairOptions {
 }
 
 /// The fields of `struct tcp_info` an image needs.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct TcpInfo {
     pub state: u8,
     pub options: u8,
@@ -137,8 +137,14 @@ pub struct TcpInfo {
     pub data_segs_in: u32,
     /// The latest delivery rate sample, bytes/s (`tcpi_delivery_rate`).
     pub delivery_rate: u64,
-    /// The smallest round trip seen, µs (`tcpi_min_rtt`; 0 before any sample).
-    pub min_rtt_us: u32,
+    /// The smallest round trip seen, µs (`tcpi_min_rtt`); None before any sample,
+    /// which the kernel reports as `u32::MAX` (a restored socket that only receives
+    /// never takes one).
+    pub min_rtt_us: Option<u32>,
+    /// The receiver's estimate of the round trip, µs (`tcpi_rcv_rtt`, from timestamps
+    /// or a window's arrival; 0 before any): the only one a socket that never sends
+    /// data has once restored.
+    pub rcv_rtt_us: u32,
     /// Bytes queued and not yet sent (`tcpi_notsent_bytes`).
     pub notsent_bytes: u32,
     /// The latest delivery rate sample was taken while the socket had too little to
@@ -416,7 +422,8 @@ pub fn tcp_info(fd: BorrowedFd<'_>) -> io::Result<TcpInfo> {
         last_data_recv_ms: i.tcpi_last_data_recv,
         data_segs_in: i.tcpi_data_segs_in,
         delivery_rate: i.tcpi_delivery_rate,
-        min_rtt_us: i.tcpi_min_rtt,
+        rcv_rtt_us: i.tcpi_rcv_rtt,
+        min_rtt_us: (i.tcpi_min_rtt != u32::MAX).then_some(i.tcpi_min_rtt),
         notsent_bytes: i.tcpi_notsent_bytes,
         // `__u8 tcpi_delivery_rate_app_limited:1, …` after the window scales: libc's
         // struct leaves that byte as padding, the raw bytes still hold it.

@@ -598,13 +598,9 @@ fn size_fixed_window(
     let (Ok(w), Ok(f)) = (tcp_info(wireless.as_fd()), tcp_info(fixed.as_fd())) else {
         return;
     };
-    // A receiver's smoothed RTT is the handshake's; its minimum is the path's.
-    let rtt_us = if f.min_rtt_us > 0 {
-        f.min_rtt_us
-    } else {
-        f.rtt_us
+    let Some(rtt) = crate::sizing::path_rtt(&f) else {
+        return;
     };
-    let rtt = std::time::Duration::from_micros(rtt_us.into());
     let waiting = itcp_handoff::repair::inq(fixed.as_fd()).unwrap_or(1);
     let sample = crate::sizing::Sample {
         rate: w.delivery_rate,

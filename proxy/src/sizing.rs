@@ -26,6 +26,7 @@
 use std::time::{Duration, Instant};
 
 use itcp_config::TcpTuning;
+use itcp_handoff::repair::TcpInfo;
 
 /// Congestion controls msrd picks from for the wireless side, in order.
 pub(crate) const PREFERRED: [&str; 2] = ["bbr", "cubic"];
@@ -40,6 +41,10 @@ pub(crate) const NOTSENT_LOWAT: u32 = 128 * 1024;
 /// connection starts, or its wireless side is idle, and the FH must still be able to
 /// send a burst.
 pub(crate) const MIN_BUFFER: u32 = 64 * 1024;
+
+/// Nor above this: no cell and fixed path need more (2 × 100 Mbit/s × 2.5 s), and a
+/// wrong sample must not let one FH fill the MSR's memory.
+pub(crate) const MAX_BUFFER: u32 = 64 << 20;
 
 /// How often the relay resizes a connection's fixed-side window.
 pub(crate) const EVERY: Duration = Duration::from_millis(100);
@@ -76,10 +81,23 @@ pub(crate) fn pick_congestion() -> Option<String> {
 /// The fixed side's receive buffer (SO_RCVBUF's value; the kernel doubles it for its
 /// own overhead) for a wireless side delivering `rate` bytes/s over a fixed path of
 /// round trip `rtt`: twice the bytes that path carries at that rate, at least
-/// [`MIN_BUFFER`].
+/// [`MIN_BUFFER`], at most [`MAX_BUFFER`].
 pub(crate) fn buffer_for(rate: u64, rtt: Duration) -> u32 {
     let bdp = rate as u128 * rtt.as_micros() / 1_000_000;
-    (2 * bdp).clamp(MIN_BUFFER as u128, (i32::MAX / 2) as u128) as u32
+    (2 * bdp).clamp(MIN_BUFFER as u128, MAX_BUFFER as u128) as u32
+}
+
+/// The fixed path's round trip as a socket's TCP_INFO gives it: its minimum, else the
+/// receiver's estimate, else its smoothed RTT; None while it has no sample. A
+/// receiver's smoothed RTT is the handshake's, its minimum the path's. A socket
+/// restored by a handoff has no minimum until it has data acknowledged (a download's
+/// fixed socket never does): taken as a round trip, the kernel's "no sample"
+/// (`u32::MAX` µs, 71 minutes) sized the buffer for gigabytes.
+pub(crate) fn path_rtt(i: &TcpInfo) -> Option<Duration> {
+    let us = [i.min_rtt_us.unwrap_or(0), i.rcv_rtt_us, i.rtt_us]
+        .into_iter()
+        .find(|&us| us > 0)?;
+    Some(Duration::from_micros(us.into()))
 }
 
 /// Whether the relay sizes a connection's fixed side: msrd sizes the wireless side
@@ -161,7 +179,7 @@ impl FixedWindow {
         if self.starved >= STARVED_IN_A_ROW {
             self.starved = 0;
             let from = self.applied.unwrap_or(by_rate).max(by_rate);
-            let cap = by_rate.saturating_mul(MAX_GROWTH);
+            let cap = by_rate.saturating_mul(MAX_GROWTH).min(MAX_BUFFER);
             self.grown = Some(((from + from / 2).min(cap), now));
         }
         let mut w = by_rate.max(self.grown.map_or(0, |(g, _)| g));
@@ -194,11 +212,8 @@ mod tests {
         // A slow cell or a short path: the floor.
         assert_eq!(buffer_for(250_000, 10 * MS), MIN_BUFFER);
         assert_eq!(buffer_for(0, 80 * MS), MIN_BUFFER);
-        // Never past what setsockopt takes once doubled.
-        assert_eq!(
-            buffer_for(u64::MAX, Duration::from_secs(100)),
-            (i32::MAX / 2) as u32
-        );
+        // Never past the bound, whatever the sample.
+        assert_eq!(buffer_for(u64::MAX, Duration::from_secs(100)), MAX_BUFFER);
     }
 
     fn sample(rate: u64, starved: bool) -> Sample {
@@ -207,6 +222,28 @@ mod tests {
             rtt: 80 * MS,
             starved,
         }
+    }
+
+    #[test]
+    fn a_socket_without_a_round_trip_sample_has_no_path_rtt() {
+        let info = |min_rtt_us, rcv_rtt_us, rtt_us| TcpInfo {
+            min_rtt_us,
+            rcv_rtt_us,
+            rtt_us,
+            ..TcpInfo::default()
+        };
+        assert_eq!(path_rtt(&info(None, 0, 0)), None);
+        assert_eq!(path_rtt(&info(Some(0), 0, 0)), None);
+        // Restored, receiving only: the receiver's estimate.
+        assert_eq!(
+            path_rtt(&info(None, 2500, 0)),
+            Some(Duration::from_micros(2500))
+        );
+        assert_eq!(path_rtt(&info(None, 0, 2000)), Some(2 * MS));
+        assert_eq!(
+            path_rtt(&info(Some(1500), 2500, 9000)),
+            Some(Duration::from_micros(1500))
+        );
     }
 
     #[test]
