@@ -722,7 +722,7 @@ pub struct TcpTuning {
     pub keepalive_count: Option<u32>,
     /// TCP_USER_TIMEOUT in milliseconds.
     pub user_timeout_ms: Option<u32>,
-    /// Wireless side only: who sizes what the keys above leave unset (`kernel`).
+    /// Wireless side only: who sizes what the keys above leave unset (`cell`).
     pub sizing: Option<Sizing>,
 }
 
@@ -733,10 +733,9 @@ pub enum Sizing {
     /// msrd, for the cell: its choice of congestion control, a small unsent queue on
     /// each wireless socket, and the fixed side's receive buffer following how fast
     /// the wireless side drains, so that bytes wait at the FH rather than at the MSR.
-    Cell,
-    /// The kernel's defaults, as a plain proxy has them (the default until `cell`
-    /// passes the whole suite as the default).
     #[default]
+    Cell,
+    /// The kernel's defaults, as a plain proxy has them.
     Kernel,
 }
 

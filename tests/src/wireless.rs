@@ -3,8 +3,8 @@
 //! download from the FH to an MH that runs nothing of ours, with and without moves,
 //! through four peers in the same run:
 //!
-//! * msrd sizing the wireless side for the cell (`[wireless] sizing = "cell"`),
-//! * msrd with the kernel's defaults (`sizing = "kernel"`, msrd's default),
+//! * msrd with its defaults (`[wireless] sizing = "cell"`),
+//! * msrd with the kernel's defaults (`sizing = "kernel"`),
 //! * end-to-end cubic and end-to-end bbr (the MSRs as plain routers).
 //!
 //! Per run: goodput over the cell's rate, packets the cells' downlink queues dropped
@@ -124,7 +124,7 @@ impl Peer {
 
     pub fn name(self) -> &'static str {
         match self {
-            Peer::MsrdDefaults => "msrd cell",
+            Peer::MsrdDefaults => "msrd defaults",
             Peer::MsrdKernel => "msrd kernel",
             Peer::E2eCubic => "e2e cubic",
             Peer::E2eBbr => "e2e bbr",
@@ -136,7 +136,7 @@ impl Peer {
             msrd_extra: extra.into(),
         };
         match self {
-            Peer::MsrdDefaults => msrd(&format!("[wireless]\nsizing = \"cell\"\n{msrd_extra}")),
+            Peer::MsrdDefaults => msrd(msrd_extra),
             Peer::MsrdKernel => msrd("[wireless]\nsizing = \"kernel\"\n"),
             Peer::E2eCubic | Peer::E2eBbr => Mode::RegularTcp(MobileIpOpts::default()),
         }

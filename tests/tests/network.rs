@@ -677,7 +677,7 @@ fn an_interactive_upload_resumes_at_once_after_a_move_without_data() {
     assert!(r.median_ms < 4.0 * bound, "resumes: {:.1?}", r.ms);
 }
 
-/// The wireless side sized for its cell (`[wireless] sizing = "cell"`): a download from
+/// The wireless side sized for its cell (`[wireless] sizing = "cell"`, the default): a download from
 /// an FH behind a 40 ms WAN to an MH on a 10 Mbit/s cell with bursty loss. The FH's
 /// bytes wait at the FH: what the MSR holds stays within twice the cell's plus the
 /// fixed path's bandwidth-delay product plus the wireless side's unsent allowance
