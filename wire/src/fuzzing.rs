@@ -1,0 +1,104 @@
+//! Fuzz entry point, shared by the cargo-fuzz target `wire_views` (fuzz/) and the
+//! stable smoke test (tests/fuzz_smoke.rs): every view over the input, every accessor
+//! called, and what the constructors promise asserted.
+
+use crate::arp::ArpPacket;
+use crate::{checksum, tcp_in_head, IpPacket, Ipv4Packet, Ipv6Packet, TcpSegment, UdpDatagram};
+
+pub fn views(data: &[u8]) {
+    ip(data);
+    tcp(data);
+    if let Ok(u) = UdpDatagram::new_checked(data) {
+        assert!(u.payload().len() + 8 <= data.len());
+    }
+    if let Ok(a) = ArpPacket::new_checked(data) {
+        let _ = (a.sender_hw_addr(), a.sender_addr());
+    }
+    if let Ok((ip, seg)) = tcp_in_head(data) {
+        assert!(ip.starts_payload());
+        let _ = (seg.src_port(), seg.ack_number());
+    }
+    rewrite(data);
+}
+
+/// A whole packet is a head too, and its payload is all there.
+fn ip(data: &[u8]) {
+    let head = IpPacket::new_head(data);
+    let Ok(whole) = IpPacket::new_checked(data) else {
+        if let Ok(h) = head {
+            assert!(h.payload().len() <= h.payload_len());
+        }
+        return;
+    };
+    assert!(head.is_ok());
+    assert_eq!(whole.payload().len(), whole.payload_len());
+    let _ = (
+        whole.src_addr(),
+        whole.dst_addr(),
+        whole.protocol(),
+        whole.is_fragment(),
+    );
+    if let Ok(v4) = Ipv4Packet::new_checked(data) {
+        assert!(v4.header_len() >= 20 && v4.header_len() <= usize::from(v4.total_len()));
+    }
+    if let Ok(v6) = Ipv6Packet::new_checked(data) {
+        assert!(40 + v6.payload_len() <= data.len());
+    }
+}
+
+/// Options lie within the header, one after another, and end the walk once failed.
+fn tcp(data: &[u8]) {
+    let Ok(s) = TcpSegment::new_head(data) else {
+        assert!(TcpSegment::new_checked(data).is_err());
+        return;
+    };
+    assert!(s.header_len() >= 20);
+    let _ = (
+        s.src_port(),
+        s.dst_port(),
+        s.seq_number(),
+        s.ack_number(),
+        s.flags(),
+    );
+    let mut next = 0;
+    let mut failed = false;
+    for o in s.options() {
+        assert!(!failed, "an option after an error");
+        match o {
+            Ok(o) => {
+                assert_eq!(o.at.start, next);
+                assert!(o.at.end <= s.header_len() - 20 && o.data.len() <= o.at.len());
+                next = o.at.end;
+            }
+            Err(_) => failed = true,
+        }
+    }
+    if TcpSegment::new_checked(data).is_ok() {
+        assert!(s.header_len() <= data.len());
+    }
+}
+
+/// Filled in, checksums verify.
+fn rewrite(data: &[u8]) {
+    let mut copy = data.to_vec();
+    let Ok(mut ip) = IpPacket::new_checked(&mut copy[..]) else {
+        return;
+    };
+    ip.fill_checksum();
+    let (src, dst) = (ip.src_addr(), ip.dst_addr());
+    if let Ok(mut seg) = TcpSegment::new_checked(ip.payload_mut()) {
+        seg.set_ack_number(seg.ack_number().wrapping_add(1));
+        seg.options_mut().fill(1);
+        seg.fill_checksum(src, dst);
+        let payload = ip.payload();
+        let acc = checksum::pseudo_header(src, dst, 6, payload.len() as u32);
+        assert_eq!(checksum::fold(checksum::sum(acc, payload)), 0);
+    }
+    let v4_header = match &ip {
+        IpPacket::V4(v4) => Some(v4.header_len()),
+        IpPacket::V6(_) => None,
+    };
+    if let Some(n) = v4_header {
+        assert_eq!(checksum::internet(&copy[..n]), 0);
+    }
+}
