@@ -94,6 +94,17 @@ impl<T: AsRef<[u8]>> IpPacket<T> {
     }
 }
 
+impl<'a> IpPacket<&'a [u8]> {
+    /// The payload, borrowed from the buffer rather than the view.
+    pub fn into_payload(self) -> &'a [u8] {
+        let r = self.payload_range();
+        match self {
+            IpPacket::V4(p) => &p.into_inner()[r],
+            IpPacket::V6(p) => &p.into_inner()[r],
+        }
+    }
+}
+
 impl<T: AsRef<[u8]> + AsMut<[u8]>> IpPacket<T> {
     /// The payload in the buffer, to rewrite.
     pub fn payload_mut(&mut self) -> &mut [u8] {

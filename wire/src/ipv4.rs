@@ -99,6 +99,10 @@ impl<T: AsRef<[u8]>> Ipv4Packet<T> {
         usize::from(self.total_len()) - self.header_len()
     }
 
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
     /// The payload in the buffer: up to the total length, or to the end of a cut head.
     pub fn payload(&self) -> &[u8] {
         &self.buffer.as_ref()[self.payload_range()]

@@ -67,6 +67,10 @@ impl<T: AsRef<[u8]>> Ipv6Packet<T> {
         addr(&self.buffer.as_ref()[field::DST_ADDR])
     }
 
+    pub fn into_inner(self) -> T {
+        self.buffer
+    }
+
     /// The payload in the buffer: up to the payload length, or to the end of a cut head.
     pub fn payload(&self) -> &[u8] {
         &self.buffer.as_ref()[self.payload_range()]

@@ -50,6 +50,13 @@ impl<T: AsRef<[u8]>> UdpDatagram<T> {
     }
 }
 
+impl<'a> UdpDatagram<&'a [u8]> {
+    /// The payload, borrowed from the buffer rather than the view.
+    pub fn into_payload(self) -> &'a [u8] {
+        &self.buffer[field::PAYLOAD..self.length()]
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -61,6 +68,7 @@ mod tests {
         ];
         let v = UdpDatagram::new_checked(&d[..]).unwrap();
         assert_eq!((v.length(), v.payload()), (13, &b"hello"[..]));
+        assert_eq!(v.into_payload(), b"hello");
     }
 
     #[test]
