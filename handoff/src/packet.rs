@@ -16,6 +16,7 @@
 use std::net::{IpAddr, SocketAddr};
 
 use itcp_wire::checksum::internet as checksum;
+use itcp_wire::ip::ipv6_octets as v6_octets;
 use itcp_wire::{self as wire, tcp, IpPacket, TcpSegment};
 
 /// An ACK (or FIN|ACK) segment without data from `src` (the peer) to `dst` (the
@@ -174,14 +175,6 @@ pub fn forget_acks(packet: &mut [u8], una: u32, past_fin: Option<u32>) -> bool {
         changed = true;
     }
     changed && fill_checksums(packet)
-}
-
-/// IPv6 octets of an address, IPv4 ones mapped (`::ffff:a.b.c.d`).
-fn v6_octets(a: IpAddr) -> [u8; 16] {
-    match a {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
-    }
 }
 
 #[cfg(test)]

@@ -2,6 +2,8 @@
 
 use std::net::IpAddr;
 
+use crate::ip::ipv6_octets as v6_octets;
+
 /// Adds `bytes` as 16-bit big-endian words to `acc` (an odd tail padded with zero).
 pub fn sum(acc: u32, bytes: &[u8]) -> u32 {
     // In 64 bits: no buffer is long enough to overflow it, as 32 bits would past 128 KiB.
@@ -50,13 +52,6 @@ pub fn pseudo_header(src: IpAddr, dst: IpAddr, proto: u8, len: u32) -> u32 {
             let acc = sum(sum(0, &v6_octets(s)), &v6_octets(d));
             acc + (len >> 16) + (len & 0xffff) + u32::from(proto)
         }
-    }
-}
-
-fn v6_octets(a: IpAddr) -> [u8; 16] {
-    match a {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
     }
 }
 

@@ -130,6 +130,15 @@ fn version(buffer: &impl AsRef<[u8]>) -> Result<u8> {
     }
 }
 
+/// The octets of `a` as an IPv6 header carries them: an IPv4 address mapped
+/// (`::ffff:a.b.c.d`).
+pub fn ipv6_octets(a: IpAddr) -> [u8; 16] {
+    match a {
+        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
 /// A packet's IP head and the TCP head it carries.
 pub type TcpHead<'a> = (IpPacket<&'a [u8]>, TcpSegment<&'a [u8]>);
 
