@@ -32,7 +32,7 @@ pub enum Error {
     /// Shorter than its headers or its length fields say.
     Truncated,
     /// A field out of range or inconsistent with another (version, header length,
-    /// protocol, option length).
+    /// option length), or a protocol other than the one asked for.
     Malformed,
 }
 
