@@ -2,7 +2,10 @@
 //! stable smoke test (tests/fuzz_smoke.rs): every view over the input, every accessor
 //! called, and what the constructors promise asserted.
 
+use std::net::Ipv4Addr;
+
 use crate::arp::ArpPacket;
+use crate::ethernet::EthernetFrame;
 use crate::{checksum, tcp_in_head, IpPacket, Ipv4Packet, Ipv6Packet, TcpSegment, UdpDatagram};
 
 pub fn views(data: &[u8]) {
@@ -12,8 +15,13 @@ pub fn views(data: &[u8]) {
         assert!(u.payload().len() + 8 <= data.len());
     }
     if let Ok(a) = ArpPacket::new_checked(data) {
-        let _ = (a.sender_hw_addr(), a.sender_addr());
+        let _ = (a.sender_hw_addr(), a.sender_addr(), a.operation());
     }
+    if let Ok(e) = EthernetFrame::new_checked(data) {
+        assert_eq!(e.payload().len() + 14, data.len());
+        let _ = e.dst_addr();
+    }
+    emit(data);
     if let Ok((ip, seg)) = tcp_in_head(data) {
         assert!(ip.starts_payload());
         let _ = (seg.src_port(), seg.ack_number());
@@ -76,6 +84,28 @@ fn tcp(data: &[u8]) {
     if TcpSegment::new_checked(data).is_ok() {
         assert!(s.header_len() <= data.len());
     }
+}
+
+/// What is written reads back, into a buffer of the input's length.
+fn emit(data: &[u8]) {
+    let mut buf = vec![0u8; data.len()];
+    let mac = |i: usize| [data.get(i).copied().unwrap_or(0); 6];
+    let ip = Ipv4Addr::new(10, 0, 0, data.len() as u8);
+    let Ok(mut eth) = EthernetFrame::emit(&mut buf[..], mac(0), mac(1), 0x0806) else {
+        assert!(data.len() < 14);
+        return;
+    };
+    let op = u16::from(data.get(2).copied().unwrap_or(0));
+    if ArpPacket::emit(eth.payload_mut(), op, (mac(3), ip), (mac(4), ip)).is_ok() {
+        let arp = ArpPacket::new_checked(&buf[14..]).unwrap();
+        assert_eq!((arp.operation(), arp.sender_hw_addr()), (op, mac(3)));
+    } else {
+        assert!(data.len() < 14 + 28);
+    }
+    assert_eq!(
+        EthernetFrame::new_checked(&buf[..]).unwrap().dst_addr(),
+        mac(0)
+    );
 }
 
 /// Filled in, checksums verify.

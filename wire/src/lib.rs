@@ -1,5 +1,5 @@
-//! Checked, zero-copy views of the packets msrd reads and rewrites: IPv4, IPv6, TCP,
-//! UDP and Ethernet/IPv4 ARP, after smoltcp's `wire` module. Each view's constructor
+//! Checked, zero-copy views of the packets msrd reads, rewrites and writes: IPv4, IPv6,
+//! TCP, UDP, Ethernet and Ethernet/IPv4 ARP, after smoltcp's `wire` module. Each view's constructor
 //! checks once that every field its accessors read lies in the buffer and that the
 //! length fields agree with one another, so the accessors index without further checks
 //! and no input makes them panic.
@@ -12,6 +12,7 @@
 
 pub mod arp;
 pub mod checksum;
+pub mod ethernet;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod ip;
