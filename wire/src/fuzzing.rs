@@ -2,11 +2,13 @@
 //! stable smoke test (tests/fuzz_smoke.rs): every view over the input, every accessor
 //! called, and what the constructors promise asserted.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, Ipv6Addr};
 
 use crate::arp::ArpPacket;
 use crate::ethernet::EthernetFrame;
-use crate::{checksum, tcp_in_head, IpPacket, Ipv4Packet, Ipv6Packet, TcpSegment, UdpDatagram};
+use crate::{
+    checksum, ipv4, ipv6, tcp_in_head, IpPacket, Ipv4Packet, Ipv6Packet, TcpSegment, UdpDatagram,
+};
 
 pub fn views(data: &[u8]) {
     ip(data);
@@ -22,6 +24,7 @@ pub fn views(data: &[u8]) {
         let _ = e.dst_addr();
     }
     emit(data);
+    ip_headers(data);
     if let Ok((ip, seg)) = tcp_in_head(data) {
         assert!(ip.starts_payload());
         let _ = (seg.src_port(), seg.ack_number());
@@ -106,6 +109,23 @@ fn emit(data: &[u8]) {
         EthernetFrame::new_checked(&buf[..]).unwrap().dst_addr(),
         mac(0)
     );
+}
+
+/// IP headers written for a payload of the input's length read back as heads.
+fn ip_headers(data: &[u8]) {
+    let proto = data.first().copied().unwrap_or(0);
+    let ip = Ipv4Addr::new(10, 0, 0, proto);
+    if let Ok(h) = ipv4::header(ip, ip, proto, data.len(), proto & 1 == 1) {
+        let v = Ipv4Packet::new_head(&h[..]).unwrap();
+        assert_eq!((v.protocol(), v.payload_len()), (proto, data.len()));
+        assert_eq!(checksum::internet(&h), 0);
+    } else {
+        assert!(data.len() > 65535 - 20);
+    }
+    if let Ok(h) = ipv6::header(ip.to_ipv6_mapped(), Ipv6Addr::LOCALHOST, proto, data.len()) {
+        let v = Ipv6Packet::new_head(&h[..]).unwrap();
+        assert_eq!((v.next_header(), v.payload_len()), (proto, data.len()));
+    }
 }
 
 /// Filled in, checksums verify.

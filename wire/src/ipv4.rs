@@ -11,6 +11,7 @@ mod field {
     pub const VER_IHL: usize = 0;
     pub const LENGTH: Range<usize> = 2..4;
     pub const FLG_OFF: Range<usize> = 6..8;
+    pub const TTL: usize = 8;
     pub const PROTOCOL: usize = 9;
     pub const CHECKSUM: Range<usize> = 10..12;
     pub const SRC_ADDR: Range<usize> = 12..16;
@@ -20,6 +21,7 @@ mod field {
 /// The fixed header's length.
 pub const HEADER_LEN: usize = field::DST_ADDR.end;
 
+const DONT_FRAG: u16 = 0x4000;
 const MORE_FRAGS: u16 = 0x2000;
 const FRAG_OFFSET: u16 = 0x1fff;
 
@@ -131,6 +133,32 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
     }
 }
 
+/// The header, without options, of a packet from `src` to `dst` carrying
+/// `payload_len` bytes of `protocol`: TTL 64, identification 0, the DF flag as
+/// `dont_frag` says, the checksum filled in. Malformed if the packet would be longer
+/// than 65535 bytes.
+pub fn header(
+    src: Ipv4Addr,
+    dst: Ipv4Addr,
+    protocol: u8,
+    payload_len: usize,
+    dont_frag: bool,
+) -> Result<[u8; HEADER_LEN]> {
+    let total = u16::try_from(HEADER_LEN + payload_len).map_err(|_| Error::Malformed)?;
+    let mut h = [0u8; HEADER_LEN];
+    h[field::VER_IHL] = 0x45;
+    h[field::LENGTH].copy_from_slice(&total.to_be_bytes());
+    let flags = if dont_frag { DONT_FRAG } else { 0 };
+    h[field::FLG_OFF].copy_from_slice(&flags.to_be_bytes());
+    h[field::TTL] = 64;
+    h[field::PROTOCOL] = protocol;
+    h[field::SRC_ADDR].copy_from_slice(&src.octets());
+    h[field::DST_ADDR].copy_from_slice(&dst.octets());
+    let c = checksum::internet(&h);
+    h[field::CHECKSUM].copy_from_slice(&c.to_be_bytes());
+    Ok(h)
+}
+
 fn addr(b: &[u8]) -> Ipv4Addr {
     Ipv4Addr::new(b[0], b[1], b[2], b[3])
 }
@@ -218,6 +246,24 @@ mod tests {
         p[6..8].copy_from_slice(&0x0101u16.to_be_bytes());
         let v = Ipv4Packet::new_checked(&p[..]).unwrap();
         assert!(!v.more_frags() && v.frag_offset() == 0x101);
+    }
+
+    #[test]
+    fn a_header_written_reads_back() {
+        let (s, d) = (Ipv4Addr::new(10, 0, 0, 1), Ipv4Addr::new(10, 0, 0, 2));
+        let mut p = header(s, d, 6, 8, true).unwrap().to_vec();
+        p.extend_from_slice(b"payload!");
+        assert_eq!(p, {
+            let mut q = packet(0);
+            q[8] = 64;
+            Ipv4Packet::new_checked(&mut q[..]).unwrap().fill_checksum();
+            q
+        });
+        assert_eq!(checksum::internet(&p[..20]), 0);
+        let h = header(s, d, 1, 0, false).unwrap();
+        assert_eq!((h[6], h[9], h[8]), (0, 1, 64));
+        assert_eq!(header(s, d, 6, 65515, false).unwrap()[2..4], [0xff, 0xff]);
+        assert_eq!(header(s, d, 6, 65516, false).err(), Some(Error::Malformed));
     }
 
     #[test]

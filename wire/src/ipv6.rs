@@ -13,6 +13,7 @@ mod field {
     pub const VER_TC_FLOW: usize = 0;
     pub const PAYLOAD_LEN: Range<usize> = 4..6;
     pub const NXT_HDR: usize = 6;
+    pub const HOP_LIMIT: usize = 7;
     pub const SRC_ADDR: Range<usize> = 8..24;
     pub const DST_ADDR: Range<usize> = 24..40;
 }
@@ -90,6 +91,26 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv6Packet<T> {
     }
 }
 
+/// The fixed header of a packet from `src` to `dst` carrying `payload_len` bytes of
+/// `next_header`: traffic class and flow label 0, hop limit 64. Malformed if the
+/// payload is longer than 65535 bytes (jumbograms are not written).
+pub fn header(
+    src: Ipv6Addr,
+    dst: Ipv6Addr,
+    next_header: u8,
+    payload_len: usize,
+) -> Result<[u8; HEADER_LEN]> {
+    let len = u16::try_from(payload_len).map_err(|_| Error::Malformed)?;
+    let mut h = [0u8; HEADER_LEN];
+    h[field::VER_TC_FLOW] = 0x60;
+    h[field::PAYLOAD_LEN].copy_from_slice(&len.to_be_bytes());
+    h[field::NXT_HDR] = next_header;
+    h[field::HOP_LIMIT] = 64;
+    h[field::SRC_ADDR].copy_from_slice(&src.octets());
+    h[field::DST_ADDR].copy_from_slice(&dst.octets());
+    Ok(h)
+}
+
 fn addr(b: &[u8]) -> Ipv6Addr {
     let mut a = [0u8; 16];
     a.copy_from_slice(b);
@@ -134,6 +155,15 @@ mod tests {
             Ipv6Packet::new_checked(&long[..]).err(),
             Some(Error::Truncated)
         );
+    }
+
+    #[test]
+    fn a_header_written_reads_back() {
+        let (s, d) = ("fd00::1".parse().unwrap(), "fd00::2".parse().unwrap());
+        let mut p = header(s, d, 6, 8).unwrap().to_vec();
+        p.extend_from_slice(b"payload!");
+        assert_eq!(p, packet());
+        assert_eq!(header(s, d, 6, 65536).err(), Some(Error::Malformed));
     }
 
     #[test]
