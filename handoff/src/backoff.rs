@@ -29,6 +29,11 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use itcp_wire::checksum::{self, internet};
+use itcp_wire::{ipv4, ipv6, tcp};
+
+/// IP protocol numbers.
+const ICMP: u8 = 1;
+const ICMPV6: u8 = 58;
 
 /// The smallest retransmission timeout a sender may use (Linux's `TCP_RTO_MIN`; RFC
 /// 6298 asks for 1 s, which only makes fewer doublings in the same time).
@@ -76,55 +81,31 @@ pub fn unreachable(router: IpAddr, mh: SocketAddr, peer: SocketAddr, seq: u32) -
     tcp.extend_from_slice(&[5 << 4, 0x10, 0, 0, 0, 0, 0, 0]); // offset, ACK, window, csum, urg
     match (router, mh.ip(), peer.ip()) {
         (IpAddr::V4(r), IpAddr::V4(m), IpAddr::V4(p)) => {
-            let quoted = ipv4_header(m.octets(), p.octets(), 6, tcp.len());
+            let quoted = ipv4::header(m, p, tcp::PROTOCOL, tcp.len(), false).ok()?;
             let mut icmp = vec![3, 1, 0, 0, 0, 0, 0, 0];
             icmp.extend_from_slice(&quoted);
             icmp.extend_from_slice(&tcp);
             let c = internet(&icmp);
             icmp[2..4].copy_from_slice(&c.to_be_bytes());
-            let mut out = ipv4_header(r.octets(), m.octets(), 1, icmp.len()).to_vec();
+            let mut out = ipv4::header(r, m, ICMP, icmp.len(), false).ok()?.to_vec();
             out.extend_from_slice(&icmp);
             Some(out)
         }
         (IpAddr::V6(r), IpAddr::V6(m), IpAddr::V6(p)) => {
-            let quoted = ipv6_header(m.octets(), p.octets(), 6, tcp.len());
+            let quoted = ipv6::header(m, p, tcp::PROTOCOL, tcp.len()).ok()?;
             let mut icmp = vec![1, 0, 0, 0, 0, 0, 0, 0];
             icmp.extend_from_slice(&quoted);
             icmp.extend_from_slice(&tcp);
             // ICMPv6 checksums cover a pseudo-header (RFC 4443 §2.3).
-            let acc = checksum::pseudo_header(r.into(), m.into(), 58, icmp.len() as u32);
+            let acc = checksum::pseudo_header(r.into(), m.into(), ICMPV6, icmp.len() as u32);
             let c = checksum::fold(checksum::sum(acc, &icmp));
             icmp[2..4].copy_from_slice(&c.to_be_bytes());
-            let mut out = ipv6_header(r.octets(), m.octets(), 58, icmp.len()).to_vec();
+            let mut out = ipv6::header(r, m, ICMPV6, icmp.len()).ok()?.to_vec();
             out.extend_from_slice(&icmp);
             Some(out)
         }
         _ => None,
     }
-}
-
-fn ipv4_header(src: [u8; 4], dst: [u8; 4], proto: u8, payload: usize) -> [u8; 20] {
-    let mut h = [0u8; 20];
-    h[0] = 0x45;
-    h[2..4].copy_from_slice(&((20 + payload) as u16).to_be_bytes());
-    h[8] = 64; // ttl
-    h[9] = proto;
-    h[12..16].copy_from_slice(&src);
-    h[16..20].copy_from_slice(&dst);
-    let c = internet(&h);
-    h[10..12].copy_from_slice(&c.to_be_bytes());
-    h
-}
-
-fn ipv6_header(src: [u8; 16], dst: [u8; 16], next: u8, payload: usize) -> [u8; 40] {
-    let mut h = [0u8; 40];
-    h[0] = 0x60;
-    h[4..6].copy_from_slice(&(payload as u16).to_be_bytes());
-    h[6] = next;
-    h[7] = 64; // hop limit
-    h[8..24].copy_from_slice(&src);
-    h[24..40].copy_from_slice(&dst);
-    h
 }
 
 #[cfg(test)]

@@ -15,7 +15,6 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use itcp_wire::checksum::internet as checksum;
 use itcp_wire::ip::ipv6_octets as v6_octets;
 use itcp_wire::{self as wire, tcp, IpPacket, TcpSegment};
 
@@ -69,37 +68,18 @@ impl Segment {
     /// The whole IP packet (IPv4 if both addresses are IPv4, IPv6 otherwise).
     pub fn to_ip_packet(&self) -> Vec<u8> {
         let tcp = self.tcp_header();
-        match (self.src.ip(), self.dst.ip()) {
+        let mut p = match (self.src.ip(), self.dst.ip()) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
-                let total = 20 + tcp.len();
-                let mut p = Vec::with_capacity(total);
-                p.push(0x45);
-                p.push(0);
-                p.extend_from_slice(&(total as u16).to_be_bytes());
-                p.extend_from_slice(&[0, 0]); // id
-                p.extend_from_slice(&0x4000u16.to_be_bytes()); // DF
-                p.push(64); // ttl
-                p.push(6); // TCP
-                p.extend_from_slice(&[0, 0]); // checksum
-                p.extend_from_slice(&s.octets());
-                p.extend_from_slice(&d.octets());
-                let c = checksum(&p);
-                p[10..12].copy_from_slice(&c.to_be_bytes());
-                p.extend_from_slice(&tcp);
-                p
+                wire::ipv4::header(s, d, tcp::PROTOCOL, tcp.len(), true).map(Vec::from)
             }
             (s, d) => {
-                let mut p = Vec::with_capacity(40 + tcp.len());
-                p.extend_from_slice(&0x6000_0000u32.to_be_bytes());
-                p.extend_from_slice(&(tcp.len() as u16).to_be_bytes());
-                p.push(6); // next header: TCP
-                p.push(64); // hop limit
-                p.extend_from_slice(&v6_octets(s));
-                p.extend_from_slice(&v6_octets(d));
-                p.extend_from_slice(&tcp);
-                p
+                let (s, d) = (v6_octets(s).into(), v6_octets(d).into());
+                wire::ipv6::header(s, d, tcp::PROTOCOL, tcp.len()).map(Vec::from)
             }
         }
+        .expect("a bare TCP header fits any IP packet");
+        p.extend_from_slice(&tcp);
+        p
     }
 }
 
@@ -180,6 +160,7 @@ pub fn forget_acks(packet: &mut [u8], una: u32, past_fin: Option<u32>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use itcp_wire::checksum::internet as checksum;
 
     /// An IPv4 ACK from 10.0.0.1:5001 to 10.2.0.100:40000 with timestamps and two
     /// SACK blocks.
