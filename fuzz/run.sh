@@ -13,12 +13,13 @@ cd "$(dirname "$0")"
 RUNS=${RUNS:-10000000}
 SECS=${SECS:-1800}
 BIN=target/x86_64-unknown-linux-gnu/release
-ALL="socks_server socks_client beacon greeting channel_frame image_decode control_request config_mh config_msrd"
+ALL="socks_server socks_client beacon greeting channel_frame image_decode control_request config_mh config_msrd wire_views"
 max_len() {
   case $1 in
     socks_*) echo 1024 ;;      # messages are at most 262 bytes
     beacon|control_request) echo 4096 ;;
     greeting) echo 5000 ;;     # datagrams above 4096 bytes are refused
+    wire_views) echo 2048 ;;   # headers end within 120 bytes; the rest is payload
     *) echo 16384 ;;           # frames, images, config files
   esac
 }

@@ -175,3 +175,35 @@ put("config_msrd", "peers.toml",
 put("config_mh", "mh.toml", open(os.path.join(EX, "mh.toml"), "rb").read())
 put("config_mh", "gateway.toml", '[mh]\ngateway = "[2001:db8::1]:1080"\n[mobility]\npolicy = "lazy"\n')
 put("config_mh", "empty.toml", "")
+
+# --- Packets for the wire views: IPv4 and IPv6 TCP (options, data, a cut head, a
+# fragment), UDP, Ethernet/IPv4 ARP.
+def tcp(opts=b"", flags=0x11, data=b""):
+    opts += b"\x01" * (-len(opts) % 4)
+    hdr = struct.pack(">HHIIBBHHH", 40000, 80, 1000, 5000, (20 + len(opts)) // 4 << 4, flags,
+                      512, 0, 0)
+    return hdr + opts + data
+
+
+def ipv4(proto, payload, frag=0x4000):
+    return struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + len(payload), 0, frag, 64, proto, 0,
+                       bytes([10, 2, 0, 100]), bytes([10, 0, 0, 1])) + payload
+
+
+def ipv6(nxt, payload):
+    return (struct.pack(">IHBB", 0x60000000, len(payload), nxt, 64) + bytes(15) + b"\x01"
+            + bytes(15) + b"\x02" + payload)
+
+
+TS = bytes([1, 1, 8, 10, 0, 0, 0, 77, 0, 0, 0, 99])
+SACK = bytes([1, 1, 5, 10, 0, 0, 0, 1, 0, 0, 0, 2])
+put("wire_views", "v4-fin-ts", ipv4(6, tcp(TS, data=b"bye")))
+put("wire_views", "v4-synack", ipv4(6, tcp(bytes([2, 4, 5, 0xb4, 4, 2]) + TS + bytes([1, 3, 3, 7]),
+                                          flags=0x12)))
+put("wire_views", "v4-sack-head", ipv4(6, tcp(TS + SACK, flags=0x10, data=bytes(100)))[:64])
+put("wire_views", "v4-fragment", ipv4(6, tcp(), frag=0x2000))
+put("wire_views", "v6-ack", ipv6(6, tcp(SACK, flags=0x10, data=b"x")))
+put("wire_views", "v4-udp", ipv4(17, struct.pack(">HHHH", 40000, 8000, 13, 0) + b"hello") + bytes(6))
+put("wire_views", "v6-udp", ipv6(17, struct.pack(">HHHH", 40000, 8000, 13, 0) + b"hello"))
+put("wire_views", "arp", bytes([0, 1, 8, 0, 6, 4, 0, 1, 2, 0, 0, 0, 0, 0x66, 10, 2, 0, 102])
+    + bytes(6) + bytes([10, 2, 0, 1]))

@@ -1,9 +1,9 @@
 //! The stable-toolchain smoke run of a fuzz entry point, shared (by `#[path]`) by the
-//! `tests/fuzz_smoke.rs` of proto, handoff, config and proxy: the committed corpus and
-//! seeds of a target (`fuzz/corpus/TARGET`, `fuzz/seeds/TARGET`), then deterministic
-//! pseudo-random mutations of them (xorshift, no dependencies), each input checked for
-//! no panic and bounded time. The same function is the body of the cargo-fuzz target,
-//! so the two cannot drift apart.
+//! `tests/fuzz_smoke.rs` of proto, handoff, config, wire and proxy: the committed
+//! corpus and seeds of a target (`fuzz/corpus/TARGET`, `fuzz/seeds/TARGET`), then
+//! deterministic pseudo-random mutations of them (xorshift, no dependencies), each
+//! input checked for no panic and bounded time. The same function is the body of the
+//! cargo-fuzz target, so the two cannot drift apart.
 
 #![allow(dead_code)]
 

@@ -28,7 +28,12 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use crate::packet::checksum;
+use itcp_wire::checksum::{self, internet};
+use itcp_wire::{ipv4, ipv6, tcp};
+
+/// IP protocol numbers.
+const ICMP: u8 = 1;
+const ICMPV6: u8 = 58;
 
 /// The smallest retransmission timeout a sender may use (Linux's `TCP_RTO_MIN`; RFC
 /// 6298 asks for 1 s, which only makes fewer doublings in the same time).
@@ -76,60 +81,31 @@ pub fn unreachable(router: IpAddr, mh: SocketAddr, peer: SocketAddr, seq: u32) -
     tcp.extend_from_slice(&[5 << 4, 0x10, 0, 0, 0, 0, 0, 0]); // offset, ACK, window, csum, urg
     match (router, mh.ip(), peer.ip()) {
         (IpAddr::V4(r), IpAddr::V4(m), IpAddr::V4(p)) => {
-            let quoted = ipv4_header(m.octets(), p.octets(), 6, tcp.len());
+            let quoted = ipv4::header(m, p, tcp::PROTOCOL, tcp.len(), false).ok()?;
             let mut icmp = vec![3, 1, 0, 0, 0, 0, 0, 0];
             icmp.extend_from_slice(&quoted);
             icmp.extend_from_slice(&tcp);
-            let c = checksum(&icmp);
+            let c = internet(&icmp);
             icmp[2..4].copy_from_slice(&c.to_be_bytes());
-            let mut out = ipv4_header(r.octets(), m.octets(), 1, icmp.len()).to_vec();
+            let mut out = ipv4::header(r, m, ICMP, icmp.len(), false).ok()?.to_vec();
             out.extend_from_slice(&icmp);
             Some(out)
         }
         (IpAddr::V6(r), IpAddr::V6(m), IpAddr::V6(p)) => {
-            let quoted = ipv6_header(m.octets(), p.octets(), 6, tcp.len());
+            let quoted = ipv6::header(m, p, tcp::PROTOCOL, tcp.len()).ok()?;
             let mut icmp = vec![1, 0, 0, 0, 0, 0, 0, 0];
             icmp.extend_from_slice(&quoted);
             icmp.extend_from_slice(&tcp);
             // ICMPv6 checksums cover a pseudo-header (RFC 4443 §2.3).
-            let mut pseudo = Vec::with_capacity(40 + icmp.len());
-            pseudo.extend_from_slice(&r.octets());
-            pseudo.extend_from_slice(&m.octets());
-            pseudo.extend_from_slice(&(icmp.len() as u32).to_be_bytes());
-            pseudo.extend_from_slice(&[0, 0, 0, 58]);
-            pseudo.extend_from_slice(&icmp);
-            let c = checksum(&pseudo);
+            let acc = checksum::pseudo_header(r.into(), m.into(), ICMPV6, icmp.len() as u32);
+            let c = checksum::fold(checksum::sum(acc, &icmp));
             icmp[2..4].copy_from_slice(&c.to_be_bytes());
-            let mut out = ipv6_header(r.octets(), m.octets(), 58, icmp.len()).to_vec();
+            let mut out = ipv6::header(r, m, ICMPV6, icmp.len()).ok()?.to_vec();
             out.extend_from_slice(&icmp);
             Some(out)
         }
         _ => None,
     }
-}
-
-fn ipv4_header(src: [u8; 4], dst: [u8; 4], proto: u8, payload: usize) -> [u8; 20] {
-    let mut h = [0u8; 20];
-    h[0] = 0x45;
-    h[2..4].copy_from_slice(&((20 + payload) as u16).to_be_bytes());
-    h[8] = 64; // ttl
-    h[9] = proto;
-    h[12..16].copy_from_slice(&src);
-    h[16..20].copy_from_slice(&dst);
-    let c = checksum(&h);
-    h[10..12].copy_from_slice(&c.to_be_bytes());
-    h
-}
-
-fn ipv6_header(src: [u8; 16], dst: [u8; 16], next: u8, payload: usize) -> [u8; 40] {
-    let mut h = [0u8; 40];
-    h[0] = 0x60;
-    h[4..6].copy_from_slice(&(payload as u16).to_be_bytes());
-    h[6] = next;
-    h[7] = 64; // hop limit
-    h[8..24].copy_from_slice(&src);
-    h[24..40].copy_from_slice(&dst);
-    h
 }
 
 #[cfg(test)]
@@ -171,15 +147,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.len(), 20 + 8 + 20 + 20);
-        assert_eq!(checksum(&p[..20]), 0, "outer IP header checksum");
+        assert_eq!(internet(&p[..20]), 0, "outer IP header checksum");
         assert_eq!(p[9], 1, "ICMP");
         assert_eq!(&p[12..16], &[10, 2, 0, 1], "from the router");
         assert_eq!(&p[16..20], &[10, 2, 0, 100], "to the MH");
         let icmp = &p[20..];
         assert_eq!((icmp[0], icmp[1]), (3, 1), "host unreachable");
-        assert_eq!(checksum(icmp), 0, "ICMP checksum");
+        assert_eq!(internet(icmp), 0, "ICMP checksum");
         let quoted = &icmp[8..];
-        assert_eq!(checksum(&quoted[..20]), 0, "quoted IP header checksum");
+        assert_eq!(internet(&quoted[..20]), 0, "quoted IP header checksum");
         assert_eq!(quoted[9], 6, "quotes TCP");
         assert_eq!(&quoted[12..16], &[10, 2, 0, 100], "the MH's segment");
         assert_eq!(&quoted[16..20], &[10, 0, 0, 1]);
@@ -206,7 +182,7 @@ mod tests {
         pseudo.extend_from_slice(&(icmp.len() as u32).to_be_bytes());
         pseudo.extend_from_slice(&[0, 0, 0, 58]);
         pseudo.extend_from_slice(icmp);
-        assert_eq!(checksum(&pseudo), 0, "ICMPv6 checksum");
+        assert_eq!(internet(&pseudo), 0, "ICMPv6 checksum");
         let quoted = &icmp[8..];
         assert_eq!(quoted[6], 6, "quotes TCP");
         assert_eq!(&quoted[40 + 4..40 + 8], &7u32.to_be_bytes());

@@ -15,6 +15,9 @@
 
 use std::net::{IpAddr, SocketAddr};
 
+use itcp_wire::ip::ipv6_octets as v6_octets;
+use itcp_wire::{self as wire, tcp, IpPacket, TcpSegment};
+
 /// An ACK (or FIN|ACK) segment without data from `src` (the peer) to `dst` (the
 /// restored socket).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,33 +36,6 @@ pub struct Segment {
     pub timestamps: Option<(u32, u32)>,
 }
 
-const TCP_FIN: u8 = 0x01;
-const TCP_ACK: u8 = 0x10;
-
-/// One's-complement sum of 16-bit big-endian words (odd tail padded with zero).
-fn sum16(mut acc: u32, bytes: &[u8]) -> u32 {
-    let mut chunks = bytes.chunks_exact(2);
-    for c in &mut chunks {
-        acc += u32::from(u16::from_be_bytes([c[0], c[1]]));
-    }
-    if let [last] = chunks.remainder() {
-        acc += u32::from(*last) << 8;
-    }
-    acc
-}
-
-fn fold(mut acc: u32) -> u16 {
-    while acc > 0xffff {
-        acc = (acc & 0xffff) + (acc >> 16);
-    }
-    !(acc as u16)
-}
-
-/// The Internet checksum of `bytes`.
-pub fn checksum(bytes: &[u8]) -> u16 {
-    fold(sum16(0, bytes))
-}
-
 impl Segment {
     /// The TCP header (with options), checksum filled in.
     fn tcp_header(&self) -> Vec<u8> {
@@ -71,7 +47,11 @@ impl Segment {
         t.extend_from_slice(&self.seq.to_be_bytes());
         t.extend_from_slice(&self.ack.to_be_bytes());
         t.push(((hlen / 4) as u8) << 4);
-        t.push(if self.fin { TCP_FIN | TCP_ACK } else { TCP_ACK });
+        t.push(if self.fin {
+            tcp::FIN | tcp::ACK
+        } else {
+            tcp::ACK
+        });
         t.extend_from_slice(&self.window.to_be_bytes());
         t.extend_from_slice(&[0, 0]); // checksum
         t.extend_from_slice(&[0, 0]); // urgent pointer
@@ -88,88 +68,49 @@ impl Segment {
     /// The whole IP packet (IPv4 if both addresses are IPv4, IPv6 otherwise).
     pub fn to_ip_packet(&self) -> Vec<u8> {
         let tcp = self.tcp_header();
-        match (self.src.ip(), self.dst.ip()) {
+        let mut p = match (self.src.ip(), self.dst.ip()) {
             (IpAddr::V4(s), IpAddr::V4(d)) => {
-                let total = 20 + tcp.len();
-                let mut p = Vec::with_capacity(total);
-                p.push(0x45);
-                p.push(0);
-                p.extend_from_slice(&(total as u16).to_be_bytes());
-                p.extend_from_slice(&[0, 0]); // id
-                p.extend_from_slice(&0x4000u16.to_be_bytes()); // DF
-                p.push(64); // ttl
-                p.push(6); // TCP
-                p.extend_from_slice(&[0, 0]); // checksum
-                p.extend_from_slice(&s.octets());
-                p.extend_from_slice(&d.octets());
-                let c = checksum(&p);
-                p[10..12].copy_from_slice(&c.to_be_bytes());
-                p.extend_from_slice(&tcp);
-                p
+                wire::ipv4::header(s, d, tcp::PROTOCOL, tcp.len(), true).map(Vec::from)
             }
             (s, d) => {
-                let mut p = Vec::with_capacity(40 + tcp.len());
-                p.extend_from_slice(&0x6000_0000u32.to_be_bytes());
-                p.extend_from_slice(&(tcp.len() as u16).to_be_bytes());
-                p.push(6); // next header: TCP
-                p.push(64); // hop limit
-                p.extend_from_slice(&v6_octets(s));
-                p.extend_from_slice(&v6_octets(d));
-                p.extend_from_slice(&tcp);
-                p
+                let (s, d) = (v6_octets(s).into(), v6_octets(d).into());
+                wire::ipv6::header(s, d, tcp::PROTOCOL, tcp.len()).map(Vec::from)
             }
         }
+        .expect("a bare TCP header fits any IP packet");
+        p.extend_from_slice(&tcp);
+        p
     }
 }
 
 /// The checksum of TCP segment `tcp` (its checksum field zero) from `src` to `dst`.
 fn tcp_checksum(src: IpAddr, dst: IpAddr, tcp: &[u8]) -> u16 {
-    let len = tcp.len() as u32;
-    let acc = match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let acc = sum16(0, &s.octets());
-            let acc = sum16(acc, &d.octets());
-            acc + 6 + len
-        }
-        (s, d) => {
-            let acc = sum16(0, &v6_octets(s));
-            let acc = sum16(acc, &v6_octets(d));
-            acc + (len >> 16) + (len & 0xffff) + 6
-        }
-    };
-    fold(sum16(acc, tcp))
+    let acc = wire::checksum::pseudo_header(src, dst, tcp::PROTOCOL, tcp.len() as u32);
+    wire::checksum::fold(wire::checksum::sum(acc, tcp))
 }
 
 /// Fills in the TCP checksum of `packet`, an IPv4 (header checksum too) or IPv6 packet
-/// carrying TCP with no extension headers. A packet logged on its way out of this
-/// host has a partial one (the device would finish it). False if it is no such packet.
+/// carrying a whole TCP segment with no extension headers (not a fragment). A packet
+/// logged on its way out of this host has a partial one (the device would finish it).
+/// False if it is no such packet.
 pub fn fill_checksums(packet: &mut [u8]) -> bool {
-    let (src, dst, at): (IpAddr, IpAddr, usize) = match packet.first().map(|b| b >> 4) {
-        Some(4) if packet.len() >= 20 && packet[9] == 6 => {
-            let ihl = usize::from(packet[0] & 0x0f) * 4;
-            if ihl < 20 || packet.len() < ihl {
-                return false;
-            }
-            packet[10..12].fill(0);
-            let c = checksum(&packet[..ihl]);
-            packet[10..12].copy_from_slice(&c.to_be_bytes());
-            let a = |o: usize| IpAddr::from(<[u8; 4]>::try_from(&packet[o..o + 4]).unwrap());
-            (a(12), a(16), ihl)
-        }
-        Some(6) if packet.len() >= 40 && packet[6] == 6 => {
-            let a = |o: usize| IpAddr::from(<[u8; 16]>::try_from(&packet[o..o + 16]).unwrap());
-            (a(8), a(24), 40)
-        }
-        _ => return false,
-    };
-    let tcp = &mut packet[at..];
-    if tcp.len() < 20 {
+    let Some(mut ip) = whole_tcp(packet) else {
         return false;
+    };
+    ip.fill_checksum();
+    let (src, dst) = (ip.src_addr(), ip.dst_addr());
+    match TcpSegment::new_checked(ip.payload_mut()) {
+        Ok(mut seg) => seg.fill_checksum(src, dst),
+        Err(_) => return false,
     }
-    tcp[16..18].fill(0);
-    let c = tcp_checksum(src, dst, tcp);
-    tcp[16..18].copy_from_slice(&c.to_be_bytes());
     true
+}
+
+/// `packet` as a whole IP packet carrying TCP, not a fragment (a fragment's checksum
+/// covers bytes it does not have).
+fn whole_tcp(packet: &mut [u8]) -> Option<IpPacket<&mut [u8]>> {
+    let ip = IpPacket::new_checked(packet).ok()?;
+    (ip.protocol() == tcp::PROTOCOL && !ip.is_fragment()).then_some(ip)
 }
 
 /// Makes a held segment from the peer tell a restored socket nothing about our bytes
@@ -187,56 +128,39 @@ pub fn fill_checksums(packet: &mut [u8]) -> bool {
 /// our ACK of its own FIN) may never say it again: rewritten, our FIN went
 /// unacknowledged, and its retransmissions met the closed peer's RSTs.
 pub fn forget_acks(packet: &mut [u8], una: u32, past_fin: Option<u32>) -> bool {
-    let at = match packet.first().map(|b| b >> 4) {
-        Some(4) if packet.len() >= 20 && packet[9] == 6 => usize::from(packet[0] & 0x0f) * 4,
-        Some(6) if packet.len() >= 40 && packet[6] == 6 => 40,
-        _ => return false,
-    };
-    let Some(tcp) = packet.get_mut(at..) else {
+    let Some(mut ip) = whole_tcp(packet) else {
         return false;
     };
-    if tcp.len() < 20 || tcp[13] & TCP_ACK == 0 {
+    let Ok(mut seg) = TcpSegment::new_checked(ip.payload_mut()) else {
+        return false;
+    };
+    if seg.flags() & tcp::ACK == 0 {
         return false;
     }
     let mut changed = false;
-    let ack = u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]);
+    let ack = seg.ack_number();
     if (ack.wrapping_sub(una) as i32) > 0 && past_fin != Some(ack) {
-        tcp[8..12].copy_from_slice(&una.to_be_bytes());
+        seg.set_ack_number(una);
         changed = true;
     }
-    let end = (usize::from(tcp[12] >> 4) * 4).min(tcp.len());
-    let mut i = 20;
-    while i < end {
-        match tcp[i] {
-            0 => break,
-            1 => i += 1,
-            kind => {
-                let len = usize::from(*tcp.get(i + 1).unwrap_or(&0));
-                if len < 2 || i + len > end {
-                    break;
-                }
-                if kind == 5 {
-                    tcp[i..i + len].fill(1);
-                    changed = true;
-                }
-                i += len;
-            }
-        }
+    // Up to the first bad option: what follows it cannot be told apart.
+    let sacks: Vec<_> = seg
+        .options()
+        .map_while(Result::ok)
+        .filter(|o| o.kind == tcp::OPT_SACK)
+        .map(|o| o.at)
+        .collect();
+    for at in sacks {
+        seg.options_mut()[at].fill(tcp::OPT_NOP);
+        changed = true;
     }
     changed && fill_checksums(packet)
-}
-
-/// IPv6 octets of an address, IPv4 ones mapped (`::ffff:a.b.c.d`).
-fn v6_octets(a: IpAddr) -> [u8; 16] {
-    match a {
-        IpAddr::V4(v4) => v4.to_ipv6_mapped().octets(),
-        IpAddr::V6(v6) => v6.octets(),
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use itcp_wire::checksum::internet as checksum;
 
     /// An IPv4 ACK from 10.0.0.1:5001 to 10.2.0.100:40000 with timestamps and two
     /// SACK blocks.
@@ -275,7 +199,7 @@ mod tests {
         assert_eq!(u32::from_be_bytes(p[28..32].try_into().unwrap()), 10);
         // Not TCP with ACK: untouched.
         let mut p = sacking_ack(5000);
-        p[33] &= !TCP_ACK;
+        p[33] &= !tcp::ACK;
         let q = p.clone();
         assert!(!forget_acks(&mut p, 1000, None));
         assert_eq!(p, q);

@@ -107,15 +107,16 @@ mod tests {
         let (IpAddr::V6(si), IpAddr::V6(di)) = (s.ip(), d.ip()) else {
             panic!()
         };
-        let mut p = vec![0x60, 0, 0, 0, 0, 20, TCP, 64];
+        let mut p = vec![0x60, 0, 0, 0, 0, 120, TCP, 64];
         p.extend_from_slice(&si.octets());
         p.extend_from_slice(&di.octets());
         p.extend_from_slice(&s.port().to_be_bytes());
         p.extend_from_slice(&d.port().to_be_bytes());
         p.extend_from_slice(&7u32.to_be_bytes());
         p.extend_from_slice(&ack.to_be_bytes());
-        // NFLOG copies 64 bytes: the segment's head is cut after the flags.
-        p.extend_from_slice(&[0x50, TCP_ACK, 0xff, 0xff]);
+        p.extend_from_slice(&[0x50, TCP_ACK, 0xff, 0xff, 0, 0, 0, 0]);
+        // NFLOG copies 64 bytes: the headers and 4 of the 100 bytes of data.
+        p.extend_from_slice(b"data");
         p
     }
 

@@ -24,12 +24,14 @@
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::AsFd;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use itcp_handoff::packet::Segment;
+use itcp_wire::tcp::{self, TcpSegment, ACK, SYN};
+use itcp_wire::tcp_in_head;
 
 /// Bytes of each SYN-ACK copied: an IPv6 header and a TCP header with every option.
 pub const COPY: u32 = 40 + 60;
@@ -58,74 +60,39 @@ pub struct SynAck {
     pub ts: Option<(u32, u32)>,
 }
 
-/// The addresses and TCP header of an IPv4 or IPv6 packet carrying TCP.
-pub(crate) fn tcp_of(p: &[u8]) -> Option<(IpAddr, IpAddr, &[u8])> {
-    let (src, dst, tcp) = match p.first()? >> 4 {
-        4 => {
-            let ihl = usize::from(p[0] & 0x0f) * 4;
-            if p.len() < 20 || ihl < 20 || p[9] != 6 {
-                return None;
-            }
-            let a = |o: usize| IpAddr::V4(Ipv4Addr::new(p[o], p[o + 1], p[o + 2], p[o + 3]));
-            (a(12), a(16), p.get(ihl..)?)
-        }
-        // Extension headers are not looked through: the kernel sends none on a
-        // handshake, nor does an MH's stack.
-        6 if p.len() >= 40 && p[6] == 6 => {
-            let a =
-                |o: usize| IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(&p[o..o + 16]).unwrap()));
-            (a(8), a(24), &p[40..])
-        }
-        _ => return None,
-    };
-    (tcp.len() >= 20).then_some((src, dst, tcp))
-}
-
-const SYN: u8 = 0x02;
-const ACK: u8 = 0x10;
-
 /// Reads an IPv4 or IPv6 packet carrying a TCP SYN-ACK (anything else: `None`).
+/// Extension headers are not looked through: the kernel sends none on a handshake.
 pub fn parse(p: &[u8]) -> Option<SynAck> {
-    let (src, dst, tcp) = tcp_of(p)?;
-    if tcp[13] & (SYN | ACK) != SYN | ACK {
+    let (ip, seg) = tcp_in_head(p).ok()?;
+    if seg.flags() & (SYN | ACK) != SYN | ACK {
         return None;
     }
-    let be32 = |o: usize| u32::from_be_bytes([tcp[o], tcp[o + 1], tcp[o + 2], tcp[o + 3]]);
-    let (wscale, ts) = tcp_options(tcp)?;
+    let (wscale, ts) = tcp_options(&seg)?;
     Some(SynAck {
-        local: SocketAddr::new(src, u16::from_be_bytes([tcp[0], tcp[1]])),
-        remote: SocketAddr::new(dst, u16::from_be_bytes([tcp[2], tcp[3]])),
-        isn: be32(4),
-        ack: be32(8),
+        local: SocketAddr::new(ip.src_addr(), seg.src_port()),
+        remote: SocketAddr::new(ip.dst_addr(), seg.dst_port()),
+        isn: seg.seq_number(),
+        ack: seg.ack_number(),
         wscale,
         ts,
     })
 }
 
 /// Of a TCP header's options: whether it has window scaling, and its timestamps
-/// (TSval, TSecr). `None` when the options are cut short.
-pub(crate) fn tcp_options(tcp: &[u8]) -> Option<(bool, Option<(u32, u32)>)> {
-    let doff = usize::from(tcp[12] >> 4) * 4;
-    let opts = tcp.get(20..doff)?;
+/// (TSval, TSecr). `None` when the options are cut short or malformed.
+pub(crate) fn tcp_options(seg: &TcpSegment<&[u8]>) -> Option<(bool, Option<(u32, u32)>)> {
     let (mut wscale, mut ts) = (false, None);
-    let mut i = 0;
-    while i < opts.len() {
-        match opts[i] {
-            0 => break,
-            1 => i += 1,
-            kind => {
-                let len = usize::from(*opts.get(i + 1)?);
-                let o = opts.get(i..i + len.max(2))?;
-                match (kind, len) {
-                    (3, 3) => wscale = true,
-                    (8, 10) => {
-                        let v = |k: usize| u32::from_be_bytes([o[k], o[k + 1], o[k + 2], o[k + 3]]);
-                        ts = Some((v(2), v(6)));
-                    }
-                    _ => {}
-                }
-                i += len.max(2);
+    for o in seg.options() {
+        let o = o.ok()?;
+        match (o.kind, o.data) {
+            (tcp::OPT_WINDOW_SCALE, [_]) => wscale = true,
+            (tcp::OPT_TIMESTAMPS, &[a, b, c, d, e, f, g, h]) => {
+                ts = Some((
+                    u32::from_be_bytes([a, b, c, d]),
+                    u32::from_be_bytes([e, f, g, h]),
+                ));
             }
+            _ => {}
         }
     }
     Some((wscale, ts))
@@ -133,11 +100,11 @@ pub(crate) fn tcp_options(tcp: &[u8]) -> Option<(bool, Option<(u32, u32)>)> {
 
 /// Reads a packet carrying a TCP SYN (no ACK): its source and destination.
 pub fn parse_syn(p: &[u8]) -> Option<(SocketAddr, SocketAddr)> {
-    let (src, dst, tcp) = tcp_of(p)?;
-    (tcp[13] & (SYN | ACK) == SYN).then(|| {
+    let (ip, seg) = tcp_in_head(p).ok()?;
+    (seg.flags() & (SYN | ACK) == SYN).then(|| {
         (
-            SocketAddr::new(src, u16::from_be_bytes([tcp[0], tcp[1]])),
-            SocketAddr::new(dst, u16::from_be_bytes([tcp[2], tcp[3]])),
+            SocketAddr::new(ip.src_addr(), seg.src_port()),
+            SocketAddr::new(ip.dst_addr(), seg.dst_port()),
         )
     })
 }
@@ -303,6 +270,7 @@ pub fn replay(s: &SynAck, mark: u32) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv6Addr;
 
     /// A SYN-ACK from 10.0.0.1:5009 to 10.2.0.100:40000 as Linux sends it: MSS, SACK
     /// permitted, timestamps, NOP, window scale.

@@ -26,7 +26,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -38,6 +38,8 @@ use tokio::io::unix::AsyncFd;
 use tracing::{debug, info};
 
 use itcp_handoff::packet::forget_acks;
+use itcp_wire::tcp::{self, FIN, SYN};
+use itcp_wire::{tcp_in_head, IpPacket};
 
 use crate::netlink::{
     attrs, begin_msg, end_msg, kernel_error, messages, next_seq, nl_exchange, nl_socket, put_attr,
@@ -93,66 +95,29 @@ pub struct Ends {
     pub dst: SocketAddr,
 }
 
-/// The ends of an IPv4 or IPv6 packet (IPv6: TCP right after the fixed header).
+/// The ends of an IPv4 or IPv6 packet, or of its head (IPv6: TCP right after the fixed
+/// header); ports 0 when no TCP header starts in it.
 pub fn ends(p: &[u8]) -> Option<Ends> {
-    let (src, dst, proto, l4): (IpAddr, IpAddr, u8, usize) = match p.first()? >> 4 {
-        4 if p.len() >= 20 => {
-            let ihl = usize::from(p[0] & 0x0f) * 4;
-            let s = Ipv4Addr::new(p[12], p[13], p[14], p[15]);
-            let d = Ipv4Addr::new(p[16], p[17], p[18], p[19]);
-            (s.into(), d.into(), p[9], ihl)
-        }
-        6 if p.len() >= 40 => {
-            let s: [u8; 16] = p[8..24].try_into().ok()?;
-            let d: [u8; 16] = p[24..40].try_into().ok()?;
-            (Ipv6Addr::from(s).into(), Ipv6Addr::from(d).into(), p[6], 40)
-        }
-        _ => return None,
-    };
-    let (sport, dport) = if proto == libc::IPPROTO_TCP as u8 && p.len() >= l4 + 4 {
-        (
-            u16::from_be_bytes([p[l4], p[l4 + 1]]),
-            u16::from_be_bytes([p[l4 + 2], p[l4 + 3]]),
-        )
-    } else {
-        (0, 0)
+    let ip = IpPacket::new_head(p).ok()?;
+    let (sport, dport) = match tcp_in_head(p) {
+        Ok((_, seg)) => (seg.src_port(), seg.dst_port()),
+        Err(_) => (0, 0),
     };
     Some(Ends {
-        src: SocketAddr::new(src, sport),
-        dst: SocketAddr::new(dst, dport),
+        src: SocketAddr::new(ip.src_addr(), sport),
+        dst: SocketAddr::new(ip.dst_addr(), dport),
     })
-}
-
-/// The first `len` bytes of a TCP segment's header, IPv4 or IPv6 (TCP right after the
-/// fixed header). None for a header too short to be one, and for an IPv4 fragment
-/// other than the first: only that one carries the TCP header.
-fn tcp_header(p: &[u8], len: usize) -> Option<&[u8]> {
-    let l4 = match p.first()? >> 4 {
-        4 if p.len() >= 20
-            && p[9] == libc::IPPROTO_TCP as u8
-            && p[0] & 0x0f >= 5
-            && u16::from_be_bytes([p[6], p[7]]) & 0x1fff == 0 =>
-        {
-            usize::from(p[0] & 0x0f) * 4
-        }
-        6 if p.len() >= 40 && p[6] == libc::IPPROTO_TCP as u8 => 40,
-        _ => return None,
-    };
-    p.get(l4..l4 + len)
 }
 
 /// The acknowledgement number of a TCP segment with ACK set (not SYN, not RST).
 pub fn tcp_ack(p: &[u8]) -> Option<u32> {
-    let tcp = tcp_header(p, 14)?;
-    let flags = tcp[13];
-    // ACK, and neither SYN nor RST.
-    (flags & 0x16 == 0x10).then(|| u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]))
+    let (_, seg) = tcp_in_head(p).ok()?;
+    (seg.flags() & (tcp::ACK | SYN | tcp::RST) == tcp::ACK).then(|| seg.ack_number())
 }
 
 /// The sequence number of a TCP segment.
 pub fn tcp_seq(p: &[u8]) -> Option<u32> {
-    let tcp = tcp_header(p, 8)?;
-    Some(u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]))
+    tcp_in_head(p).ok().map(|(_, seg)| seg.seq_number())
 }
 
 /// Puts each flow direction's held packets in sequence order (stable: pure ACKs keep
@@ -199,22 +164,11 @@ fn in_sequence(held: Vec<Held>) -> (Vec<Held>, Vec<Held>) {
     (strip(go), strip(again))
 }
 
-const FIN: u8 = 0x01;
-const SYN: u8 = 0x02;
-
 /// A TCP segment's payload length and flags (IPv4, or IPv6 with TCP right after the
 /// fixed header).
 fn tcp_extent(p: &[u8]) -> Option<(usize, u8)> {
-    let tcp = tcp_header(p, 14)?;
-    let (ip_len, header) = match p[0] >> 4 {
-        4 => (
-            usize::from(u16::from_be_bytes([p[2], p[3]])),
-            usize::from(p[0] & 0x0f) * 4,
-        ),
-        _ => (usize::from(u16::from_be_bytes([p[4], p[5]])) + 40, 40),
-    };
-    let doff = usize::from(tcp[12] >> 4) * 4;
-    Some((ip_len.checked_sub(header + doff)?, tcp[13]))
+    let (ip, seg) = tcp_in_head(p).ok()?;
+    Some((ip.payload_len().checked_sub(seg.header_len())?, seg.flags()))
 }
 
 /// Binds queue `queue`, full packets copied, at most [`QUEUE_MAXLEN`] kept.
@@ -948,15 +902,20 @@ pub async fn run(h: Arc<Holding>) {
 mod tests {
     use super::*;
     use crate::netlink::{align4, u16_at, u32_at};
+    use std::net::Ipv6Addr;
 
+    /// A TCP segment without data (lengths and data offset consistent: itcp-wire
+    /// refuses a total length or data offset of zero).
     fn tcp4(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16) -> Vec<u8> {
         let mut p = vec![0u8; 40];
         p[0] = 0x45;
+        p[3] = 40;
         p[9] = 6;
         p[12..16].copy_from_slice(&src);
         p[16..20].copy_from_slice(&dst);
         p[20..22].copy_from_slice(&sport.to_be_bytes());
         p[22..24].copy_from_slice(&dport.to_be_bytes());
+        p[32] = 5 << 4;
         p
     }
 
@@ -970,8 +929,10 @@ mod tests {
         p[6] = 6;
         p[8..24].copy_from_slice(&"2001:db8::1".parse::<Ipv6Addr>().unwrap().octets());
         p[24..40].copy_from_slice(&"2001:db8:2::100".parse::<Ipv6Addr>().unwrap().octets());
+        p[5] = 20;
         p[40..42].copy_from_slice(&80u16.to_be_bytes());
         p[42..44].copy_from_slice(&443u16.to_be_bytes());
+        p[52] = 0x50;
         let e = ends(&p).unwrap();
         assert_eq!(e.src, "[2001:db8::1]:80".parse().unwrap());
         assert_eq!(e.dst, "[2001:db8:2::100]:443".parse().unwrap());
@@ -1001,8 +962,10 @@ mod tests {
         assert_eq!(tcp_ack(&p[..30]), None, "truncated");
         let mut v6 = vec![0u8; 60];
         v6[0] = 0x60;
+        v6[5] = 20;
         v6[6] = 6;
         v6[48..52].copy_from_slice(&7u32.to_be_bytes());
+        v6[52] = 0x50;
         v6[53] = 0x10;
         assert_eq!(tcp_ack(&v6), Some(7));
     }

@@ -12,6 +12,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
+use itcp_wire::arp::{ArpPacket, REPLY as ARPOP_REPLY, REQUEST as ARPOP_REQUEST};
+use itcp_wire::ethernet::{self, EthernetFrame};
 use nix::errno::Errno;
 use nix::sys::socket::{recv, send, MsgFlags};
 use std::os::unix::fs::MetadataExt;
@@ -32,8 +34,6 @@ const NLMSGERR_ATTR_OFFS: u16 = 2;
 
 /// From linux/rtnetlink.h (not in libc): the initial congestion window route metric.
 const RTAX_INITCWND: u16 = 11;
-const ARPOP_REQUEST: u16 = 1;
-const ARPOP_REPLY: u16 = 2;
 
 pub(crate) const NLMSG_HDRLEN: usize = 16;
 pub(crate) const NLA_HDRLEN: usize = 4;
@@ -378,7 +378,8 @@ fn send_frame(fd: RawFd, ifindex: u32, frame: &[u8; ETH_ZLEN]) -> io::Result<()>
     sll.sll_ifindex = ifindex as libc::c_int;
     sll.sll_protocol = (libc::ETH_P_ARP as u16).to_be();
     sll.sll_halen = 6;
-    sll.sll_addr[..6].copy_from_slice(&frame[..6]);
+    let eth = EthernetFrame::new_checked(&frame[..]).expect("ETH_ZLEN holds the header");
+    sll.sll_addr[..6].copy_from_slice(&eth.dst_addr());
     // SAFETY: frame and sll are live for the call; their sizes are passed along.
     let n = unsafe {
         libc::sendto(
@@ -391,7 +392,8 @@ fn send_frame(fd: RawFd, ifindex: u32, frame: &[u8; ETH_ZLEN]) -> io::Result<()>
         )
     };
     if n < 0 {
-        let kind = if frame[21] == ARPOP_REQUEST as u8 {
+        let op = ArpPacket::new_checked(eth.payload()).map(|a| a.operation());
+        let kind = if op == Ok(ARPOP_REQUEST) {
             "request"
         } else {
             "reply"
@@ -899,18 +901,10 @@ fn arp_frame(
     (tha, tpa): ([u8; 6], Ipv4Addr),
 ) -> [u8; ETH_ZLEN] {
     let mut f = [0u8; ETH_ZLEN];
-    f[0..6].copy_from_slice(&dst);
-    f[6..12].copy_from_slice(&sha);
-    f[12..14].copy_from_slice(&(libc::ETH_P_ARP as u16).to_be_bytes());
-    f[14..16].copy_from_slice(&libc::ARPHRD_ETHER.to_be_bytes());
-    f[16..18].copy_from_slice(&(libc::ETH_P_IP as u16).to_be_bytes());
-    f[18] = 6;
-    f[19] = 4;
-    f[20..22].copy_from_slice(&op.to_be_bytes());
-    f[22..28].copy_from_slice(&sha);
-    f[28..32].copy_from_slice(&spa.octets());
-    f[32..38].copy_from_slice(&tha);
-    f[38..42].copy_from_slice(&tpa.octets());
+    let mut eth = EthernetFrame::emit(&mut f[..], dst, sha, ethernet::ETHERTYPE_ARP)
+        .expect("ETH_ZLEN holds the header");
+    ArpPacket::emit(eth.payload_mut(), op, (sha, spa), (tha, tpa))
+        .expect("ETH_ZLEN holds an ARP packet");
     f
 }
 

@@ -5,8 +5,11 @@
 //! a second or 100 packets); [`parse`] and [`payloads`] are pure.
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
+
+use itcp_wire::arp::ArpPacket;
+use itcp_wire::{Ipv4Packet, Ipv6Packet};
 
 use crate::netlink::{
     attrs, begin_msg, end_msg, kernel_error, messages, next_seq, nl_exchange, nl_socket, put_attr,
@@ -107,24 +110,15 @@ const ETH_P_IP: u16 = 0x0800;
 const ETH_P_ARP: u16 = 0x0806;
 const ETH_P_IPV6: u16 = 0x86dd;
 
-/// The sender of an IPv4 or IPv6 packet, or of an Ethernet/IPv4 ARP packet (and the
-/// ARP sender's hardware address).
+/// The sender of an IPv4 or IPv6 packet (its head, as copied), or of an Ethernet/IPv4
+/// ARP packet (and the ARP sender's hardware address).
 fn sender(proto: u16, p: &[u8]) -> Option<(IpAddr, Option<[u8; 6]>)> {
     match proto {
-        ETH_P_IP if p.len() >= 20 && p[0] >> 4 == 4 => {
-            Some((IpAddr::V4(Ipv4Addr::new(p[12], p[13], p[14], p[15])), None))
-        }
-        ETH_P_IPV6 if p.len() >= 40 && p[0] >> 4 == 6 => {
-            let src: [u8; 16] = p[8..24].try_into().ok()?;
-            Some((IpAddr::V6(src.into()), None))
-        }
-        // htype 1, ptype IPv4, hlen 6, plen 4; sha at 8, spa at 14.
-        ETH_P_ARP if p.len() >= 28 && p[..6] == [0, 1, 8, 0, 6, 4] => {
-            let sha = [p[8], p[9], p[10], p[11], p[12], p[13]];
-            Some((
-                IpAddr::V4(Ipv4Addr::new(p[14], p[15], p[16], p[17])),
-                Some(sha),
-            ))
+        ETH_P_IP => Some((Ipv4Packet::new_head(p).ok()?.src_addr().into(), None)),
+        ETH_P_IPV6 => Some((Ipv6Packet::new_head(p).ok()?.src_addr().into(), None)),
+        ETH_P_ARP => {
+            let arp = ArpPacket::new_checked(p).ok()?;
+            Some((arp.sender_addr().into(), Some(arp.sender_hw_addr())))
         }
         _ => None,
     }

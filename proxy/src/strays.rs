@@ -17,8 +17,10 @@ use std::time::{Duration, Instant};
 
 use itcp_handoff::packet::Segment;
 use itcp_proto::channel::ClosedFlow;
+use itcp_wire::tcp::{ACK, FIN, RST, SYN};
+use itcp_wire::tcp_in_head;
 
-use crate::handshakes::{tcp_of, tcp_options};
+use crate::handshakes::tcp_options;
 
 /// Flows kept per MH at most (the oldest go first).
 const PER_MH: usize = 4096;
@@ -154,29 +156,18 @@ pub fn timed(flows: &[ClosedFlow], window: Duration) -> Vec<(SocketAddr, SocketA
 /// end), its timestamps `p`'s echoed back (our TSval: the last one `p`'s sender saw
 /// from us, so PAWS passes). `None` for anything else.
 pub fn time_wait_ack(p: &[u8]) -> Option<Segment> {
-    const FIN: u8 = 0x01;
-    const SYN: u8 = 0x02;
-    const RST: u8 = 0x04;
-    const ACK: u8 = 0x10;
-    let (src, dst, tcp) = tcp_of(p)?;
-    if tcp[13] & (FIN | SYN | RST | ACK) != FIN | ACK {
+    let (ip, seg) = tcp_in_head(p).ok()?;
+    if seg.flags() & (FIN | SYN | RST | ACK) != FIN | ACK {
         return None;
     }
     // The segment's data (a FIN may carry some): from the IP header, not the copy.
-    let ip_payload = match p[0] >> 4 {
-        4 => usize::from(u16::from_be_bytes([p[2], p[3]]))
-            .checked_sub(usize::from(p[0] & 0x0f) * 4)?,
-        _ => usize::from(u16::from_be_bytes([p[4], p[5]])),
-    };
-    let data = ip_payload.checked_sub(usize::from(tcp[12] >> 4) * 4)?;
-    let be32 = |o: usize| u32::from_be_bytes([tcp[o], tcp[o + 1], tcp[o + 2], tcp[o + 3]]);
-    let port = |o: usize| u16::from_be_bytes([tcp[o], tcp[o + 1]]);
-    let (_, ts) = tcp_options(tcp)?;
+    let data = ip.payload_len().checked_sub(seg.header_len())?;
+    let (_, ts) = tcp_options(&seg)?;
     Some(Segment {
-        src: SocketAddr::new(dst, port(2)),
-        dst: SocketAddr::new(src, port(0)),
-        seq: be32(8),
-        ack: be32(4).wrapping_add(data as u32).wrapping_add(1),
+        src: SocketAddr::new(ip.dst_addr(), seg.dst_port()),
+        dst: SocketAddr::new(ip.src_addr(), seg.src_port()),
+        seq: seg.ack_number(),
+        ack: seg.seq_number().wrapping_add(data as u32).wrapping_add(1),
         // What a closed connection's last ACK offers matters little; not zero, which
         // would read as a window closed on the peer.
         window: 1024,

@@ -16,9 +16,10 @@ use std::collections::VecDeque;
 use std::hash::{Hash, Hasher};
 use std::io;
 use std::mem::{size_of, zeroed};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, OwnedFd};
 
+use itcp_wire::{udp, IpPacket, UdpDatagram};
 use socket2::{Domain, SockFilter, Socket, Type};
 
 use crate::daemon::Daemon;
@@ -166,29 +167,16 @@ fn lookup(seen: &VecDeque<Seen>, src: IpAddr, digest: u64) -> Option<[u8; 6]> {
     macs.all(|m| m == first).then_some(first)
 }
 
-/// The source address and UDP payload of an IP packet (no options or extension
-/// headers in IPv6; fragments are not greetings).
+/// The source address and UDP payload of a whole IP packet (IPv6: UDP right after the
+/// fixed header; fragments are not greetings).
 fn udp_of(p: &[u8]) -> Option<(IpAddr, &[u8])> {
-    match p.first()? >> 4 {
-        4 => {
-            let ihl = usize::from(p[0] & 0xf) * 4;
-            let total = usize::from(u16::from_be_bytes([*p.get(2)?, *p.get(3)?]));
-            if ihl < 20 || p.get(9) != Some(&17) || total > p.len() || total < ihl + 8 {
-                return None;
-            }
-            let src = Ipv4Addr::new(p[12], p[13], p[14], p[15]);
-            Some((src.into(), &p[ihl + 8..total]))
-        }
-        6 => {
-            let plen = usize::from(u16::from_be_bytes([*p.get(4)?, *p.get(5)?]));
-            if p.get(6) != Some(&17) || 40 + plen > p.len() || plen < 8 {
-                return None;
-            }
-            let src: [u8; 16] = p[8..24].try_into().ok()?;
-            Some((Ipv6Addr::from(src).into(), &p[48..40 + plen]))
-        }
-        _ => None,
+    let ip = IpPacket::new_checked(p).ok()?;
+    if ip.protocol() != udp::PROTOCOL || ip.is_fragment() {
+        return None;
     }
+    let src = ip.src_addr();
+    let udp = UdpDatagram::new_checked(ip.into_payload()).ok()?;
+    Some((src, udp.into_payload()))
 }
 
 /// The classic BPF program: inbound UDP to `port`, IPv4 (not a fragment) or IPv6 (UDP
@@ -236,6 +224,7 @@ fn filter(port: u16, ipv6: bool) -> Vec<libc::sock_filter> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::Ipv6Addr;
 
     fn v4_udp(src: [u8; 4], payload: &[u8]) -> Vec<u8> {
         let total = 28 + payload.len();
