@@ -1119,13 +1119,7 @@ impl Lab {
                 "this lab has veth links and no emulator",
             ));
         }
-        let mut s = UnixStream::connect(&self.control)?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        s.write_all(format!("{}\n", line.trim()).as_bytes())?;
-        let mut reply = String::new();
-        BufReader::new(&s).read_line(&mut reply)?;
-        serde_json::from_str(&reply)
-            .map_err(|e| io::Error::other(format!("airlink reply {reply:?}: {e}")))
+        emu_line_at(&self.control, line)
     }
 
     /// Sends one request to the emulator and returns its reply (errors as Err).
@@ -1161,10 +1155,7 @@ impl Lab {
 
     /// Every link's counters.
     pub fn counters(&self) -> io::Result<CountersReply> {
-        match self.emu(Request::Counters)? {
-            ReplyBody::Counters(c) => Ok(c),
-            other => Err(io::Error::other(format!("airlink answered {other:?}"))),
-        }
+        counters_at(&self.control)
     }
 
     /// One line on the emulator's late deliveries per link direction (a busy machine
@@ -2090,5 +2081,28 @@ mod tests {
         assert_eq!(cpu_mask(2), "00000003");
         assert_eq!(cpu_mask(32), "ffffffff");
         assert_eq!(cpu_mask(33), "00000001,ffffffff");
+    }
+}
+
+/// Sends one request line to the emulator listening on `control` and returns its reply.
+pub fn emu_line_at(control: &Path, line: &str) -> io::Result<Reply> {
+    let mut s = UnixStream::connect(control)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    s.write_all(format!("{}\n", line.trim()).as_bytes())?;
+    let mut reply = String::new();
+    BufReader::new(&s).read_line(&mut reply)?;
+    serde_json::from_str(&reply)
+        .map_err(|e| io::Error::other(format!("airlink reply {reply:?}: {e}")))
+}
+
+/// The counters of the emulator listening on `control` (from any thread).
+pub fn counters_at(control: &Path) -> io::Result<CountersReply> {
+    let line = serde_json::to_string(&Request::Counters).expect("requests serialize");
+    match emu_line_at(control, &line)?.into_result() {
+        Ok(ReplyBody::Counters(c)) => Ok(c),
+        Ok(other) => Err(io::Error::other(format!("airlink answered {other:?}"))),
+        Err(e) => Err(io::Error::other(format!(
+            "airlink refused the counters: {e}"
+        ))),
     }
 }

@@ -15,10 +15,11 @@ use serde::{Deserialize, Serialize};
 use crate::baseline::{MobileIp, MobileIpOpts, Registration};
 use crate::dna::{Announcer, Probe};
 use crate::emu::{
-    AssocEvent, Crossing, Dir, LinkCounters, LinkParams, ReplyBody, Request, Schedule,
+    AssocEvent, CountersReply, Crossing, Dir, LinkCounters, LinkParams, ReplyBody, Request,
+    Schedule,
 };
 use crate::lab::{self, addr, bin_path, Host, Lab, LabConfig};
-use crate::ttcp::{RecvReport, SendReport};
+use crate::ttcp::{RecvReport, RrReport, SendReport};
 
 /// Link parameters of a network.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -310,17 +311,47 @@ pub fn run(r: &Run) -> io::Result<Outcome> {
 /// [`run`] with per-cell link parameters replacing the network's (cell number, both
 /// directions), set before the transfer starts (e.g. a slow second cell).
 pub fn run_with(r: &Run, cell_links: &[(usize, crate::emu::LinkParams)]) -> io::Result<Outcome> {
-    run_observed(r, cell_links, false).map(|(o, _)| o)
+    run_observed(r, cell_links, Observe::default()).map(|o| o.outcome)
 }
 
-/// [`run_with`], and with `queues` the bytes queued in the MSRs' TCP sockets (receive
-/// and send queues of every established socket in every MSR's namespace, summed) every
-/// 200 ms while the transfer runs. Bytes inside msrd's splice pipes are not seen.
+/// What [`run_observed`] watches beside the transfer.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Observe {
+    /// The bytes queued in the MSRs' TCP sockets (receive and send queues of every
+    /// established socket in every MSR's namespace, summed) every 200 ms. Bytes inside
+    /// msrd's splice pipes are not seen.
+    pub queues: bool,
+    /// The emulator's counters every [`COUNTERS_EVERY`].
+    pub counters: bool,
+    /// This many exchanges of an interactive echo beside the transfer: 100 bytes from
+    /// the MH every 50 ms to an echo at the FH (port [`ECHO_PORT`], intercepted too).
+    pub echo: Option<u32>,
+}
+
+/// How often [`Observe::counters`] samples.
+pub const COUNTERS_EVERY: Duration = Duration::from_millis(20);
+
+/// The FH's echo port for [`Observe::echo`].
+pub const ECHO_PORT: u16 = 5003;
+
+/// What [`run_observed`] saw.
+#[derive(Debug)]
+pub struct Observed {
+    pub outcome: Outcome,
+    /// [`Observe::queues`]' samples, bytes.
+    pub queued: Vec<u64>,
+    /// [`Observe::counters`]' samples (`now_ns` is CLOCK_MONOTONIC, as the events').
+    pub counters: Vec<CountersReply>,
+    /// [`Observe::echo`]'s report.
+    pub echo: Option<RrReport>,
+}
+
+/// [`run_with`], watching what `observe` asks for while the transfer runs.
 pub fn run_observed(
     r: &Run,
     cell_links: &[(usize, crate::emu::LinkParams)],
-    queues: bool,
-) -> io::Result<(Outcome, Vec<u64>)> {
+    observe: Observe,
+) -> io::Result<Observed> {
     let mut lab = Lab::new(LabConfig {
         msrs: r.msrs,
         seed: r.seed,
@@ -358,8 +389,11 @@ pub fn run_observed(
         Mode::ItcpNetwork { msrd_extra } => {
             lab.msrd_log_level = "info".into();
             let port = 5001;
+            let echo = observe
+                .echo
+                .map_or(String::new(), |_| format!(", {ECHO_PORT}"));
             lab.start_itcp_network(&format!(
-                "[transparent]\nenabled = true\nports = [{port}]\n{msrd_extra}"
+                "[transparent]\nenabled = true\nports = [{port}{echo}]\n{msrd_extra}"
             ))?;
             lab.watch_rsts(Host::Fh)?;
             lab.watch_rsts(Host::Mh)?;
@@ -417,6 +451,15 @@ pub fn run_observed(
     } else {
         (Host::Mh, &recv_args, Host::Fh, &send_args)
     };
+    let echo_server = match observe.echo {
+        Some(_) => {
+            let listen = lab::fh_addr(ECHO_PORT);
+            let i = lab.spawn(Host::Fh, &ttcp, &["echo", "--listen", &listen])?;
+            lab.wait_listening(Host::Fh, ECHO_PORT)?;
+            Some(i)
+        }
+        None => None,
+    };
     let first = lab.spawn(first_host, &ttcp, &strs(first_args))?;
     if r.traffic.mh_opens {
         lab.wait_listening(Host::Fh, port)?;
@@ -461,12 +504,42 @@ pub fn run_observed(
     } else {
         (first, second)
     };
-    let sampler = queues.then(|| {
+    let queue_sampler = observe.queues.then(|| {
         let nss: Vec<String> = (1..=r.msrs).map(|k| lab.ns(Host::Msr(k))).collect();
-        QueueSampler::start(nss)
+        Sampler::start(Duration::from_millis(200), move || {
+            Some(nss.iter().map(|ns| queued_in(ns)).sum())
+        })
     });
+    let counter_sampler = observe.counters.then(|| {
+        let control = lab.control_path().to_path_buf();
+        Sampler::start(COUNTERS_EVERY, move || lab::counters_at(&control).ok())
+    });
+    let echo_client = match observe.echo {
+        Some(count) => {
+            let (to, count) = (lab::fh_addr(ECHO_PORT), count.to_string());
+            let args = ["rr", "--connect", &to, "--count", &count, "--size", "100"];
+            let mut args = args.to_vec();
+            args.extend(["--interval-ms", "50"]);
+            Some(lab.spawn(Host::Mh, &ttcp, &args)?)
+        }
+        None => None,
+    };
     let (_, rout, rerr) = lab.wait(recv, r.timeout)?;
-    let queued = sampler.map(QueueSampler::stop).unwrap_or_default();
+    let queued = queue_sampler.map(Sampler::stop).unwrap_or_default();
+    let counter_samples = counter_sampler.map(Sampler::stop).unwrap_or_default();
+    let echo = match echo_client {
+        Some(i) => {
+            let (_, out, err) = lab.wait(i, Duration::from_secs(60))?;
+            let r: RrReport = serde_json::from_str(out.trim()).map_err(|e| {
+                io::Error::other(format!("echo client gave no report ({e}): {}", err.trim()))
+            })?;
+            Some(r)
+        }
+        None => None,
+    };
+    if let Some(i) = echo_server {
+        lab.terminate(i);
+    }
     let (_, sout, _) = lab.wait(send, Duration::from_secs(10))?;
     let status = lab.emu_status()?;
     let counters = lab.counters()?.links;
@@ -514,31 +587,36 @@ pub fn run_observed(
         wall_minus_mono_us: Some(wall_minus_mono_us()),
         counters,
     };
-    Ok((outcome, queued))
+    Ok(Observed {
+        outcome,
+        queued,
+        counters: counter_samples,
+        echo,
+    })
 }
 
-/// Samples the bytes queued in the TCP sockets of some namespaces, in a thread.
-struct QueueSampler {
+/// Takes a sample every period in a thread until stopped (None: no sample this time).
+struct Sampler<T> {
     stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<Vec<u64>>,
+    thread: std::thread::JoinHandle<Vec<T>>,
 }
 
-impl QueueSampler {
-    fn start(nss: Vec<String>) -> QueueSampler {
+impl<T: Send + 'static> Sampler<T> {
+    fn start(every: Duration, mut sample: impl FnMut() -> Option<T> + Send + 'static) -> Self {
         let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let flag = stop.clone();
         let thread = std::thread::spawn(move || {
             let mut v = Vec::new();
             while !flag.load(std::sync::atomic::Ordering::Relaxed) {
-                v.push(nss.iter().map(|ns| queued_in(ns)).sum());
-                std::thread::sleep(Duration::from_millis(200));
+                v.extend(sample());
+                std::thread::sleep(every);
             }
             v
         });
-        QueueSampler { stop, thread }
+        Sampler { stop, thread }
     }
 
-    fn stop(self) -> Vec<u64> {
+    fn stop(self) -> Vec<T> {
         self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
         self.thread.join().unwrap_or_default()
     }

@@ -293,9 +293,13 @@ run's lab is removed by 'itcp-lab cleanup'.",
                     random or bursty loss, queue, behind a WAN) a verified download to an MH that \
                     runs nothing of ours, through msrd with its defaults, msrd with the kernel's \
                     defaults (`[wireless] sizing = \"kernel\"`), end-to-end cubic and end-to-end \
-                    bbr, one after the other. Prints per cell and peer: goodput over the cell's \
-                    rate, cell queue drops per second, bytes queued at the MSRs, bytes moved per \
-                    handoff; then the grid's medians.",
+                    bbr, one after the other, with an interactive echo beside each download. \
+                    Prints per cell and peer: goodput over the cell's rate, cell queue drops per \
+                    second, bytes queued at the MSRs, bytes moved per handoff, the echo's median \
+                    round trip over the path's, the share of packets the new cell's queue \
+                    dropped in the second after each move, and the time from association until \
+                    the new cell carried 90 % of its rate (in its round trips); then per peer \
+                    the grid's medians in one line each (`wireless defaults: goodput ...`).",
             flags: &[
                 Flag::switch("full", "Eight cells instead of four."),
                 Flag::value("cells", "N,M", "Only these cells of the grid, counted from 1 (default all)."),
@@ -1114,11 +1118,13 @@ fn bench_wireless(o: WirelessOpts) -> Result<(), String> {
     if !o.msrd.is_empty() {
         println!("msrd defaults with: {}", o.msrd.replace('\n', "; "));
     }
-    println!("\n| cell | moves | peer | goodput / cell | cell drops/s | held at MSRs | moved per handoff |");
-    println!("|---|---|---|---|---|---|---|");
+    println!(
+        "\n| cell | moves | peer | goodput / cell | cell drops/s | held at MSRs | moved per handoff \
+         | echo / path | move drops | ramp |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut all = Vec::new();
-    // Per moves and peer: goodput, drops/s, held KB, moved KB, over the grid.
-    let mut medians: std::collections::BTreeMap<(bool, usize), [Vec<f64>; 4]> = Default::default();
+    let mut figures: Vec<(bool, Peer, wireless::Figures)> = Vec::new();
     let grid = wireless::grid(!o.full && o.cells.iter().all(|&c| c <= 4));
     let picked = grid
         .iter()
@@ -1127,15 +1133,16 @@ fn bench_wireless(o: WirelessOpts) -> Result<(), String> {
         .map(|(_, c)| c.clone());
     for cell in picked {
         for &moves in &o.moves {
-            for (i, peer) in Peer::ALL.into_iter().enumerate() {
+            for peer in Peer::ALL {
                 if !o.peers.contains(&peer) {
                     continue;
                 }
                 let f = wireless::run_with(&cell, peer, moves, o.secs, o.seed, &o.msrd)
                     .map_err(|e| format!("{} {}: {e}", cell.name(), peer.name()))?;
                 let kb = |b: u64| b as f64 / 1000.0;
+                let opt = |v: Option<f64>, fmt: &dyn Fn(f64) -> String| v.map_or("-".into(), fmt);
                 println!(
-                    "| {} | {} | {} | {:.3} | {:.1} | {:.0} KB | {} |",
+                    "| {} | {} | {} | {:.3} | {:.1} | {:.0} KB | {} | {} | {} | {} |",
                     cell.name(),
                     if moves { "every 5 s" } else { "none" },
                     peer.name(),
@@ -1143,41 +1150,25 @@ fn bench_wireless(o: WirelessOpts) -> Result<(), String> {
                     f.drops_per_s,
                     kb(f.held_bytes),
                     f.moved_per_handoff
-                        .map_or("-".into(), |m| format!("{:.0} KB", kb(m)))
+                        .map_or("-".into(), |m| format!("{:.0} KB", kb(m))),
+                    opt(f.echo_over_path, &|e| format!("{e:.2}x")),
+                    opt(f.move_drops, &|d| format!("{:.1} %", d * 100.0)),
+                    opt(f.ramp_rtts, &|r| format!("{r:.1} RTT")),
                 );
-                let m = medians.entry((moves, i)).or_default();
-                m[0].push(f.goodput);
-                m[1].push(f.drops_per_s);
-                m[2].push(kb(f.held_bytes));
-                if let Some(b) = f.moved_per_handoff {
-                    m[3].push(kb(b));
-                }
                 all.push(serde_json::json!({
                     "cell": cell.name(), "moves": moves, "peer": peer.name(),
                     "goodput_over_cell": f.goodput, "cell_drops_per_s": f.drops_per_s,
                     "held_bytes": f.held_bytes, "moved_per_handoff": f.moved_per_handoff,
+                    "echo_over_path": f.echo_over_path, "move_drops": f.move_drops,
+                    "ramp_rtts": f.ramp_rtts,
                 }));
+                figures.push((moves, peer, f));
             }
         }
     }
-    println!("\nMedians over the grid:\n");
-    println!("| moves | peer | goodput / cell | cell drops/s | held at MSRs | moved per handoff |");
-    println!("|---|---|---|---|---|---|");
-    for ((moves, i), mut m) in medians {
-        let [g, d, h, mv] = &mut m;
-        println!(
-            "| {} | {} | {:.3} | {:.1} | {:.0} KB | {} |",
-            if moves { "every 5 s" } else { "none" },
-            Peer::ALL[i].name(),
-            wireless::median(g),
-            wireless::median(d),
-            wireless::median(h),
-            if mv.is_empty() {
-                "-".to_string()
-            } else {
-                format!("{:.0} KB", wireless::median(mv))
-            }
-        );
+    println!("\nMedians over the grid (goodput, echo and held from the runs without moves, move drops and ramp from those with):\n");
+    for peer in Peer::ALL.into_iter().filter(|p| o.peers.contains(p)) {
+        println!("{}", wireless::summary(peer, &figures));
     }
     if let Some(path) = o.json_out {
         std::fs::write(&path, serde_json::to_vec_pretty(&all).unwrap())
