@@ -2072,18 +2072,6 @@ pub fn fh_addr(port: u16) -> String {
     format!("{}:{port}", addr::FH)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::cpu_mask;
-
-    #[test]
-    fn cpu_masks_are_kernel_bitmaps() {
-        assert_eq!(cpu_mask(2), "00000003");
-        assert_eq!(cpu_mask(32), "ffffffff");
-        assert_eq!(cpu_mask(33), "00000001,ffffffff");
-    }
-}
-
 /// Sends one request line to the emulator listening on `control` and returns its reply.
 pub fn emu_line_at(control: &Path, line: &str) -> io::Result<Reply> {
     let mut s = UnixStream::connect(control)?;
@@ -2104,5 +2092,17 @@ pub fn counters_at(control: &Path) -> io::Result<CountersReply> {
         Err(e) => Err(io::Error::other(format!(
             "airlink refused the counters: {e}"
         ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cpu_mask;
+
+    #[test]
+    fn cpu_masks_are_kernel_bitmaps() {
+        assert_eq!(cpu_mask(2), "00000003");
+        assert_eq!(cpu_mask(32), "ffffffff");
+        assert_eq!(cpu_mask(33), "00000001,ffffffff");
     }
 }
