@@ -219,12 +219,6 @@ pub struct ConnImage {
     /// connecting socket.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub up_idle_ms: Option<u32>,
-    /// The wireless side's delivery rate when captured (bytes/s), when the cell and not
-    /// the sender limited it: the new MSR paces the restored socket's first flight at
-    /// it if it has not measured the new cell itself. None from an msrd that does not
-    /// send it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate: Option<u64>,
     /// When the connection was opened, µs since the UNIX epoch, and the bytes relayed
     /// so far each way: the new MSR's session table continues them (an operator sees
     /// the connection's age and totals, not the time since its last move). Zero from
@@ -1008,7 +1002,6 @@ mod tests {
             kx: None,
             synack: (id == 2).then(|| "4500".into()),
             up_idle_ms: Some(700),
-            rate: Some(1_250_000),
             started_us: 1_700_000_000_000_000,
             bytes_up: 5,
             bytes_down: 0,

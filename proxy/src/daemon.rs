@@ -51,8 +51,6 @@ pub struct Daemon {
     relay_opts: RelayOpts,
     /// The wireless side's congestion control when msrd sizes it for the cell.
     wireless_cc: Option<String>,
-    /// What the wireless sockets have measured of each cell.
-    pub profiles: Arc<crate::profile::Profiles>,
     /// msrd's nftables table and policy route (flow holds live here).
     pub rules: Rules,
     /// Handoff state, when `[handoff]` is on.
@@ -114,8 +112,6 @@ impl Daemon {
             pipe_size: cfg.relay.pipe_size,
             buffer_size: cfg.relay.buffer_size,
             size_fixed: false,
-            cell: None,
-            uncap_at: None,
         };
         let wireless_cc = crate::sizing::pick_congestion();
         let cells = CellMap::read(cfg.cells.iter().map(|c| c.interface.as_str()));
@@ -152,7 +148,6 @@ impl Daemon {
             cells,
             relay_opts,
             wireless_cc,
-            profiles: Arc::default(),
             rules: crate::intercept::rules_of(&cfg),
             handoff,
             inflight: Arc::default(),
@@ -254,17 +249,9 @@ impl Daemon {
     }
 
     /// How to relay a connection of the MH at `mh`.
-    pub(crate) fn relay_opts_for(&self, mh: IpAddr) -> RelayOpts {
-        let for_cell = self.sized_for_cell(mh);
+    fn relay_opts_for(&self, mh: IpAddr) -> RelayOpts {
         RelayOpts {
-            size_fixed: crate::sizing::sizes_fixed(for_cell, &self.cfg.fixed),
-            cell: self.cells.interface_for(mh).filter(|_| for_cell).map(|i| {
-                crate::relay::CellFeed {
-                    profiles: self.profiles.clone(),
-                    interface: i.into(),
-                    conn: 0,
-                }
-            }),
+            size_fixed: crate::sizing::sizes_fixed(self.sized_for_cell(mh), &self.cfg.fixed),
             ..self.relay_opts.clone()
         }
     }
@@ -429,16 +416,7 @@ impl Daemon {
         sockopt::abort_on_close(&wireless);
         sockopt::abort_on_close(&fixed);
         let span = tracing::info_span!("conn", conn = s.id, mh = %s.mh.ip());
-        let mut opts = self.relay_opts_for(s.mh_ip());
-        if let Some(c) = &mut opts.cell {
-            c.conn = s.id;
-            if s.moved_in {
-                // Restarted just now with its first flight capped (no harm if it was not).
-                let now = std::time::Instant::now();
-                let rtt = c.profiles.min_rtt(&c.interface, now);
-                opts.uncap_at = Some(now + crate::profile::cap_for(rtt));
-            }
-        }
+        let opts = self.relay_opts_for(s.mh_ip());
         let end = relay::relay(&wireless, &fixed, &opts, &s.counters, &s.pause, pending)
             .instrument(span)
             .await;

@@ -56,7 +56,6 @@ pub mod metrics;
 pub mod netlink;
 pub mod nflog;
 pub mod notify;
-pub mod profile;
 pub mod random;
 pub mod relay;
 pub mod run;

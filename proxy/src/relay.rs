@@ -36,21 +36,6 @@ pub struct RelayOpts {
     /// The fixed side's receive buffer follows the wireless side
     /// ([`crate::sizing::FixedWindow`]).
     pub size_fixed: bool,
-    /// The profile of the cell the wireless side is in, which its samples feed.
-    pub cell: Option<CellFeed>,
-    /// When to lift the pacing cap a moved connection's wireless socket was restored
-    /// with (`crate::handoff::sockets`): once its congestion control has modelled the
-    /// new cell ([`crate::profile::cap_for`]).
-    pub uncap_at: Option<std::time::Instant>,
-}
-
-/// Where a relay's wireless samples go: the profiles and the cell's interface.
-#[derive(Debug, Clone)]
-pub struct CellFeed {
-    pub profiles: std::sync::Arc<crate::profile::Profiles>,
-    pub interface: std::sync::Arc<str>,
-    /// The connection's id (its share of the cell).
-    pub conn: u64,
 }
 
 /// Bytes moved, per direction. Updated as bytes are delivered to the destination socket.
@@ -571,85 +556,46 @@ async fn pump_copy(
     }
 }
 
-/// The fixed side's sizing of one relay (`window`, when it sizes it), the cell profile
-/// its wireless samples feed, and their clock.
+/// The fixed side's sizing of one relay: its state and its clock.
 struct Sizer {
-    window: Option<crate::sizing::FixedWindow>,
-    cell: Option<CellFeed>,
-    uncap_at: Option<std::time::Instant>,
+    window: crate::sizing::FixedWindow,
     every: tokio::time::Interval,
 }
 
 impl Sizer {
-    fn new(fixed: &TcpStream, opts: &RelayOpts) -> Option<Sizer> {
-        if !opts.size_fixed && opts.cell.is_none() {
-            return None;
-        }
+    fn new(fixed: &TcpStream) -> Sizer {
         let mut every = tokio::time::interval(crate::sizing::EVERY);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let window = opts.size_fixed.then(|| {
-            crate::sizing::FixedWindow::starting_at(
-                std::time::Instant::now(),
-                // The kernel reports SO_RCVBUF doubled (its overhead).
-                socket2::SockRef::from(fixed)
-                    .recv_buffer_size()
-                    .map_or(crate::sizing::MIN_BUFFER, |b| (b / 2) as u32),
-            )
-        });
-        Some(Sizer {
-            window,
-            cell: opts.cell.clone(),
-            uncap_at: opts.uncap_at,
-            every,
-        })
+        let window = crate::sizing::FixedWindow::starting_at(
+            std::time::Instant::now(),
+            // The kernel reports SO_RCVBUF doubled (its overhead).
+            socket2::SockRef::from(fixed)
+                .recv_buffer_size()
+                .map_or(crate::sizing::MIN_BUFFER, |b| (b / 2) as u32),
+        );
+        Sizer { window, every }
     }
 }
 
-/// Waits for the sizer's next tick, then feeds the cell profile and resizes the fixed
-/// side (never ends without a sizer).
-async fn sample_on_tick(sizer: &mut Option<Box<Sizer>>, wireless: &TcpStream, fixed: &TcpStream) {
+/// Waits for the sizer's next tick, then resizes (never ends without one).
+async fn resize_on_tick(sizer: &mut Option<Box<Sizer>>, wireless: &TcpStream, fixed: &TcpStream) {
     let Some(s) = sizer.as_mut() else {
         return std::future::pending().await;
     };
     s.every.tick().await;
-    use itcp_handoff::repair::tcp_info;
-    use std::os::fd::AsFd;
-    let Ok(w) = tcp_info(wireless.as_fd()) else {
-        return;
-    };
-    let now = std::time::Instant::now();
-    if s.uncap_at.is_some_and(|at| now >= at) {
-        s.uncap_at = None;
-        if let Err(e) = sockopt::set_max_pacing_rate(wireless, u64::MAX) {
-            tracing::debug!(error = %e, "restored socket's pacing cap not lifted");
-        }
-    }
-    if let Some(c) = &s.cell {
-        let sample = crate::profile::Sample {
-            rate: w.delivery_rate,
-            app_limited: w.app_limited,
-            min_rtt: w
-                .min_rtt_us
-                .map(|us| std::time::Duration::from_micros(us.into())),
-        };
-        c.profiles.observe(&c.interface, c.conn, now, sample);
-    }
-    if let Some(window) = &mut s.window {
-        size_fixed_window(&w, fixed, window);
-    }
+    size_fixed_window(wireless, fixed, &mut s.window);
 }
 
 /// Applies the fixed-side receive buffer that `window` computes from the sockets'
-/// TCP_INFO (`w`: the wireless side's). Best effort: a socket that cannot say keeps the
-/// buffer it has.
+/// TCP_INFO. Best effort: a socket that cannot say keeps the buffer it has.
 fn size_fixed_window(
-    w: &itcp_handoff::repair::TcpInfo,
+    wireless: &TcpStream,
     fixed: &TcpStream,
     window: &mut crate::sizing::FixedWindow,
 ) {
     use itcp_handoff::repair::tcp_info;
     use std::os::fd::AsFd;
-    let Ok(f) = tcp_info(fixed.as_fd()) else {
+    let (Ok(w), Ok(f)) = (tcp_info(wireless.as_fd()), tcp_info(fixed.as_fd())) else {
         return;
     };
     let Some(rtt) = crate::sizing::path_rtt(&f) else {
@@ -700,12 +646,12 @@ pub async fn relay(
     let mut paused = Pending::default();
     let mut was_paused = false;
     // Boxed: the relay future stays small when the fixed side is not sized.
-    let mut sizer = Sizer::new(fixed, opts).map(Box::new);
+    let mut sizer = opts.size_fixed.then(|| Box::new(Sizer::new(fixed)));
     loop {
         let (res, from_wireless) = tokio::select! {
             r = &mut up, if !up_done => { up_done = true; (r, true) }
             r = &mut down, if !down_done => { down_done = true; (r, false) }
-            _ = sample_on_tick(&mut sizer, wireless, fixed), if sizer.is_some() && !down_done => {
+            _ = resize_on_tick(&mut sizer, wireless, fixed), if sizer.is_some() && !down_done => {
                 continue;
             }
         };
@@ -779,8 +725,6 @@ mod tests {
             pipe_size: 1 << 20,
             buffer_size: 65536,
             size_fixed: false,
-            cell: None,
-            uncap_at: None,
         };
         let counters = Counters::default();
         let writer = tokio::spawn(async move {
@@ -864,8 +808,6 @@ mod tests {
             pipe_size: 1 << 20,
             buffer_size: 65536,
             size_fixed: false,
-            cell: None,
-            uncap_at: None,
         };
         let counters = Counters::default();
         let pause = Pause::default();
@@ -930,8 +872,6 @@ mod tests {
             pipe_size: 1 << 16,
             buffer_size: 4096,
             size_fixed: false,
-            cell: None,
-            uncap_at: None,
         };
         let counters = Counters::default();
         let std_src = app_src.into_std().unwrap();
@@ -971,8 +911,6 @@ mod tests {
             pipe_size: 1 << 20,
             buffer_size: 65536,
             size_fixed: false,
-            cell: None,
-            uncap_at: None,
         };
         const N: usize = 4 << 20;
         let writer = tokio::spawn(async move {
@@ -1037,8 +975,6 @@ mod tests {
                 pipe_size: 1 << 16,
                 buffer_size: 4096,
                 size_fixed: false,
-                cell: None,
-                uncap_at: None,
             };
             let (counters, pause) = (Counters::default(), std::sync::Arc::new(Pause::default()));
             let asker = {
@@ -1083,8 +1019,6 @@ mod tests {
             pipe_size: 1 << 16,
             buffer_size: 4096,
             size_fixed: false,
-            cell: None,
-            uncap_at: None,
         };
         let (counters, pause) = (Counters::default(), Pause::default());
         let f = relay(&a, &b, &opts, &counters, &pause, Pending::default());

@@ -108,27 +108,6 @@ pub fn apply_post_connect(fd: impl AsFd, t: &TcpTuning) -> io::Result<()> {
     Ok(())
 }
 
-/// SO_MAX_PACING_RATE (bytes/s; `u64::MAX` for none), which socket2 does not cover:
-/// the fastest the socket sends, whatever its congestion control asks for.
-pub fn set_max_pacing_rate(fd: impl AsFd, rate: u64) -> io::Result<()> {
-    let fd = fd.as_fd().as_raw_fd();
-    // SAFETY: rate is a live u64 and its size is passed along (the kernel takes 64
-    // bits since 5.0, 32 before).
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            libc::SOL_SOCKET,
-            libc::SO_MAX_PACING_RATE,
-            (&rate as *const u64).cast(),
-            size_of::<u64>() as libc::socklen_t,
-        )
-    };
-    if r != 0 {
-        return Err(named("SO_MAX_PACING_RATE")(io::Error::last_os_error()));
-    }
-    Ok(())
-}
-
 /// TCP_WINDOW_CLAMP, which socket2 does not cover: the most receive window the socket
 /// offers (it may be changed on an established socket, down as well as up).
 pub fn set_window_clamp(fd: impl AsFd, v: u32) -> io::Result<()> {

@@ -344,7 +344,6 @@ pub fn capture_one(f: &Frozen, mark: u32) -> Captured {
             kx: pending.kx.map(|k| itcp_proto::hex::hex(&k)),
             synack: None,
             up_idle_ms: up_idle_ms(f),
-            rate: cell_rate(f),
             started_us: f
                 .session
                 .started
@@ -370,13 +369,6 @@ fn up_idle_ms(f: &Frozen) -> Option<u32> {
     f.session
         .up_idle_at_move
         .map(|before| before.saturating_add(i.last_data_recv_ms))
-}
-
-/// The rate `f`'s wireless side delivered at when the cell limited it (see
-/// `ConnImage::rate`).
-fn cell_rate(f: &Frozen) -> Option<u64> {
-    let i = itcp_handoff::repair::tcp_info(f.wireless.as_fd()).ok()?;
-    (!i.app_limited && i.delivery_rate > 0).then_some(i.delivery_rate)
 }
 
 /// Restarts a frozen connection's service task here (rollback, or a move in).
@@ -507,8 +499,6 @@ pub struct Restored {
     finished: bool,
     /// How long the MH had sent no data on it when the old MSR captured it.
     up_idle_ms: Option<u32>,
-    /// Its wireless side's rate in the old cell (`ConnImage::rate`).
-    rate: Option<u64>,
     /// Its age and byte counts, continued here.
     started: std::time::SystemTime,
     before: (u64, u64),
@@ -649,7 +639,6 @@ pub fn restore_one(c: &ConnImage, cx: &RestoreContext) -> io::Result<Restored> {
         opts,
         finished,
         up_idle_ms: c.up_idle_ms,
-        rate: c.rate,
         started: match c.started_us {
             0 => std::time::SystemTime::now(),
             us => std::time::UNIX_EPOCH + Duration::from_micros(us),
@@ -793,7 +782,6 @@ fn restart_group(d: &Daemon, rs: &[Restored]) -> Vec<io::Result<()>> {
             if r.finished {
                 return Ok(());
             }
-            cap_first_flight(d, r);
             restart_one(r).map(|v| resent.extend(v))
         })
         .collect();
@@ -820,30 +808,6 @@ fn restart_group(d: &Daemon, rs: &[Restored]) -> Vec<io::Result<()>> {
         }
     }
     results
-}
-
-/// Caps the pacing of `r`'s restored wireless socket at what msrd measured of the MH's
-/// new cell ([`crate::profile`]), or else at the rate the connection had in its old
-/// cell, while its congestion control models the cell (its relay lifts the cap: see
-/// `RelayOpts::uncap_at`). Restored, BBR starts from no model and paces its first
-/// flight and startup at many times the cell's rate, into a queue of a few dozen
-/// packets. Nothing when the cell is not sized by msrd or no rate is known.
-fn cap_first_flight(d: &Daemon, r: &Restored) {
-    let mh = canonical(r.wireless.1.remote).ip();
-    let Some(cell) = d.relay_opts_for(mh).cell else {
-        return;
-    };
-    let Some(rate) = cell
-        .profiles
-        .rate(&cell.interface, Instant::now())
-        .or(r.rate)
-    else {
-        return;
-    };
-    match crate::sockopt::set_max_pacing_rate(&r.wireless.0, crate::profile::pacing_cap(rate)) {
-        Ok(()) => debug!(conn = r.id, rate, "first flight paced at the cell's rate"),
-        Err(e) => debug!(conn = r.id, error = %e, "first flight not paced"),
-    }
 }
 
 /// Marks the flows of the closing connections among `rs` ended gracefully, before they
